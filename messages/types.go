@@ -1,0 +1,238 @@
+package messages
+
+// SchemaVersion is the schema version this package writes and accepts.
+const SchemaVersion = 1
+
+// Kind names what a message holds; it is carried under the key "k".
+type Kind string
+
+// The kinds of Switchyard message.
+const (
+	KindSignal      Kind = "signal"
+	KindReport      Kind = "report"
+	KindEngineState Kind = "engine_state"
+	KindDemandState Kind = "demand_state"
+	KindRTTState    Kind = "rtt_state"
+	KindWeights     Kind = "weights"
+)
+
+// Transport kinds an engine may accept requests on.
+const (
+	TransportHTTP = "http"
+	TransportNATS = "nats"
+)
+
+// Transport says how an engine can be reached: over HTTP at a base URL, or over
+// NATS request-reply on a subject.
+type Transport struct {
+	// Kind is TransportHTTP or TransportNATS.
+	Kind string `msgpack:"k" json:"kind"`
+	// Address is the base URL (http) or the request subject (nats).
+	Address string `msgpack:"a" json:"address"`
+}
+
+// EngineSignal is what an engine publishes about itself, a few times a second,
+// on sy.signal.<model>.<engine>.
+type EngineSignal struct {
+	Version int    `msgpack:"v" json:"v"`
+	Kind    Kind   `msgpack:"k" json:"k"`
+	Model   string `msgpack:"m" json:"model"`
+	Engine  string `msgpack:"e" json:"engine"`
+	// Region is the engine's region (optional).
+	Region string `msgpack:"r,omitempty" json:"region,omitempty"`
+	// Time is when the signal was taken, in Unix milliseconds.
+	Time int64 `msgpack:"t" json:"time_ms"`
+	// Seq rises by one per signal of this engine; with Engine it makes the dedup id.
+	Seq uint64 `msgpack:"n" json:"seq"`
+	// TTFTMs is the measured mean time to first token over the last interval, ms.
+	TTFTMs float64 `msgpack:"ttft" json:"ttft_ms"`
+	// TBTMs is the measured mean time between tokens over the last interval, ms.
+	TBTMs float64 `msgpack:"tbt" json:"tbt_ms"`
+	// Queue is the number of requests waiting for a batch slot.
+	Queue int `msgpack:"q" json:"queue"`
+	// Running is the number of requests in the running batch.
+	Running int `msgpack:"run" json:"running"`
+	// KVUse is the fraction of the KV cache in use, 0..1.
+	KVUse float64 `msgpack:"kv" json:"kv_use"`
+	// CapacityRPS is the request rate the engine can sustain, req/s.
+	CapacityRPS float64 `msgpack:"cap" json:"capacity_rps"`
+	// LoadRPS is the measured arrival rate over the last interval, req/s.
+	LoadRPS float64 `msgpack:"rps" json:"load_rps"`
+	// OutputTokens is the mean number of output tokens per completed request.
+	OutputTokens float64 `msgpack:"otok,omitempty" json:"output_tokens,omitempty"`
+	// Replicas is the number of ready replicas behind this engine.
+	Replicas int `msgpack:"rep" json:"replicas"`
+	// Health is the engine's own view of its health, 0 (down) .. 1 (healthy).
+	Health float64 `msgpack:"h" json:"health"`
+	// Transports lists how the engine accepts requests.
+	Transports []Transport `msgpack:"tx,omitempty" json:"transports,omitempty"`
+}
+
+// EngineOutcome is what one router saw of one engine over a report interval.
+type EngineOutcome struct {
+	Sent      int64 `msgpack:"s" json:"sent"`
+	Succeeded int64 `msgpack:"ok" json:"succeeded"`
+	// Errors counts failed attempts by class: "connect", "5xx", "429", "ttft", "other".
+	Errors   map[string]int64 `msgpack:"err,omitempty" json:"errors,omitempty"`
+	Timeouts int64            `msgpack:"to" json:"timeouts"`
+	// LatencyMs is the mean end-to-end latency of succeeded requests, ms.
+	LatencyMs float64 `msgpack:"lat" json:"latency_ms"`
+	// TTFTMs is the mean time to first byte of succeeded requests, ms.
+	TTFTMs float64 `msgpack:"ttft" json:"ttft_ms"`
+}
+
+// RouterReport is what a router publishes every interval on
+// sy.report.<model>.<cluster>.<router>: the demand it saw, per-engine outcomes,
+// measured RTT to engines, and shed and retry counts.
+type RouterReport struct {
+	Version int    `msgpack:"v" json:"v"`
+	Kind    Kind   `msgpack:"k" json:"k"`
+	Model   string `msgpack:"m" json:"model"`
+	Cluster string `msgpack:"c" json:"cluster"`
+	Router  string `msgpack:"ro" json:"router"`
+	// Time is the end of the interval, Unix milliseconds.
+	Time int64 `msgpack:"t" json:"time_ms"`
+	// Seq rises by one per report of this router and model.
+	Seq uint64 `msgpack:"n" json:"seq"`
+	// IntervalS is the length of the interval, seconds (> 0).
+	IntervalS float64 `msgpack:"iv" json:"interval_s"`
+	// Requests is the number of client requests received in the interval.
+	Requests int64 `msgpack:"req" json:"requests"`
+	// DemandByPriority splits Requests by priority class (optional).
+	DemandByPriority map[string]int64 `msgpack:"pri,omitempty" json:"demand_by_priority,omitempty"`
+	// Shed is the number of requests shed in the interval.
+	Shed int64 `msgpack:"shed" json:"shed"`
+	// Retries is the number of retry attempts in the interval.
+	Retries int64 `msgpack:"retry" json:"retries"`
+	// Engines holds per-engine outcomes, by engine name.
+	Engines map[string]EngineOutcome `msgpack:"eo,omitempty" json:"engines,omitempty"`
+	// RTTMs is the measured network round trip to engines, ms, by engine name.
+	RTTMs map[string]float64 `msgpack:"rtt,omitempty" json:"rtt_ms,omitempty"`
+}
+
+// Engine status values in EngineState.
+const (
+	StatusUp    = "up"
+	StatusStale = "stale"
+	StatusDown  = "down"
+)
+
+// Window holds a fast and a slow exponentially weighted moving average of one signal.
+type Window struct {
+	Fast float64 `msgpack:"f" json:"fast"`
+	Slow float64 `msgpack:"s" json:"slow"`
+}
+
+// EngineState is the aggregator's view of one engine, stored in sy_engines
+// under <model>.<engine>.
+type EngineState struct {
+	Version int    `msgpack:"v" json:"v"`
+	Kind    Kind   `msgpack:"k" json:"k"`
+	Model   string `msgpack:"m" json:"model"`
+	Engine  string `msgpack:"e" json:"engine"`
+	Region  string `msgpack:"r,omitempty" json:"region,omitempty"`
+	// Status is StatusUp, StatusStale or StatusDown.
+	Status string `msgpack:"st" json:"status"`
+	// Time is when the state was written, Unix milliseconds.
+	Time int64 `msgpack:"t" json:"time_ms"`
+	// LastSignal is the time of the newest signal folded in, Unix milliseconds.
+	LastSignal int64 `msgpack:"ls" json:"last_signal_ms"`
+	// LastSeq is the sequence number of the newest signal folded in.
+	LastSeq uint64 `msgpack:"n" json:"last_seq"`
+	// Signals counts the signals folded in since the state was created.
+	Signals uint64 `msgpack:"ns" json:"signals"`
+	// Smoothed windows of the engine's signals.
+	TTFTMs       Window `msgpack:"ttft" json:"ttft_ms"`
+	TBTMs        Window `msgpack:"tbt" json:"tbt_ms"`
+	Queue        Window `msgpack:"q" json:"queue"`
+	Running      Window `msgpack:"run" json:"running"`
+	KVUse        Window `msgpack:"kv" json:"kv_use"`
+	LoadRPS      Window `msgpack:"rps" json:"load_rps"`
+	OutputTokens Window `msgpack:"otok" json:"output_tokens"`
+	// CapacityRPS, Replicas and Health are the latest reported values.
+	CapacityRPS float64 `msgpack:"cap" json:"capacity_rps"`
+	Replicas    int     `msgpack:"rep" json:"replicas"`
+	Health      float64 `msgpack:"h" json:"health"`
+	// Transports are the engine's latest advertised transports.
+	Transports []Transport `msgpack:"tx,omitempty" json:"transports,omitempty"`
+}
+
+// DemandState is the aggregator's view of demand for one model in one frontend
+// cluster, stored in sy_demand under <model>.<cluster>.
+type DemandState struct {
+	Version int    `msgpack:"v" json:"v"`
+	Kind    Kind   `msgpack:"k" json:"k"`
+	Model   string `msgpack:"m" json:"model"`
+	Cluster string `msgpack:"c" json:"cluster"`
+	// Time is when the state was written, Unix milliseconds.
+	Time int64 `msgpack:"t" json:"time_ms"`
+	// LastReport is the time of the newest report folded in, Unix milliseconds.
+	LastReport int64 `msgpack:"lr" json:"last_report_ms"`
+	// Reports counts the reports folded in.
+	Reports uint64 `msgpack:"nr" json:"reports"`
+	// RPS is the request rate, req/s, summed over the cluster's routers.
+	RPS Window `msgpack:"rps" json:"rps"`
+	// RPSByPriority is the request rate by priority class.
+	RPSByPriority map[string]Window `msgpack:"pri,omitempty" json:"rps_by_priority,omitempty"`
+	// ShedRPS and RetryRPS are the shed and retry rates, per second.
+	ShedRPS  Window `msgpack:"shed" json:"shed_rps"`
+	RetryRPS Window `msgpack:"retry" json:"retry_rps"`
+	// Routers holds each reporting router's share of the demand.
+	Routers map[string]RouterDemand `msgpack:"ro,omitempty" json:"routers,omitempty"`
+}
+
+// RouterDemand is one router's contribution to a cluster's demand.
+type RouterDemand struct {
+	// LastReport is the time of the router's newest report, Unix ms.
+	LastReport int64 `msgpack:"t" json:"last_report_ms"`
+	// Seq is the sequence number of the router's newest report folded in.
+	Seq uint64 `msgpack:"n" json:"seq"`
+	// RPS is the router's request rate, req/s.
+	RPS Window `msgpack:"rps" json:"rps"`
+	// Priority holds the router's request rate by priority class.
+	Priority map[string]Window `msgpack:"pri,omitempty" json:"rps_by_priority,omitempty"`
+	// ShedRPS and RetryRPS are the router's shed and retry rates.
+	ShedRPS  Window `msgpack:"shed" json:"shed_rps"`
+	RetryRPS Window `msgpack:"retry" json:"retry_rps"`
+}
+
+// RTTState is the aggregator's view of the network round trip from one frontend
+// cluster to one engine, stored in sy_demand under rtt.<cluster>.<engine>.
+type RTTState struct {
+	Version int    `msgpack:"v" json:"v"`
+	Kind    Kind   `msgpack:"k" json:"k"`
+	Cluster string `msgpack:"c" json:"cluster"`
+	Engine  string `msgpack:"e" json:"engine"`
+	Time    int64  `msgpack:"t" json:"time_ms"`
+	RTTMs   Window `msgpack:"rtt" json:"rtt_ms"`
+	Samples uint64 `msgpack:"ns" json:"samples"`
+}
+
+// WeightSnapshot is the optimizer's routing decision for one model in one
+// frontend cluster, stored in sy_weights under <model>.<cluster>.
+type WeightSnapshot struct {
+	Version int    `msgpack:"v" json:"v"`
+	Kind    Kind   `msgpack:"k" json:"k"`
+	Model   string `msgpack:"m" json:"model"`
+	Cluster string `msgpack:"c" json:"cluster"`
+	// Generation rises with every snapshot the optimizer writes for this key.
+	Generation uint64 `msgpack:"g" json:"generation"`
+	// Time is when the snapshot was computed, Unix milliseconds.
+	Time int64 `msgpack:"t" json:"time_ms"`
+	// Weights is the fraction of the cluster's traffic per engine, 0..1.
+	Weights map[string]float64 `msgpack:"w" json:"weights"`
+	// ShedFraction is the fraction of the cluster's demand to shed, 0..1.
+	ShedFraction float64 `msgpack:"s" json:"shed_fraction"`
+	// ShedByPriority is the fraction of each priority class's demand to shed.
+	ShedByPriority map[string]float64 `msgpack:"sp,omitempty" json:"shed_by_priority,omitempty"`
+	// DemandRPS is the demand the snapshot was computed for, req/s.
+	DemandRPS float64 `msgpack:"d" json:"demand_rps"`
+	// Utilisation is each engine's predicted load over its effective capacity.
+	Utilisation map[string]float64 `msgpack:"u,omitempty" json:"utilisation,omitempty"`
+	// LatencyMs is each engine's predicted latency (network plus engine), ms.
+	LatencyMs map[string]float64 `msgpack:"lat,omitempty" json:"latency_ms,omitempty"`
+	// Gap is the solver's relative optimality gap.
+	Gap float64 `msgpack:"gap" json:"gap"`
+	// Writer names the optimizer instance that wrote the snapshot.
+	Writer string `msgpack:"wr,omitempty" json:"writer,omitempty"`
+}

@@ -1,0 +1,304 @@
+package messages
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Bounds on counts that no real engine or router reaches; larger values are
+// treated as corrupt.
+const (
+	maxCount   = 1 << 40
+	maxLatency = 24 * 3600 * 1000.0 // a day, in ms
+	maxRate    = 1e9
+	maxMapLen  = 20000
+)
+
+// checker accumulates the first validation error, naming kind and field.
+type checker struct {
+	kind Kind
+	err  error
+}
+
+func (c *checker) fail(field string, format string, args ...any) {
+	if c.err == nil {
+		c.err = fmt.Errorf("%w: %s.%s %s", ErrInvalid, c.kind, field, fmt.Sprintf(format, args...))
+	}
+}
+
+func (c *checker) finite(field string, v float64) bool {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		c.fail(field, "is %v, want a finite number", v)
+		return false
+	}
+	return true
+}
+
+// nonNeg checks 0 <= v <= limit.
+func (c *checker) nonNeg(field string, v, limit float64) {
+	if !c.finite(field, v) {
+		return
+	}
+	if v < 0 {
+		c.fail(field, "is %v, want >= 0", v)
+	} else if v > limit {
+		c.fail(field, "is %v, want <= %v", v, limit)
+	}
+}
+
+func (c *checker) fraction(field string, v float64) {
+	if !c.finite(field, v) {
+		return
+	}
+	if v < 0 || v > 1 {
+		c.fail(field, "is %v, want a fraction in 0..1", v)
+	}
+}
+
+func (c *checker) count(field string, v int64) {
+	if v < 0 || v > maxCount {
+		c.fail(field, "is %d, want 0..%d", v, int64(maxCount))
+	}
+}
+
+func (c *checker) name(field, v string, optional bool) {
+	if optional && v == "" {
+		return
+	}
+	if !ValidName(v) {
+		c.fail(field, "is %q, want 1-%d characters of A-Z a-z 0-9 _ - (a NATS token: no dots, spaces or wildcards)", v, MaxNameLen)
+	}
+}
+
+func (c *checker) time(field string, ms int64, now time.Time) {
+	if ms <= 0 {
+		c.fail(field, "is %d, want a positive Unix time in ms", ms)
+		return
+	}
+	if limit := now.Add(MaxFutureSkew).UnixMilli(); ms > limit {
+		c.fail(field, "is %s, more than %s in the future", time.UnixMilli(ms).UTC().Format(time.RFC3339Nano), MaxFutureSkew)
+	}
+}
+
+func (c *checker) window(field string, w Window, limit float64) {
+	c.nonNeg(field+".fast", w.Fast, limit)
+	c.nonNeg(field+".slow", w.Slow, limit)
+}
+
+func (c *checker) mapLen(field string, n int) {
+	if n > maxMapLen {
+		c.fail(field, "has %d entries, want at most %d", n, maxMapLen)
+	}
+}
+
+func (c *checker) transports(field string, ts []Transport) {
+	if len(ts) > 8 {
+		c.fail(field, "has %d entries, want at most 8", len(ts))
+	}
+	for i, t := range ts {
+		f := fmt.Sprintf("%s[%d]", field, i)
+		if t.Kind != TransportHTTP && t.Kind != TransportNATS {
+			c.fail(f+".kind", "is %q, want %q or %q", t.Kind, TransportHTTP, TransportNATS)
+		}
+		if t.Address == "" || len(t.Address) > 512 {
+			c.fail(f+".address", "is %q, want a non-empty address of at most 512 bytes", t.Address)
+		}
+	}
+}
+
+// Validate checks every field of the signal.
+func (m *EngineSignal) Validate(now time.Time) error {
+	c := checker{kind: KindSignal}
+	c.name("model", m.Model, false)
+	c.name("engine", m.Engine, false)
+	c.name("region", m.Region, true)
+	c.time("time_ms", m.Time, now)
+	c.nonNeg("ttft_ms", m.TTFTMs, maxLatency)
+	c.nonNeg("tbt_ms", m.TBTMs, maxLatency)
+	c.count("queue", int64(m.Queue))
+	c.count("running", int64(m.Running))
+	c.fraction("kv_use", m.KVUse)
+	c.nonNeg("capacity_rps", m.CapacityRPS, maxRate)
+	c.nonNeg("load_rps", m.LoadRPS, maxRate)
+	c.nonNeg("output_tokens", m.OutputTokens, 1e7)
+	c.count("replicas", int64(m.Replicas))
+	c.fraction("health", m.Health)
+	c.transports("transports", m.Transports)
+	return c.err
+}
+
+// Validate checks every field of the report.
+func (m *RouterReport) Validate(now time.Time) error {
+	c := checker{kind: KindReport}
+	c.name("model", m.Model, false)
+	c.name("cluster", m.Cluster, false)
+	c.name("router", m.Router, false)
+	c.time("time_ms", m.Time, now)
+	if c.finite("interval_s", m.IntervalS) && (m.IntervalS <= 0 || m.IntervalS > 3600) {
+		c.fail("interval_s", "is %v, want 0 < interval <= 3600", m.IntervalS)
+	}
+	c.count("requests", m.Requests)
+	c.count("shed", m.Shed)
+	c.count("retries", m.Retries)
+	c.mapLen("demand_by_priority", len(m.DemandByPriority))
+	for p, n := range m.DemandByPriority {
+		if !ValidPriority(p) {
+			c.fail("demand_by_priority", "has key %q, want critical, standard or sheddable", p)
+		}
+		c.count("demand_by_priority."+p, n)
+	}
+	c.mapLen("engines", len(m.Engines))
+	for e, o := range m.Engines {
+		c.name("engines key", e, false)
+		f := "engines." + e
+		c.count(f+".sent", o.Sent)
+		c.count(f+".succeeded", o.Succeeded)
+		c.count(f+".timeouts", o.Timeouts)
+		c.nonNeg(f+".latency_ms", o.LatencyMs, maxLatency)
+		c.nonNeg(f+".ttft_ms", o.TTFTMs, maxLatency)
+		if len(o.Errors) > 16 {
+			c.fail(f+".errors", "has %d classes, want at most 16", len(o.Errors))
+		}
+		for class, n := range o.Errors {
+			c.name(f+".errors key", class, false)
+			c.count(f+".errors."+class, n)
+		}
+	}
+	c.mapLen("rtt_ms", len(m.RTTMs))
+	for e, v := range m.RTTMs {
+		c.name("rtt_ms key", e, false)
+		c.nonNeg("rtt_ms."+e, v, maxLatency)
+	}
+	return c.err
+}
+
+// Validate checks every field of the engine state.
+func (m *EngineState) Validate(now time.Time) error {
+	c := checker{kind: KindEngineState}
+	c.name("model", m.Model, false)
+	c.name("engine", m.Engine, false)
+	c.name("region", m.Region, true)
+	switch m.Status {
+	case StatusUp, StatusStale, StatusDown:
+	default:
+		c.fail("status", "is %q, want %q, %q or %q", m.Status, StatusUp, StatusStale, StatusDown)
+	}
+	c.time("time_ms", m.Time, now)
+	if m.LastSignal != 0 {
+		c.time("last_signal_ms", m.LastSignal, now)
+	}
+	c.window("ttft_ms", m.TTFTMs, maxLatency)
+	c.window("tbt_ms", m.TBTMs, maxLatency)
+	c.window("queue", m.Queue, maxCount)
+	c.window("running", m.Running, maxCount)
+	c.window("kv_use", m.KVUse, 1)
+	c.window("load_rps", m.LoadRPS, maxRate)
+	c.window("output_tokens", m.OutputTokens, 1e7)
+	c.nonNeg("capacity_rps", m.CapacityRPS, maxRate)
+	c.count("replicas", int64(m.Replicas))
+	c.fraction("health", m.Health)
+	c.transports("transports", m.Transports)
+	return c.err
+}
+
+// Validate checks every field of the demand state.
+func (m *DemandState) Validate(now time.Time) error {
+	c := checker{kind: KindDemandState}
+	c.name("model", m.Model, false)
+	c.name("cluster", m.Cluster, false)
+	c.time("time_ms", m.Time, now)
+	if m.LastReport != 0 {
+		c.time("last_report_ms", m.LastReport, now)
+	}
+	c.window("rps", m.RPS, maxRate)
+	c.window("shed_rps", m.ShedRPS, maxRate)
+	c.window("retry_rps", m.RetryRPS, maxRate)
+	for p, w := range m.RPSByPriority {
+		if !ValidPriority(p) {
+			c.fail("rps_by_priority", "has key %q, want critical, standard or sheddable", p)
+		}
+		c.window("rps_by_priority."+p, w, maxRate)
+	}
+	c.mapLen("routers", len(m.Routers))
+	for r, d := range m.Routers {
+		c.name("routers key", r, false)
+		f := "routers." + r
+		c.time(f+".last_report_ms", d.LastReport, now)
+		c.window(f+".rps", d.RPS, maxRate)
+		c.window(f+".shed_rps", d.ShedRPS, maxRate)
+		c.window(f+".retry_rps", d.RetryRPS, maxRate)
+		for p, w := range d.Priority {
+			if !ValidPriority(p) {
+				c.fail(f+".rps_by_priority", "has key %q, want critical, standard or sheddable", p)
+			}
+			c.window(f+".rps_by_priority."+p, w, maxRate)
+		}
+	}
+	return c.err
+}
+
+// Validate checks every field of the RTT state.
+func (m *RTTState) Validate(now time.Time) error {
+	c := checker{kind: KindRTTState}
+	c.name("cluster", m.Cluster, false)
+	c.name("engine", m.Engine, false)
+	c.time("time_ms", m.Time, now)
+	c.window("rtt_ms", m.RTTMs, maxLatency)
+	return c.err
+}
+
+// Validate checks every field of the snapshot; weights and the shed fraction
+// must sum to 1 within 1e-6 unless the snapshot has no weights at all.
+func (m *WeightSnapshot) Validate(now time.Time) error {
+	c := checker{kind: KindWeights}
+	c.name("model", m.Model, false)
+	c.name("cluster", m.Cluster, false)
+	c.name("writer", m.Writer, true)
+	c.time("time_ms", m.Time, now)
+	if m.Generation == 0 {
+		c.fail("generation", "is 0, want >= 1")
+	}
+	c.fraction("shed_fraction", m.ShedFraction)
+	c.nonNeg("demand_rps", m.DemandRPS, maxRate)
+	c.nonNeg("gap", m.Gap, math.MaxFloat64)
+	c.mapLen("weights", len(m.Weights))
+	sum := m.ShedFraction
+	for e, w := range m.Weights {
+		c.name("weights key", e, false)
+		c.fraction("weights."+e, w)
+		sum += w
+	}
+	if c.err == nil && len(m.Weights) > 0 && math.Abs(sum-1) > 1e-6 {
+		c.fail("weights", "sum with shed_fraction to %v, want 1", sum)
+	}
+	for p, f := range m.ShedByPriority {
+		if !ValidPriority(p) {
+			c.fail("shed_by_priority", "has key %q, want critical, standard or sheddable", p)
+		}
+		c.fraction("shed_by_priority."+p, f)
+	}
+	c.mapLen("utilisation", len(m.Utilisation))
+	for e, u := range m.Utilisation {
+		c.name("utilisation key", e, false)
+		c.nonNeg("utilisation."+e, u, 1e6)
+	}
+	c.mapLen("latency_ms", len(m.LatencyMs))
+	for e, l := range m.LatencyMs {
+		c.name("latency_ms key", e, false)
+		c.nonNeg("latency_ms."+e, l, maxLatency)
+	}
+	return c.err
+}
+
+// Priority classes of demand, from the first shed to the last.
+const (
+	PrioritySheddable = "sheddable"
+	PriorityStandard  = "standard"
+	PriorityCritical  = "critical"
+)
+
+// ValidPriority reports whether p names a priority class.
+func ValidPriority(p string) bool {
+	return p == PriorityCritical || p == PriorityStandard || p == PrioritySheddable
+}

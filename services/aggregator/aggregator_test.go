@@ -1,0 +1,246 @@
+package aggregator_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/services/aggregator"
+	"github.com/switchyard-dev/switchyard/testenv"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// fakeEngine publishes signals with a constant TTFT and TBT, counting the
+// publishes JetStream acknowledged.
+type fakeEngine struct {
+	name      string
+	ttft, tbt float64
+	acked     atomic.Int64
+	seq       uint64
+}
+
+func (f *fakeEngine) run(ctx context.Context, t *testing.T, js jetstream.JetStream, every time.Duration) {
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		f.seq++
+		data, err := messages.Encode(&messages.EngineSignal{Model: "llama", Engine: f.name, Time: time.Now().UnixMilli(), Seq: f.seq,
+			TTFTMs: f.ttft, TBTMs: f.tbt, Queue: 1, Running: 4, KVUse: 0.3, CapacityRPS: 100, LoadRPS: 50, Replicas: 1, Health: 1})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		pctx, cancel := context.WithTimeout(ctx, time.Second)
+		_, err = js.Publish(pctx, "sy.signal.llama."+f.name, data, jetstream.WithMsgID(fmt.Sprintf("%s-%d", f.name, f.seq)))
+		cancel()
+		if err == nil {
+			f.acked.Add(1)
+		}
+	}
+}
+
+func engineState(t *testing.T, kv jetstream.KeyValue, key string) (*messages.EngineState, bool) {
+	e, err := kv.Get(context.Background(), key)
+	if err != nil {
+		return nil, false
+	}
+	var s messages.EngineState
+	if err := messages.DecodeInto(e.Value(), &s); err != nil {
+		t.Fatalf("state %s does not decode: %v", key, err)
+	}
+	return &s, true
+}
+
+func startAggregator(t *testing.T, env *testenv.NATS, reg *prometheus.Registry) (stop func()) {
+	t.Helper()
+	agg, err := aggregator.New(aggregator.Options{
+		Conn: env.Dial(t, "aggregator"), StaleAfter: 300 * time.Millisecond, DownAfter: 800 * time.Millisecond,
+		WriteInterval: 50 * time.Millisecond, Logger: zerolog.Nop(), Registerer: reg,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- agg.Run(ctx) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("aggregator: %v", err)
+		}
+	}
+}
+
+func TestAggregatorSignalPath(t *testing.T) {
+	env := testenv.StartNATS(t)
+	ctx := context.Background()
+	kv, err := env.JS.KeyValue(ctx, env.Names.EnginesBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	stopAgg := startAggregator(t, env, reg)
+
+	engines := []*fakeEngine{{name: "engine-a", ttft: 100, tbt: 20}, {name: "engine-b", ttft: 200, tbt: 30}, {name: "engine-c", ttft: 300, tbt: 40}}
+	var wg sync.WaitGroup
+	cancels := make([]context.CancelFunc, len(engines))
+	for i, e := range engines {
+		ectx, cancel := context.WithCancel(ctx)
+		cancels[i] = cancel
+		wg.Add(1)
+		go func() { defer wg.Done(); e.run(ectx, t, env.JS, 20*time.Millisecond) }()
+	}
+	defer func() {
+		for _, c := range cancels {
+			c()
+		}
+		wg.Wait()
+	}()
+
+	// Every engine's state holds EWMA values within 5% of what it measured.
+	testenv.WaitFor(t, 5*time.Second, "three engines in sy_engines with EWMAs within 5%", func() bool {
+		for _, e := range engines {
+			s, ok := engineState(t, kv, "llama."+e.name)
+			if !ok || s.Status != messages.StatusUp || s.Signals < 5 {
+				return false
+			}
+			for _, w := range []struct{ got, want float64 }{{s.TTFTMs.Fast, e.ttft}, {s.TTFTMs.Slow, e.ttft}, {s.TBTMs.Fast, e.tbt}} {
+				if math.Abs(w.got-w.want) > 0.05*w.want {
+					return false
+				}
+			}
+		}
+		return true
+	})
+
+	// Bad messages are counted and skipped; the good ones keep flowing.
+	raw := func(m map[string]any) []byte {
+		b, err := msgpack.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	good := func() map[string]any {
+		return map[string]any{"v": 1, "k": "signal", "m": "llama", "e": "engine-a", "t": time.Now().UnixMilli(), "n": 1,
+			"ttft": 1.0, "tbt": 1.0, "q": 0, "run": 0, "kv": 0.0, "cap": 1.0, "rps": 0.0, "rep": 1, "h": 1.0}
+	}
+	nan := good()
+	nan["ttft"] = math.NaN()
+	v9 := good()
+	v9["v"] = 9
+	dotted := good()
+	dotted["e"] = "engine.x"
+	oversize := good()
+	oversize["r"] = strings.Repeat("x", messages.MaxMessageSize+1)
+	bad := []struct {
+		subject string
+		data    []byte
+	}{
+		{"sy.signal.llama.engine-a", []byte("garbage \x00\xff")},
+		{"sy.signal.llama.engine-a", raw(nan)},
+		{"sy.signal.llama.engine-a", raw(v9)},
+		{"sy.signal.llama.engine-a", raw(oversize)},
+		{"sy.signal.llama.engine.x", raw(dotted)},
+	}
+	for _, b := range bad {
+		if _, err := env.JS.Publish(ctx, b.subject, b.data); err != nil {
+			t.Fatalf("publish bad message on %s: %v", b.subject, err)
+		}
+	}
+	badTotal := func() float64 {
+		mfs, _ := reg.Gather()
+		total := 0.0
+		for _, mf := range mfs {
+			if mf.GetName() == "switchyard_aggregator_bad_messages_total" {
+				for _, m := range mf.GetMetric() {
+					total += m.GetCounter().GetValue()
+				}
+			}
+		}
+		return total
+	}
+	testenv.WaitFor(t, 5*time.Second, "five bad messages counted", func() bool { return badTotal() == 5 })
+	for _, reason := range []string{"decode", "invalid", "version", "too_large"} {
+		if n := badByReason(t, reg, reason); n < 1 {
+			t.Errorf("no bad message counted with reason %q", reason)
+		}
+	}
+	before, _ := engineState(t, kv, "llama.engine-a")
+	testenv.WaitFor(t, 2*time.Second, "good signals still folded in after bad ones", func() bool {
+		s, _ := engineState(t, kv, "llama.engine-a")
+		return s.Signals > before.Signals+3
+	})
+	if _, ok := engineState(t, kv, "llama.engine.x"); ok {
+		t.Fatal("engine with a dot in its name reached sy_engines")
+	}
+
+	// An engine that stops signalling becomes stale, then down, within the bound.
+	cancels[2]()
+	stopped := time.Now()
+	testenv.WaitFor(t, 3*time.Second, "engine-c down", func() bool {
+		s, _ := engineState(t, kv, "llama.engine-c")
+		return s.Status == messages.StatusDown
+	})
+	if took := time.Since(stopped); took > 800*time.Millisecond+500*time.Millisecond {
+		t.Fatalf("engine-c went down after %s, bound is 800ms + write interval", took)
+	}
+
+	// Restart: the aggregator stops while engines keep publishing, starts
+	// again, and ends with exactly one fold per acknowledged signal.
+	stopAgg()
+	time.Sleep(200 * time.Millisecond) // engines publish while the aggregator is away
+	stopAgg = startAggregator(t, env, prometheus.NewRegistry())
+	defer stopAgg()
+	time.Sleep(200 * time.Millisecond)
+	for _, c := range cancels[:2] {
+		c()
+	}
+	wg.Wait()
+	for _, e := range engines {
+		want := uint64(e.acked.Load())
+		testenv.WaitFor(t, 5*time.Second, fmt.Sprintf("%s folded exactly its %d signals", e.name, want), func() bool {
+			s, _ := engineState(t, kv, "llama."+e.name)
+			if s.Signals > want {
+				t.Fatalf("%s: %d signals folded, only %d published: double-counted", e.name, s.Signals, want)
+			}
+			return s.Signals == want
+		})
+	}
+}
+
+func badByReason(t *testing.T, reg *prometheus.Registry, reason string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != "switchyard_aggregator_bad_messages_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" && l.GetValue() == reason {
+					total += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return total
+}

@@ -1,0 +1,141 @@
+package streams
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/switchyard-dev/switchyard/messages"
+)
+
+// Names holds the configurable parts of the NATS layout: the subject prefix and
+// the stream and bucket names. The zero value is not usable; start from
+// DefaultNames.
+type Names struct {
+	// Prefix is the first token of every subject, "sy" by default.
+	Prefix string
+	// SignalStream and ReportStream are the JetStream stream names.
+	SignalStream string
+	ReportStream string
+	// EnginesBucket, DemandBucket, WeightsBucket and LeasesBucket are the KV bucket names.
+	EnginesBucket string
+	DemandBucket  string
+	WeightsBucket string
+	LeasesBucket  string
+}
+
+// DefaultNames returns the layout of DESIGN.md.
+func DefaultNames() Names {
+	return Names{
+		Prefix:        "sy",
+		SignalStream:  "SY_SIGNALS",
+		ReportStream:  "SY_REPORTS",
+		EnginesBucket: "sy_engines",
+		DemandBucket:  "sy_demand",
+		WeightsBucket: "sy_weights",
+		LeasesBucket:  "sy_leases",
+	}
+}
+
+// Validate checks that every name is set and is a single NATS token.
+func (n Names) Validate() error {
+	for field, v := range map[string]string{
+		"prefix": n.Prefix, "signal stream": n.SignalStream, "report stream": n.ReportStream,
+		"engines bucket": n.EnginesBucket, "demand bucket": n.DemandBucket,
+		"weights bucket": n.WeightsBucket, "leases bucket": n.LeasesBucket,
+	} {
+		if err := messages.CheckName(field, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func join(tokens ...string) (string, error) {
+	for _, t := range tokens[1:] {
+		if !messages.ValidName(t) {
+			return "", fmt.Errorf("%w: %q is not a valid name token (1-%d characters of A-Z a-z 0-9 _ -)", messages.ErrInvalid, t, messages.MaxNameLen)
+		}
+	}
+	return strings.Join(tokens, "."), nil
+}
+
+// SignalSubject is the subject an engine publishes its signals on: <prefix>.signal.<model>.<engine>.
+func (n Names) SignalSubject(model, engine string) (string, error) {
+	return join(n.Prefix+".signal", model, engine)
+}
+
+// SignalFilter matches every engine signal.
+func (n Names) SignalFilter() string { return n.Prefix + ".signal.>" }
+
+// ReportSubject is the subject a router publishes its reports on:
+// <prefix>.report.<model>.<cluster>.<router>.
+func (n Names) ReportSubject(model, cluster, router string) (string, error) {
+	return join(n.Prefix+".report", model, cluster, router)
+}
+
+// ReportFilter matches every router report.
+func (n Names) ReportFilter() string { return n.Prefix + ".report.>" }
+
+// RequestSubject is the subject the routers of a frontend cluster take
+// requests on over NATS: <prefix>.req.<cluster>.<model>.
+func (n Names) RequestSubject(cluster, model string) (string, error) {
+	return join(n.Prefix+".req", cluster, model)
+}
+
+// InferSubject is the subject an engine takes inference requests on over NATS:
+// <prefix>.infer.<model>.<engine>.
+func (n Names) InferSubject(model, engine string) (string, error) {
+	return join(n.Prefix+".infer", model, engine)
+}
+
+// EngineKey is the sy_engines key of an engine's state: <model>.<engine>.
+func EngineKey(model, engine string) (string, error) { return joinKey(model, engine) }
+
+// DemandKey is the sy_demand key of a cluster's demand: <model>.<cluster>.
+func DemandKey(model, cluster string) (string, error) { return joinKey(model, cluster) }
+
+// RTTKey is the sy_demand key of the RTT from a cluster to an engine: rtt.<cluster>.<engine>.
+func RTTKey(cluster, engine string) (string, error) {
+	k, err := joinKey(cluster, engine)
+	return "rtt." + k, err
+}
+
+// WeightsKey is the sy_weights key of a snapshot: <model>.<cluster>.
+func WeightsKey(model, cluster string) (string, error) { return joinKey(model, cluster) }
+
+func joinKey(a, b string) (string, error) {
+	for _, t := range []string{a, b} {
+		if !messages.ValidName(t) {
+			return "", fmt.Errorf("%w: %q is not a valid name token (1-%d characters of A-Z a-z 0-9 _ -)", messages.ErrInvalid, t, messages.MaxNameLen)
+		}
+	}
+	return a + "." + b, nil
+}
+
+// SplitKey splits a two-token key such as <model>.<engine> into its tokens.
+func SplitKey(key string) (a, b string, ok bool) {
+	a, b, ok = strings.Cut(key, ".")
+	if !ok || !messages.ValidName(a) || !messages.ValidName(b) {
+		return "", "", false
+	}
+	return a, b, true
+}
+
+// ParseSubject splits a subject under prefix and kind (for example "sy" and
+// "signal") into its remaining want tokens, validating each.
+func (n Names) ParseSubject(subject, kind string, want int) ([]string, bool) {
+	rest, ok := strings.CutPrefix(subject, n.Prefix+"."+kind+".")
+	if !ok {
+		return nil, false
+	}
+	toks := strings.Split(rest, ".")
+	if len(toks) != want {
+		return nil, false
+	}
+	for _, t := range toks {
+		if !messages.ValidName(t) {
+			return nil, false
+		}
+	}
+	return toks, true
+}
