@@ -1,0 +1,105 @@
+package router
+
+// MaxPrefixBytes bounds how much leading prompt content the affinity key
+// hashes.
+const MaxPrefixBytes = 2048
+
+// KeySource says where a request's affinity key came from.
+type KeySource uint8
+
+// Affinity key sources, in order of precedence.
+const (
+	// KeyNone: the request has no affinity; it is spread by weight.
+	KeyNone KeySource = iota
+	// KeySession: the x-session-id header.
+	KeySession
+	// KeyUser: the OpenAI user field.
+	KeyUser
+	// KeyPrefix: a hash of the leading prompt content.
+	KeyPrefix
+)
+
+// String returns the source's name, for logs and metric labels.
+func (s KeySource) String() string {
+	switch s {
+	case KeySession:
+		return "session"
+	case KeyUser:
+		return "user"
+	case KeyPrefix:
+		return "prefix"
+	default:
+		return "none"
+	}
+}
+
+// Seeds separate the key spaces of the sources.
+const (
+	seedSession = 0x5e55_10e1_d0d0_0001
+	seedUser    = 0x05e2_0000_d0d0_0002
+	seedPrefix  = 0x9e3f_1c00_d0d0_0003
+)
+
+// AffinityKey returns the selection key of a request and its source: the
+// x-session-id header value when non-empty, else the OpenAI user field when
+// non-empty, else a hash of the first MaxPrefixBytes bytes of the leading
+// prompt content — the first system (or developer) message and the first
+// other message for chat, the first prompt for completions. It returns
+// KeyNone when there is nothing to hash. It does not allocate.
+func AffinityKey(sessionID string, req *Request) (uint64, KeySource) {
+	if sessionID != "" {
+		h := newHasher(seedSession, len(sessionID))
+		h.writeString(sessionID)
+		return h.sum(), KeySession
+	}
+	if req == nil {
+		return 0, KeyNone
+	}
+	if req.User != "" {
+		h := newHasher(seedUser, len(req.User))
+		h.writeString(req.User)
+		return h.sum(), KeyUser
+	}
+	h := newHasher(seedPrefix, MaxPrefixBytes)
+	wrote := false
+	switch req.Endpoint {
+	case EndpointChat:
+		sys, first := -1, -1
+		for i := range req.Messages {
+			r := req.Messages[i].Role
+			if r == "system" || r == "developer" {
+				if sys < 0 {
+					sys = i
+				}
+			} else if first < 0 {
+				first = i
+			}
+			if sys >= 0 && first >= 0 {
+				break
+			}
+		}
+		for _, i := range [2]int{sys, first} {
+			if i < 0 {
+				continue
+			}
+			for _, s := range req.Messages[i].Text {
+				h.writeString(s)
+				wrote = wrote || s != ""
+			}
+			h.writeSep()
+		}
+	case EndpointCompletions:
+		switch {
+		case len(req.Prompts) > 0:
+			h.writeString(req.Prompts[0])
+			wrote = req.Prompts[0] != ""
+		case len(req.PromptTokens) > 0:
+			h.writeBytes(req.PromptTokens)
+			wrote = true
+		}
+	}
+	if !wrote {
+		return 0, KeyNone
+	}
+	return h.sum(), KeyPrefix
+}

@@ -1,0 +1,434 @@
+package router
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"mime"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+)
+
+// Header names the router reads or writes.
+const (
+	headerRequestID = "X-Request-Id"
+	headerSessionID = "X-Session-Id"
+	headerEngine    = "X-Switchyard-Engine"
+)
+
+// Limits on client-supplied header values.
+const (
+	maxRequestIDLen = 128
+	maxSessionIDLen = 256
+)
+
+// Mode says how a model's table was made.
+type Mode string
+
+// Table modes.
+const (
+	// ModeSnapshot: the table comes from a fresh optimizer snapshot.
+	ModeSnapshot Mode = "snapshot"
+	// ModeLocalPolicy: no snapshot yet, or a stale one; the table comes from
+	// the router's local policy over live engine signals.
+	ModeLocalPolicy Mode = "local-policy"
+)
+
+// Info describes the table installed for a model.
+type Info struct {
+	// Generation is the snapshot's generation (0 for a local-policy table
+	// built before any snapshot).
+	Generation uint64
+	// Mode says where the table came from.
+	Mode Mode
+	// Created is when the optimizer produced the snapshot the table was built
+	// from; the snapshot's age is measured from it. Zero when unknown.
+	Created time.Time
+}
+
+// Tables is the source of selection tables, one per model, for the router's
+// own frontend cluster; the snapshot store implements it. Table must be
+// cheap (an atomic load and a map lookup) as it is called on every request.
+type Tables interface {
+	// Table returns the table installed for model, its info, and whether the
+	// model is served.
+	Table(model string) (*Table, Info, bool)
+	// Models returns the served models.
+	Models() []string
+}
+
+// Options configures a Handler. Tables is required.
+type Options struct {
+	// Tables gives the selection table per model.
+	Tables Tables
+	// Transport forwards requests to engines (default: an HTTPTransport with
+	// default options).
+	Transport Transport
+	// Cluster is the router's frontend cluster, for logs and /readyz.
+	Cluster string
+	// Router is the router's name, for logs and /readyz.
+	Router string
+	// Logger receives the handler's logs; component=router and cluster are
+	// added. The zero Logger discards.
+	Logger zerolog.Logger
+	// Registry receives the handler's metrics and is served on /metrics
+	// (default: a new registry).
+	Registry *prometheus.Registry
+	// MaxBodyBytes bounds request bodies (default 8 MiB); larger ones get 413.
+	MaxBodyBytes int64
+	// BodyReadTimeout bounds reading a request body (default 30s).
+	BodyReadTimeout time.Duration
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Handler is the router's HTTP front: the OpenAI inference endpoints,
+// /v1/models, /healthz, /readyz and /metrics.
+type Handler struct {
+	opts     Options
+	log      zerolog.Logger
+	metrics  *metrics
+	mux      *http.ServeMux
+	models   sync.Map // model → *modelState
+	seq      atomic.Uint64
+	bufs     sync.Pool
+	promHTTP http.Handler
+}
+
+// modelState is the router's live state for one model.
+type modelState struct {
+	live  *LiveSet
+	bound atomic.Pointer[Bound]
+}
+
+// NewHandler returns a Handler for opts. It fails when Tables is nil or the
+// metrics cannot be registered in opts.Registry.
+func NewHandler(opts Options) (*Handler, error) {
+	if opts.Tables == nil {
+		return nil, errors.New("router: new handler: Options.Tables is nil")
+	}
+	if opts.Transport == nil {
+		opts.Transport = NewHTTPTransport(HTTPTransportOptions{})
+	}
+	if opts.Registry == nil {
+		opts.Registry = prometheus.NewRegistry()
+	}
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = 8 << 20
+	}
+	if opts.BodyReadTimeout <= 0 {
+		opts.BodyReadTimeout = 30 * time.Second
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	m, err := newMetrics(opts.Registry, opts.Tables, opts.Now)
+	if err != nil {
+		return nil, fmt.Errorf("router: new handler: register metrics: %w", err)
+	}
+	h := &Handler{
+		opts:    opts,
+		log:     opts.Logger.With().Str("component", "router").Str("cluster", opts.Cluster).Logger(),
+		metrics: m,
+		mux:     http.NewServeMux(),
+		bufs:    sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }},
+	}
+	h.promHTTP = promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{Registry: opts.Registry})
+	h.mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
+		h.serveInference(w, r, EndpointChat)
+	})
+	h.mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) {
+		h.serveInference(w, r, EndpointCompletions)
+	})
+	h.mux.HandleFunc("/v1/models", h.serveModels)
+	h.mux.HandleFunc("/healthz", h.serveHealth)
+	h.mux.HandleFunc("/readyz", h.serveReady)
+	h.mux.Handle("/metrics", h.promHTTP)
+	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		WriteError(w, newAPIError(http.StatusNotFound, ErrTypeNotFound, "not_found", "",
+			fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)))
+	})
+	return h, nil
+}
+
+// ServeHTTP routes a request.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+// Registry returns the registry holding the handler's metrics.
+func (h *Handler) Registry() *prometheus.Registry { return h.opts.Registry }
+
+// Live returns the live engine state of model (in-flight counts, down
+// marks), creating it if needed; guards use it to mark engines down.
+func (h *Handler) Live(model string) *LiveSet { return h.model(model).live }
+
+// SetEngineDown marks an engine of model down (skipped at once) or up.
+func (h *Handler) SetEngineDown(model, engine string, down bool) {
+	h.Live(model).SetDown(engine, down)
+}
+
+func (h *Handler) model(name string) *modelState {
+	if v, ok := h.models.Load(name); ok {
+		return v.(*modelState)
+	}
+	v, _ := h.models.LoadOrStore(name, &modelState{live: NewLiveSet()})
+	return v.(*modelState)
+}
+
+// bind returns the Guard of model bound to t, rebinding when t is new.
+func (h *Handler) bind(model string, t *Table) *Bound {
+	ms := h.model(model)
+	if b := ms.bound.Load(); b != nil && b.Table() == t {
+		return b
+	}
+	b := ms.live.Bind(t)
+	ms.bound.Store(b)
+	return b
+}
+
+// validHeaderValue reports whether v is 1..max visible ASCII characters.
+func validHeaderValue(v string, max int) bool {
+	if v == "" || len(v) > max {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] <= ' ' || v[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+func (h *Handler) newRequestID() string {
+	var b [12]byte
+	for i := 0; i < len(b); i += 4 {
+		v := rand.Uint32()
+		b[i], b[i+1], b[i+2], b[i+3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
+	}
+	return "req_" + hex.EncodeToString(b[:])
+}
+
+// reject answers e and counts it under model.
+func (h *Handler) reject(w http.ResponseWriter, model string, e *APIError) {
+	h.metrics.requests.WithLabelValues(model, strconv.Itoa(e.Status)).Inc()
+	WriteError(w, e)
+}
+
+// Metric model labels for requests rejected before a served model is known.
+const (
+	labelInvalid = "_invalid"
+	labelUnknown = "_unknown"
+)
+
+func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endpoint) {
+	start := h.opts.Now()
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		h.reject(w, labelInvalid, newAPIError(http.StatusMethodNotAllowed, ErrTypeInvalidRequest, "method_not_allowed", "",
+			fmt.Sprintf("method %s not allowed on %s; use POST", r.Method, ep.Path())))
+		return
+	}
+	reqID := r.Header.Get(headerRequestID)
+	if reqID == "" {
+		reqID = h.newRequestID()
+	} else if !validHeaderValue(reqID, maxRequestIDLen) {
+		h.reject(w, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", headerRequestID,
+			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", headerRequestID, maxRequestIDLen)))
+		return
+	}
+	w.Header().Set(headerRequestID, reqID)
+	session := r.Header.Get(headerSessionID)
+	if _, present := r.Header[headerSessionID]; present && !validHeaderValue(session, maxSessionIDLen) {
+		h.reject(w, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", headerSessionID,
+			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", headerSessionID, maxSessionIDLen)))
+		return
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+			h.reject(w, labelInvalid, newAPIError(http.StatusUnsupportedMediaType, ErrTypeInvalidRequest, "unsupported_media_type", "",
+				fmt.Sprintf("Content-Type %q is not application/json", ct)))
+			return
+		}
+	}
+	body, apiErr := h.readBody(w, r)
+	if apiErr != nil {
+		h.reject(w, labelInvalid, apiErr)
+		return
+	}
+	req, err := ParseRequest(ep, body)
+	if err != nil {
+		var ae *APIError
+		if !errors.As(err, &ae) {
+			ae = invalidRequest("", err.Error())
+		}
+		h.reject(w, labelInvalid, ae)
+		return
+	}
+	table, _, ok := h.opts.Tables.Table(req.Model)
+	if !ok {
+		h.reject(w, labelUnknown, newAPIError(http.StatusNotFound, ErrTypeNotFound, "model_not_found", "model",
+			fmt.Sprintf("the model %q does not exist or is not served by this router", req.Model)))
+		return
+	}
+	bound := h.bind(req.Model, table)
+	key, src := AffinityKey(session, req)
+	if src == KeyNone {
+		key = SpreadKey(h.seq.Add(1))
+	}
+	idx, ok := table.Pick(key, bound)
+	if !ok {
+		w.Header().Set("Retry-After", "1")
+		h.reject(w, req.Model, newAPIError(http.StatusServiceUnavailable, ErrTypeUnavailable, "no_engine_available", "",
+			fmt.Sprintf("no engine is available for model %q", req.Model)))
+		return
+	}
+	engine := table.Engine(idx)
+	log := h.log.With().Str("model", req.Model).Str("engine", engine.Name).Str("request_id", reqID).
+		Str("key", src.String()).Logger()
+
+	bound.Acquire(idx)
+	defer bound.Release(idx)
+	inFlight := h.metrics.inFlight.WithLabelValues(req.Model)
+	inFlight.Inc()
+	defer inFlight.Dec()
+
+	up := &UpstreamRequest{Endpoint: ep, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body,
+		Header: passHeaders(r.Header)}
+	resp, err := h.opts.Transport.Forward(r.Context(), engine, up)
+	if err != nil {
+		code := "error"
+		if r.Context().Err() != nil {
+			code = "canceled"
+			log.Debug().Err(err).Msg("client went away before the engine answered")
+		} else {
+			log.Warn().Err(err).Msg("forward failed")
+		}
+		h.metrics.engineRequests.WithLabelValues(req.Model, engine.Name, code).Inc()
+		w.Header().Set(headerEngine, engine.Name)
+		h.reject(w, req.Model, newAPIError(http.StatusBadGateway, ErrTypeServer, "upstream_error", "",
+			fmt.Sprintf("engine %q for model %q failed: %v", engine.Name, req.Model, err)))
+		return
+	}
+	defer resp.Body.Close()
+	status := strconv.Itoa(resp.Status)
+	h.metrics.engineRequests.WithLabelValues(req.Model, engine.Name, status).Inc()
+	h.metrics.requests.WithLabelValues(req.Model, status).Inc()
+
+	hdr := w.Header()
+	copyResponseHeaders(hdr, resp.Header)
+	hdr.Set(headerEngine, engine.Name)
+	hdr.Set(headerRequestID, reqID)
+	w.WriteHeader(resp.Status)
+	n, first, err := h.relay(r.Context(), w, resp.Body)
+	end := h.opts.Now()
+	if !first.IsZero() {
+		h.metrics.ttft.WithLabelValues(req.Model).Observe(first.Sub(start).Seconds())
+	}
+	h.metrics.duration.WithLabelValues(req.Model).Observe(end.Sub(start).Seconds())
+	ev := log.Debug()
+	if err != nil {
+		ev = log.Info().Err(err)
+	}
+	ev.Int("status", resp.Status).Int64("bytes", n).Dur("duration", end.Sub(start)).Bool("stream", req.Stream).
+		Msg("request done")
+}
+
+// readBody reads the request body within the size and time limits.
+func (h *Handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *APIError) {
+	limit := h.opts.MaxBodyBytes
+	tooLarge := func() *APIError {
+		return newAPIError(http.StatusRequestEntityTooLarge, ErrTypeInvalidRequest, "request_too_large", "",
+			fmt.Sprintf("request body is larger than the limit of %d bytes", limit))
+	}
+	if r.ContentLength > limit {
+		return nil, tooLarge()
+	}
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(h.opts.Now().Add(h.opts.BodyReadTimeout)) // unsupported writers: no deadline
+	defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, tooLarge()
+		}
+		return nil, invalidRequest("", fmt.Sprintf("reading request body: %v", err))
+	}
+	return body, nil
+}
+
+// relay copies the engine's body to the client as it arrives, flushing after
+// every read so each SSE event reaches the client at once. It returns the
+// bytes written, when the first byte was written, and the first read or
+// write error (a client that went away ends the copy and, through the
+// request context, the engine's request).
+func (h *Handler) relay(ctx context.Context, w http.ResponseWriter, body io.Reader) (int64, time.Time, error) {
+	rc := http.NewResponseController(w)
+	bp := h.bufs.Get().(*[]byte)
+	defer h.bufs.Put(bp)
+	buf := *bp
+	var n int64
+	var first time.Time
+	for {
+		k, rerr := body.Read(buf)
+		if k > 0 {
+			if first.IsZero() {
+				first = h.opts.Now()
+			}
+			if _, werr := w.Write(buf[:k]); werr != nil {
+				return n, first, fmt.Errorf("write to client: %w", werr)
+			}
+			n += int64(k)
+			if ferr := rc.Flush(); ferr != nil {
+				return n, first, fmt.Errorf("flush to client: %w", ferr)
+			}
+		}
+		if rerr == io.EOF {
+			return n, first, nil
+		}
+		if rerr != nil {
+			if ctx.Err() != nil {
+				return n, first, fmt.Errorf("client went away: %w", ctx.Err())
+			}
+			return n, first, fmt.Errorf("read from engine: %w", rerr)
+		}
+	}
+}
+
+// passHeaders selects the client headers forwarded to engines.
+func passHeaders(in http.Header) http.Header {
+	out := make(http.Header, 4)
+	for _, k := range []string{"Authorization", "Accept", headerSessionID, "Openai-Organization", "Openai-Project"} {
+		if vs, ok := in[k]; ok {
+			out[k] = vs
+		}
+	}
+	return out
+}
+
+// isHopHeader reports whether k is a connection-level header, never relayed.
+func isHopHeader(k string) bool {
+	switch k {
+	case "Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Te", "Trailer", "Upgrade",
+		"Proxy-Authenticate", "Proxy-Authorization":
+		return true
+	}
+	return false
+}
+
+func copyResponseHeaders(dst, src http.Header) {
+	for k, vs := range src {
+		if !isHopHeader(k) {
+			dst[k] = vs
+		}
+	}
+}

@@ -1,0 +1,97 @@
+package router
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are one handler's Prometheus collectors, registered in its own
+// registry.
+type metrics struct {
+	requests       *prometheus.CounterVec
+	duration       *prometheus.HistogramVec
+	ttft           *prometheus.HistogramVec
+	engineRequests *prometheus.CounterVec
+	inFlight       *prometheus.GaugeVec
+}
+
+// latencyBuckets span 1 ms to about 2 minutes.
+func latencyBuckets() []float64 { return prometheus.ExponentialBuckets(0.001, 2, 18) }
+
+func newMetrics(reg prometheus.Registerer, tables Tables, now func() time.Time) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_router_requests_total",
+			Help: "Inference requests answered, by model and HTTP status code.",
+		}, []string{"model", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "switchyard_router_request_duration_seconds",
+			Help:    "Time from receiving a request to the end of its response, by model.",
+			Buckets: latencyBuckets(),
+		}, []string{"model"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "switchyard_router_ttft_seconds",
+			Help:    "Time from receiving a request to relaying the first response byte, by model.",
+			Buckets: latencyBuckets(),
+		}, []string{"model"}),
+		engineRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_router_engine_requests_total",
+			Help: "Requests forwarded, by model, engine and outcome (HTTP status code or error).",
+		}, []string{"model", "engine", "code"}),
+		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_router_in_flight_requests",
+			Help: "Requests being forwarded now, by model.",
+		}, []string{"model"}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.engineRequests, m.inFlight,
+		&snapshotCollector{tables: tables, now: now}} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// snapshotCollector reports, at scrape time, each model's snapshot
+// generation, age and mode from the Tables.
+type snapshotCollector struct {
+	tables Tables
+	now    func() time.Time
+}
+
+var (
+	descAge = prometheus.NewDesc("switchyard_router_snapshot_age_seconds",
+		"Age of the installed weight snapshot, by model.", []string{"model"}, nil)
+	descGeneration = prometheus.NewDesc("switchyard_router_snapshot_generation",
+		"Generation of the installed weight snapshot, by model.", []string{"model"}, nil)
+	descLocal = prometheus.NewDesc("switchyard_router_local_policy",
+		"1 when the model is routed by the local policy (no fresh snapshot), else 0.", []string{"model"}, nil)
+)
+
+// Describe sends the collector's descriptors.
+func (c *snapshotCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descAge
+	ch <- descGeneration
+	ch <- descLocal
+}
+
+// Collect sends the current snapshot figures.
+func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
+	now := c.now()
+	for _, model := range c.tables.Models() {
+		_, info, ok := c.tables.Table(model)
+		if !ok {
+			continue
+		}
+		local := 0.0
+		if info.Mode == ModeLocalPolicy {
+			local = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descGeneration, prometheus.GaugeValue, float64(info.Generation), model)
+		ch <- prometheus.MustNewConstMetric(descLocal, prometheus.GaugeValue, local, model)
+		if !info.Created.IsZero() {
+			ch <- prometheus.MustNewConstMetric(descAge, prometheus.GaugeValue, now.Sub(info.Created).Seconds(), model)
+		}
+	}
+}

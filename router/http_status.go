@@ -1,0 +1,126 @@
+package router
+
+import (
+	"encoding/json"
+	"net/http"
+	"sort"
+)
+
+// writeJSON writes v as JSON with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		WriteError(w, newAPIError(http.StatusInternalServerError, ErrTypeServer, "", "", "encoding response: "+err.Error()))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(body, '\n'))
+}
+
+// modelEntry is one model of GET /v1/models, in OpenAI's shape.
+type modelEntry struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+// servedModels returns the models that have a table, sorted.
+func (h *Handler) servedModels() []string {
+	var out []string
+	for _, m := range h.opts.Tables.Models() {
+		if _, _, ok := h.opts.Tables.Table(m); ok {
+			out = append(out, m)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		WriteError(w, newAPIError(http.StatusMethodNotAllowed, ErrTypeInvalidRequest, "method_not_allowed", "",
+			"method "+r.Method+" not allowed on /v1/models; use GET"))
+		return
+	}
+	list := struct {
+		Object string       `json:"object"`
+		Data   []modelEntry `json:"data"`
+	}{Object: "list", Data: []modelEntry{}}
+	for _, m := range h.servedModels() {
+		list.Data = append(list.Data, modelEntry{ID: m, Object: "model", OwnedBy: "switchyard"})
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+func (h *Handler) serveHealth(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// ModelReadiness is one model's entry in the /readyz detail.
+type ModelReadiness struct {
+	// Mode is "snapshot" or "local-policy".
+	Mode Mode `json:"mode"`
+	// Generation is the installed snapshot's generation.
+	Generation uint64 `json:"generation"`
+	// SnapshotAgeSeconds is the snapshot's age, absent when unknown.
+	SnapshotAgeSeconds *float64 `json:"snapshot_age_seconds,omitempty"`
+	// Engines is the number of engines with positive weight.
+	Engines int `json:"engines"`
+	// Shed is the snapshot's shed fraction, 1 − Σ weights.
+	Shed float64 `json:"shed"`
+}
+
+// Readiness is the /readyz detail.
+type Readiness struct {
+	// Ready is true when at least one model can be routed.
+	Ready bool `json:"ready"`
+	// Mode is "snapshot" when every model routes on a snapshot, else
+	// "local-policy".
+	Mode Mode `json:"mode"`
+	// Cluster is the router's frontend cluster.
+	Cluster string `json:"cluster,omitempty"`
+	// Router is the router's name.
+	Router string `json:"router,omitempty"`
+	// Models holds the per-model detail.
+	Models map[string]ModelReadiness `json:"models"`
+}
+
+// Readiness returns the router's readiness detail, as served on /readyz.
+func (h *Handler) Readiness() Readiness {
+	now := h.opts.Now()
+	rd := Readiness{Mode: ModeSnapshot, Cluster: h.opts.Cluster, Router: h.opts.Router, Models: map[string]ModelReadiness{}}
+	for _, m := range h.opts.Tables.Models() {
+		t, info, ok := h.opts.Tables.Table(m)
+		if !ok {
+			continue
+		}
+		mr := ModelReadiness{Mode: info.Mode, Generation: info.Generation, Engines: len(t.active), Shed: 1 - t.Weight()}
+		if !info.Created.IsZero() {
+			age := now.Sub(info.Created).Seconds()
+			mr.SnapshotAgeSeconds = &age
+		}
+		if info.Mode != ModeSnapshot {
+			rd.Mode = ModeLocalPolicy
+		}
+		if t.Slots() > 0 {
+			rd.Ready = true
+		}
+		rd.Models[m] = mr
+	}
+	if len(rd.Models) == 0 {
+		rd.Mode = ModeLocalPolicy
+	}
+	return rd
+}
+
+func (h *Handler) serveReady(w http.ResponseWriter, _ *http.Request) {
+	rd := h.Readiness()
+	status := http.StatusOK
+	if !rd.Ready {
+		status = http.StatusServiceUnavailable
+	}
+	writeJSON(w, status, rd)
+}

@@ -1,0 +1,92 @@
+package router
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// EngineLive is a router's live state of one engine for one model: its
+// in-flight request count at this router and whether it is marked down.
+type EngineLive struct {
+	inflight atomic.Int64
+	down     atomic.Bool
+}
+
+// InFlight returns the engine's in-flight requests at this router.
+func (e *EngineLive) InFlight() int64 { return e.inflight.Load() }
+
+// Down reports whether the engine is marked down.
+func (e *EngineLive) Down() bool { return e.down.Load() }
+
+// LiveSet holds the live state of the engines of one model at one router,
+// by engine name, so that it survives the installation of new tables. It is
+// safe for concurrent use.
+type LiveSet struct {
+	mu     sync.Mutex
+	byName map[string]*EngineLive
+	total  atomic.Int64
+}
+
+// NewLiveSet returns an empty live set.
+func NewLiveSet() *LiveSet { return &LiveSet{byName: make(map[string]*EngineLive)} }
+
+// Engine returns the live state of the named engine, creating it if needed.
+func (s *LiveSet) Engine(name string) *EngineLive {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.byName[name]
+	if !ok {
+		e = &EngineLive{}
+		s.byName[name] = e
+	}
+	return e
+}
+
+// SetDown marks the named engine down (skipped at once by Pick) or up.
+func (s *LiveSet) SetDown(name string, down bool) { s.Engine(name).down.Store(down) }
+
+// TotalInFlight returns this router's in-flight requests on all engines of
+// the set.
+func (s *LiveSet) TotalInFlight() int64 { return s.total.Load() }
+
+// Bind returns a Guard for table t over this set's engine states.
+func (s *LiveSet) Bind(t *Table) *Bound {
+	b := &Bound{set: s, table: t, engines: make([]*EngineLive, t.Len())}
+	for i := range b.engines {
+		b.engines[i] = s.Engine(t.Engine(i).Name)
+	}
+	return b
+}
+
+// Bound is a LiveSet bound to one table: a Guard indexed like the table,
+// with the counters a request updates around its forwarding.
+type Bound struct {
+	set     *LiveSet
+	table   *Table
+	engines []*EngineLive
+}
+
+// Table returns the table b is bound to.
+func (b *Bound) Table() *Table { return b.table }
+
+// Down reports whether engine i of the table is marked down.
+func (b *Bound) Down(i int) bool { return b.engines[i].down.Load() }
+
+// InFlight returns this router's in-flight requests on engine i.
+func (b *Bound) InFlight(i int) int64 { return b.engines[i].inflight.Load() }
+
+// TotalInFlight returns this router's in-flight requests on the model.
+func (b *Bound) TotalInFlight() int64 { return b.set.total.Load() }
+
+// Acquire counts one more in-flight request on engine i; pair it with
+// Release on the same Bound.
+func (b *Bound) Acquire(i int) {
+	b.engines[i].inflight.Add(1)
+	b.set.total.Add(1)
+}
+
+// Release counts the end of an in-flight request on engine i.
+func (b *Bound) Release(i int) {
+	b.engines[i].inflight.Add(-1)
+	b.set.total.Add(-1)
+}

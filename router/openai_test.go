@@ -1,0 +1,185 @@
+package router
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+)
+
+func TestParseRequest(t *testing.T) {
+	cases := []struct {
+		name      string
+		ep        Endpoint
+		body      string
+		wantErr   bool
+		wantParam string
+		check     func(*testing.T, *Request)
+	}{
+		{name: "chat", ep: EndpointChat, body: `{"model":"m","stream":true,"user":"u","messages":[{"role":"user","content":"hi"}]}`,
+			check: func(t *testing.T, r *Request) {
+				if r.Model != "m" || !r.Stream || r.User != "u" || len(r.Messages) != 1 || r.Messages[0].Text[0] != "hi" {
+					t.Errorf("parsed %+v", r)
+				}
+			}},
+		{name: "chat parts and null", ep: EndpointChat, body: `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]},{"role":"assistant","content":null}]}`,
+			check: func(t *testing.T, r *Request) {
+				if len(r.Messages) != 2 || len(r.Messages[0].Text) != 1 || r.Messages[1].Text != nil {
+					t.Errorf("parsed %+v", r.Messages)
+				}
+			}},
+		{name: "completion strings", ep: EndpointCompletions, body: `{"model":"m","prompt":["a","b"]}`,
+			check: func(t *testing.T, r *Request) {
+				if len(r.Prompts) != 2 {
+					t.Errorf("prompts %v", r.Prompts)
+				}
+			}},
+		{name: "completion tokens", ep: EndpointCompletions, body: `{"model":"m","prompt":[1,2]}`,
+			check: func(t *testing.T, r *Request) {
+				if string(r.PromptTokens) != "[1,2]" {
+					t.Errorf("tokens %s", r.PromptTokens)
+				}
+			}},
+		{name: "completion token batch", ep: EndpointCompletions, body: `{"model":"m","prompt":[[1,2],[3]]}`},
+		{name: "malformed", ep: EndpointChat, body: `{"model":"m",`, wantErr: true},
+		{name: "not an object", ep: EndpointChat, body: `["model"]`, wantErr: true},
+		{name: "empty", ep: EndpointChat, body: ``, wantErr: true},
+		{name: "trailing garbage", ep: EndpointChat, body: `{"model":"m","messages":[{"role":"user","content":"x"}]} x`, wantErr: true},
+		{name: "missing model", ep: EndpointChat, body: `{"messages":[{"role":"user","content":"hi"}]}`, wantErr: true, wantParam: "model"},
+		{name: "null model", ep: EndpointChat, body: `{"model":null,"messages":[]}`, wantErr: true, wantParam: "model"},
+		{name: "model number", ep: EndpointChat, body: `{"model":3,"messages":[{"role":"user","content":"hi"}]}`, wantErr: true, wantParam: "model"},
+		{name: "empty model", ep: EndpointChat, body: `{"model":"","messages":[{"role":"user","content":"hi"}]}`, wantErr: true, wantParam: "model"},
+		{name: "stream string", ep: EndpointChat, body: `{"model":"m","stream":"yes","messages":[{"role":"user","content":"hi"}]}`, wantErr: true, wantParam: "stream"},
+		{name: "user number", ep: EndpointChat, body: `{"model":"m","user":1,"messages":[{"role":"user","content":"hi"}]}`, wantErr: true, wantParam: "user"},
+		{name: "messages missing", ep: EndpointChat, body: `{"model":"m"}`, wantErr: true, wantParam: "messages"},
+		{name: "messages object", ep: EndpointChat, body: `{"model":"m","messages":{"role":"user"}}`, wantErr: true, wantParam: "messages"},
+		{name: "messages empty", ep: EndpointChat, body: `{"model":"m","messages":[]}`, wantErr: true, wantParam: "messages"},
+		{name: "message string", ep: EndpointChat, body: `{"model":"m","messages":["hi"]}`, wantErr: true, wantParam: "messages[0]"},
+		{name: "role missing", ep: EndpointChat, body: `{"model":"m","messages":[{"content":"hi"}]}`, wantErr: true, wantParam: "messages[0].role"},
+		{name: "content number", ep: EndpointChat, body: `{"model":"m","messages":[{"role":"user","content":5}]}`, wantErr: true, wantParam: "messages[0].content"},
+		{name: "part without type", ep: EndpointChat, body: `{"model":"m","messages":[{"role":"user","content":[{"text":"a"}]}]}`, wantErr: true, wantParam: "messages[0].content[0]"},
+		{name: "text part number", ep: EndpointChat, body: `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":1}]}]}`, wantErr: true, wantParam: "messages[0].content[0].text"},
+		{name: "prompt on chat", ep: EndpointChat, body: `{"model":"m","prompt":"x","messages":[{"role":"user","content":"hi"}]}`, wantErr: true, wantParam: "prompt"},
+		{name: "prompt number", ep: EndpointCompletions, body: `{"model":"m","prompt":42}`, wantErr: true, wantParam: "prompt"},
+		{name: "prompt object", ep: EndpointCompletions, body: `{"model":"m","prompt":{"text":"x"}}`, wantErr: true, wantParam: "prompt"},
+		{name: "prompt mixed", ep: EndpointCompletions, body: `{"model":"m","prompt":["a",1]}`, wantErr: true, wantParam: "prompt"},
+		{name: "prompt float tokens", ep: EndpointCompletions, body: `{"model":"m","prompt":[1.5]}`, wantErr: true, wantParam: "prompt"},
+		{name: "prompt empty array", ep: EndpointCompletions, body: `{"model":"m","prompt":[]}`, wantErr: true, wantParam: "prompt"},
+		{name: "messages on completions", ep: EndpointCompletions, body: `{"model":"m","messages":[]}`, wantErr: true, wantParam: "messages"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			req, err := ParseRequest(c.ep, []byte(c.body))
+			if c.wantErr {
+				ae, ok := err.(*APIError)
+				if !ok {
+					t.Fatalf("error %v (%T), want *APIError", err, err)
+				}
+				if ae.Status != http.StatusBadRequest || ae.Type != ErrTypeInvalidRequest {
+					t.Fatalf("error %+v, want 400 invalid_request_error", ae)
+				}
+				gotParam := ""
+				if ae.Param != nil {
+					gotParam = *ae.Param
+				}
+				if gotParam != c.wantParam {
+					t.Fatalf("param %q, want %q (%s)", gotParam, c.wantParam, ae.Message)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("ParseRequest: %v", err)
+			}
+			if string(req.Body) != c.body {
+				t.Fatalf("body not kept")
+			}
+			if c.check != nil {
+				c.check(t, req)
+			}
+		})
+	}
+}
+
+func TestWriteError(t *testing.T) {
+	rec := httptest.NewRecorder()
+	WriteError(rec, newAPIError(http.StatusNotFound, ErrTypeNotFound, "model_not_found", "model", "no such model"))
+	if rec.Code != http.StatusNotFound || rec.Header().Get("Content-Type") != "application/json" {
+		t.Fatalf("status %d, content type %q", rec.Code, rec.Header().Get("Content-Type"))
+	}
+	assertOpenAIError(t, rec.Body.Bytes(), ErrTypeNotFound)
+}
+
+// assertOpenAIError checks that body is an OpenAI-shaped error of type typ.
+func assertOpenAIError(t testing.TB, body []byte, typ string) {
+	t.Helper()
+	var v struct {
+		Error *struct {
+			Message string  `json:"message"`
+			Type    string  `json:"type"`
+			Param   *string `json:"param"`
+			Code    *string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(body, &v); err != nil || v.Error == nil {
+		t.Fatalf("body %q is not an OpenAI error: %v", body, err)
+	}
+	if v.Error.Message == "" || v.Error.Type != typ {
+		t.Fatalf("error %+v, want type %q and a message", *v.Error, typ)
+	}
+	var raw map[string]map[string]json.RawMessage
+	if err := json.Unmarshal(body, &raw); err != nil {
+		t.Fatalf("body %q: %v", body, err)
+	}
+	for _, k := range []string{"message", "type", "param", "code"} {
+		if _, ok := raw["error"][k]; !ok {
+			t.Fatalf("body %q lacks error.%s", body, k)
+		}
+	}
+}
+
+func FuzzParseRequest(f *testing.F) {
+	seeds := []string{
+		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"m","stream":true,"messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"x"}]}]}`,
+		`{"model":"m","prompt":"hello"}`,
+		`{"model":"m","prompt":["a","b"]}`,
+		`{"model":"m","prompt":[1,2,3]}`,
+		`{"model":"m","prompt":[[1],[2]]}`,
+		`{"model":3}`,
+		`{"model":"m","prompt":[`,
+		`[]`,
+		`null`,
+		`{"model":"m","messages":[null]}`,
+		`{"model":"m","messages":[{"role":"user","content":[null]}]}`,
+		`{"model":"m","prompt":[[]]}`,
+		"\xff{",
+	}
+	for _, s := range seeds {
+		f.Add(s, false)
+		f.Add(s, true)
+	}
+	f.Fuzz(func(t *testing.T, body string, completions bool) {
+		ep := EndpointChat
+		if completions {
+			ep = EndpointCompletions
+		}
+		req, err := ParseRequest(ep, []byte(body))
+		if err != nil {
+			ae, ok := err.(*APIError)
+			if !ok || ae.Status != http.StatusBadRequest || ae.Message == "" {
+				t.Fatalf("error %v (%T), want a 400 *APIError with a message", err, err)
+			}
+			return
+		}
+		if req.Model == "" || !json.Valid([]byte(body)) {
+			t.Fatalf("accepted %q with model %q", body, req.Model)
+		}
+		if ep == EndpointChat && len(req.Messages) == 0 {
+			t.Fatalf("accepted chat body %q without messages", body)
+		}
+		again, err := ParseRequest(ep, []byte(body))
+		if err != nil || again.Model != req.Model || again.Stream != req.Stream || again.User != req.User {
+			t.Fatalf("reparse differs: %+v vs %+v (%v)", again, req, err)
+		}
+	})
+}

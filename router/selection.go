@@ -1,0 +1,282 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"sort"
+	"strings"
+)
+
+// DefaultSlots is the number of slots of a selection table when
+// TableOptions.Slots is zero. It must be the same on every router of a
+// cluster, or their tables differ.
+const DefaultSlots = 1 << 16
+
+// DefaultEpsilon is the bounded-load slack used when TableOptions.Epsilon is
+// zero: an engine may carry up to 25% more than its weighted share of this
+// router's in-flight requests (plus one) before requests spill.
+const DefaultEpsilon = 0.25
+
+// maxSlots bounds TableOptions.Slots (engine indexes are stored as uint32 and
+// memory is 4 bytes per slot).
+const maxSlots = 1 << 24
+
+// Engine is one entry of a weight table: an engine, where to reach it, and
+// the fraction of the (model, cluster) demand it should receive.
+type Engine struct {
+	// Name is the engine's name, a NATS token; it identifies the engine in
+	// the selection hash, so it must be the same on every router.
+	Name string
+	// URL is the engine's base URL for HTTP forwarding, e.g.
+	// "http://10.0.0.5:8000"; paths such as /v1/chat/completions are
+	// appended to it. Empty when the engine is reached by other transports.
+	URL string
+	// Weight is the fraction of demand for this engine, in [0, 1].
+	Weight float64
+}
+
+// TableOptions tunes NewTable. The zero value selects the defaults.
+type TableOptions struct {
+	// Slots is the number of slots, a power of two (default DefaultSlots).
+	Slots int
+	// Seed perturbs the hash of every engine; routers that must agree need
+	// the same seed (default 0).
+	Seed uint64
+	// Epsilon is the bounded-load slack (default DefaultEpsilon); a negative
+	// value disables bounded load.
+	Epsilon float64
+}
+
+// Table is the precomputed, immutable selection structure for one weight
+// snapshot of a (model, cluster). It is safe for concurrent use.
+//
+// Every slot s is owned by the engine that wins a weighted exponential race
+// for it: argmin_j E(s,j)/w_j, where E(s,j) is an Exp(1) variable that
+// depends only on the engine name and the slot (weighted rendezvous hashing,
+// also known as P-MinHash). A key picks the slot given by its top bits.
+//
+// Movement: when weights change, a key moves only if its slot's race winner
+// changes. Adding or removing an engine, setting one engine's weight with the
+// others rescaled proportionally, or changing the shed fraction moves exactly
+// the minimum, the total-variation distance δ (up to slot sampling noise).
+// When several weights change independently a key moves with probability
+// 1 − J_P(old, new) ≤ 2δ/(1+δ) (J_P: the probability Jaccard index), about
+// 1.1–1.5·δ for random perturbations and up to ~2·δ for a pure transfer
+// between two engines of a large table. No history-free scheme does better
+// for every change: J_P is Pareto-optimal among consistent samplers
+// (Moulton & Jiang 2018), and some pairs always reach 2δ/(1+δ) (Bavarian et
+// al. 2020).
+type Table struct {
+	engines []Engine       // sorted by name
+	index   map[string]int // name → index in engines
+	slots   []uint32       // slot → engine index
+	shift   uint           // 64 - log2(len(slots))
+	mask    uint64         // len(slots) - 1
+	limit   []float64      // (1+ε)·w_i/W, or +Inf when bounded load is off
+	weight  float64        // W = Σ w_i
+	active  []int32        // engines with positive weight, by index
+	share   []float64      // fraction of slots owned, by index
+}
+
+// NewTable builds the selection table for engines. It fails when a name is
+// empty or repeated, a weight is outside [0, 1] or not finite, the weights sum
+// to more than 1, or Slots is not a power of two. A table whose weights are
+// all zero is valid and picks nothing.
+//
+// The result depends only on the set of (name, weight) pairs, the seed and
+// the slot count: not on the order of engines, nor on earlier tables.
+func NewTable(engines []Engine, opts TableOptions) (*Table, error) {
+	m := opts.Slots
+	if m == 0 {
+		m = DefaultSlots
+	}
+	if m < 1 || m > maxSlots || m&(m-1) != 0 {
+		return nil, fmt.Errorf("router: new table: slots %d is not a power of two in [1, %d]", m, maxSlots)
+	}
+	eps := opts.Epsilon
+	if eps == 0 {
+		eps = DefaultEpsilon
+	}
+	if math.IsNaN(eps) || math.IsInf(eps, 0) {
+		return nil, fmt.Errorf("router: new table: epsilon %v is not finite", eps)
+	}
+	t := &Table{
+		engines: append([]Engine(nil), engines...),
+		index:   make(map[string]int, len(engines)),
+	}
+	sort.Slice(t.engines, func(a, b int) bool { return t.engines[a].Name < t.engines[b].Name })
+	for i, e := range t.engines {
+		if e.Name == "" || strings.ContainsAny(e.Name, ". *>\t\r\n") {
+			return nil, fmt.Errorf("router: new table: engine %d: invalid name %q", i, e.Name)
+		}
+		if _, dup := t.index[e.Name]; dup {
+			return nil, fmt.Errorf("router: new table: engine %q listed twice", e.Name)
+		}
+		if math.IsNaN(e.Weight) || e.Weight < 0 || e.Weight > 1 {
+			return nil, fmt.Errorf("router: new table: engine %q: weight %v outside [0, 1]", e.Name, e.Weight)
+		}
+		t.index[e.Name] = i
+		t.weight += e.Weight
+		if e.Weight > 0 {
+			t.active = append(t.active, int32(i))
+		}
+	}
+	if t.weight > 1+1e-9 {
+		return nil, fmt.Errorf("router: new table: weights sum to %v, more than 1", t.weight)
+	}
+	t.limit = make([]float64, len(t.engines))
+	for i, e := range t.engines {
+		switch {
+		case eps < 0:
+			t.limit[i] = math.Inf(1)
+		case t.weight > 0:
+			t.limit[i] = (1 + eps) * e.Weight / t.weight
+		}
+	}
+	t.share = make([]float64, len(t.engines))
+	if len(t.active) == 0 {
+		return t, nil
+	}
+	t.slots = buildSlots(t.engines, t.active, m, opts.Seed)
+	t.shift = uint(64 - bits.TrailingZeros(uint(m)))
+	t.mask = uint64(m - 1)
+	for _, j := range t.slots {
+		t.share[j]++
+	}
+	for i := range t.share {
+		t.share[i] /= float64(m)
+	}
+	return t, nil
+}
+
+// errNoSlots is an internal sanity error; buildSlots fills every slot when at
+// least one engine has positive weight.
+var errNoSlots = errors.New("router: slot left without an engine")
+
+// buildSlots assigns each of m slots to argmin_j E(s,j)/w_j without
+// evaluating every (slot, engine) pair. For engine j it walks a Poisson
+// process of rate m over time, each arrival landing on a uniformly chosen
+// slot; the first arrival on slot s is E(s,j) ~ Exp(1), independent across
+// slots and determined by the engine's name alone. Arrivals come in
+// increasing time, so an engine stops as soon as its arrival time divided by
+// its weight exceeds the largest current slot minimum (kept in a max tree).
+// The pruning changes the cost, never the result.
+func buildSlots(engines []Engine, active []int32, m int, seed uint64) []uint32 {
+	best := make([]float64, m)
+	owner := make([]int32, m)
+	for s := range best {
+		best[s] = math.Inf(1)
+		owner[s] = -1
+	}
+	// The max tree is built once every slot has an owner; until then the
+	// largest slot minimum is +Inf and no engine can stop early.
+	var tree *maxTree
+	unfilled := m
+
+	order := append([]int32(nil), active...)
+	sort.Slice(order, func(a, b int) bool {
+		wa, wb := engines[order[a]].Weight, engines[order[b]].Weight
+		if wa != wb {
+			return wa > wb
+		}
+		return order[a] < order[b]
+	})
+	mask := uint64(m - 1)
+	fm := float64(m)
+	for _, j := range order {
+		w := engines[j].Weight
+		rng := splitmix{s: HashString(engines[j].Name) ^ mix64(seed)}
+		t := 0.0
+		for {
+			t += -math.Log(rng.unit()) / fm
+			v := t / w
+			if tree != nil && v > tree.max() {
+				break
+			}
+			s := rng.next() & mask
+			if v < best[s] || (v == best[s] && j < owner[s]) {
+				if owner[s] < 0 {
+					unfilled--
+				}
+				best[s] = v
+				owner[s] = j
+				if tree != nil {
+					tree.set(int(s), v)
+				} else if unfilled == 0 {
+					tree = newMaxTree(best)
+				}
+			}
+		}
+	}
+	slots := make([]uint32, m)
+	for s, j := range owner {
+		if j < 0 {
+			panic(errNoSlots)
+		}
+		slots[s] = uint32(j)
+	}
+	return slots
+}
+
+// maxTree is a complete binary tree over m leaves holding the maximum of its
+// subtree at each inner node.
+type maxTree struct {
+	n    int
+	node []float64
+}
+
+// newMaxTree builds the tree over the given leaf values in O(len(leaves)).
+func newMaxTree(leaves []float64) *maxTree {
+	m := len(leaves)
+	t := &maxTree{n: m, node: make([]float64, 2*m)}
+	copy(t.node[m:], leaves)
+	for i := m - 1; i >= 1; i-- {
+		t.node[i] = math.Max(t.node[2*i], t.node[2*i+1])
+	}
+	return t
+}
+
+func (t *maxTree) max() float64 { return t.node[1] }
+
+func (t *maxTree) set(i int, v float64) {
+	i += t.n
+	t.node[i] = v
+	for i > 1 {
+		i >>= 1
+		v = math.Max(t.node[2*i], t.node[2*i+1])
+		if t.node[i] == v {
+			return
+		}
+		t.node[i] = v
+	}
+}
+
+// Len returns the number of engines in the table, including those with zero
+// weight.
+func (t *Table) Len() int { return len(t.engines) }
+
+// Engine returns the engine at index i (0 ≤ i < Len()); indexes follow the
+// engines' names in ascending order.
+func (t *Table) Engine(i int) Engine { return t.engines[i] }
+
+// Engines returns a copy of the table's engines, sorted by name.
+func (t *Table) Engines() []Engine { return append([]Engine(nil), t.engines...) }
+
+// Index returns the index of the named engine and whether it is in the table.
+func (t *Table) Index(name string) (int, bool) {
+	i, ok := t.index[name]
+	return i, ok
+}
+
+// Slots returns the number of slots, or 0 when no engine has positive weight.
+func (t *Table) Slots() int { return len(t.slots) }
+
+// Weight returns the total weight of the table's engines; 1 − Weight is the
+// shed fraction of the snapshot.
+func (t *Table) Weight() float64 { return t.weight }
+
+// Share returns the fraction of slots, hence of uniformly spread keys, that
+// engine i owns; it approximates Engine(i).Weight / Weight().
+func (t *Table) Share(i int) float64 { return t.share[i] }
