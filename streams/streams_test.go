@@ -134,4 +134,3 @@ func TestConnectFailsFastWithoutServer(t *testing.T) {
 		t.Fatalf("got %v, want ErrNoURL", err)
 	}
 }
-

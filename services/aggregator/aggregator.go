@@ -152,8 +152,12 @@ func New(opts Options) (*Aggregator, error) {
 // returns nil. It returns an error only when it cannot start.
 func (a *Aggregator) Run(ctx context.Context) error {
 	if err := a.load(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
 		return err
 	}
+	loaded := len(a.engines)
 	var ccs []jetstream.ConsumeContext
 	defer func() {
 		for _, cc := range ccs {
@@ -177,6 +181,9 @@ func (a *Aggregator) Run(ctx context.Context) error {
 			DeliverPolicy: jetstream.DeliverAllPolicy,
 		})
 		if err != nil {
+			if ctx.Err() != nil {
+				return nil // asked to stop while starting
+			}
 			return fmt.Errorf("aggregator: durable consumer on stream %s: %w", s.stream, err)
 		}
 		cc, err := cons.Consume(s.handle,
@@ -190,7 +197,7 @@ func (a *Aggregator) Run(ctx context.Context) error {
 		ccs = append(ccs, cc)
 	}
 	a.log.Info().Dur("write_interval", a.opts.WriteInterval).Dur("stale_after", a.opts.StaleAfter).
-		Dur("down_after", a.opts.DownAfter).Int("engines", len(a.engines)).Msg("aggregator running")
+		Dur("down_after", a.opts.DownAfter).Int("engines", loaded).Msg("aggregator running")
 	t := time.NewTicker(a.opts.WriteInterval)
 	defer t.Stop()
 	for {

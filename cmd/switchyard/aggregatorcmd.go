@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/services/aggregator"
+	"github.com/switchyard-dev/switchyard/streams"
+)
+
+func aggregatorCommand() command {
+	return command{
+		name:    "aggregator",
+		summary: "run the aggregator: engine signals and router reports into engine and demand state",
+		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+			url := natsFlags(fs)
+			var o aggregator.Options
+			fs.StringVar(&o.Durable, "durable", "sy-aggregator", "durable consumer name prefix")
+			fs.DurationVar(&o.FastHalfLife, "fast-half-life", time.Second, "half-life of the fast EWMA window")
+			fs.DurationVar(&o.SlowHalfLife, "slow-half-life", 30*time.Second, "half-life of the slow EWMA window")
+			fs.DurationVar(&o.StaleAfter, "stale-after", 2*time.Second, "mark an engine stale after this long without a signal")
+			fs.DurationVar(&o.DownAfter, "down-after", 6*time.Second, "mark an engine down after this long without a signal")
+			fs.DurationVar(&o.WriteInterval, "write-interval", 250*time.Millisecond, "write each changed key at most once per interval")
+			metricsAddr := fs.String("metrics-addr", "127.0.0.1:9090", "serve /metrics on this `address` (empty: off)")
+			replicas := fs.Int("replicas", 1, "provision streams and buckets with this replica count before starting (0: do not provision)")
+			mkLog := logFlags(fs, e)
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usagef("unexpected arguments %q", args)
+				}
+				log, err := mkLog()
+				if err != nil {
+					return err
+				}
+				nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{*url}, Name: "switchyard-aggregator", Logger: log})
+				if err != nil {
+					return err
+				}
+				defer nc.Close()
+				if *replicas > 0 {
+					js, err := jetstream.New(nc)
+					if err != nil {
+						return err
+					}
+					if err := streams.Provision(ctx, js, streams.DefaultNames(), streams.ProvisionOptions{Replicas: *replicas}); err != nil {
+						return err
+					}
+				}
+				reg := newRegistry()
+				o.Conn, o.Logger, o.Registerer = nc, log, reg
+				agg, err := aggregator.New(o)
+				if err != nil {
+					return usageError{err}
+				}
+				stopMetrics, err := serveMetrics(*metricsAddr, reg, log)
+				if err != nil {
+					return err
+				}
+				defer stopMetrics()
+				return agg.Run(ctx)
+			}
+		},
+	}
+}
+
+// newRegistry returns a registry with the Go and process collectors.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// serveMetrics serves /metrics for reg on addr until the returned function is called.
+func serveMetrics(addr string, reg *prometheus.Registry, log zerolog.Logger) (func(), error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Warn().Err(err).Msg("metrics server")
+		}
+	}()
+	log.Info().Str("addr", l.Addr().String()).Msg("serving /metrics")
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
+}

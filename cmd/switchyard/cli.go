@@ -1,0 +1,203 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+	"go.yaml.in/yaml/v3"
+)
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+)
+
+// env carries the process's standard streams to a command.
+type env struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+}
+
+// command is one subcommand: its flags are defined by setup, and run executes it.
+type command struct {
+	name    string
+	summary string
+	usage   string
+	// setup defines the command's flags and returns the function that runs it
+	// once flags are parsed; args are the remaining positional arguments.
+	setup func(fs *flag.FlagSet, e *env) func(ctx context.Context, args []string) error
+}
+
+func commands() []command {
+	return []command{
+		upCommand(),
+		natsCommand(),
+		aggregatorCommand(),
+		engineSimCommand(),
+		decodeCommand(),
+		encodeCommand(),
+		versionCommand(),
+	}
+}
+
+// usageError is returned by a command for bad input; it exits with status 2.
+type usageError struct{ err error }
+
+func (u usageError) Error() string { return u.err.Error() }
+func (u usageError) Unwrap() error { return u.err }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	e := &env{stdin: stdin, stdout: stdout, stderr: stderr}
+	cmds := commands()
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		printHelp(stdout, cmds)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return exitOK
+	}
+	if args[0] == "--version" {
+		args[0] = "version"
+	}
+	for _, c := range cmds {
+		if c.name != args[0] {
+			continue
+		}
+		fs := flag.NewFlagSet("switchyard "+c.name, flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		configFile := fs.String("config", "", "read flag values from this YAML or JSON `file` (keys are flag names)")
+		runFn := c.setup(fs, e)
+		fs.Usage = func() {
+			fmt.Fprintf(stderr, "Usage: switchyard %s %s\n\n%s\n\nFlags (each also read from SWITCHYARD_<FLAG> in the environment, e.g. SWITCHYARD_NATS_URL):\n", c.name, c.usage, c.summary)
+			fs.PrintDefaults()
+		}
+		if err := fs.Parse(args[1:]); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return exitOK
+			}
+			return exitUsage
+		}
+		if err := applyEnvAndConfig(fs, *configFile); err != nil {
+			fmt.Fprintf(stderr, "switchyard %s: %v\n", c.name, err)
+			return exitUsage
+		}
+		if err := runFn(ctx, fs.Args()); err != nil {
+			fmt.Fprintf(stderr, "switchyard %s: %v\n", c.name, err)
+			var ue usageError
+			if errors.As(err, &ue) {
+				return exitUsage
+			}
+			return exitError
+		}
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "switchyard: unknown command %q\n\n", args[0])
+	printHelp(stderr, cmds)
+	return exitUsage
+}
+
+func printHelp(w io.Writer, cmds []command) {
+	fmt.Fprintf(w, "switchyard — a global load balancer for LLM inference\n\nUsage: switchyard <command> [flags]\n\nCommands:\n")
+	for _, c := range cmds {
+		fmt.Fprintf(w, "  %-12s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, "\nRun 'switchyard <command> --help' for a command's flags.\n")
+}
+
+// envName is the environment variable for a flag: SWITCHYARD_ + upper case,
+// dashes and dots as underscores.
+func envName(flagName string) string {
+	return "SWITCHYARD_" + strings.ToUpper(strings.NewReplacer("-", "_", ".", "_").Replace(flagName))
+}
+
+// applyEnvAndConfig fills flags not given on the command line, first from the
+// environment, then from the config file. Precedence: flag, env, file, default.
+func applyEnvAndConfig(fs *flag.FlagSet, configFile string) error {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var cfg map[string]any
+	if configFile != "" {
+		data, err := os.ReadFile(configFile)
+		if err != nil {
+			return fmt.Errorf("config file: %w", err)
+		}
+		if err := yaml.Unmarshal(data, &cfg); err != nil {
+			return fmt.Errorf("config file %s: %w", configFile, err)
+		}
+		var unknown []string
+		for k := range cfg {
+			if fs.Lookup(k) == nil {
+				unknown = append(unknown, k)
+			}
+		}
+		if len(unknown) > 0 {
+			sort.Strings(unknown)
+			return fmt.Errorf("config file %s: unknown keys %s for this command", configFile, strings.Join(unknown, ", "))
+		}
+	}
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if err != nil || set[f.Name] || f.Name == "config" {
+			return
+		}
+		if v, ok := os.LookupEnv(envName(f.Name)); ok {
+			if e := f.Value.Set(v); e != nil {
+				err = fmt.Errorf("environment %s=%q: %v", envName(f.Name), v, e)
+			}
+			return
+		}
+		if v, ok := cfg[f.Name]; ok {
+			s := fmt.Sprint(v)
+			if list, isList := v.([]any); isList {
+				parts := make([]string, len(list))
+				for i, p := range list {
+					parts[i] = fmt.Sprint(p)
+				}
+				s = strings.Join(parts, ",")
+			}
+			if e := f.Value.Set(s); e != nil {
+				err = fmt.Errorf("config file %s: %s=%q: %v", configFile, f.Name, s, e)
+			}
+		}
+	})
+	return err
+}
+
+// logFlags adds --log-level and --log-format and returns a function building the logger.
+func logFlags(fs *flag.FlagSet, e *env) func() (zerolog.Logger, error) {
+	level := fs.String("log-level", "info", "log level: trace, debug, info, warn, error")
+	format := fs.String("log-format", "console", "log format: console (for people) or json")
+	return func() (zerolog.Logger, error) {
+		lvl, err := zerolog.ParseLevel(*level)
+		if err != nil {
+			return zerolog.Nop(), usagef("--log-level %q: %v", *level, err)
+		}
+		var w io.Writer
+		switch *format {
+		case "json":
+			w = e.stderr
+		case "console":
+			w = zerolog.ConsoleWriter{Out: e.stderr, TimeFormat: time.TimeOnly}
+		default:
+			return zerolog.Nop(), usagef("--log-format %q: want console or json", *format)
+		}
+		return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), nil
+	}
+}
+
+// natsFlags adds the NATS connection flags shared by the services.
+func natsFlags(fs *flag.FlagSet) *string {
+	return fs.String("nats-url", "nats://127.0.0.1:4222", "NATS server `URLs`, comma-separated (several for a cluster)")
+}

@@ -1,0 +1,97 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestEncodeDecodeRoundTrip(t *testing.T) {
+	in := `{"model":"llama","engine":"engine-b","ttft_ms":120,"tbt_ms":20,"queue":1,"running":8,"kv_use":0.25,"capacity_rps":100,"load_rps":80,"replicas":1,"health":1}`
+	var wire, out, errOut bytes.Buffer
+	if code := run(t.Context(), []string{"encode", "signal"}, strings.NewReader(in), &wire, &errOut); code != 0 {
+		t.Fatalf("encode exited %d: %s", code, errOut.String())
+	}
+	if code := run(t.Context(), []string{"decode"}, &wire, &out, &errOut); code != 0 {
+		t.Fatalf("decode exited %d: %s", code, errOut.String())
+	}
+	var got map[string]any
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got["engine"] != "engine-b" || got["ttft_ms"] != 120.0 || got["k"] != "signal" || got["time_ms"].(float64) <= 0 {
+		t.Fatalf("round trip gave %s", out.String())
+	}
+}
+
+func TestCodecErrors(t *testing.T) {
+	cases := []struct {
+		name  string
+		args  []string
+		stdin string
+		code  int
+		want  string
+	}{
+		{"decode garbage", []string{"decode"}, "not msgpack", 1, "malformed"},
+		{"decode nothing", []string{"decode"}, "", 2, "no input"},
+		{"encode unknown kind", []string{"encode", "gizmo"}, "{}", 2, "gizmo"},
+		{"encode NaN-like", []string{"encode", "signal"}, `{"model":"m","engine":"e","health":2}`, 2, "health"},
+		{"encode bad name", []string{"encode", "signal"}, `{"model":"m","engine":"e.x"}`, 2, "e.x"},
+		{"encode not JSON", []string{"encode", "signal"}, `{`, 2, "JSON"},
+		{"unknown command", []string{"frobnicate"}, "", 2, "frobnicate"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			code := run(t.Context(), c.args, strings.NewReader(c.stdin), &out, &errOut)
+			if code != c.code || !strings.Contains(errOut.String(), c.want) {
+				t.Fatalf("exit %d, stderr %q; want exit %d mentioning %q", code, errOut.String(), c.code, c.want)
+			}
+		})
+	}
+}
+
+func TestFlagsFromEnvAndConfig(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "c.yaml")
+	if err := os.WriteFile(cfg, []byte("compact: true\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in := `{"model":"llama","engine":"e","health":1}`
+	var wire, out, errOut bytes.Buffer
+	run(t.Context(), []string{"encode", "signal"}, strings.NewReader(in), &wire, &errOut)
+	data := wire.Bytes()
+	if code := run(t.Context(), []string{"decode", "--config", cfg}, bytes.NewReader(data), &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	if strings.Count(strings.TrimSpace(out.String()), "\n") != 0 {
+		t.Fatalf("config compact: true not applied: %s", out.String())
+	}
+	t.Setenv("SWITCHYARD_COMPACT", "false")
+	out.Reset()
+	run(t.Context(), []string{"decode", "--config", cfg}, bytes.NewReader(data), &out, &errOut)
+	if strings.Count(out.String(), "\n") < 3 {
+		t.Fatalf("environment did not override the config file: %s", out.String())
+	}
+	if err := os.WriteFile(cfg, []byte("bogus: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	errOut.Reset()
+	if code := run(t.Context(), []string{"decode", "--config", cfg}, bytes.NewReader(data), &out, &errOut); code != 2 || !strings.Contains(errOut.String(), "bogus") {
+		t.Fatalf("unknown config key: exit %d, %s", code, errOut.String())
+	}
+}
+
+func TestHelpOnEveryCommand(t *testing.T) {
+	for _, c := range commands() {
+		var out, errOut bytes.Buffer
+		if code := run(t.Context(), []string{c.name, "--help"}, strings.NewReader(""), &out, &errOut); code != 0 {
+			t.Errorf("%s --help exited %d", c.name, code)
+		}
+		if !strings.Contains(errOut.String(), "Usage: switchyard "+c.name) {
+			t.Errorf("%s --help printed %q", c.name, errOut.String())
+		}
+	}
+}

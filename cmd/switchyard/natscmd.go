@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/switchyard-dev/switchyard/streams"
+)
+
+// defaultDataDir is where `up` and `nats` keep their JetStream store.
+func defaultDataDir(sub string) string {
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		dir = os.TempDir()
+	}
+	return filepath.Join(dir, "switchyard", sub)
+}
+
+func natsCommand() command {
+	return command{
+		name:    "nats",
+		summary: "run an embedded NATS server with JetStream (standalone, or one node of a cluster)",
+		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+			dataDir := fs.String("data-dir", defaultDataDir("nats"), "JetStream store `directory`")
+			host := fs.String("host", "127.0.0.1", "client listen address")
+			port := fs.Int("port", 4222, "client port")
+			name := fs.String("server-name", "", "server name (required in a cluster)")
+			cluster := fs.String("cluster-name", "", "cluster name; set to run as one node of a cluster")
+			clusterHost := fs.String("cluster-host", "", "cluster listen address (default: --host)")
+			clusterPort := fs.Int("cluster-port", 6222, "cluster port (with --cluster-name)")
+			routes := fs.String("routes", "", "other nodes' cluster `URLs`, comma-separated (nats-route://host:6222)")
+			httpPort := fs.Int("http-port", 0, "NATS monitoring port (0: off); /healthz there serves health checks")
+			provision := fs.Bool("provision", true, "create or update Switchyard's streams and buckets once JetStream is ready")
+			replicas := fs.Int("replicas", 1, "replica count for provisioned streams and buckets (3 in a cluster)")
+			mkLog := logFlags(fs, e)
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usagef("unexpected arguments %q", args)
+				}
+				log, err := mkLog()
+				if err != nil {
+					return err
+				}
+				log = log.With().Str("component", "nats").Logger()
+				opts := streams.EmbeddedOptions{DataDir: *dataDir, Host: *host, Port: *port, ServerName: *name, HTTPPort: *httpPort, Logger: &log}
+				if *cluster != "" {
+					if *name == "" {
+						return usagef("--server-name is required with --cluster-name")
+					}
+					opts.ClusterName, opts.ClusterHost, opts.ClusterPort = *cluster, *clusterHost, *clusterPort
+					for _, r := range strings.Split(*routes, ",") {
+						if r = strings.TrimSpace(r); r != "" {
+							opts.Routes = append(opts.Routes, r)
+						}
+					}
+				}
+				srv, err := streams.StartEmbedded(opts)
+				if err != nil {
+					return err
+				}
+				defer srv.Shutdown()
+				log.Info().Str("url", srv.ClientURL()).Str("data_dir", *dataDir).Str("cluster", *cluster).Msg("NATS server running")
+				if *provision {
+					go provisionWhenReady(ctx, srv.ClientURL(), *replicas, e)
+				}
+				<-ctx.Done()
+				log.Info().Msg("shutting down")
+				return nil
+			}
+		},
+	}
+}
+
+// provisionWhenReady provisions the layout, retrying while a cluster forms.
+func provisionWhenReady(ctx context.Context, url string, replicas int, e *env) {
+	nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{url}, Name: "switchyard-provision"})
+	if err != nil {
+		fmt.Fprintf(e.stderr, "provision: %v\n", err)
+		return
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "provision: %v\n", err)
+		return
+	}
+	for {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := streams.Provision(pctx, js, streams.DefaultNames(), streams.ProvisionOptions{Replicas: replicas})
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}

@@ -1,0 +1,66 @@
+package enginesim
+
+import (
+	"context"
+	"errors"
+	"strconv"
+
+	"github.com/nats-io/nats.go"
+	"github.com/switchyard-dev/switchyard/services/engine"
+)
+
+// serveNATS answers one inference request received over NATS: a streamed
+// request gets a reply message per batch of new tokens and a closing one with
+// engine.HeaderLast; a plain request gets one reply. Every reply carries
+// engine.HeaderStatus. A crashed or hanging engine sends nothing.
+func (e *Engine) serveNATS(m *nats.Msg) {
+	if m.Reply == "" {
+		return // a publish, not a request: nobody to answer
+	}
+	ctx, cancel := context.WithTimeout(e.baseCtx, e.opts.NATSTimeout)
+	defer cancel()
+	reply := func(status int, last bool, body []byte) error {
+		out := nats.NewMsg(m.Reply)
+		out.Header.Set(engine.HeaderStatus, strconv.Itoa(status))
+		out.Header.Set(engine.HeaderEngine, e.opts.Name)
+		if last {
+			out.Header.Set(engine.HeaderLast, "true")
+		}
+		out.Data = body
+		return e.opts.Conn.PublishMsg(out)
+	}
+	fail := func(a *apiError) { _ = reply(a.Status, true, a.body()) }
+
+	j := e.parse(endpointOf(m.Data), m.Data)
+	r, err := e.admit(ctx, j)
+	if err != nil {
+		var a *apiError
+		if errors.As(err, &a) {
+			fail(a)
+		}
+		return
+	}
+	if !j.stream {
+		err := e.wait(ctx, r, nil)
+		e.outcome(err)
+		switch {
+		case err == nil:
+			_ = reply(200, true, j.full(j.maxOut))
+		case errors.Is(err, errClosing):
+			fail(errUnavailable("engine " + e.opts.Name + " is shutting down"))
+		case errors.Is(err, context.DeadlineExceeded):
+			fail(&apiError{Status: 504, Type: "server_error", Code: "timeout", Message: "request exceeded the engine's NATS timeout of " + e.opts.NATSTimeout.String()})
+		}
+		return
+	}
+	err = e.wait(ctx, r, func(from, to int) error { return reply(200, false, j.chunk(from, to, "", nil)) })
+	e.outcome(err)
+	switch {
+	case err == nil:
+		_ = reply(200, true, j.chunk(j.maxOut, j.maxOut, j.finishReason(), j.usage(j.maxOut)))
+	case errors.Is(err, errClosing):
+		fail(errUnavailable("engine " + e.opts.Name + " is shutting down"))
+	case errors.Is(err, context.DeadlineExceeded):
+		fail(&apiError{Status: 504, Type: "server_error", Code: "timeout", Message: "request exceeded the engine's NATS timeout of " + e.opts.NATSTimeout.String()})
+	}
+}

@@ -1,0 +1,269 @@
+package enginesim
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/services/engine"
+	"github.com/switchyard-dev/switchyard/streams"
+)
+
+// Defaults applied by New to zero-valued Options fields.
+const (
+	DefaultMaxBatch          = 32
+	DefaultPrefillMsPerToken = 0.02
+	DefaultBaseTBTMs         = 15
+	DefaultTBTGrowthMs       = 0.1
+	DefaultOutputTokens      = 128
+	DefaultPromptTokens      = 256
+	DefaultListen            = "127.0.0.1:0"
+	DefaultNATSTimeout       = 2 * time.Minute
+)
+
+// Options configures a simulated engine; zero values take the defaults above.
+type Options struct {
+	// Name is the engine name (a NATS token). Required.
+	Name string
+	// Model is the model served (a NATS token). Required.
+	Model string
+	// Region is the engine's region (optional NATS token).
+	Region string
+
+	// MaxBatch is the largest number of requests decoded together.
+	MaxBatch int
+	// PrefillMsPerToken is the prefill cost per prompt token, ms.
+	PrefillMsPerToken float64
+	// BaseTBTMs is the time between tokens with one running request, ms.
+	BaseTBTMs float64
+	// TBTGrowthMs is how much TBT grows per extra running request, ms.
+	TBTGrowthMs float64
+	// OutputTokens is the number of tokens a request generates unless max_tokens is smaller.
+	OutputTokens int
+	// PromptTokens is the mean prompt length Capacity assumes, tokens.
+	PromptTokens int
+	// KVTokens is the KV cache size in tokens; zero means 2 × MaxBatch × (PromptTokens + OutputTokens).
+	KVTokens int
+	// TimeScale multiplies every modelled duration (0.1 runs ten times faster); zero means 1.
+	TimeScale float64
+
+	// Listen is the HTTP listen address.
+	Listen string
+	// AdminListen, when set, also serves /metrics, /healthz and /admin/failure on a
+	// second listener that stays up when the engine is crashed.
+	AdminListen string
+
+	// Conn, when set, makes the engine serve NATS inference and publish signals. The caller owns it.
+	Conn *nats.Conn
+	// Names is the NATS layout; the zero value means streams.DefaultNames().
+	Names streams.Names
+	// NATSQueue, when set, is the queue group of the inference subscription.
+	NATSQueue string
+	// NATSTimeout bounds one NATS inference request (NATS has no client disconnect).
+	NATSTimeout time.Duration
+	// SignalInterval is the time between signals; zero means engine.DefaultInterval.
+	SignalInterval time.Duration
+	// NoSignals turns signal publishing off even when Conn is set.
+	NoSignals bool
+
+	// Failure is the failure injection in force at start.
+	Failure Failure
+	// Seed seeds the error-rate draws; zero means a random seed.
+	Seed uint64
+	// Logger receives the engine's log.
+	Logger zerolog.Logger
+}
+
+// Failure is an injected failure mode; the zero value injects nothing.
+type Failure struct {
+	// ErrorRate is the fraction of requests answered with status 500, 0..1.
+	ErrorRate float64 `json:"error_rate"`
+	// AddedLatencyMs delays every request by this many real milliseconds before it queues.
+	AddedLatencyMs float64 `json:"added_latency_ms"`
+	// Hang makes the engine accept requests and never answer until the client gives up.
+	Hang bool `json:"hang"`
+	// CrashAfter, when positive, crashes the engine when request CrashAfter+1 arrives,
+	// counting from when this Failure was set.
+	CrashAfter int `json:"crash_after"`
+	// Crashed reports (and, when set, commands) a crashed engine: listener closed,
+	// NATS subscription gone, running requests lost. Setting it false recovers.
+	Crashed bool `json:"crashed"`
+	// CapacityFactor scales the engine's speed and capacity, 0 < f <= 10; zero means 1.
+	CapacityFactor float64 `json:"capacity_factor"`
+	// Silent keeps the signalled health at 1 whatever is injected.
+	Silent bool `json:"silent"`
+}
+
+func (f Failure) validate() error {
+	switch {
+	case math.IsNaN(f.ErrorRate) || f.ErrorRate < 0 || f.ErrorRate > 1:
+		return fmt.Errorf("enginesim: Failure.ErrorRate is %v, want 0..1", f.ErrorRate)
+	case math.IsNaN(f.AddedLatencyMs) || f.AddedLatencyMs < 0 || f.AddedLatencyMs > 3.6e6:
+		return fmt.Errorf("enginesim: Failure.AddedLatencyMs is %v, want 0..3600000", f.AddedLatencyMs)
+	case f.CrashAfter < 0:
+		return fmt.Errorf("enginesim: Failure.CrashAfter is %d, want >= 0", f.CrashAfter)
+	case math.IsNaN(f.CapacityFactor) || f.CapacityFactor < 0 || f.CapacityFactor > 10:
+		return fmt.Errorf("enginesim: Failure.CapacityFactor is %v, want 0 (meaning 1) or 0 < f <= 10", f.CapacityFactor)
+	}
+	return nil
+}
+
+func (f Failure) factor() float64 {
+	if f.CapacityFactor == 0 {
+		return 1
+	}
+	return f.CapacityFactor
+}
+
+// health is the engine's own view: 0 when crashed or hanging, otherwise the
+// fraction of requests it answers successfully.
+func (f Failure) health() float64 {
+	switch {
+	case f.Silent:
+		return 1
+	case f.Crashed, f.Hang:
+		return 0
+	}
+	return 1 - f.ErrorRate
+}
+
+func (o Options) withDefaults() Options {
+	if o.MaxBatch == 0 {
+		o.MaxBatch = DefaultMaxBatch
+	}
+	if o.PrefillMsPerToken == 0 {
+		o.PrefillMsPerToken = DefaultPrefillMsPerToken
+	}
+	if o.BaseTBTMs == 0 {
+		o.BaseTBTMs = DefaultBaseTBTMs
+	}
+	if o.TBTGrowthMs == 0 {
+		o.TBTGrowthMs = DefaultTBTGrowthMs
+	}
+	if o.OutputTokens == 0 {
+		o.OutputTokens = DefaultOutputTokens
+	}
+	if o.PromptTokens == 0 {
+		o.PromptTokens = DefaultPromptTokens
+	}
+	if o.KVTokens == 0 && o.MaxBatch > 0 && o.PromptTokens > 0 && o.OutputTokens > 0 {
+		o.KVTokens = 2 * o.MaxBatch * (o.PromptTokens + o.OutputTokens)
+	}
+	if o.TimeScale == 0 {
+		o.TimeScale = 1
+	}
+	if o.Listen == "" {
+		o.Listen = DefaultListen
+	}
+	if o.Names == (streams.Names{}) {
+		o.Names = streams.DefaultNames()
+	}
+	if o.NATSTimeout == 0 {
+		o.NATSTimeout = DefaultNATSTimeout
+	}
+	if o.SignalInterval == 0 {
+		o.SignalInterval = engine.DefaultInterval
+	}
+	return o
+}
+
+func (o Options) validate() error {
+	for _, c := range []struct {
+		field, v string
+		optional bool
+	}{{"Options.Name", o.Name, false}, {"Options.Model", o.Model, false}, {"Options.Region", o.Region, true}} {
+		if c.optional && c.v == "" {
+			continue
+		}
+		if err := messages.CheckName(c.field, c.v); err != nil {
+			return fmt.Errorf("enginesim: %w", err)
+		}
+	}
+	finitePos := func(field string, v float64) error {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 {
+			return fmt.Errorf("enginesim: %s is %v, want a finite number > 0", field, v)
+		}
+		return nil
+	}
+	for _, c := range []struct {
+		field string
+		v     float64
+	}{{"Options.PrefillMsPerToken", o.PrefillMsPerToken}, {"Options.BaseTBTMs", o.BaseTBTMs},
+		{"Options.TBTGrowthMs", o.TBTGrowthMs}, {"Options.TimeScale", o.TimeScale}} {
+		if err := finitePos(c.field, c.v); err != nil {
+			return err
+		}
+	}
+	for _, c := range []struct {
+		field string
+		v     int
+	}{{"Options.MaxBatch", o.MaxBatch}, {"Options.OutputTokens", o.OutputTokens}, {"Options.PromptTokens", o.PromptTokens}, {"Options.KVTokens", o.KVTokens}} {
+		if c.v <= 0 {
+			return fmt.Errorf("enginesim: %s is %d, want > 0", c.field, c.v)
+		}
+	}
+	if o.KVTokens < o.PromptTokens+o.OutputTokens {
+		return fmt.Errorf("enginesim: Options.KVTokens is %d, want at least PromptTokens+OutputTokens = %d", o.KVTokens, o.PromptTokens+o.OutputTokens)
+	}
+	if o.NATSTimeout < 0 {
+		return fmt.Errorf("enginesim: Options.NATSTimeout is %s, want >= 0", o.NATSTimeout)
+	}
+	if o.SignalInterval < 0 {
+		return fmt.Errorf("enginesim: Options.SignalInterval is %s, want >= 0", o.SignalInterval)
+	}
+	if err := o.Names.Validate(); err != nil {
+		return fmt.Errorf("enginesim: Options.Names: %w", err)
+	}
+	if o.NATSQueue != "" && !messages.ValidName(o.NATSQueue) {
+		return fmt.Errorf("enginesim: Options.NATSQueue is %q, want a NATS token", o.NATSQueue)
+	}
+	if err := o.Failure.validate(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// tbtMs is the modelled time between tokens with b running requests, before scaling.
+func (o Options) tbtMs(b int) float64 {
+	return o.BaseTBTMs + o.TBTGrowthMs*float64(max(b, 1)-1)
+}
+
+// effectiveBatch is the batch size the KV cache allows for mean-sized requests.
+func (o Options) effectiveBatch() int {
+	return max(1, min(o.MaxBatch, o.KVTokens/(o.PromptTokens+o.OutputTokens)))
+}
+
+// Capacity returns the sustainable request rate, req/s, of an engine with these
+// options (defaults applied) and no failure injected; see the package doc.
+func Capacity(o Options) float64 {
+	o = o.withDefaults()
+	return capacity(o, 1)
+}
+
+func capacity(o Options, factor float64) float64 {
+	b := float64(o.effectiveBatch())
+	p := float64(o.PromptTokens) * o.PrefillMsPerToken
+	perBatchMs := b*p + float64(o.OutputTokens-1)*o.tbtMs(int(b))
+	return 1000 * b / perBatchMs * factor / o.TimeScale
+}
+
+// BatchForCapacity returns the smallest MaxBatch at which an engine with the
+// other options of o (defaults applied, KVTokens grown to fit) reaches rps
+// req/s, or an error naming the highest rate the options allow.
+func BatchForCapacity(o Options, rps float64) (int, error) {
+	if math.IsNaN(rps) || rps <= 0 {
+		return 0, fmt.Errorf("enginesim: target capacity %v req/s, want > 0", rps)
+	}
+	o.KVTokens = 0
+	for b := 1; b <= 4096; b++ {
+		o.MaxBatch = b
+		if Capacity(o) >= rps {
+			return b, nil
+		}
+	}
+	o.MaxBatch = 4096
+	return 0, fmt.Errorf("enginesim: no batch size up to 4096 reaches %v req/s with these options (at most %.1f req/s)", rps, Capacity(o))
+}
