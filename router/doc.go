@@ -2,9 +2,27 @@
 // inference request from the installed weight table of its (model, cluster),
 // keeping KV-cache affinity, and forwards the request to that engine.
 //
-// The pieces that do not depend on NATS live here: the selection table
-// (weighted, consistent, bounded-load engine selection), affinity key
-// extraction, OpenAI request parsing and error rendering, and the HTTP front
-// with its HTTP forwarding transport. The snapshot store and the NATS front
-// plug in through the small Tables and Transport interfaces.
+// Pure pieces: the selection table (weighted, consistent, bounded-load
+// engine selection), affinity key extraction, OpenAI request parsing and
+// error rendering. The HTTP front (Handler) and the NATS front (NATSFront)
+// share one routing path (Handler.route) and plug into the rest through the
+// Tables, Transport and Observer interfaces.
+//
+// A Service wires one router together:
+//
+//   - SnapshotStore (Tables) watches sy_weights keys *.<cluster>, decodes
+//     strictly, installs a snapshot only if its generation is newer, and
+//     publishes immutable per-model tables through an atomic pointer, so a
+//     request never waits on NATS. A model with no snapshot, or one older
+//     than StaleAfter, routes by the local policy: engines that live
+//     signals show healthy, weighted by capacity_rps. The watcher is
+//     re-created after errors and after every NATS reconnect.
+//   - Signals subscribes (core NATS) to engine signals: it marks engines
+//     down when they report health 0 or fall silent for DownAfter while
+//     NATS is connected (silence during an outage is not held against
+//     them), and it knows each engine's advertised endpoints.
+//   - TransportPolicy forwards over HTTP when the engine advertises a URL,
+//     else over NATS request-reply (NATSTransport); PreferNATS reverses it.
+//   - Reporter counts requests and per-engine outcomes and publishes a
+//     messages.RouterReport per model every interval, with RTT probes.
 package router

@@ -90,6 +90,9 @@ type Options struct {
 	BodyReadTimeout time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Observer is told about every routed request and every forwarding
+	// outcome, e.g. a Reporter (default: none).
+	Observer Observer
 }
 
 // Handler is the router's HTTP front: the OpenAI inference endpoints,
@@ -131,6 +134,9 @@ func NewHandler(opts Options) (*Handler, error) {
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
+	}
+	if opts.Observer == nil {
+		opts.Observer = nopObserver{}
 	}
 	m, err := newMetrics(opts.Registry, opts.Tables, opts.Now)
 	if err != nil {
@@ -273,22 +279,16 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 		h.reject(w, labelInvalid, ae)
 		return
 	}
-	table, _, ok := h.opts.Tables.Table(req.Model)
-	if !ok {
-		h.reject(w, labelUnknown, newAPIError(http.StatusNotFound, ErrTypeNotFound, "model_not_found", "model",
-			fmt.Sprintf("the model %q does not exist or is not served by this router", req.Model)))
-		return
-	}
-	bound := h.bind(req.Model, table)
-	key, src := AffinityKey(session, req)
-	if src == KeyNone {
-		key = SpreadKey(h.seq.Add(1))
-	}
-	idx, ok := table.Pick(key, bound)
-	if !ok {
-		w.Header().Set("Retry-After", "1")
-		h.reject(w, req.Model, newAPIError(http.StatusServiceUnavailable, ErrTypeUnavailable, "no_engine_available", "",
-			fmt.Sprintf("no engine is available for model %q", req.Model)))
+	table, bound, idx, src, apiErr := h.route(req, session)
+	if apiErr != nil {
+		if apiErr.Status == http.StatusServiceUnavailable {
+			w.Header().Set("Retry-After", "1")
+		}
+		label := req.Model
+		if apiErr.Status == http.StatusNotFound {
+			label = labelUnknown
+		}
+		h.reject(w, label, apiErr)
 		return
 	}
 	engine := table.Engine(idx)
@@ -305,6 +305,8 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 		Header: passHeaders(r.Header)}
 	resp, err := h.opts.Transport.Forward(r.Context(), engine, up)
 	if err != nil {
+		h.opts.Observer.Outcome(req.Model, engine.Name, Outcome{Result: classifyForwardError(r.Context(), err),
+			Latency: h.opts.Now().Sub(start)})
 		code := "error"
 		if r.Context().Err() != nil {
 			code = "canceled"
@@ -330,6 +332,7 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 	w.WriteHeader(resp.Status)
 	n, first, err := h.relay(r.Context(), w, resp.Body)
 	end := h.opts.Now()
+	h.opts.Observer.Outcome(req.Model, engine.Name, responseOutcome(r.Context(), resp.Status, err, start, first, end))
 	if !first.IsZero() {
 		h.metrics.ttft.WithLabelValues(req.Model).Observe(first.Sub(start).Seconds())
 	}
@@ -340,6 +343,32 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 	}
 	ev.Int("status", resp.Status).Int64("bytes", n).Dur("duration", end.Sub(start)).Bool("stream", req.Stream).
 		Msg("request done")
+}
+
+// route picks the engine for a parsed request exactly as both fronts do:
+// the model's table, the affinity key (session id, then user, then prompt
+// prefix; spread by weight without one), and the bounded-load guard. It
+// counts the request with the Observer once the model is known to be
+// served. Errors: 404 for an unknown model, 503 when no engine is
+// available.
+func (h *Handler) route(req *Request, session string) (*Table, *Bound, int, KeySource, *APIError) {
+	table, _, ok := h.opts.Tables.Table(req.Model)
+	if !ok {
+		return nil, nil, 0, KeyNone, newAPIError(http.StatusNotFound, ErrTypeNotFound, "model_not_found", "model",
+			fmt.Sprintf("the model %q does not exist or is not served by this router", req.Model))
+	}
+	h.opts.Observer.Request(req.Model)
+	bound := h.bind(req.Model, table)
+	key, src := AffinityKey(session, req)
+	if src == KeyNone {
+		key = SpreadKey(h.seq.Add(1))
+	}
+	idx, ok := table.Pick(key, bound)
+	if !ok {
+		return nil, nil, 0, src, newAPIError(http.StatusServiceUnavailable, ErrTypeUnavailable, "no_engine_available", "",
+			fmt.Sprintf("no engine is available for model %q", req.Model))
+	}
+	return table, bound, idx, src, nil
 }
 
 // readBody reads the request body within the size and time limits.

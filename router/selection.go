@@ -33,6 +33,10 @@ type Engine struct {
 	// "http://10.0.0.5:8000"; paths such as /v1/chat/completions are
 	// appended to it. Empty when the engine is reached by other transports.
 	URL string
+	// Subject is the engine's NATS inference subject
+	// (<prefix>.infer.<model>.<engine>). Empty when the engine is not
+	// reachable over NATS.
+	Subject string
 	// Weight is the fraction of demand for this engine, in [0, 1].
 	Weight float64
 }

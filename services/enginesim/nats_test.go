@@ -180,8 +180,11 @@ func TestSignalsFromLiveState(t *testing.T) {
 	// The engine's own mean TTFT over these 8 requests.
 	sum := func(x enginesim.Stats) float64 { return float64(x.MeanTTFT) * float64(x.FirstTokens) }
 	measured := (sum(st) - sum(before)) / float64(st.FirstTokens-before.FirstTokens) / float64(time.Millisecond)
-	if math.Abs(s.TTFTMs-measured)/measured > 0.05 || s.TTFTMs < 20 {
-		t.Fatalf("signal TTFT %.2f ms, engine measured %.2f ms: want within 5%% (and >= the 20 ms prefill)", s.TTFTMs, measured)
+	// The signal holds the mean over its last 50 ms interval (here the last
+	// request or two), the reference is the mean over all eight: on a busy
+	// machine single requests jitter by a few ms, hence 20%.
+	if math.Abs(s.TTFTMs-measured)/measured > 0.2 || s.TTFTMs < 20 {
+		t.Fatalf("signal TTFT %.2f ms, engine measured %.2f ms: want within 20%% (and >= the 20 ms prefill)", s.TTFTMs, measured)
 	}
 	// One request at a time: TBT(1) = 10 ms, give or take timer lateness
 	// (steps are scheduled from the ideal end of the previous one).

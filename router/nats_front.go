@@ -1,0 +1,411 @@
+package router
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/streams"
+)
+
+// NATSFrontOptions configures NewNATSFront. Conn, Cluster and Handler are
+// required.
+type NATSFrontOptions struct {
+	// Conn is the NATS connection; the caller owns it.
+	Conn *nats.Conn
+	// Names is the NATS layout (default streams.DefaultNames()).
+	Names streams.Names
+	// Cluster is the router's frontend cluster.
+	Cluster string
+	// Handler is the HTTP front whose tables, selection, live guard,
+	// transport, observer and metrics the NATS front shares.
+	Handler *Handler
+	// MaxConcurrent bounds the requests served at once (default 4096);
+	// beyond it requests get a fast 429.
+	MaxConcurrent int
+	// RequestTimeout bounds one request end to end, as a NATS client cannot
+	// signal that it went away (default 5 minutes).
+	RequestTimeout time.Duration
+	// Logger receives the front's logs (component=router and cluster are added).
+	Logger zerolog.Logger
+}
+
+// NATSFront takes OpenAI requests over NATS on
+// <prefix>.req.<cluster>.<model>, in the queue group "sy-router-<cluster>"
+// shared by the cluster's routers. The request body is the OpenAI JSON
+// (chat when it has "messages", else completions); the optional headers
+// x-session-id and x-request-id act as over HTTP. The engine is chosen
+// exactly as by the HTTP front. Answers follow the engines' protocol:
+// every reply message carries HeaderStatus (and x-switchyard-engine,
+// x-request-id), the last carries HeaderLast; a streamed answer is one
+// message per chunk (the JSON of one SSE event, without "data: " and
+// without the closing [DONE]); errors are one OpenAI error JSON message
+// (404 unknown model, 400 malformed, 413 too large, 503 no engine, 502
+// engine failure, 429 router overloaded).
+type NATSFront struct {
+	opts NATSFrontOptions
+	h    *Handler
+	log  zerolog.Logger
+	sem  chan struct{}
+	wg   sync.WaitGroup
+}
+
+// Header names on NATS messages. NATS headers are case-sensitive; the
+// router writes these lower-case forms (as engines do) and reads either the
+// lower-case or the canonical HTTP form.
+const (
+	natsHeaderEngine    = "x-switchyard-engine"
+	natsHeaderRequestID = "x-request-id"
+	natsHeaderSessionID = "x-session-id"
+)
+
+// natsHeader returns the value of key (lower-case) in h, also under its
+// canonical HTTP form, and whether it is present.
+func natsHeader(h nats.Header, key string) (string, bool) {
+	if vs, ok := h[key]; ok && len(vs) > 0 {
+		return vs[0], true
+	}
+	if vs, ok := h[http.CanonicalHeaderKey(key)]; ok && len(vs) > 0 {
+		return vs[0], true
+	}
+	return "", false
+}
+
+// QueueGroup returns the queue group of cluster's routers.
+func QueueGroup(cluster string) string { return "sy-router-" + cluster }
+
+// NewNATSFront returns a NATS front for opts; Run starts it.
+func NewNATSFront(opts NATSFrontOptions) (*NATSFront, error) {
+	if opts.Conn == nil || opts.Handler == nil {
+		return nil, errors.New("router: new NATS front: Conn and Handler are required")
+	}
+	if err := messages.CheckName("cluster", opts.Cluster); err != nil {
+		return nil, fmt.Errorf("router: new NATS front: %w", err)
+	}
+	if opts.Names.Prefix == "" {
+		opts.Names = streams.DefaultNames()
+	}
+	if opts.MaxConcurrent <= 0 {
+		opts.MaxConcurrent = 4096
+	}
+	if opts.RequestTimeout <= 0 {
+		opts.RequestTimeout = 5 * time.Minute
+	}
+	return &NATSFront{
+		opts: opts,
+		h:    opts.Handler,
+		log:  opts.Logger.With().Str("component", "router").Str("cluster", opts.Cluster).Logger(),
+		sem:  make(chan struct{}, opts.MaxConcurrent),
+	}, nil
+}
+
+// Subject returns the wildcard subject the front subscribes to.
+func (f *NATSFront) Subject() string { return f.opts.Names.Prefix + ".req." + f.opts.Cluster + ".*" }
+
+// Run serves requests until ctx ends, then unsubscribes and waits for the
+// requests in progress, which are cancelled.
+func (f *NATSFront) Run(ctx context.Context) error {
+	sub, err := f.opts.Conn.QueueSubscribe(f.Subject(), QueueGroup(f.opts.Cluster), func(m *nats.Msg) {
+		f.accept(ctx, m)
+	})
+	if err != nil {
+		return fmt.Errorf("router: NATS front: subscribe to %s: %w", f.Subject(), err)
+	}
+	<-ctx.Done()
+	_ = sub.Unsubscribe()
+	f.wg.Wait()
+	return nil
+}
+
+// accept hands a request to its own goroutine, or answers 429 at once when
+// MaxConcurrent requests are in progress.
+func (f *NATSFront) accept(ctx context.Context, m *nats.Msg) {
+	if m.Reply == "" || ctx.Err() != nil {
+		return // a publish, not a request: nobody to answer
+	}
+	select {
+	case f.sem <- struct{}{}:
+	default:
+		hdr := nats.Header{}
+		hdr.Set("Retry-After", "1")
+		f.replyError(m, hdr, newAPIError(http.StatusTooManyRequests, ErrTypeUnavailable, "router_overloaded", "",
+			fmt.Sprintf("the router is serving %d NATS requests, its limit", f.opts.MaxConcurrent)), "")
+		return
+	}
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		defer func() { <-f.sem }()
+		f.serve(ctx, m)
+	}()
+}
+
+// replyError answers e as one final OpenAI error message.
+func (f *NATSFront) replyError(m *nats.Msg, hdr nats.Header, e *APIError, reqID string) {
+	body, _ := json.Marshal(struct {
+		Error *APIError `json:"error"`
+	}{e})
+	if hdr == nil {
+		hdr = nats.Header{}
+	}
+	if reqID != "" {
+		hdr.Set(natsHeaderRequestID, reqID)
+	}
+	f.publish(m.Reply, hdr, e.Status, true, body)
+}
+
+func (f *NATSFront) publish(subject string, hdr nats.Header, status int, last bool, body []byte) {
+	out := &nats.Msg{Subject: subject, Header: nats.Header{}, Data: body}
+	for k, vs := range hdr {
+		out.Header[k] = vs
+	}
+	out.Header.Set(HeaderStatus, strconv.Itoa(status))
+	if last {
+		out.Header.Set(HeaderLast, "true")
+	}
+	if err := f.opts.Conn.PublishMsg(out); err != nil {
+		f.log.Debug().Err(err).Msg("NATS reply not sent")
+	}
+}
+
+// natsEndpoint tells chat from completions requests: a body with a
+// "messages" member is a chat request.
+func natsEndpoint(body []byte) Endpoint {
+	var probe struct {
+		Messages json.RawMessage `json:"messages"`
+	}
+	if json.Unmarshal(body, &probe) == nil && len(probe.Messages) > 0 && string(probe.Messages) != "null" {
+		return EndpointChat
+	}
+	if json.Unmarshal(body, &struct{}{}) != nil {
+		return EndpointChat // malformed: the parser says why
+	}
+	return EndpointCompletions
+}
+
+func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
+	h := f.h
+	start := h.opts.Now()
+	reqID, _ := natsHeader(m.Header, natsHeaderRequestID)
+	if reqID == "" {
+		reqID = h.newRequestID()
+	} else if !validHeaderValue(reqID, maxRequestIDLen) {
+		f.reject(m, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", headerRequestID,
+			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", headerRequestID, maxRequestIDLen)), "")
+		return
+	}
+	session, present := natsHeader(m.Header, natsHeaderSessionID)
+	if present && !validHeaderValue(session, maxSessionIDLen) {
+		f.reject(m, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", headerSessionID,
+			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", headerSessionID, maxSessionIDLen)), reqID)
+		return
+	}
+	toks, ok := f.opts.Names.ParseSubject(m.Subject, "req", 2)
+	if !ok {
+		f.reject(m, labelInvalid, invalidRequest("", fmt.Sprintf("subject %q is not %s.req.<cluster>.<model>", m.Subject, f.opts.Names.Prefix)), reqID)
+		return
+	}
+	if int64(len(m.Data)) > h.opts.MaxBodyBytes {
+		f.reject(m, labelInvalid, newAPIError(http.StatusRequestEntityTooLarge, ErrTypeInvalidRequest, "request_too_large", "",
+			fmt.Sprintf("request body is larger than the limit of %d bytes", h.opts.MaxBodyBytes)), reqID)
+		return
+	}
+	body := m.Data
+	req, err := ParseRequest(natsEndpoint(body), body)
+	if err != nil {
+		var ae *APIError
+		if !errors.As(err, &ae) {
+			ae = invalidRequest("", err.Error())
+		}
+		f.reject(m, labelInvalid, ae, reqID)
+		return
+	}
+	if req.Model != toks[1] {
+		f.reject(m, labelInvalid, invalidRequest("model", fmt.Sprintf("'model' is %q but the request was sent to the subject of model %q", req.Model, toks[1])), reqID)
+		return
+	}
+	table, bound, idx, src, apiErr := h.route(req, session)
+	if apiErr != nil {
+		label := req.Model
+		if apiErr.Status == http.StatusNotFound {
+			label = labelUnknown
+		}
+		hdr := nats.Header{}
+		if apiErr.Status == http.StatusServiceUnavailable {
+			hdr.Set("Retry-After", "1")
+		}
+		h.metrics.requests.WithLabelValues(label, strconv.Itoa(apiErr.Status)).Inc()
+		f.replyError(m, hdr, apiErr, reqID)
+		return
+	}
+	engine := table.Engine(idx)
+	log := f.log.With().Str("model", req.Model).Str("engine", engine.Name).Str("request_id", reqID).
+		Str("key", src.String()).Str("front", "nats").Logger()
+	bound.Acquire(idx)
+	defer bound.Release(idx)
+	inFlight := h.metrics.inFlight.WithLabelValues(req.Model)
+	inFlight.Inc()
+	defer inFlight.Dec()
+
+	rctx, cancel := context.WithTimeout(ctx, f.opts.RequestTimeout)
+	defer cancel()
+	hdrIn := make(http.Header, 1)
+	if session != "" {
+		hdrIn.Set(headerSessionID, session)
+	}
+	up := &UpstreamRequest{Endpoint: req.Endpoint, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body, Header: hdrIn}
+	out := nats.Header{}
+	out.Set(natsHeaderEngine, engine.Name)
+	out.Set(natsHeaderRequestID, reqID)
+	resp, err := h.opts.Transport.Forward(rctx, engine, up)
+	if err != nil {
+		h.opts.Observer.Outcome(req.Model, engine.Name, Outcome{Result: classifyForwardError(ctx, err), Latency: h.opts.Now().Sub(start)})
+		h.metrics.engineRequests.WithLabelValues(req.Model, engine.Name, "error").Inc()
+		h.metrics.requests.WithLabelValues(req.Model, strconv.Itoa(http.StatusBadGateway)).Inc()
+		log.Warn().Err(err).Msg("forward failed")
+		f.replyError(m, out, newAPIError(http.StatusBadGateway, ErrTypeServer, "upstream_error", "",
+			fmt.Sprintf("engine %q for model %q failed: %v", engine.Name, req.Model, err)), reqID)
+		return
+	}
+	defer resp.Body.Close()
+	status := resp.Status
+	h.metrics.engineRequests.WithLabelValues(req.Model, engine.Name, strconv.Itoa(status)).Inc()
+	h.metrics.requests.WithLabelValues(req.Model, strconv.Itoa(status)).Inc()
+
+	var first time.Time
+	send := func(last bool, data []byte) {
+		if first.IsZero() {
+			first = h.opts.Now()
+		}
+		f.publish(m.Reply, out, status, last, data)
+	}
+	if req.Stream && status == http.StatusOK {
+		err = f.relayStream(resp.Body, send)
+	} else {
+		err = f.relayWhole(resp.Body, send)
+	}
+	end := h.opts.Now()
+	h.opts.Observer.Outcome(req.Model, engine.Name, responseOutcome(rctx, status, err, start, first, end))
+	if !first.IsZero() {
+		h.metrics.ttft.WithLabelValues(req.Model).Observe(first.Sub(start).Seconds())
+	}
+	h.metrics.duration.WithLabelValues(req.Model).Observe(end.Sub(start).Seconds())
+	if err != nil {
+		log.Info().Err(err).Msg("relay over NATS ended early")
+		return
+	}
+	log.Debug().Int("status", status).Dur("duration", end.Sub(start)).Bool("stream", req.Stream).Msg("request done")
+}
+
+func (f *NATSFront) reject(m *nats.Msg, label string, e *APIError, reqID string) {
+	f.h.metrics.requests.WithLabelValues(label, strconv.Itoa(e.Status)).Inc()
+	f.replyError(m, nil, e, reqID)
+}
+
+// maxReplyChunk bounds one reply message's body below the server's payload
+// limit, leaving room for headers.
+func (f *NATSFront) maxReplyChunk() int {
+	n := int(f.opts.Conn.MaxPayload()) - 4096
+	if n < 1024 {
+		n = 1024
+	}
+	return n
+}
+
+// relayWhole sends a non-streamed answer: the body in as few messages as
+// the payload limit allows, the last one marked.
+func (f *NATSFront) relayWhole(body io.Reader, send func(last bool, data []byte)) error {
+	data, err := io.ReadAll(io.LimitReader(body, 256<<20))
+	if err != nil {
+		send(true, nil) // the receiver must not hang
+		return err
+	}
+	max := f.maxReplyChunk()
+	for len(data) > max {
+		send(false, data[:max])
+		data = data[max:]
+	}
+	send(true, data)
+	return nil
+}
+
+// relayStream sends a streamed answer, one message per chunk. Replies from
+// a NATS engine are relayed as they are; an SSE body is split into its
+// events' data, dropping [DONE]. The last message is marked; when the
+// stream breaks, an empty last message ends it so the client never hangs.
+func (f *NATSFront) relayStream(body io.Reader, send func(last bool, data []byte)) error {
+	if nb, ok := body.(*natsBody); ok {
+		for {
+			msg, err := nb.nextReply()
+			if err == io.EOF {
+				return nil
+			}
+			if err != nil {
+				send(true, nil)
+				return err
+			}
+			send(nb.done, msg.Data)
+		}
+	}
+	var held []byte
+	haveHeld := false
+	err := readSSE(body, func(data []byte) {
+		if bytes.Equal(data, []byte("[DONE]")) {
+			return
+		}
+		if haveHeld {
+			send(false, held)
+		}
+		held, haveHeld = data, true
+	})
+	send(true, held)
+	return err
+}
+
+// readSSE calls fn with the data of every event of an SSE stream (several
+// data lines of one event are joined with newlines).
+func readSSE(r io.Reader, fn func(data []byte)) error {
+	br := bufio.NewReaderSize(r, 32<<10)
+	var data []byte
+	have := false
+	for {
+		line, err := br.ReadBytes('\n')
+		if len(line) > 0 {
+			line = bytes.TrimRight(line, "\r\n")
+			switch {
+			case len(line) == 0:
+				if have {
+					fn(data)
+					data, have = nil, false
+				}
+			case bytes.HasPrefix(line, []byte("data:")):
+				v := bytes.TrimPrefix(line[5:], []byte(" "))
+				if have {
+					data = append(data, '\n')
+				}
+				data = append(data, v...)
+				have = true
+			}
+		}
+		if err == io.EOF {
+			if have {
+				fn(data)
+			}
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}

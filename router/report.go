@@ -1,0 +1,579 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/streams"
+)
+
+// Result classifies the outcome of one forwarding attempt.
+type Result uint8
+
+// Forwarding results. Errors map to the report's error classes: "connect",
+// "5xx", "429" and "other"; timeouts are counted apart, and a request the
+// client cancelled counts as sent but neither succeeded nor failed (the
+// engine is not to blame).
+const (
+	ResultOK Result = iota
+	ResultConnect
+	Result5xx
+	Result429
+	ResultOther
+	ResultTimeout
+	ResultCanceled
+)
+
+// Class returns the report error class of r, or "" for results that are
+// not errors (ok, timeout, canceled).
+func (r Result) Class() string {
+	switch r {
+	case ResultConnect:
+		return "connect"
+	case Result5xx:
+		return "5xx"
+	case Result429:
+		return "429"
+	case ResultOther:
+		return "other"
+	}
+	return ""
+}
+
+// Outcome is what one forwarding attempt came to, as seen by the router.
+type Outcome struct {
+	// Result classifies the attempt.
+	Result Result
+	// Latency is the time from receiving the request to the end of the
+	// response (or the failure).
+	Latency time.Duration
+	// TTFT is the time from receiving the request to relaying the first
+	// response byte; zero when none was relayed.
+	TTFT time.Duration
+}
+
+// Observer is told about routed requests and forwarding outcomes; a
+// Reporter implements it. Calls come from request goroutines and must not
+// block.
+type Observer interface {
+	// Request counts one client request for a served model.
+	Request(model string)
+	// Outcome records one forwarding attempt to engine.
+	Outcome(model, engine string, o Outcome)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) Request(string)                  {}
+func (nopObserver) Outcome(string, string, Outcome) {}
+
+// errFirstReplyTimeout is wrapped by transports when an engine does not
+// start answering in time.
+var errFirstReplyTimeout = errors.New("no reply from the engine within the first-reply timeout")
+
+// classifyForwardError maps a Transport.Forward error to a Result.
+func classifyForwardError(ctx context.Context, err error) Result {
+	if ctx.Err() != nil {
+		return ResultCanceled
+	}
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errFirstReplyTimeout) ||
+		errors.Is(err, nats.ErrTimeout) || (errors.As(err, &ne) && ne.Timeout()) {
+		return ResultTimeout
+	}
+	return ResultConnect
+}
+
+// responseOutcome classifies an engine response and its relay.
+func responseOutcome(ctx context.Context, status int, relayErr error, start, first, end time.Time) Outcome {
+	o := Outcome{Latency: end.Sub(start)}
+	if !first.IsZero() {
+		o.TTFT = first.Sub(start)
+	}
+	switch {
+	case status == http.StatusTooManyRequests:
+		o.Result = Result429
+	case status >= 500:
+		o.Result = Result5xx
+	case status >= 400:
+		o.Result = ResultOther
+	case relayErr != nil && ctx.Err() != nil:
+		o.Result = ResultCanceled
+	case relayErr != nil:
+		var ne net.Error
+		if errors.As(relayErr, &ne) && ne.Timeout() || errors.Is(relayErr, context.DeadlineExceeded) {
+			o.Result = ResultTimeout
+		} else {
+			o.Result = ResultOther
+		}
+	}
+	return o
+}
+
+// ReporterOptions configures NewReporter. Conn, Cluster and Router are
+// required.
+type ReporterOptions struct {
+	// Conn is the NATS connection; the caller owns it.
+	Conn *nats.Conn
+	// Names is the NATS layout (default streams.DefaultNames()).
+	Names streams.Names
+	// Cluster and Router name the reporting router.
+	Cluster, Router string
+	// Interval is the report interval (default 1 s).
+	Interval time.Duration
+	// Tables, when set, lists the served models (each gets a report every
+	// interval, idle or not) and their engines (probed for RTT).
+	Tables Tables
+	// Endpoints, when set, resolves engines' live endpoints for the probes.
+	Endpoints EndpointResolver
+	// ProbeInterval is the least time between two RTT probes of one
+	// endpoint (default 5 s).
+	ProbeInterval time.Duration
+	// ProbeTimeout bounds one probe (default 1 s).
+	ProbeTimeout time.Duration
+	// PublishTimeout bounds publishing one interval's reports (default the
+	// interval).
+	PublishTimeout time.Duration
+	// Logger receives the reporter's logs (component=router and cluster are added).
+	Logger zerolog.Logger
+	// Registry, when set, receives the reporter's metrics.
+	Registry prometheus.Registerer
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+type engineAcc struct {
+	sent, ok, timeouts int64
+	errs               map[string]int64
+	latSumMs           float64
+	ttftSumMs          float64
+	ttftN              int64
+}
+
+type modelAcc struct {
+	requests int64
+	engines  map[string]*engineAcc
+}
+
+type probeState struct {
+	last time.Time
+	rtt  time.Duration
+	ok   bool
+}
+
+// Reporter counts what the router sees (an Observer) and publishes one
+// messages.RouterReport per model every interval on
+// <prefix>.report.<model>.<cluster>.<router> through JetStream, with
+// Nats-Msg-Id "<router>-<model>-<seq>". Sequence numbers start at the
+// start time in Unix milliseconds, so a restarted router never reuses an id
+// inside the dedup window. Publishing runs on its own goroutine: failures
+// are logged and counted, and never block requests; a report that cannot be
+// published (NATS away) is dropped.
+type Reporter struct {
+	opts ReporterOptions
+	log  zerolog.Logger
+	js   jetstream.JetStream
+
+	mu     sync.Mutex
+	acc    map[string]*modelAcc
+	seq    uint64
+	last   time.Time
+	probes map[string]*probeState // endpoint → probe
+	client *http.Client
+
+	published prometheus.Counter
+	failed    prometheus.Counter
+	lastErrAt time.Time
+}
+
+// NewReporter returns a Reporter for opts; Run starts publishing.
+func NewReporter(opts ReporterOptions) (*Reporter, error) {
+	if opts.Conn == nil {
+		return nil, errors.New("router: new reporter: ReporterOptions.Conn is nil")
+	}
+	if err := messages.CheckName("cluster", opts.Cluster); err != nil {
+		return nil, fmt.Errorf("router: new reporter: %w", err)
+	}
+	if err := messages.CheckName("router", opts.Router); err != nil {
+		return nil, fmt.Errorf("router: new reporter: %w", err)
+	}
+	if opts.Names.Prefix == "" {
+		opts.Names = streams.DefaultNames()
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = time.Second
+	}
+	if opts.ProbeInterval <= 0 {
+		opts.ProbeInterval = 5 * time.Second
+	}
+	if opts.ProbeTimeout <= 0 {
+		opts.ProbeTimeout = time.Second
+	}
+	if opts.PublishTimeout <= 0 {
+		opts.PublishTimeout = opts.Interval
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	js, err := jetstream.New(opts.Conn)
+	if err != nil {
+		return nil, fmt.Errorf("router: new reporter: %w", err)
+	}
+	now := opts.Now()
+	r := &Reporter{
+		opts:   opts,
+		log:    opts.Logger.With().Str("component", "router").Str("cluster", opts.Cluster).Logger(),
+		js:     js,
+		acc:    make(map[string]*modelAcc),
+		seq:    uint64(now.UnixMilli()),
+		last:   now,
+		probes: make(map[string]*probeState),
+		client: &http.Client{Timeout: opts.ProbeTimeout, Transport: &http.Transport{
+			MaxIdleConnsPerHost: 1, IdleConnTimeout: 2 * opts.ProbeInterval, DisableCompression: true}},
+		published: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_router_reports_published_total",
+			Help: "Router reports published to JetStream.",
+		}),
+		failed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_router_report_failures_total",
+			Help: "Router reports that could not be published (and were dropped).",
+		}),
+	}
+	if opts.Registry != nil {
+		for _, c := range []prometheus.Collector{r.published, r.failed} {
+			if err := opts.Registry.Register(c); err != nil {
+				return nil, fmt.Errorf("router: new reporter: register metrics: %w", err)
+			}
+		}
+	}
+	return r, nil
+}
+
+func (r *Reporter) model(name string) *modelAcc {
+	m := r.acc[name]
+	if m == nil {
+		m = &modelAcc{engines: make(map[string]*engineAcc)}
+		r.acc[name] = m
+	}
+	return m
+}
+
+// Request counts one client request for model.
+func (r *Reporter) Request(model string) {
+	r.mu.Lock()
+	r.model(model).requests++
+	r.mu.Unlock()
+}
+
+// Outcome records one forwarding attempt of model to engine.
+func (r *Reporter) Outcome(model, engine string, o Outcome) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.model(model)
+	e := m.engines[engine]
+	if e == nil {
+		e = &engineAcc{}
+		m.engines[engine] = e
+	}
+	e.sent++
+	switch o.Result {
+	case ResultOK:
+		e.ok++
+		e.latSumMs += float64(o.Latency) / float64(time.Millisecond)
+		if o.TTFT > 0 {
+			e.ttftSumMs += float64(o.TTFT) / float64(time.Millisecond)
+			e.ttftN++
+		}
+	case ResultTimeout:
+		e.timeouts++
+	case ResultCanceled:
+	default:
+		if e.errs == nil {
+			e.errs = make(map[string]int64, 2)
+		}
+		e.errs[o.Result.Class()]++
+	}
+}
+
+// Run publishes reports every Interval and probes engine RTTs until ctx
+// ends.
+func (r *Reporter) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r.probeLoop(ctx)
+	}()
+	defer wg.Wait()
+	tick := time.NewTicker(r.opts.Interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+			r.Publish(ctx)
+		}
+	}
+}
+
+// Collect ends the current interval and returns its reports, one per
+// model that is served or had traffic, sorted by model.
+func (r *Reporter) Collect() []*messages.RouterReport {
+	now := r.opts.Now()
+	var served []string
+	if r.opts.Tables != nil {
+		served = r.opts.Tables.Models()
+	}
+	r.mu.Lock()
+	acc := r.acc
+	r.acc = make(map[string]*modelAcc, len(acc))
+	interval := now.Sub(r.last).Seconds()
+	r.last = now
+	rtts := make(map[string]time.Duration, len(r.probes))
+	for k, p := range r.probes {
+		if p.ok {
+			rtts[k] = p.rtt
+		}
+	}
+	r.mu.Unlock()
+	if interval <= 0 {
+		interval = r.opts.Interval.Seconds()
+	}
+	interval = min(interval, 3600)
+
+	models := map[string]bool{}
+	for _, m := range served {
+		models[m] = true
+	}
+	for m := range acc {
+		models[m] = true
+	}
+	var out []*messages.RouterReport
+	for model := range models {
+		if !messages.ValidName(model) {
+			continue
+		}
+		rep := &messages.RouterReport{Model: model, Cluster: r.opts.Cluster, Router: r.opts.Router,
+			Time: now.UnixMilli(), IntervalS: interval}
+		if a := acc[model]; a != nil {
+			rep.Requests = a.requests
+			for name, e := range a.engines {
+				if !messages.ValidName(name) {
+					continue
+				}
+				o := messages.EngineOutcome{Sent: e.sent, Succeeded: e.ok, Timeouts: e.timeouts, Errors: e.errs}
+				if e.ok > 0 {
+					o.LatencyMs = e.latSumMs / float64(e.ok)
+				}
+				if e.ttftN > 0 {
+					o.TTFTMs = e.ttftSumMs / float64(e.ttftN)
+				}
+				if rep.Engines == nil {
+					rep.Engines = make(map[string]messages.EngineOutcome)
+				}
+				rep.Engines[name] = o
+			}
+		}
+		for _, eng := range r.engines(model) {
+			if d, ok := rtts[r.endpointKey(model, eng)]; ok && messages.ValidName(eng.Name) {
+				if rep.RTTMs == nil {
+					rep.RTTMs = make(map[string]float64)
+				}
+				rep.RTTMs[eng.Name] = float64(d) / float64(time.Millisecond)
+			}
+		}
+		out = append(out, rep)
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Model < out[b].Model })
+	r.mu.Lock()
+	for _, rep := range out {
+		r.seq++
+		rep.Seq = r.seq
+	}
+	r.mu.Unlock()
+	return out
+}
+
+// Publish collects the interval's reports and publishes them. Errors are
+// logged (at most every 10 s) and counted.
+func (r *Reporter) Publish(ctx context.Context) {
+	reps := r.Collect()
+	if len(reps) == 0 {
+		return
+	}
+	if !r.opts.Conn.IsConnected() {
+		r.fail(len(reps), errors.New("NATS not connected"))
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, r.opts.PublishTimeout)
+	defer cancel()
+	for i, rep := range reps {
+		subject, err := r.opts.Names.ReportSubject(rep.Model, rep.Cluster, rep.Router)
+		if err != nil {
+			r.fail(1, err)
+			continue
+		}
+		data, err := messages.EncodeAt(rep, r.opts.Now())
+		if err != nil {
+			r.fail(1, fmt.Errorf("encode report of %s: %w", rep.Model, err))
+			continue
+		}
+		id := fmt.Sprintf("%s-%s-%d", rep.Router, rep.Model, rep.Seq)
+		if _, err := r.js.Publish(pctx, subject, data, jetstream.WithMsgID(id)); err != nil {
+			r.fail(len(reps)-i, fmt.Errorf("publish report on %s: %w", subject, err))
+			return
+		}
+		r.published.Inc()
+	}
+}
+
+func (r *Reporter) fail(n int, err error) {
+	r.failed.Add(float64(n))
+	now := r.opts.Now()
+	r.mu.Lock()
+	logIt := now.Sub(r.lastErrAt) >= 10*time.Second
+	if logIt {
+		r.lastErrAt = now
+	}
+	r.mu.Unlock()
+	if logIt {
+		r.log.Warn().Err(err).Int("reports", n).Msg("router reports dropped")
+	}
+}
+
+// engines returns model's engines with live endpoints filled in.
+func (r *Reporter) engines(model string) []Engine {
+	if r.opts.Tables == nil {
+		return nil
+	}
+	t, _, ok := r.opts.Tables.Table(model)
+	if !ok || t == nil {
+		return nil
+	}
+	es := t.Engines()
+	if r.opts.Endpoints != nil {
+		for i := range es {
+			if ep, ok := r.opts.Endpoints.Endpoints(model, es[i].Name); ok {
+				if ep.URL != "" {
+					es[i].URL = ep.URL
+				}
+				if ep.Subject != "" {
+					es[i].Subject = ep.Subject
+				}
+			}
+		}
+	}
+	return es
+}
+
+// endpointKey names what a probe of the engine measures: its HTTP base URL,
+// or the NATS server for engines reached over NATS only.
+func (r *Reporter) endpointKey(_ string, e Engine) string {
+	if e.URL != "" {
+		return e.URL
+	}
+	if e.Subject != "" {
+		return "nats:"
+	}
+	return ""
+}
+
+// probeLoop measures RTT to engines: HTTP GET <url>/healthz for HTTP
+// engines, the NATS connection's RTT for NATS-only engines; each endpoint at
+// most once per ProbeInterval.
+func (r *Reporter) probeLoop(ctx context.Context) {
+	tick := time.NewTicker(min(r.opts.Interval, r.opts.ProbeInterval))
+	defer tick.Stop()
+	for {
+		r.probeDue(ctx)
+		select {
+		case <-ctx.Done():
+			r.client.CloseIdleConnections()
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (r *Reporter) probeDue(ctx context.Context) {
+	if r.opts.Tables == nil {
+		return
+	}
+	now := r.opts.Now()
+	due := map[string]bool{}
+	for _, model := range r.opts.Tables.Models() {
+		for _, e := range r.engines(model) {
+			k := r.endpointKey(model, e)
+			if k == "" || due[k] {
+				continue
+			}
+			r.mu.Lock()
+			p := r.probes[k]
+			if p == nil {
+				p = &probeState{}
+				r.probes[k] = p
+			}
+			isDue := now.Sub(p.last) >= r.opts.ProbeInterval
+			if isDue {
+				p.last = now
+			}
+			r.mu.Unlock()
+			if isDue {
+				due[k] = true
+			}
+		}
+	}
+	if len(due) == 0 {
+		return
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for k := range due {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			d, ok := r.probe(ctx, k)
+			r.mu.Lock()
+			if p := r.probes[k]; p != nil && ok {
+				p.rtt, p.ok = d, true
+			}
+			r.mu.Unlock()
+		}()
+	}
+	wg.Wait()
+}
+
+func (r *Reporter) probe(ctx context.Context, key string) (time.Duration, bool) {
+	if key == "nats:" {
+		d, err := r.opts.Conn.RTT()
+		return d, err == nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, r.opts.ProbeTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(pctx, http.MethodGet, strings.TrimSuffix(key, "/")+"/healthz", nil)
+	if err != nil {
+		return 0, false
+	}
+	start := time.Now()
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return 0, false
+	}
+	_ = resp.Body.Close()
+	return time.Since(start), true
+}

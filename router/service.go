@@ -1,0 +1,289 @@
+package router
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/streams"
+)
+
+// ServiceOptions configures NewService. Conn and Cluster are required.
+type ServiceOptions struct {
+	// Conn is the NATS connection; the caller owns it (and closes it after
+	// Run returns).
+	Conn *nats.Conn
+	// Names is the NATS layout (default streams.DefaultNames()).
+	Names streams.Names
+	// Cluster is the router's frontend cluster.
+	Cluster string
+	// Router is the router's name, unique in its cluster (default
+	// "<cluster>-<random hex>").
+	Router string
+	// HTTPAddr is the HTTP front's listen address, e.g. "127.0.0.1:8081";
+	// ":0" picks a free port (see Addr). Empty: no HTTP front.
+	HTTPAddr string
+	// Server tunes the HTTP server (its Addr is ignored).
+	Server ServerOptions
+	// NoNATSFront turns the NATS front (sy.req.<cluster>.<model>) off.
+	NoNATSFront bool
+	// PreferNATS forwards over NATS to engines that offer both transports.
+	PreferNATS bool
+	// StaleAfter is the snapshot age past which the local policy takes over
+	// (default DefaultStaleAfter).
+	StaleAfter time.Duration
+	// DownAfter is the signal age past which an engine counts as down
+	// (default DefaultDownAfter).
+	DownAfter time.Duration
+	// ReportInterval is the report interval (default 1 s).
+	ReportInterval time.Duration
+	// RefreshInterval is how often the store re-evaluates staleness, the
+	// local policy and down marks (default 250 ms).
+	RefreshInterval time.Duration
+	// Table tunes the selection tables.
+	Table TableOptions
+	// MaxBodyBytes bounds request bodies on both fronts (default 8 MiB).
+	MaxBodyBytes int64
+	// HTTPTransport tunes forwarding over HTTP.
+	HTTPTransport HTTPTransportOptions
+	// NATSFirstReplyTimeout bounds the wait for an engine's first NATS
+	// reply (default 60 s).
+	NATSFirstReplyTimeout time.Duration
+	// ShutdownTimeout bounds the wait for HTTP requests in progress when
+	// ctx ends (default 10 s); after it they are cut.
+	ShutdownTimeout time.Duration
+	// Logger receives the router's logs.
+	Logger zerolog.Logger
+	// Registry receives every metric and is served on /metrics (default: a
+	// new registry).
+	Registry *prometheus.Registry
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Service is one router: the snapshot store, the live signal guard, the
+// HTTP and NATS fronts, forwarding over HTTP and NATS, and the reports.
+// It is what `switchyard router` and `switchyard up` run.
+type Service struct {
+	opts     ServiceOptions
+	log      zerolog.Logger
+	signals  *Signals
+	store    *SnapshotStore
+	reporter *Reporter
+	handler  *Handler
+	front    *NATSFront
+	httpT    *HTTPTransport
+	ln       net.Listener
+	srv      *http.Server
+
+	mu      sync.Mutex
+	started bool
+}
+
+// NewService builds a router for opts and, when HTTPAddr is set, opens its
+// listener (so Addr is known before Run). Call Run, or Close when Run will
+// not be called.
+func NewService(opts ServiceOptions) (*Service, error) {
+	if opts.Conn == nil {
+		return nil, errors.New("router: new service: ServiceOptions.Conn is nil")
+	}
+	if err := messages.CheckName("cluster", opts.Cluster); err != nil {
+		return nil, fmt.Errorf("router: new service: %w", err)
+	}
+	if opts.Router == "" {
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		opts.Router = opts.Cluster + "-" + hex.EncodeToString(b[:])
+	}
+	if err := messages.CheckName("router", opts.Router); err != nil {
+		return nil, fmt.Errorf("router: new service: %w", err)
+	}
+	if opts.Names.Prefix == "" {
+		opts.Names = streams.DefaultNames()
+	}
+	if err := opts.Names.Validate(); err != nil {
+		return nil, fmt.Errorf("router: new service: %w", err)
+	}
+	if opts.Registry == nil {
+		opts.Registry = prometheus.NewRegistry()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.ShutdownTimeout <= 0 {
+		opts.ShutdownTimeout = 10 * time.Second
+	}
+	logger := opts.Logger.With().Str("router", opts.Router).Logger()
+	s := &Service{opts: opts, log: logger.With().Str("component", "router").Str("cluster", opts.Cluster).Logger()}
+
+	markDown := func(model, engine string, down bool) {
+		if s.handler != nil {
+			s.handler.SetEngineDown(model, engine, down)
+		}
+	}
+	var err error
+	s.signals, err = NewSignals(SignalOptions{Conn: opts.Conn, Names: opts.Names, DownAfter: opts.DownAfter,
+		OnDown: markDown, Logger: logger, Registry: opts.Registry, Now: opts.Now})
+	if err != nil {
+		return nil, err
+	}
+	s.store, err = NewSnapshotStore(StoreOptions{Conn: opts.Conn, Names: opts.Names, Cluster: opts.Cluster,
+		StaleAfter: opts.StaleAfter, Signals: s.signals, Guard: markDown, Table: opts.Table,
+		RefreshInterval: opts.RefreshInterval, Logger: logger, Registry: opts.Registry, Now: opts.Now})
+	if err != nil {
+		return nil, err
+	}
+	s.reporter, err = NewReporter(ReporterOptions{Conn: opts.Conn, Names: opts.Names, Cluster: opts.Cluster,
+		Router: opts.Router, Interval: opts.ReportInterval, Tables: s.store, Endpoints: s.signals,
+		Logger: logger, Registry: opts.Registry, Now: opts.Now})
+	if err != nil {
+		return nil, err
+	}
+	s.httpT = NewHTTPTransport(opts.HTTPTransport)
+	natsT, err := NewNATSTransport(NATSTransportOptions{Conn: opts.Conn, FirstReplyTimeout: opts.NATSFirstReplyTimeout})
+	if err != nil {
+		return nil, err
+	}
+	s.handler, err = NewHandler(Options{
+		Tables:       s.store,
+		Transport:    &TransportPolicy{HTTP: s.httpT, NATS: natsT, Endpoints: s.signals, PreferNATS: opts.PreferNATS},
+		Cluster:      opts.Cluster,
+		Router:       opts.Router,
+		Logger:       logger,
+		Registry:     opts.Registry,
+		MaxBodyBytes: opts.MaxBodyBytes,
+		Now:          opts.Now,
+		Observer:     s.reporter,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if !opts.NoNATSFront {
+		s.front, err = NewNATSFront(NATSFrontOptions{Conn: opts.Conn, Names: opts.Names, Cluster: opts.Cluster,
+			Handler: s.handler, Logger: logger})
+		if err != nil {
+			return nil, err
+		}
+	}
+	if opts.HTTPAddr != "" {
+		s.ln, err = net.Listen("tcp", opts.HTTPAddr)
+		if err != nil {
+			return nil, fmt.Errorf("router: listen on %s: %w", opts.HTTPAddr, err)
+		}
+		so := opts.Server
+		so.Addr = s.ln.Addr().String()
+		s.srv = NewServer(s.handler, so)
+	}
+	return s, nil
+}
+
+// Addr returns the HTTP front's address ("" without one).
+func (s *Service) Addr() string {
+	if s.ln == nil {
+		return ""
+	}
+	return s.ln.Addr().String()
+}
+
+// Name returns the router's name.
+func (s *Service) Name() string { return s.opts.Router }
+
+// Handler returns the HTTP front.
+func (s *Service) Handler() *Handler { return s.handler }
+
+// Store returns the snapshot store.
+func (s *Service) Store() *SnapshotStore { return s.store }
+
+// Signals returns the live engine signals.
+func (s *Service) Signals() *Signals { return s.signals }
+
+// Reporter returns the reporter.
+func (s *Service) Reporter() *Reporter { return s.reporter }
+
+// Close releases the listener of a Service whose Run was never called.
+func (s *Service) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started || s.ln == nil {
+		return nil
+	}
+	s.started = true
+	return s.ln.Close()
+}
+
+// Run runs the router until ctx ends or a part fails, then stops every
+// part: the HTTP server stops accepting and waits up to ShutdownTimeout for
+// requests in progress, NATS subscriptions are removed, and Run returns
+// when all its goroutines have ended. It returns nil on a clean stop.
+func (s *Service) Run(ctx context.Context) error {
+	s.mu.Lock()
+	if s.started {
+		s.mu.Unlock()
+		return errors.New("router: service already started or closed")
+	}
+	s.started = true
+	s.mu.Unlock()
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 6)
+	var wg sync.WaitGroup
+	start := func(name string, run func(context.Context) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := run(ctx); err != nil {
+				errc <- fmt.Errorf("%s: %w", name, err)
+				cancel()
+			}
+		}()
+	}
+	start("signals", s.signals.Run)
+	start("snapshot store", s.store.Run)
+	start("reports", s.reporter.Run)
+	if s.front != nil {
+		start("NATS front", s.front.Run)
+	}
+	if s.srv != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("HTTP front: %w", err)
+				cancel()
+			}
+		}()
+	}
+	s.log.Info().Str("http", s.Addr()).Bool("nats_front", s.front != nil).Msg("router started")
+	<-ctx.Done()
+	if s.srv != nil {
+		sctx, scancel := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)
+		if err := s.srv.Shutdown(sctx); err != nil {
+			_ = s.srv.Close()
+		}
+		scancel()
+	}
+	wg.Wait()
+	s.httpT.CloseIdleConnections()
+	close(errc)
+	var errs []error
+	for err := range errc {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		s.log.Error().Err(errors.Join(errs...)).Msg("router stopped on error")
+		return fmt.Errorf("router: %w", errors.Join(errs...))
+	}
+	s.log.Info().Msg("router stopped")
+	return nil
+}

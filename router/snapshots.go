@@ -1,0 +1,587 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/streams"
+)
+
+// DefaultStaleAfter is the age past which a snapshot is stale and the
+// router falls back to its local policy, when StoreOptions.StaleAfter is
+// zero.
+const DefaultStaleAfter = 30 * time.Second
+
+// StoreOptions configures NewSnapshotStore. Conn and Cluster are required.
+type StoreOptions struct {
+	// Conn is the NATS connection; the caller owns it.
+	Conn *nats.Conn
+	// Names is the NATS layout (default streams.DefaultNames()).
+	Names streams.Names
+	// Cluster is the router's frontend cluster: the store watches the
+	// sy_weights keys *.<cluster>.
+	Cluster string
+	// StaleAfter is the snapshot age past which the local policy takes over
+	// (default DefaultStaleAfter).
+	StaleAfter time.Duration
+	// Signals gives live engine signals: endpoints for the tables, down
+	// marks, and the local policy's input. Nil disables the local policy.
+	Signals *Signals
+	// Guard, when set, is called on every refresh with each engine of each
+	// installed table and whether it should be skipped: the engine is down
+	// by its signals, or it has no endpoint at all (no signal yet and none
+	// in the table). It is idempotent; the service wires it to the
+	// handler's LiveSet.
+	Guard func(model, engine string, down bool)
+	// Table tunes the selection tables built (default: TableOptions{}).
+	Table TableOptions
+	// RefreshInterval is how often staleness and the local policy are
+	// re-evaluated (default 250 ms).
+	RefreshInterval time.Duration
+	// MaxBackoff bounds the pause between attempts to (re)create the
+	// weights watcher (default 5 s; the first pause is 100 ms).
+	MaxBackoff time.Duration
+	// Logger receives the store's logs (component=router and cluster are added).
+	Logger zerolog.Logger
+	// Registry, when set, receives the store's metrics. The per-model
+	// snapshot age, generation and switchyard_router_local_policy gauges are
+	// exported by the Handler from Table's Info.
+	Registry prometheus.Registerer
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// tableEntry is one model's published table.
+type tableEntry struct {
+	table *Table
+	info  Info
+}
+
+// storeView is an immutable view of every model's table, swapped atomically.
+type storeView struct {
+	tables map[string]tableEntry
+	models []string
+}
+
+// storeModel is the store's writer-side state of one model.
+type storeModel struct {
+	snap       *messages.WeightSnapshot // newest installed snapshot, nil when none
+	snapTable  *Table
+	local      *Table
+	localW     map[string]float64
+	localVer   uint64 // Signals.Version the local table was computed at
+	mode       Mode
+	modeLogged bool
+}
+
+// SnapshotStore holds the newest weight snapshot of every model for the
+// router's frontend cluster and implements Tables. Run watches the weights
+// bucket and keeps the tables current; Table is an atomic load and a map
+// lookup and never waits on NATS.
+//
+// A model routes by its snapshot while the snapshot is at most StaleAfter
+// old. With no snapshot, or a stale one, it routes by the local policy:
+// engines that live signals show healthy (health > 0 and not down), weighted
+// by their capacity_rps (equally when none reports a capacity). With no
+// healthy engine known, a stale snapshot's table is kept. Info.Mode says
+// which, and every mode change is logged once.
+type SnapshotStore struct {
+	opts StoreOptions
+	log  zerolog.Logger
+
+	view atomic.Pointer[storeView]
+
+	mu     sync.Mutex // serialises writers
+	models map[string]*storeModel
+
+	installed *prometheus.CounterVec
+	rejected  *prometheus.CounterVec
+	restarts  prometheus.Counter
+	watching  atomic.Bool
+}
+
+// Rejection reasons counted in switchyard_router_snapshots_rejected_total.
+const (
+	rejectDecode = "decode"
+	rejectKey    = "key"
+	rejectOld    = "old_generation"
+	rejectTable  = "table"
+)
+
+// NewSnapshotStore returns a store for opts; Run starts watching.
+func NewSnapshotStore(opts StoreOptions) (*SnapshotStore, error) {
+	if opts.Conn == nil {
+		return nil, errors.New("router: new snapshot store: StoreOptions.Conn is nil")
+	}
+	if err := messages.CheckName("cluster", opts.Cluster); err != nil {
+		return nil, fmt.Errorf("router: new snapshot store: %w", err)
+	}
+	if opts.Names.Prefix == "" {
+		opts.Names = streams.DefaultNames()
+	}
+	if opts.StaleAfter <= 0 {
+		opts.StaleAfter = DefaultStaleAfter
+	}
+	if opts.RefreshInterval <= 0 {
+		opts.RefreshInterval = 250 * time.Millisecond
+	}
+	if opts.MaxBackoff <= 0 {
+		opts.MaxBackoff = 5 * time.Second
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	s := &SnapshotStore{
+		opts:   opts,
+		log:    opts.Logger.With().Str("component", "router").Str("cluster", opts.Cluster).Logger(),
+		models: make(map[string]*storeModel),
+		installed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_router_snapshots_installed_total",
+			Help: "Weight snapshots installed, by model.",
+		}, []string{"model"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_router_snapshots_rejected_total",
+			Help: "Weight snapshot updates not installed, by reason (decode, key, old_generation, table).",
+		}, []string{"reason"}),
+		restarts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_router_weights_watch_restarts_total",
+			Help: "Times the weights bucket watcher was re-created after an error, a closure or a reconnect.",
+		}),
+	}
+	s.view.Store(&storeView{tables: map[string]tableEntry{}})
+	if opts.Registry != nil {
+		for _, c := range []prometheus.Collector{s.installed, s.rejected, s.restarts} {
+			if err := opts.Registry.Register(c); err != nil {
+				return nil, fmt.Errorf("router: new snapshot store: register metrics: %w", err)
+			}
+		}
+	}
+	return s, nil
+}
+
+// Table returns the table of model, its info and whether model is served.
+func (s *SnapshotStore) Table(model string) (*Table, Info, bool) {
+	e, ok := s.view.Load().tables[model]
+	return e.table, e.info, ok
+}
+
+// Models returns the served models, sorted.
+func (s *SnapshotStore) Models() []string { return s.view.Load().models }
+
+// Watching reports whether the weights watcher is currently established.
+func (s *SnapshotStore) Watching() bool { return s.watching.Load() }
+
+// Run watches the weights bucket and re-evaluates staleness and the local
+// policy every RefreshInterval until ctx ends. The watcher is re-created,
+// with backoff, whenever it fails or closes and after every NATS reconnect,
+// so that watching resumes without a restart.
+func (s *SnapshotStore) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.watchLoop(ctx)
+	}()
+	s.Refresh()
+	tick := time.NewTicker(s.opts.RefreshInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			wg.Wait()
+			return nil
+		case <-tick.C:
+			s.Refresh()
+		}
+	}
+}
+
+var errWatchClosed = errors.New("weights watcher closed")
+var errReconnected = errors.New("NATS reconnected")
+
+func (s *SnapshotStore) watchLoop(ctx context.Context) {
+	const minBackoff = 100 * time.Millisecond
+	backoff := minBackoff
+	for {
+		start := time.Now()
+		err := s.watchOnce(ctx)
+		s.watching.Store(false)
+		if ctx.Err() != nil {
+			return
+		}
+		s.restarts.Inc()
+		if time.Since(start) > 10*time.Second {
+			backoff = minBackoff
+		}
+		ev := s.log.Warn()
+		if errors.Is(err, errReconnected) {
+			ev = s.log.Info()
+			backoff = minBackoff
+		}
+		ev.Err(err).Dur("retry_in", backoff).Msg("weights watch interrupted; re-creating")
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(backoff*2, s.opts.MaxBackoff)
+	}
+}
+
+// watchOnce establishes one watcher and feeds it into the store until it
+// fails, closes, NATS reconnects, or ctx ends.
+func (s *SnapshotStore) watchOnce(ctx context.Context) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	reconnects := s.opts.Conn.Stats().Reconnects
+	js, err := jetstream.New(s.opts.Conn)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	lctx, lcancel := context.WithTimeout(wctx, 5*time.Second)
+	kv, err := js.KeyValue(lctx, s.opts.Names.WeightsBucket)
+	lcancel()
+	if err != nil {
+		return fmt.Errorf("open bucket %s: %w", s.opts.Names.WeightsBucket, err)
+	}
+	w, err := kv.Watch(wctx, "*."+s.opts.Cluster)
+	if err != nil {
+		return fmt.Errorf("watch %s *.%s: %w", s.opts.Names.WeightsBucket, s.opts.Cluster, err)
+	}
+	defer func() { _ = w.Stop() }()
+	s.watching.Store(true)
+	s.log.Debug().Str("bucket", s.opts.Names.WeightsBucket).Msg("watching weight snapshots")
+	check := time.NewTicker(200 * time.Millisecond)
+	defer check.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-check.C:
+			// nats.go's watcher (an ordered consumer) does survive a server
+			// restart on its own, but only resumes after its heartbeat
+			// checks fail, about 10 s in a test; re-creating it after every
+			// reconnect resumes at once and is cheap (the newest value per
+			// key is redelivered and ignored unless newer).
+			if s.opts.Conn.Stats().Reconnects != reconnects {
+				return errReconnected
+			}
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errWatchClosed
+			}
+			if e == nil { // end of the initial values
+				continue
+			}
+			if e.Operation() != jetstream.KeyValuePut {
+				s.log.Info().Str("key", e.Key()).Str("op", e.Operation().String()).
+					Msg("weights key deleted; keeping the installed snapshot")
+				continue
+			}
+			if _, err := s.installBytes(e.Key(), e.Value()); err != nil {
+				s.log.Debug().Err(err).Str("key", e.Key()).Uint64("revision", e.Revision()).Msg("snapshot not installed")
+			}
+		}
+	}
+}
+
+// errOldGeneration is returned by Install for a snapshot that is not newer
+// than the installed one.
+var errOldGeneration = errors.New("generation not newer than the installed one")
+
+// installBytes decodes a sy_weights value under key and installs it.
+func (s *SnapshotStore) installBytes(key string, data []byte) (bool, error) {
+	var snap messages.WeightSnapshot
+	if err := messages.DecodeIntoAt(data, &snap, s.opts.Now()); err != nil {
+		s.rejected.WithLabelValues(rejectDecode).Inc()
+		s.log.Warn().Err(err).Str("key", key).Msg("undecodable weight snapshot ignored")
+		return false, err
+	}
+	model, cluster, ok := streams.SplitKey(key)
+	if !ok || model != snap.Model || cluster != snap.Cluster {
+		s.rejected.WithLabelValues(rejectKey).Inc()
+		err := fmt.Errorf("snapshot for %s/%s stored under key %q", snap.Model, snap.Cluster, key)
+		s.log.Warn().Err(err).Msg("misfiled weight snapshot ignored")
+		return false, err
+	}
+	return s.Install(&snap)
+}
+
+// Install installs snap when it is for the store's cluster and its
+// generation is newer than the installed one for its model, and reports
+// whether it did. Run calls it for every value the watcher delivers; tests
+// and single-process setups may call it directly. snap must be valid
+// (messages.WeightSnapshot.Validate) and is not modified.
+func (s *SnapshotStore) Install(snap *messages.WeightSnapshot) (bool, error) {
+	if snap.Cluster != s.opts.Cluster {
+		s.rejected.WithLabelValues(rejectKey).Inc()
+		return false, fmt.Errorf("snapshot for cluster %q, this router serves %q", snap.Cluster, s.opts.Cluster)
+	}
+	if err := messages.CheckName("model", snap.Model); err != nil {
+		s.rejected.WithLabelValues(rejectKey).Inc()
+		return false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.models[snap.Model]
+	if m != nil && m.snap != nil && snap.Generation <= m.snap.Generation {
+		s.rejected.WithLabelValues(rejectOld).Inc()
+		return false, fmt.Errorf("snapshot %s/%s generation %d: %w (%d)", snap.Model, snap.Cluster, snap.Generation,
+			errOldGeneration, m.snap.Generation)
+	}
+	t, err := s.buildSnapshotTable(snap)
+	if err != nil {
+		s.rejected.WithLabelValues(rejectTable).Inc()
+		s.log.Warn().Err(err).Str("model", snap.Model).Uint64("generation", snap.Generation).Msg("snapshot table not built")
+		return false, err
+	}
+	if m == nil {
+		m = &storeModel{}
+		s.models[snap.Model] = m
+	}
+	cp := *snap
+	m.snap, m.snapTable = &cp, t
+	s.installed.WithLabelValues(snap.Model).Inc()
+	s.log.Debug().Str("model", snap.Model).Uint64("generation", snap.Generation).Int("engines", len(snap.Weights)).
+		Float64("shed", snap.ShedFraction).Msg("weight snapshot installed")
+	s.refreshLocked(s.opts.Now(), true)
+	return true, nil
+}
+
+// buildSnapshotTable turns a snapshot into a selection table, with the
+// engines' live endpoints and weights scaled down when rounding makes them
+// sum to more than 1.
+func (s *SnapshotStore) buildSnapshotTable(snap *messages.WeightSnapshot) (*Table, error) {
+	sum := 0.0
+	for _, w := range snap.Weights {
+		sum += w
+	}
+	scale := 1.0
+	if sum > 1 {
+		scale = 1 / sum
+	}
+	es := make([]Engine, 0, len(snap.Weights))
+	for name, w := range snap.Weights {
+		e := Engine{Name: name, Weight: math.Min(1, w*scale)}
+		if s.opts.Signals != nil {
+			if ep, ok := s.opts.Signals.Endpoints(snap.Model, name); ok {
+				e.URL, e.Subject = ep.URL, ep.Subject
+			}
+		}
+		es = append(es, e)
+	}
+	return NewTable(es, s.opts.Table)
+}
+
+// Refresh re-evaluates every model's mode and local policy now and
+// publishes the result. Run calls it every RefreshInterval.
+func (s *SnapshotStore) Refresh() {
+	s.mu.Lock()
+	s.refreshLocked(s.opts.Now(), false)
+	guards := s.guardListLocked()
+	s.mu.Unlock()
+	if s.opts.Guard != nil {
+		for _, g := range guards {
+			s.opts.Guard(g.model, g.engine, g.down)
+		}
+	}
+}
+
+// refreshLocked recomputes modes and local tables and publishes the view.
+func (s *SnapshotStore) refreshLocked(now time.Time, force bool) {
+	var sigVer uint64
+	if s.opts.Signals != nil {
+		sigVer = s.opts.Signals.Version()
+		for _, model := range s.opts.Signals.Models() {
+			if s.models[model] == nil {
+				s.models[model] = &storeModel{}
+			}
+		}
+	}
+	view := &storeView{tables: make(map[string]tableEntry, len(s.models))}
+	for name, m := range s.models {
+		fresh := m.snap != nil && now.Sub(time.UnixMilli(m.snap.Time)) <= s.opts.StaleAfter
+		var entry tableEntry
+		if fresh {
+			entry = tableEntry{table: m.snapTable, info: Info{Generation: m.snap.Generation, Mode: ModeSnapshot,
+				Created: time.UnixMilli(m.snap.Time)}}
+		} else {
+			if force || m.local == nil || m.localVer != sigVer {
+				s.updateLocalLocked(name, m)
+				m.localVer = sigVer
+			}
+			info := Info{Mode: ModeLocalPolicy}
+			if m.snap != nil {
+				info.Generation, info.Created = m.snap.Generation, time.UnixMilli(m.snap.Time)
+			}
+			switch {
+			case m.local != nil && m.local.Slots() > 0:
+				entry = tableEntry{table: m.local, info: info}
+			case m.snapTable != nil:
+				entry = tableEntry{table: m.snapTable, info: info} // no healthy engine known: keep the stale snapshot
+			case m.local != nil:
+				entry = tableEntry{table: m.local, info: info}
+			default:
+				continue
+			}
+		}
+		if !m.modeLogged || m.mode != entry.info.Mode {
+			ev := s.log.Info()
+			if entry.info.Mode == ModeLocalPolicy {
+				ev = s.log.Warn()
+			}
+			ev = ev.Str("model", name).Str("mode", string(entry.info.Mode)).Uint64("generation", entry.info.Generation)
+			switch {
+			case entry.info.Mode == ModeSnapshot:
+				ev.Msg("routing by the optimizer's weight snapshot")
+			case m.snap == nil:
+				ev.Msg("no weight snapshot yet; routing by the local policy over live engine signals")
+			default:
+				ev.Dur("snapshot_age", now.Sub(time.UnixMilli(m.snap.Time))).Dur("stale_after", s.opts.StaleAfter).
+					Msg("weight snapshot is stale; routing by the local policy over live engine signals")
+			}
+			m.mode, m.modeLogged = entry.info.Mode, true
+		}
+		view.tables[name] = entry
+		view.models = append(view.models, name)
+	}
+	sort.Strings(view.models)
+	old := s.view.Load()
+	if !force && sameView(old, view) {
+		return
+	}
+	s.view.Store(view)
+}
+
+func sameView(a, b *storeView) bool {
+	if len(a.tables) != len(b.tables) {
+		return false
+	}
+	for k, e := range b.tables {
+		if o, ok := a.tables[k]; !ok || o != e {
+			return false
+		}
+	}
+	return true
+}
+
+// localWeightTolerance is how far a local-policy weight may drift before
+// the local table is rebuilt (capacities jitter from signal to signal).
+const localWeightTolerance = 0.02
+
+// updateLocalLocked rebuilds model's local-policy table when the healthy
+// engines or their capacity shares changed materially.
+func (s *SnapshotStore) updateLocalLocked(model string, m *storeModel) {
+	if s.opts.Signals == nil {
+		return
+	}
+	views := s.opts.Signals.Engines(model)
+	w := make(map[string]float64)
+	total, healthy := 0.0, 0
+	for _, v := range views {
+		if v.Down || v.Signal.Health <= 0 || (v.URL == "" && v.Subject == "") {
+			continue
+		}
+		healthy++
+		total += v.Signal.CapacityRPS
+	}
+	for _, v := range views {
+		if v.Down || v.Signal.Health <= 0 || (v.URL == "" && v.Subject == "") {
+			continue
+		}
+		if total > 0 {
+			if v.Signal.CapacityRPS > 0 {
+				w[v.Engine] = v.Signal.CapacityRPS / total
+			}
+		} else {
+			w[v.Engine] = 1 / float64(healthy)
+		}
+	}
+	if m.local != nil && closeWeights(m.localW, w) {
+		return
+	}
+	es := make([]Engine, 0, len(views))
+	for _, v := range views {
+		es = append(es, Engine{Name: v.Engine, URL: v.URL, Subject: v.Subject, Weight: math.Min(1, w[v.Engine]*(1-1e-12))})
+	}
+	t, err := NewTable(es, s.opts.Table)
+	if err != nil {
+		s.log.Warn().Err(err).Str("model", model).Msg("local-policy table not built")
+		return
+	}
+	m.local, m.localW = t, w
+}
+
+func closeWeights(a, b map[string]float64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range b {
+		o, ok := a[k]
+		if !ok || math.Abs(o-v) > localWeightTolerance {
+			return false
+		}
+	}
+	return true
+}
+
+type guardMark struct {
+	model, engine string
+	down          bool
+}
+
+// guardListLocked lists, for every published table, whether each engine
+// should be skipped.
+func (s *SnapshotStore) guardListLocked() []guardMark {
+	if s.opts.Guard == nil {
+		return nil
+	}
+	var out []guardMark
+	for model, e := range s.view.Load().tables {
+		for i := 0; i < e.table.Len(); i++ {
+			eng := e.table.Engine(i)
+			down := false
+			if s.opts.Signals != nil {
+				v, ok := s.opts.Signals.Engine(model, eng.Name)
+				switch {
+				case ok:
+					down = v.Down || (v.URL == "" && v.Subject == "" && eng.URL == "" && eng.Subject == "")
+				default:
+					down = eng.URL == "" && eng.Subject == ""
+				}
+			}
+			out = append(out, guardMark{model, eng.Name, down})
+		}
+	}
+	return out
+}
+
+// Snapshot returns a copy of the newest installed snapshot of model.
+func (s *SnapshotStore) Snapshot(model string) (messages.WeightSnapshot, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.models[model]
+	if m == nil || m.snap == nil {
+		return messages.WeightSnapshot{}, false
+	}
+	return *m.snap, true
+}
+
+// String describes the store, for logs.
+func (s *SnapshotStore) String() string {
+	return "snapshot store for cluster " + s.opts.Cluster + " (" + strings.Join(s.Models(), ",") + ")"
+}
