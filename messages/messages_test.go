@@ -214,3 +214,119 @@ func TestValidName(t *testing.T) {
 		}
 	}
 }
+
+// slotBytes encodes slot indexes as a snapshot carries them.
+func slotBytes(idx []uint16) []byte {
+	b := make([]byte, 2*len(idx))
+	for i, v := range idx {
+		b[2*i], b[2*i+1] = byte(v), byte(v>>8)
+	}
+	return b
+}
+
+func snapshotWithSlots(n int) *WeightSnapshot {
+	s := goodSnapshot()
+	s.SlotEngines = []string{"engine-c", "engine-b"}
+	idx := make([]uint16, n)
+	for i := range idx {
+		if i%10 < 7 {
+			idx[i] = 1
+		}
+	}
+	s.Slots = slotBytes(idx)
+	return s
+}
+
+func TestSnapshotSlotsRoundTrip(t *testing.T) {
+	s := snapshotWithSlots(MinSnapshotSlots)
+	data, err := EncodeAt(s, testNow)
+	if err != nil {
+		t.Fatalf("encode: %v", err)
+	}
+	var generic map[string]any
+	if err := msgpack.Unmarshal(data, &generic); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"se", "sl"} {
+		if _, ok := generic[k]; !ok {
+			t.Errorf("key %q missing from wire map", k)
+		}
+	}
+	var got WeightSnapshot
+	if err := DecodeIntoAt(data, &got, testNow); err != nil {
+		t.Fatalf("decode: %v", err)
+	}
+	if !bytes.Equal(got.Slots, s.Slots) || strings.Join(got.SlotEngines, ",") != "engine-c,engine-b" {
+		t.Fatalf("slots did not survive msgpack: %v %d bytes", got.SlotEngines, len(got.Slots))
+	}
+	js, err := JSON(&got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(js, []byte(`"slot_engines"`)) || !bytes.Contains(js, []byte(`"slots"`)) {
+		t.Fatalf("JSON lacks slot fields: %.200s", js)
+	}
+	back, err := FromJSON(KindWeights, js, testNow)
+	if err != nil {
+		t.Fatalf("from JSON: %v", err)
+	}
+	if !bytes.Equal(back.(*WeightSnapshot).Slots, s.Slots) {
+		t.Fatal("slots did not survive JSON")
+	}
+	// Without slots the fields stay off the wire.
+	data, err = EncodeAt(goodSnapshot(), testNow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clear(generic)
+	if err := msgpack.Unmarshal(data, &generic); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := generic["se"]; ok {
+		t.Error("empty slot_engines encoded")
+	}
+	if _, ok := generic["sl"]; ok {
+		t.Error("empty slots encoded")
+	}
+}
+
+func TestSnapshotSlotsValidation(t *testing.T) {
+	for _, n := range []int{MinSnapshotSlots, 4096, MaxSnapshotSlots} {
+		if err := snapshotWithSlots(n).Validate(testNow); err != nil {
+			t.Errorf("%d slots rejected: %v", n, err)
+		}
+	}
+	cases := []struct {
+		name string
+		mod  func(s *WeightSnapshot)
+		in   string
+	}{
+		{"engines without slots", func(s *WeightSnapshot) { s.Slots = nil }, "slots"},
+		{"slots without engines", func(s *WeightSnapshot) { s.SlotEngines = nil }, "slot_engines"},
+		{"engine not weighted", func(s *WeightSnapshot) { s.SlotEngines[0] = "engine-z" }, "engine-z"},
+		{"engine repeated", func(s *WeightSnapshot) { s.SlotEngines[0] = "engine-b" }, "repeats"},
+		{"engine bad name", func(s *WeightSnapshot) { s.SlotEngines[0] = "engine.c" }, "slot_engines[0]"},
+		{"odd length", func(s *WeightSnapshot) { s.Slots = s.Slots[:len(s.Slots)-1] }, "slots"},
+		{"not a power of two", func(s *WeightSnapshot) { s.Slots = s.Slots[:len(s.Slots)-2] }, "power-of-two"},
+		{"too few", func(s *WeightSnapshot) { s.Slots = s.Slots[:MinSnapshotSlots] }, "power-of-two"},
+		{"too many", func(s *WeightSnapshot) { s.Slots = slotBytes(make([]uint16, 2*MaxSnapshotSlots)) }, "power-of-two"},
+		{"index out of range", func(s *WeightSnapshot) { s.Slots[2*17] = 2 }, "slot 17"},
+		{"high byte out of range", func(s *WeightSnapshot) { s.Slots[2*5+1] = 1 }, "slot 5"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := snapshotWithSlots(MinSnapshotSlots)
+			tc.mod(s)
+			err := s.Validate(testNow)
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("got %v, want ErrInvalid", err)
+			}
+			if !strings.Contains(err.Error(), tc.in) {
+				t.Fatalf("error %q does not mention %q", err, tc.in)
+			}
+			if _, err := EncodeAt(s, testNow); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("encode: got %v, want ErrInvalid", err)
+			}
+		})
+	}
+}

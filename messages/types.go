@@ -64,6 +64,10 @@ type EngineSignal struct {
 	Replicas int `msgpack:"rep" json:"replicas"`
 	// Health is the engine's own view of its health, 0 (down) .. 1 (healthy).
 	Health float64 `msgpack:"h" json:"health"`
+	// BaseLatencyMs is the engine's own estimate of its engine-side latency
+	// (TTFT plus output tokens × TBT) for one request on an idle engine, ms;
+	// optional, the optimizer's prior for the engine's latency profile.
+	BaseLatencyMs float64 `msgpack:"base,omitempty" json:"base_latency_ms,omitempty"`
 	// Transports lists how the engine accepts requests.
 	Transports []Transport `msgpack:"tx,omitempty" json:"transports,omitempty"`
 }
@@ -149,10 +153,11 @@ type EngineState struct {
 	KVUse        Window `msgpack:"kv" json:"kv_use"`
 	LoadRPS      Window `msgpack:"rps" json:"load_rps"`
 	OutputTokens Window `msgpack:"otok" json:"output_tokens"`
-	// CapacityRPS, Replicas and Health are the latest reported values.
-	CapacityRPS float64 `msgpack:"cap" json:"capacity_rps"`
-	Replicas    int     `msgpack:"rep" json:"replicas"`
-	Health      float64 `msgpack:"h" json:"health"`
+	// CapacityRPS, Replicas, Health and BaseLatencyMs are the latest reported values.
+	CapacityRPS   float64 `msgpack:"cap" json:"capacity_rps"`
+	Replicas      int     `msgpack:"rep" json:"replicas"`
+	Health        float64 `msgpack:"h" json:"health"`
+	BaseLatencyMs float64 `msgpack:"base,omitempty" json:"base_latency_ms,omitempty"`
 	// Transports are the engine's latest advertised transports.
 	Transports []Transport `msgpack:"tx,omitempty" json:"transports,omitempty"`
 }
@@ -235,4 +240,27 @@ type WeightSnapshot struct {
 	Gap float64 `msgpack:"gap" json:"gap"`
 	// Writer names the optimizer instance that wrote the snapshot.
 	Writer string `msgpack:"wr,omitempty" json:"writer,omitempty"`
+	// SlotEngines and Slots, both optional, are the selection table that
+	// routers install for this snapshot, computed by the optimizer from the
+	// previous snapshot's table so that every router maps keys alike and a
+	// weight change moves no more keys than it must. With both empty,
+	// routers compute a table from Weights alone.
+	//
+	// SlotEngines lists the engines the slots refer to: distinct, each a
+	// key of Weights.
+	SlotEngines []string `msgpack:"se,omitempty" json:"slot_engines,omitempty"`
+	// Slots holds one little-endian uint16 per slot, an index into
+	// SlotEngines; the slot count, len(Slots)/2, is a power of two from
+	// MinSnapshotSlots to MaxSnapshotSlots. A router maps a request's
+	// affinity key to slot key >> (64 − log2(count)).
+	Slots []byte `msgpack:"sl,omitempty" json:"slots,omitempty"`
 }
+
+// Bounds on the slot count of a WeightSnapshot's selection table.
+const (
+	// MinSnapshotSlots is the least slot count a snapshot may carry.
+	MinSnapshotSlots = 1 << 10
+	// MaxSnapshotSlots is the largest slot count a snapshot may carry
+	// (128 KiB of slots).
+	MaxSnapshotSlots = 1 << 16
+)

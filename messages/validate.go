@@ -124,6 +124,7 @@ func (m *EngineSignal) Validate(now time.Time) error {
 	c.nonNeg("output_tokens", m.OutputTokens, 1e7)
 	c.count("replicas", int64(m.Replicas))
 	c.fraction("health", m.Health)
+	c.nonNeg("base_latency_ms", m.BaseLatencyMs, maxLatency)
 	c.transports("transports", m.Transports)
 	return c.err
 }
@@ -198,6 +199,7 @@ func (m *EngineState) Validate(now time.Time) error {
 	c.nonNeg("capacity_rps", m.CapacityRPS, maxRate)
 	c.count("replicas", int64(m.Replicas))
 	c.fraction("health", m.Health)
+	c.nonNeg("base_latency_ms", m.BaseLatencyMs, maxLatency)
 	c.transports("transports", m.Transports)
 	return c.err
 }
@@ -288,7 +290,45 @@ func (m *WeightSnapshot) Validate(now time.Time) error {
 		c.name("latency_ms key", e, false)
 		c.nonNeg("latency_ms."+e, l, maxLatency)
 	}
+	c.slots(m)
 	return c.err
+}
+
+// slots checks a snapshot's selection table: both fields empty, or distinct
+// engines of Weights and a power-of-two count of in-range slot indexes.
+func (c *checker) slots(m *WeightSnapshot) {
+	if len(m.SlotEngines) == 0 && len(m.Slots) == 0 {
+		return
+	}
+	if len(m.SlotEngines) == 0 {
+		c.fail("slot_engines", "is empty, but slots are set")
+		return
+	}
+	c.mapLen("slot_engines", len(m.SlotEngines))
+	seen := make(map[string]struct{}, len(m.SlotEngines))
+	for i, e := range m.SlotEngines {
+		f := fmt.Sprintf("slot_engines[%d]", i)
+		c.name(f, e, false)
+		if _, dup := seen[e]; dup {
+			c.fail(f, "repeats engine %q", e)
+		}
+		seen[e] = struct{}{}
+		if _, ok := m.Weights[e]; !ok {
+			c.fail(f, "is %q, not a key of weights", e)
+		}
+	}
+	n := len(m.Slots) / 2
+	if len(m.Slots)%2 != 0 || n < MinSnapshotSlots || n > MaxSnapshotSlots || n&(n-1) != 0 {
+		c.fail("slots", "has %d bytes, want 2 bytes per slot for a power-of-two count of %d..%d slots",
+			len(m.Slots), MinSnapshotSlots, MaxSnapshotSlots)
+		return
+	}
+	for s := 0; s < n; s++ {
+		if j := int(m.Slots[2*s]) | int(m.Slots[2*s+1])<<8; j >= len(m.SlotEngines) {
+			c.fail("slots", "slot %d refers to engine %d, want < %d (slot_engines)", s, j, len(m.SlotEngines))
+			return
+		}
+	}
 }
 
 // Priority classes of demand, from the first shed to the last.

@@ -13,7 +13,10 @@
 //   - SnapshotStore (Tables) watches sy_weights keys *.<cluster>, decodes
 //     strictly, installs a snapshot only if its generation is newer, and
 //     publishes immutable per-model tables through an atomic pointer, so a
-//     request never waits on NATS. A model with no snapshot, or one older
+//     request never waits on NATS. A snapshot's own slot table (computed
+//     by the optimizer with AssignSlots) is installed as is
+//     (NewTableFromSlots), so every router maps keys alike and weight
+//     changes move the fewest keys; snapshots without one get NewTable's. A model with no snapshot, or one older
 //     than StaleAfter, routes by the local policy: engines that live
 //     signals show healthy, weighted by capacity_rps. The watcher is
 //     re-created after errors and after every NATS reconnect.

@@ -56,10 +56,19 @@ type TableOptions struct {
 // Table is the precomputed, immutable selection structure for one weight
 // snapshot of a (model, cluster). It is safe for concurrent use.
 //
+// A key picks the slot given by its top bits; the slot's owner is the key's
+// engine. Slots come from one of two places. A snapshot that carries a slot
+// table (computed by the optimizer with AssignSlots from the previous one)
+// is installed as is with NewTableFromSlots: every router maps keys alike,
+// and a weight change moves the minimum fraction of keys, the
+// total-variation distance δ (up to one slot per engine of rounding),
+// however many weights change at once. Otherwise NewTable computes the slots
+// from the weights alone, as follows.
+//
 // Every slot s is owned by the engine that wins a weighted exponential race
 // for it: argmin_j E(s,j)/w_j, where E(s,j) is an Exp(1) variable that
 // depends only on the engine name and the slot (weighted rendezvous hashing,
-// also known as P-MinHash). A key picks the slot given by its top bits.
+// also known as P-MinHash).
 //
 // Movement: when weights change, a key moves only if its slot's race winner
 // changes. Adding or removing an engine, setting one engine's weight with the
@@ -71,7 +80,8 @@ type TableOptions struct {
 // between two engines of a large table. No history-free scheme does better
 // for every change: J_P is Pareto-optimal among consistent samplers
 // (Moulton & Jiang 2018), and some pairs always reach 2δ/(1+δ) (Bavarian et
-// al. 2020).
+// al. 2020). That is why snapshots carry slot tables; NewTable remains for
+// snapshots without one and for the router's local policy.
 type Table struct {
 	engines []Engine       // sorted by name
 	index   map[string]int // name → index in engines
@@ -99,12 +109,28 @@ func NewTable(engines []Engine, opts TableOptions) (*Table, error) {
 	if m < 1 || m > maxSlots || m&(m-1) != 0 {
 		return nil, fmt.Errorf("router: new table: slots %d is not a power of two in [1, %d]", m, maxSlots)
 	}
+	t, err := newTableBase(engines, opts)
+	if err != nil {
+		return nil, fmt.Errorf("router: new table: %w", err)
+	}
+	if len(t.active) == 0 {
+		return t, nil
+	}
+	t.slots = buildSlots(t.engines, t.active, m, opts.Seed)
+	t.finishSlots()
+	return t, nil
+}
+
+// newTableBase checks engines and opts.Epsilon and returns a table without
+// slots: engines sorted by name, their index, weights, limits and the
+// active list.
+func newTableBase(engines []Engine, opts TableOptions) (*Table, error) {
 	eps := opts.Epsilon
 	if eps == 0 {
 		eps = DefaultEpsilon
 	}
 	if math.IsNaN(eps) || math.IsInf(eps, 0) {
-		return nil, fmt.Errorf("router: new table: epsilon %v is not finite", eps)
+		return nil, fmt.Errorf("epsilon %v is not finite", eps)
 	}
 	t := &Table{
 		engines: append([]Engine(nil), engines...),
@@ -113,13 +139,13 @@ func NewTable(engines []Engine, opts TableOptions) (*Table, error) {
 	sort.Slice(t.engines, func(a, b int) bool { return t.engines[a].Name < t.engines[b].Name })
 	for i, e := range t.engines {
 		if e.Name == "" || strings.ContainsAny(e.Name, ". *>\t\r\n") {
-			return nil, fmt.Errorf("router: new table: engine %d: invalid name %q", i, e.Name)
+			return nil, fmt.Errorf("engine %d: invalid name %q", i, e.Name)
 		}
 		if _, dup := t.index[e.Name]; dup {
-			return nil, fmt.Errorf("router: new table: engine %q listed twice", e.Name)
+			return nil, fmt.Errorf("engine %q listed twice", e.Name)
 		}
 		if math.IsNaN(e.Weight) || e.Weight < 0 || e.Weight > 1 {
-			return nil, fmt.Errorf("router: new table: engine %q: weight %v outside [0, 1]", e.Name, e.Weight)
+			return nil, fmt.Errorf("engine %q: weight %v outside [0, 1]", e.Name, e.Weight)
 		}
 		t.index[e.Name] = i
 		t.weight += e.Weight
@@ -128,7 +154,7 @@ func NewTable(engines []Engine, opts TableOptions) (*Table, error) {
 		}
 	}
 	if t.weight > 1+1e-9 {
-		return nil, fmt.Errorf("router: new table: weights sum to %v, more than 1", t.weight)
+		return nil, fmt.Errorf("weights sum to %v, more than 1", t.weight)
 	}
 	t.limit = make([]float64, len(t.engines))
 	for i, e := range t.engines {
@@ -140,10 +166,13 @@ func NewTable(engines []Engine, opts TableOptions) (*Table, error) {
 		}
 	}
 	t.share = make([]float64, len(t.engines))
-	if len(t.active) == 0 {
-		return t, nil
-	}
-	t.slots = buildSlots(t.engines, t.active, m, opts.Seed)
+	return t, nil
+}
+
+// finishSlots sets the key → slot mapping and the shares once t.slots (a
+// power of two, non-empty) is filled.
+func (t *Table) finishSlots() {
+	m := len(t.slots)
 	t.shift = uint(64 - bits.TrailingZeros(uint(m)))
 	t.mask = uint64(m - 1)
 	for _, j := range t.slots {
@@ -152,7 +181,6 @@ func NewTable(engines []Engine, opts TableOptions) (*Table, error) {
 	for i := range t.share {
 		t.share[i] /= float64(m)
 	}
-	return t, nil
 }
 
 // errNoSlots is an internal sanity error; buildSlots fills every slot when at

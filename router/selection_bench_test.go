@@ -28,6 +28,53 @@ func BenchmarkPick(b *testing.B) {
 	}
 }
 
+// BenchmarkPickSlots is BenchmarkPick on a table built from snapshot slots
+// (AssignSlots with SlotCount's slot count, NewTableFromSlots).
+func BenchmarkPickSlots(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("engines=%d", n), func(b *testing.B) {
+			r := rand.New(rand.NewPCG(uint64(n), 1))
+			es := engineSet(randomWeights(r, n, 0.95))
+			tbl := slotTable(b, assign(b, slotState{}, es), es)
+			g := NewLiveSet().Bind(tbl)
+			keys := keyHashes(4096)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				if _, ok := tbl.Pick(keys[i&4095], g); !ok {
+					b.Fatal("no engine")
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkAssignSlots measures the optimizer's step: a new slot table from
+// the previous one after every weight changed a little (SlotCount slots).
+func BenchmarkAssignSlots(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("engines=%d", n), func(b *testing.B) {
+			r := rand.New(rand.NewPCG(uint64(n), 3))
+			es := engineSet(randomWeights(r, n, 1))
+			prev := assign(b, slotState{}, es)
+			next := 0
+			es2 := perturb(r, es, 0, &next)
+			names := make([]string, len(es2))
+			ws := make([]float64, len(es2))
+			for i, e := range es2 {
+				names[i], ws[i] = e.Name, e.Weight
+			}
+			m := SlotCount(n)
+			b.ReportAllocs()
+			for b.Loop() {
+				if AssignSlots(prev.idx, prev.names, names, ws, m) == nil {
+					b.Fatal("nil")
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkNewTable measures building a table of n engines (DefaultSlots).
 func BenchmarkNewTable(b *testing.B) {
 	for _, n := range benchSizes {

@@ -252,48 +252,62 @@ func (s *SnapshotStore) watchOnce(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
+	// An ordered consumer on the bucket's stream rather than kv.Watch: with a
+	// short idle heartbeat it notices within about a second when the server
+	// holding it goes away (a cluster node stopping while this router's own
+	// connection stays up) and re-creates itself, where kv.Watch stays silent
+	// for 10 s or more.
+	bucket := s.opts.Names.WeightsBucket
+	prefix := "$KV." + bucket + "."
 	lctx, lcancel := context.WithTimeout(wctx, 5*time.Second)
-	kv, err := js.KeyValue(lctx, s.opts.Names.WeightsBucket)
+	cons, err := js.OrderedConsumer(lctx, "KV_"+bucket, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{prefix + "*." + s.opts.Cluster},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	})
 	lcancel()
 	if err != nil {
-		return fmt.Errorf("open bucket %s: %w", s.opts.Names.WeightsBucket, err)
+		return fmt.Errorf("watch %s *.%s: %w", bucket, s.opts.Cluster, err)
 	}
-	w, err := kv.Watch(wctx, "*."+s.opts.Cluster)
+	closed := make(chan struct{})
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		key := strings.TrimPrefix(m.Subject(), prefix)
+		if op := m.Headers().Get("KV-Operation"); op != "" {
+			s.log.Info().Str("key", key).Str("op", op).Msg("weights key deleted; keeping the installed snapshot")
+			return
+		}
+		if _, err := s.installBytes(key, m.Data()); err != nil {
+			s.log.Debug().Err(err).Str("key", key).Msg("snapshot not installed")
+		}
+	}, jetstream.PullHeartbeat(500*time.Millisecond), jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+		s.log.Debug().Err(err).Msg("weights watch")
+	}))
 	if err != nil {
-		return fmt.Errorf("watch %s *.%s: %w", s.opts.Names.WeightsBucket, s.opts.Cluster, err)
+		return fmt.Errorf("watch %s *.%s: %w", bucket, s.opts.Cluster, err)
 	}
-	defer func() { _ = w.Stop() }()
+	defer cc.Stop()
+	go func() {
+		select {
+		case <-cc.Closed():
+			close(closed)
+		case <-wctx.Done():
+		}
+	}()
 	s.watching.Store(true)
-	s.log.Debug().Str("bucket", s.opts.Names.WeightsBucket).Msg("watching weight snapshots")
+	s.log.Debug().Str("bucket", bucket).Msg("watching weight snapshots")
 	check := time.NewTicker(200 * time.Millisecond)
 	defer check.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-closed:
+			return errWatchClosed
 		case <-check.C:
-			// nats.go's watcher (an ordered consumer) does survive a server
-			// restart on its own, but only resumes after its heartbeat
-			// checks fail, about 10 s in a test; re-creating it after every
-			// reconnect resumes at once and is cheap (the newest value per
-			// key is redelivered and ignored unless newer).
+			// Re-creating the consumer after every reconnect resumes at once
+			// and is cheap: the newest value per key is redelivered and
+			// ignored unless newer.
 			if s.opts.Conn.Stats().Reconnects != reconnects {
 				return errReconnected
-			}
-		case e, ok := <-w.Updates():
-			if !ok {
-				return errWatchClosed
-			}
-			if e == nil { // end of the initial values
-				continue
-			}
-			if e.Operation() != jetstream.KeyValuePut {
-				s.log.Info().Str("key", e.Key()).Str("op", e.Operation().String()).
-					Msg("weights key deleted; keeping the installed snapshot")
-				continue
-			}
-			if _, err := s.installBytes(e.Key(), e.Value()); err != nil {
-				s.log.Debug().Err(err).Str("key", e.Key()).Uint64("revision", e.Revision()).Msg("snapshot not installed")
 			}
 		}
 	}
@@ -364,7 +378,11 @@ func (s *SnapshotStore) Install(snap *messages.WeightSnapshot) (bool, error) {
 
 // buildSnapshotTable turns a snapshot into a selection table, with the
 // engines' live endpoints and weights scaled down when rounding makes them
-// sum to more than 1.
+// sum to more than 1. A snapshot that carries a slot table is installed
+// with it (NewTableFromSlots), so that every router maps keys alike; the
+// slots spread keys over the weighted engines only, the shed fraction being
+// the guards' business. A slot table that does not fit the weights (a slot
+// owned by an engine of weight zero) is logged and replaced by NewTable's.
 func (s *SnapshotStore) buildSnapshotTable(snap *messages.WeightSnapshot) (*Table, error) {
 	sum := 0.0
 	for _, w := range snap.Weights {
@@ -374,15 +392,41 @@ func (s *SnapshotStore) buildSnapshotTable(snap *messages.WeightSnapshot) (*Tabl
 	if sum > 1 {
 		scale = 1 / sum
 	}
-	es := make([]Engine, 0, len(snap.Weights))
-	for name, w := range snap.Weights {
-		e := Engine{Name: name, Weight: math.Min(1, w*scale)}
+	engine := func(name string) Engine {
+		e := Engine{Name: name, Weight: math.Min(1, snap.Weights[name]*scale)}
 		if s.opts.Signals != nil {
 			if ep, ok := s.opts.Signals.Endpoints(snap.Model, name); ok {
 				e.URL, e.Subject = ep.URL, ep.Subject
 			}
 		}
-		es = append(es, e)
+		return e
+	}
+	es := make([]Engine, 0, len(snap.Weights))
+	if len(snap.Slots) > 0 {
+		// Slot indexes refer to SlotEngines: list those first, in order.
+		listed := make(map[string]bool, len(snap.SlotEngines))
+		for _, name := range snap.SlotEngines {
+			listed[name] = true
+			es = append(es, engine(name))
+		}
+		for name := range snap.Weights {
+			if !listed[name] {
+				es = append(es, engine(name))
+			}
+		}
+		idx, err := DecodeSlots(snap.Slots)
+		if err == nil {
+			var t *Table
+			if t, err = NewTableFromSlots(es, idx, s.opts.Table); err == nil {
+				return t, nil
+			}
+		}
+		s.log.Warn().Err(err).Str("model", snap.Model).Uint64("generation", snap.Generation).
+			Msg("snapshot's slot table not usable; computing slots from its weights")
+		return NewTable(es, s.opts.Table)
+	}
+	for name := range snap.Weights {
+		es = append(es, engine(name))
 	}
 	return NewTable(es, s.opts.Table)
 }

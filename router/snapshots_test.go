@@ -279,3 +279,125 @@ func TestNATSOutageKeepsServingAndWatchResumes(t *testing.T) {
 		}
 	}
 }
+
+// slotSnapshot returns a snapshot of weights carrying the slot table that
+// AssignSlots computes from prev (which may be empty).
+func slotSnapshot(t *testing.T, gen uint64, weights map[string]float64, prevEngines []string, prev []uint16) (messages.WeightSnapshot, []string, []uint16) {
+	t.Helper()
+	snap := snapshot("m", "A", gen, time.Now(), weights)
+	var names []string
+	for e, w := range weights {
+		if w > 0 {
+			names = append(names, e)
+		}
+	}
+	ws := make([]float64, len(names))
+	for i, e := range names {
+		ws[i] = weights[e]
+	}
+	idx := router.AssignSlots(prev, prevEngines, names, ws, max(router.SlotCount(len(names)), len(prev)))
+	if idx == nil {
+		t.Fatal("AssignSlots returned nil")
+	}
+	snap.SlotEngines, snap.Slots = names, router.EncodeSlots(idx)
+	if err := snap.Validate(time.Now()); err != nil {
+		t.Fatalf("snapshot with slots invalid: %v", err)
+	}
+	return snap, names, idx
+}
+
+// TestSnapshotSlotsIdenticalAcrossRouters: two routers that install the same
+// snapshot pick the same engine for every key, whatever they installed
+// before, and the slot table is the snapshot's.
+func TestSnapshotSlotsIdenticalAcrossRouters(t *testing.T) {
+	env := testenv.StartNATS(t)
+	newStore := func() *router.SnapshotStore {
+		st, err := router.NewSnapshotStore(router.StoreOptions{Conn: env.Conn, Cluster: "A"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	a, b := newStore(), newStore()
+	w1 := map[string]float64{"e1": 0.4, "e2": 0.3, "e3": 0.2, "e4": 0.1}
+	s1, names1, idx1 := slotSnapshot(t, 2, w1, nil, nil)
+	w2 := map[string]float64{"e1": 0.2, "e2": 0.35, "e3": 0.1, "e5": 0.25} // several weights at once, e4 gone, e5 new
+	s2, names2, idx2 := slotSnapshot(t, 3, w2, names1, idx1)
+	// Router a saw both snapshots and, before them, an older one without slots;
+	// router b only the newest.
+	old := snapshot("m", "A", 1, time.Now(), map[string]float64{"e1": 0.9, "e9": 0.1})
+	for _, s := range []messages.WeightSnapshot{old, s1, s2} {
+		if ok, err := a.Install(&s); !ok {
+			t.Fatalf("router a: generation %d not installed: %v", s.Generation, err)
+		}
+	}
+	if ok, err := b.Install(&s2); !ok {
+		t.Fatalf("router b: %v", err)
+	}
+	ta, _, _ := a.Table("m")
+	tb, _, _ := b.Table("m")
+	fromSlots := func(names []string, w map[string]float64, idx []uint16) *router.Table {
+		es := make([]router.Engine, len(names))
+		for i, e := range names {
+			es[i] = router.Engine{Name: e, Weight: w[e]}
+		}
+		tbl, err := router.NewTableFromSlots(es, idx, router.TableOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tbl
+	}
+	want, prevTable := fromSlots(names2, w2, idx2), fromSlots(names1, w1, idx1)
+	moved := 0
+	const keys = 100_000
+	for k := 0; k < keys; k++ {
+		key := router.HashString(fmt.Sprintf("conversation-%d", k))
+		i, _ := ta.Pick(key, nil)
+		j, _ := tb.Pick(key, nil)
+		l, _ := want.Pick(key, nil)
+		if ta.Engine(i).Name != tb.Engine(j).Name || tb.Engine(j).Name != want.Engine(l).Name {
+			t.Fatalf("key %d: router a picks %s, router b %s, the snapshot's slots %s",
+				k, ta.Engine(i).Name, tb.Engine(j).Name, want.Engine(l).Name)
+		}
+		p, _ := prevTable.Pick(key, nil)
+		if prevTable.Engine(p).Name != want.Engine(l).Name {
+			moved++
+		}
+	}
+	// δ, the total-variation distance of the normalised weights (w2 sheds 10%).
+	delta := 0.0
+	for _, e := range []string{"e1", "e2", "e3", "e4", "e5"} {
+		delta += math.Abs(w1[e] - w2[e]/0.9)
+	}
+	delta /= 2
+	frac := float64(moved) / keys
+	t.Logf("%.4f of keys moved between generations 2 and 3, δ = %.4f", frac, delta)
+	if frac > 1.2*delta+0.01 {
+		t.Errorf("%.4f of keys moved between generations 2 and 3, δ = %.4f", frac, delta)
+	}
+	if sa, _ := a.Snapshot("m"); len(sa.Slots) != len(s2.Slots) {
+		t.Fatalf("stored snapshot lost its slots")
+	}
+
+	// A slot table that does not fit the weights (a slot owned by an engine
+	// of weight zero) is replaced by one computed from the weights.
+	bad := s2
+	bad.Generation = 4
+	bad.Weights = map[string]float64{"e1": 0.2, "e2": 0.35, "e3": 0.1, "e5": 0.25}
+	bad.Weights[names2[0]] = 0
+	sum := 0.0
+	for _, w := range bad.Weights {
+		sum += w
+	}
+	bad.ShedFraction = 1 - sum
+	if ok, err := b.Install(&bad); !ok {
+		t.Fatalf("snapshot with an unusable slot table not installed: %v", err)
+	}
+	tb, info, _ := b.Table("m")
+	if info.Generation != 4 || tb.Slots() == 0 {
+		t.Fatalf("generation %d, %d slots", info.Generation, tb.Slots())
+	}
+	if i, ok := tb.Index(names2[0]); !ok || tb.Share(i) != 0 {
+		t.Fatalf("zero-weight engine %s owns slots", names2[0])
+	}
+}

@@ -178,3 +178,17 @@ func (f *File) NetworkMs(clusterRegion, engineRegion string) float64 {
 	}
 	return f.Network.InterRegionMs
 }
+
+// NetworkTable returns the one-way latency in ms from every cluster to every
+// engine, by cluster and engine name.
+func (f *File) NetworkTable() map[string]map[string]float64 {
+	t := make(map[string]map[string]float64, len(f.Clusters))
+	for _, c := range f.Clusters {
+		row := make(map[string]float64, len(f.Engines))
+		for _, e := range f.Engines {
+			row[e.Name] = f.NetworkMs(c.Region, e.Region)
+		}
+		t[c.Name] = row
+	}
+	return t
+}

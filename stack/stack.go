@@ -11,8 +11,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
+	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
@@ -28,8 +30,18 @@ type Options struct {
 	NATSPort int
 	// Aggregator holds aggregator options; Conn, Logger and Registerer are set by the stack.
 	Aggregator aggregator.Options
+	// Optimizer holds optimizer service options; Conn, NetworkMs, Clusters,
+	// Logger and Registerer are set by the stack.
+	Optimizer optimizersvc.Options
+	// NoOptimizer leaves the optimizer service out.
+	NoOptimizer bool
 	// SignalInterval is the engines' signal period; zero means the SDK default.
 	SignalInterval time.Duration
+	// RouterAddr, when set, overrides every cluster's router address (for
+	// tests: "127.0.0.1:0" picks free ports). Empty uses the stack file's.
+	RouterAddr string
+	// NoRouters leaves the routers out.
+	NoRouters bool
 	// Logger receives every component's log.
 	Logger zerolog.Logger
 	// Registerer receives every component's metrics; nil means none.
@@ -43,9 +55,12 @@ type Stack struct {
 	nats    *streams.Embedded
 	conn    *nats.Conn
 	engines []*enginesim.Engine
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	errs    chan error
+	routers []*router.Service
+	// optimizer is the optimizer service, nil with NoOptimizer.
+	optimizer *optimizersvc.Service
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	errs      chan error
 }
 
 // Start starts the embedded NATS server, provisions the layout, and starts the
@@ -94,6 +109,25 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	s.goRun("aggregator", func() error { return agg.Run(runCtx) })
 
 	f := s.file
+	if !opts.NoOptimizer {
+		oo := opts.Optimizer
+		oo.Conn, oo.Logger, oo.Registerer = s.conn, log, opts.Registerer
+		oo.NetworkMs = f.NetworkTable()
+		oo.PreferConfiguredNetwork = true // one machine: every measured RTT is loopback
+		oo.Clusters = nil
+		for _, c := range f.Clusters {
+			oo.Clusters = append(oo.Clusters, c.Name)
+		}
+		if oo.Instance == "" {
+			oo.Instance = "up"
+		}
+		opt, err := optimizersvc.New(oo)
+		if err != nil {
+			return nil, fmt.Errorf("stack: optimizer service: %w", err)
+		}
+		s.optimizer = opt
+		s.goRun("optimizer", func() error { return opt.Run(runCtx) })
+	}
 	for _, e := range f.Engines {
 		eo := enginesim.Options{
 			Name: e.Name, Model: f.Model, Region: e.Region, Listen: e.Listen,
@@ -114,6 +148,21 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 			return nil, fmt.Errorf("stack: engine %s: %w", e.Name, err)
 		}
 		s.engines = append(s.engines, eng)
+	}
+	if !opts.NoRouters {
+		for _, c := range f.Clusters {
+			addr := c.Router
+			if opts.RouterAddr != "" {
+				addr = opts.RouterAddr
+			}
+			rs, err := router.NewService(router.ServiceOptions{Conn: s.conn, Cluster: c.Name, Router: c.Name + "-1", HTTPAddr: addr,
+				Logger: log.With().Str("cluster", c.Name).Logger()})
+			if err != nil {
+				return nil, fmt.Errorf("stack: router of cluster %s: %w", c.Name, err)
+			}
+			s.routers = append(s.routers, rs)
+			s.goRun("router "+c.Name, func() error { return rs.Run(runCtx) })
+		}
 	}
 	return s, nil
 }
@@ -143,13 +192,22 @@ func (s *Stack) Conn() *nats.Conn { return s.conn }
 // Engines returns the simulated engines, in stack file order.
 func (s *Stack) Engines() []*enginesim.Engine { return s.engines }
 
+// Routers returns the routers, one per frontend cluster in stack file order.
+func (s *Stack) Routers() []*router.Service { return s.routers }
+
+// Optimizer returns the optimizer service, or nil when left out.
+func (s *Stack) Optimizer() *optimizersvc.Service { return s.optimizer }
+
 // Close stops every component, then the NATS server, and waits for them.
 func (s *Stack) Close() {
 	s.cancel()
+	s.wg.Wait()
+	for _, r := range s.routers {
+		_ = r.Close()
+	}
 	for _, e := range s.engines {
 		_ = e.Close()
 	}
-	s.wg.Wait()
 	if s.conn != nil {
 		s.conn.Close()
 	}

@@ -81,6 +81,12 @@ func newRegistry() *prometheus.Registry {
 
 // serveMetrics serves /metrics for reg on addr until the returned function is called.
 func serveMetrics(addr string, reg *prometheus.Registry, log zerolog.Logger) (func(), error) {
+	return serveHTTP(addr, reg, nil, log)
+}
+
+// serveHTTP serves /metrics for reg, and root (when not nil) at /, on addr
+// until the returned function is called.
+func serveHTTP(addr string, reg *prometheus.Registry, root http.Handler, log zerolog.Logger) (func(), error) {
 	if addr == "" {
 		return func() {}, nil
 	}
@@ -90,6 +96,9 @@ func serveMetrics(addr string, reg *prometheus.Registry, log zerolog.Logger) (fu
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	if root != nil {
+		mux.Handle("/", root)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -43,9 +43,14 @@ func commands() []command {
 		upCommand(),
 		natsCommand(),
 		aggregatorCommand(),
+		optimizeCommand(),
+		optimizerCommand(),
+		routerCommand(),
 		engineSimCommand(),
 		decodeCommand(),
 		encodeCommand(),
+		loadCommand(),
+		simCommand(),
 		versionCommand(),
 	}
 }

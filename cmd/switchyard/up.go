@@ -6,11 +6,16 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
+	"github.com/switchyard-dev/switchyard/dashboard"
+	"github.com/switchyard-dev/switchyard/services/loadgen"
 	"github.com/switchyard-dev/switchyard/stack"
+	"github.com/switchyard-dev/switchyard/workload"
 )
 
 func upCommand() command {
@@ -24,7 +29,9 @@ func upCommand() command {
 			host := fs.String("nats-host", "127.0.0.1", "embedded NATS server's client address")
 			port := fs.Int("nats-port", 4222, "embedded NATS server's client port")
 			signalEvery := fs.Duration("signal-interval", 200*time.Millisecond, "how often each simulated engine publishes a signal")
-			metricsAddr := fs.String("metrics-addr", "127.0.0.1:9090", "serve /metrics on this `address` (empty: off)")
+			metricsAddr := fs.String("metrics-addr", "127.0.0.1:9090", "serve the dashboard (/) and /metrics on this `address` (empty: off)")
+			load := fs.Bool("load", false, "send each cluster's demand through its router, and print a summary every 10 s")
+			routerAddr := fs.String("router-addr", "", "listen `address` for every router, overriding the stack file (127.0.0.1:0 picks free ports)")
 			mkLog := logFlags(fs, e)
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
@@ -34,6 +41,9 @@ func upCommand() command {
 				if err != nil {
 					return err
 				}
+				if *routerAddr != "" && !strings.HasSuffix(*routerAddr, ":0") {
+					return usagef("--router-addr %q: every router would listen there; give a port of 0 (free ports) or set each router's address in the stack file", *routerAddr)
+				}
 				f := stack.Default()
 				if *stackFile != "" {
 					if f, err = stack.Load(*stackFile); err != nil {
@@ -42,17 +52,29 @@ func upCommand() command {
 				}
 				reg := newRegistry()
 				s, err := stack.Start(ctx, stack.Options{File: f, DataDir: *dataDir, NATSHost: *host, NATSPort: *port,
-					SignalInterval: *signalEvery, Logger: log, Registerer: reg})
+					SignalInterval: *signalEvery, RouterAddr: *routerAddr, Logger: log, Registerer: reg})
 				if err != nil {
 					return err
 				}
 				defer s.Close()
-				stopMetrics, err := serveMetrics(*metricsAddr, reg, log)
+				dash, err := dashboard.New(dashboard.Options{Conn: s.Conn(), Logger: log, Routers: dashboard.RouterStatuses(s.Routers)})
+				if err != nil {
+					return err
+				}
+				dctx, stopDash := context.WithCancel(ctx)
+				dashDone := make(chan struct{})
+				go func() { defer close(dashDone); _ = dash.Run(dctx) }()
+				defer func() { stopDash(); <-dashDone }()
+				stopMetrics, err := serveHTTP(*metricsAddr, reg, dash.Handler(), log)
 				if err != nil {
 					return err
 				}
 				defer stopMetrics()
 				printUp(e.stdout, s, *dataDir, *metricsAddr)
+				if *load {
+					stopLoad := startLoad(ctx, s, e.stdout)
+					defer stopLoad()
+				}
 				select {
 				case <-ctx.Done():
 					fmt.Fprintln(e.stderr, "stopping...")
@@ -80,15 +102,23 @@ func printUp(w io.Writer, s *stack.Stack, dataDir, metricsAddr string) {
 	fmt.Fprintf(tw, "Switchyard is up (model %q).\n\n", f.Model)
 	fmt.Fprintf(tw, "  NATS\t%s\tJetStream store in %s\n", s.NATSURL(), dataDir)
 	fmt.Fprintf(tw, "  aggregator\tin process\tsignals and reports -> KV sy_engines, sy_demand\n")
+	if s.Optimizer() != nil {
+		fmt.Fprintf(tw, "  optimizer\tin process\tsy_engines, sy_demand -> weight snapshots in KV sy_weights\n")
+	}
 	if metricsAddr != "" {
-		fmt.Fprintf(tw, "  metrics\thttp://%s/metrics\t\n", metricsAddr)
+		fmt.Fprintf(tw, "  dashboard\thttp://%s/\tlive weights, engine load and health (metrics at /metrics)\n", metricsAddr)
 	}
 	for i, e := range s.Engines() {
 		se := f.Engines[i]
 		fmt.Fprintf(tw, "  %s\t%s\tregion %s, %.0f req/s, NATS %s\n", e.Name(), e.URL(), se.Region, e.Capacity(), e.InferSubject())
 	}
-	for _, c := range f.Clusters {
-		fmt.Fprintf(tw, "  cluster %s\tregion %s\tdemand %.0f req/s\n", c.Name, c.Region, c.DemandRPS)
+	routers := s.Routers()
+	for i, c := range f.Clusters {
+		where := "region " + c.Region
+		if i < len(routers) {
+			where = "http://" + routers[i].Addr()
+		}
+		fmt.Fprintf(tw, "  router %s\t%s\tcluster %s in region %s, demand %.0f req/s; NATS sy.req.%s.%s\n", c.Name, where, c.Name, c.Region, c.DemandRPS, c.Name, f.Model)
 	}
 	tw.Flush()
 	self := selfCommand()
@@ -99,6 +129,67 @@ func printUp(w io.Writer, s *stack.Stack, dataDir, metricsAddr string) {
 	fmt.Fprintf(w, "\nLook inside with the nats CLI (go install github.com/nats-io/natscli/nats@v0.5.0):\n")
 	fmt.Fprintf(w, "  nats%s kv ls sy_engines\n", server)
 	fmt.Fprintf(w, "  nats%s kv get sy_engines %s.%s --raw | %s decode\n", server, f.Model, f.Engines[min(1, len(f.Engines)-1)].Name, self)
+	fmt.Fprintf(w, "  nats%s kv get sy_weights %s.%s --raw | %s decode\n", server, f.Model, f.Clusters[min(1, len(f.Clusters)-1)].Name, self)
 	fmt.Fprintf(w, "  nats%s sub 'sy.signal.>' --translate '%s decode --compact'\n", server, self)
 	fmt.Fprintf(w, "\nCtrl-C stops everything.\n")
+}
+
+// startLoad sends every cluster's demand through its router in 10-second
+// rounds of Poisson arrivals, printing one summary line per cluster per round,
+// until ctx ends or the returned function is called.
+func startLoad(ctx context.Context, s *stack.Stack, w io.Writer) func() {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	f := s.File()
+	// Wait (up to 15 s) until every router routes on a snapshot, so that the
+	// first requests do not race the first signals.
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline) && ctx.Err() == nil; time.Sleep(100 * time.Millisecond) {
+		ready := true
+		for _, r := range s.Routers() {
+			if _, ok := r.Store().Snapshot(f.Model); !ok {
+				ready = false
+			}
+		}
+		if ready {
+			break
+		}
+	}
+	fmt.Fprintf(w, "\nSending each cluster's demand through its router; a summary per cluster every 10 s.\n")
+	for i, r := range s.Routers() {
+		c := f.Clusters[i]
+		if c.DemandRPS <= 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for round := uint64(1); ctx.Err() == nil; round++ {
+				reqs := workload.Poisson(workload.PoissonOptions{Rate: c.DemandRPS, Duration: 10 * time.Second,
+					PromptTokens: f.Sim.PromptTokens, OutputTokens: f.Sim.OutputTokens, Sessions: 200, Seed: round*1000 + uint64(i)})
+				sum, err := loadgen.Run(ctx, loadgen.Options{URL: "http://" + r.Addr(), Model: f.Model, Requests: reqs, StreamFraction: 0.5, Seed: round})
+				if err != nil || ctx.Err() != nil {
+					return
+				}
+				mu.Lock()
+				fmt.Fprintf(w, "cluster %s: %s\n", c.Name, oneLine(sum))
+				mu.Unlock()
+			}
+		}()
+	}
+	return func() { cancel(); wg.Wait() }
+}
+
+func oneLine(s *loadgen.Summary) string {
+	engines := make([]string, 0, len(s.EngineShare))
+	for e := range s.EngineShare {
+		engines = append(engines, e)
+	}
+	slices.Sort(engines)
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d ok, %d errors, %d shed; e2e p50 %s p99 %s;", s.OK, s.Errors, s.Shed, s.E2EP50.Round(time.Millisecond), s.E2EP99.Round(time.Millisecond))
+	for _, e := range engines {
+		fmt.Fprintf(&b, " %s %.0f%%", e, 100*s.EngineShare[e])
+	}
+	return b.String()
 }

@@ -57,9 +57,14 @@ func TestUp(t *testing.T) {
 	var stdout, stderr syncBuffer
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, []string{"up", "--nats-port", fmt.Sprint(port), "--data-dir", t.TempDir(), "--metrics-addr", "", "--log-level", "warn"},
+		done <- run(ctx, []string{"up", "--nats-port", fmt.Sprint(port), "--data-dir", t.TempDir(), "--metrics-addr", "", "--router-addr", "127.0.0.1:0", "--log-level", "warn"},
 			strings.NewReader(""), &stdout, &stderr)
 	}()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("up's stdout:\n%s\nup's stderr:\n%s", stdout.String(), stderr.String())
+		}
+	})
 	started := time.Now()
 	var kv jetstream.KeyValue
 	var client *nats.Conn

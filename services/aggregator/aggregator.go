@@ -335,6 +335,7 @@ func (a *Aggregator) foldSignal(sig *messages.EngineSignal, now time.Time) {
 	st.CapacityRPS = sig.CapacityRPS
 	st.Replicas = sig.Replicas
 	st.Health = sig.Health
+	st.BaseLatencyMs = sig.BaseLatencyMs
 	st.Transports = append(st.Transports[:0], sig.Transports...)
 	if sig.Time > st.LastSignal {
 		st.LastSignal = sig.Time

@@ -130,16 +130,17 @@ func (e *Engine) signal() messages.EngineSignal {
 	s.ttftMs, s.tbtMs, s.outToks = accum{}, accum{}, accum{}
 
 	sig := messages.EngineSignal{
-		TTFTMs:       s.lastTTFTMs,
-		TBTMs:        s.lastTBTMs,
-		Queue:        len(e.queue),
-		Running:      len(e.running),
-		KVUse:        e.kvUseLocked(),
-		CapacityRPS:  capacity(e.opts, e.failure.factor()),
-		LoadRPS:      load,
-		OutputTokens: s.lastOut,
-		Replicas:     1,
-		Health:       e.failure.health(),
+		TTFTMs:        s.lastTTFTMs,
+		TBTMs:         s.lastTBTMs,
+		Queue:         len(e.queue),
+		Running:       len(e.running),
+		KVUse:         e.kvUseLocked(),
+		CapacityRPS:   capacity(e.opts, e.failure.factor()),
+		LoadRPS:       load,
+		OutputTokens:  s.lastOut,
+		Replicas:      1,
+		Health:        e.failure.health(),
+		BaseLatencyMs: idleLatencyMs(e.opts, e.failure.factor()),
 	}
 	if e.httpURL != "" {
 		sig.Transports = append(sig.Transports, messages.Transport{Kind: messages.TransportHTTP, Address: e.httpURL})
@@ -194,4 +195,12 @@ func newMetrics(e *Engine) *metrics {
 		}),
 	)
 	return m
+}
+
+// idleLatencyMs is the engine-side latency of one request of the assumed
+// prompt length on an idle engine: one prefill, then OutputTokens-1 steps at
+// batch 1.
+func idleLatencyMs(o Options, factor float64) float64 {
+	ms := float64(o.PromptTokens)*o.PrefillMsPerToken + float64(o.OutputTokens-1)*o.tbtMs(1)
+	return ms * o.TimeScale / factor
 }

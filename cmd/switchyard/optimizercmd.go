@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/switchyard-dev/switchyard/services/optimizersvc"
+	"github.com/switchyard-dev/switchyard/stack"
+	"github.com/switchyard-dev/switchyard/streams"
+	"go.yaml.in/yaml/v3"
+)
+
+func optimizerCommand() command {
+	return command{
+		name:    "optimizer",
+		summary: "run the optimizer service: engine and demand state into weight snapshots (one leader at a time)",
+		usage:   "--stack FILE | --network FILE [flags]",
+		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+			url := natsFlags(fs)
+			var o optimizersvc.Options
+			stackFile := fs.String("stack", "", "take frontend clusters and network latency from this stack `file`")
+			networkFile := fs.String("network", "", "YAML or JSON `file` of configured one-way latency, ms: {cluster: {engine: ms}}")
+			fs.StringVar(&o.Instance, "instance", "", "instance name, unique among optimizers (default <hostname>-<pid>)")
+			fs.DurationVar(&o.MinInterval, "min-interval", 100*time.Millisecond, "solve at most this often after a change")
+			fs.DurationVar(&o.MaxInterval, "max-interval", 2*time.Second, "solve at least this often")
+			fs.DurationVar(&o.Heartbeat, "heartbeat", 10*time.Second, "rewrite unchanged snapshots this often")
+			fs.DurationVar(&o.LeaseTTL, "lease-ttl", 3*time.Second, "leadership lease TTL (must match provisioning)")
+			fs.Float64Var(&o.Solver.ProximalMs, "proximal-ms", 1, "anti-churn price: ms per req/s of traffic moved")
+			fs.Float64Var(&o.Solver.DeadBand, "dead-band", 0.01, "keep a cluster's weights unless they move by at least this total-variation distance")
+			fs.BoolVar(&o.PreferConfiguredNetwork, "prefer-configured-network", false, "use the configured network latency even where RTTs are measured (for emulated networks on one host)")
+			metricsAddr := fs.String("metrics-addr", "127.0.0.1:9091", "serve /metrics on this `address` (empty: off)")
+			replicas := fs.Int("replicas", 1, "provision streams and buckets with this replica count before starting (0: do not provision)")
+			mkLog := logFlags(fs, e)
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usagef("unexpected arguments %q", args)
+				}
+				switch {
+				case *stackFile != "" && *networkFile != "":
+					return usagef("give --stack or --network, not both")
+				case *stackFile != "":
+					f, err := stack.Load(*stackFile)
+					if err != nil {
+						return usageError{err}
+					}
+					o.NetworkMs = f.NetworkTable()
+					for _, c := range f.Clusters {
+						o.Clusters = append(o.Clusters, c.Name)
+					}
+				case *networkFile != "":
+					data, err := os.ReadFile(*networkFile)
+					if err != nil {
+						return usageError{err}
+					}
+					if err := yaml.Unmarshal(data, &o.NetworkMs); err != nil {
+						return usagef("%s: %v (want {cluster: {engine: ms}})", *networkFile, err)
+					}
+					for c := range o.NetworkMs {
+						o.Clusters = append(o.Clusters, c)
+					}
+				default:
+					return usagef("give --stack FILE or --network FILE: the optimizer needs the network latency between clusters and engines")
+				}
+				log, err := mkLog()
+				if err != nil {
+					return err
+				}
+				nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{*url}, Name: "switchyard-optimizer", Logger: log})
+				if err != nil {
+					return err
+				}
+				defer nc.Close()
+				if *replicas > 0 {
+					js, err := jetstream.New(nc)
+					if err != nil {
+						return err
+					}
+					if err := streams.Provision(ctx, js, streams.DefaultNames(), streams.ProvisionOptions{Replicas: *replicas, LeaseTTL: o.LeaseTTL}); err != nil {
+						return err
+					}
+				}
+				reg := newRegistry()
+				o.Conn, o.Logger, o.Registerer = nc, log, reg
+				svc, err := optimizersvc.New(o)
+				if err != nil {
+					return usageError{err}
+				}
+				stopMetrics, err := serveMetrics(*metricsAddr, reg, log)
+				if err != nil {
+					return err
+				}
+				defer stopMetrics()
+				fmt.Fprintf(e.stderr, "optimizer %s: planning %d clusters\n", svc.Instance(), len(o.Clusters))
+				return svc.Run(ctx)
+			}
+		},
+	}
+}

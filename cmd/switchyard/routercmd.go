@@ -1,0 +1,55 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"time"
+
+	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/streams"
+)
+
+func routerCommand() command {
+	return command{
+		name:    "router",
+		summary: "run one router: OpenAI HTTP and NATS fronts, weights from sy_weights, reports",
+		usage:   "--cluster NAME [flags]",
+		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+			url := natsFlags(fs)
+			var o router.ServiceOptions
+			fs.StringVar(&o.Cluster, "cluster", "", "frontend cluster this router serves (required)")
+			fs.StringVar(&o.Router, "name", "", "router name, unique in its cluster (default <cluster>-<random>)")
+			fs.StringVar(&o.HTTPAddr, "listen", "127.0.0.1:8081", "HTTP front listen `address` (empty: no HTTP front)")
+			fs.BoolVar(&o.NoNATSFront, "no-nats-front", false, "do not take requests on sy.req.<cluster>.<model>")
+			fs.BoolVar(&o.PreferNATS, "prefer-nats", false, "forward over NATS to engines that offer both HTTP and NATS")
+			fs.DurationVar(&o.StaleAfter, "stale-after", router.DefaultStaleAfter, "snapshot age past which the local policy takes over")
+			fs.DurationVar(&o.ReportInterval, "report-interval", time.Second, "how often to publish reports")
+			mkLog := logFlags(fs, e)
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usagef("unexpected arguments %q", args)
+				}
+				if err := messages.CheckName("--cluster", o.Cluster); err != nil {
+					return usageError{err}
+				}
+				log, err := mkLog()
+				if err != nil {
+					return err
+				}
+				// Routers never wait on the control plane: start even if NATS is not up yet.
+				nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{*url}, Name: "switchyard-router-" + o.Cluster, Logger: log, WaitForServer: true})
+				if err != nil {
+					return err
+				}
+				defer nc.Close()
+				o.Conn, o.Logger = nc, log.With().Str("cluster", o.Cluster).Logger()
+				svc, err := router.NewService(o)
+				if err != nil {
+					return usageError{err}
+				}
+				return svc.Run(ctx)
+			}
+		},
+	}
+}

@@ -1,0 +1,163 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/switchyard-dev/switchyard/sim"
+	"github.com/switchyard-dev/switchyard/sim/simplot"
+)
+
+func simCommand() command {
+	return command{
+		name:    "sim",
+		summary: "simulate routing policies on a scenario (deterministic, discrete-event) and compare them",
+		usage:   "--scenario FILE [--trace FILE] [--policies a,b,...] [--seed N] [--json OUT] [--plots DIR]",
+		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+			scenario := fs.String("scenario", "", "scenario YAML `file` (see examples/sim/)")
+			trace := fs.String("trace", "", "replace the scenario's trace with this `file` (same format: Azure CSV or Mooncake JSONL)")
+			policies := fs.String("policies", "all", "comma-separated `policies`: "+strings.Join(sim.PolicyNames(), ","))
+			seed := fs.Uint64("seed", 0, "random seed (default: the scenario's)")
+			jsonOut := fs.String("json", "", "write the results as JSON to this `file` (- for stdout)")
+			plots := fs.String("plots", "", "write PNG plots to this `directory`")
+			parallel := fs.Int("parallel", runtime.GOMAXPROCS(0), "policies simulated at once")
+			quiet := fs.Bool("quiet", false, "no progress bar")
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usagef("unexpected arguments %q", args)
+				}
+				if *scenario == "" {
+					return usagef("--scenario is required")
+				}
+				if *parallel < 1 || *parallel > 64 {
+					return usagef("--parallel %d: want 1..64", *parallel)
+				}
+				names, err := sim.ParsePolicies(*policies)
+				if err != nil {
+					return usagef("--policies: %v", err)
+				}
+				sc, err := sim.LoadScenario(*scenario)
+				if err != nil {
+					return usageError{err}
+				}
+				if *trace != "" {
+					abs, err := filepath.Abs(*trace)
+					if err != nil {
+						return usagef("--trace %s: %v", *trace, err)
+					}
+					if err := sc.SetTrace(abs); err != nil {
+						return usageError{err}
+					}
+				}
+				opts := sim.Options{Policies: names, Parallel: *parallel, Context: ctx}
+				fs.Visit(func(f *flag.Flag) {
+					if f.Name == "seed" {
+						opts.Seed, opts.SeedSet = *seed, true
+					}
+				})
+				var bar *progressBar
+				if !*quiet {
+					bar = newProgressBar(e.stderr, names)
+					opts.Progress = bar.set
+				}
+				start := time.Now()
+				rep, err := sim.Run(sc, opts)
+				if bar != nil {
+					bar.finish()
+				}
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(e.stderr, "simulated %d policies in %s\n", len(names), time.Since(start).Round(time.Millisecond))
+				if err := rep.WriteTable(e.stdout); err != nil {
+					return err
+				}
+				if *jsonOut != "" {
+					if err := writeJSONReport(*jsonOut, e.stdout, rep); err != nil {
+						return err
+					}
+				}
+				if *plots != "" {
+					files, err := simplot.Write(*plots, rep)
+					if err != nil {
+						return err
+					}
+					fmt.Fprintf(e.stderr, "wrote %s\n", strings.Join(files, ", "))
+				}
+				return nil
+			}
+		},
+	}
+}
+
+func writeJSONReport(path string, stdout io.Writer, rep *sim.Report) error {
+	if path == "-" {
+		return rep.WriteJSON(stdout)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--json: %w", err)
+	}
+	if err := rep.WriteJSON(f); err != nil {
+		f.Close()
+		return fmt.Errorf("--json %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("--json %s: %w", path, err)
+	}
+	return nil
+}
+
+// progressBar draws the overall progress of the policy runs on one line.
+type progressBar struct {
+	mu    sync.Mutex
+	w     io.Writer
+	names []string
+	done  map[string]float64
+	last  time.Time
+}
+
+func newProgressBar(w io.Writer, names []string) *progressBar {
+	return &progressBar{w: w, names: names, done: map[string]float64{}}
+}
+
+func (b *progressBar) set(policy string, x float64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.done[policy] = x
+	if time.Since(b.last) < 200*time.Millisecond && x < 1 {
+		return
+	}
+	b.last = time.Now()
+	b.draw()
+}
+
+func (b *progressBar) draw() {
+	total := 0.0
+	var running []string
+	for _, n := range b.names {
+		x := b.done[n]
+		total += x
+		if x > 0 && x < 1 {
+			running = append(running, n)
+		}
+	}
+	total /= float64(len(b.names))
+	const width = 30
+	fill := int(total * width)
+	fmt.Fprintf(b.w, "\r[%s%s] %3.0f%% %-40s", strings.Repeat("#", fill), strings.Repeat(".", width-fill), 100*total, strings.Join(running, ","))
+}
+
+func (b *progressBar) finish() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	fmt.Fprintf(b.w, "\r%s\r", strings.Repeat(" ", 80))
+}

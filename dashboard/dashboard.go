@@ -1,0 +1,321 @@
+package dashboard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/streams"
+)
+
+// Defaults for Options.
+const (
+	// DefaultHistory is how far back the history reaches when
+	// Options.History is zero.
+	DefaultHistory = 5 * time.Minute
+	// DefaultSampleInterval is the history's resolution when
+	// Options.SampleInterval is zero.
+	DefaultSampleInterval = time.Second
+)
+
+// RouterStatus is one router's view of one model: the snapshot generation it
+// routes on, the snapshot's age and the routing mode.
+type RouterStatus struct {
+	// Cluster is the router's frontend cluster.
+	Cluster string `json:"cluster"`
+	// Router is the router's name.
+	Router string `json:"router"`
+	// Model is the model; empty when the router serves no model yet.
+	Model string `json:"model,omitempty"`
+	// Generation is the generation of the installed snapshot (0: none).
+	Generation uint64 `json:"generation"`
+	// AgeSeconds is the installed snapshot's age, seconds; negative when
+	// unknown (no snapshot yet).
+	AgeSeconds float64 `json:"age_s"`
+	// Mode is "snapshot" or "local-policy" (see router.Mode).
+	Mode string `json:"mode"`
+}
+
+// Options configures New. Conn is required.
+type Options struct {
+	// Conn is the NATS connection; the caller owns it.
+	Conn *nats.Conn
+	// Names is the NATS layout (default streams.DefaultNames()).
+	Names streams.Names
+	// Logger receives the dashboard's logs (component=dashboard is added).
+	Logger zerolog.Logger
+	// History is how far back /api/history reaches (default DefaultHistory).
+	History time.Duration
+	// SampleInterval is the time between history samples (default
+	// DefaultSampleInterval).
+	SampleInterval time.Duration
+	// Routers, when set, is called on every /api/state request for the
+	// status of the routers running in this process (see RouterStatuses).
+	// It must be safe for concurrent use and cheap.
+	Routers func() []RouterStatus
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Dashboard keeps the control plane's current state and recent history and
+// serves them, with the page, through Handler. Create it with New, run it
+// with Run.
+type Dashboard struct {
+	opts Options
+	log  zerolog.Logger
+
+	mu       sync.Mutex
+	weights  map[string]*messages.WeightSnapshot // by sy_weights key
+	engines  map[string]*messages.EngineState    // by sy_engines key
+	demand   map[string]*messages.DemandState    // by sy_demand key
+	watching map[string]bool                     // by bucket
+	ring     []Sample
+	next     int // index the next sample goes to
+	full     bool
+	badLog   map[string]time.Time // key → last time a bad value was logged
+}
+
+// New returns a dashboard for opts; Run starts watching.
+func New(opts Options) (*Dashboard, error) {
+	if opts.Conn == nil {
+		return nil, errors.New("dashboard: Options.Conn is nil")
+	}
+	if opts.Names.Prefix == "" {
+		opts.Names = streams.DefaultNames()
+	}
+	if err := opts.Names.Validate(); err != nil {
+		return nil, fmt.Errorf("dashboard: %w", err)
+	}
+	if opts.History < 0 || opts.SampleInterval < 0 {
+		return nil, errors.New("dashboard: Options.History and SampleInterval must not be negative")
+	}
+	if opts.History == 0 {
+		opts.History = DefaultHistory
+	}
+	if opts.SampleInterval == 0 {
+		opts.SampleInterval = DefaultSampleInterval
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	n := int(opts.History / opts.SampleInterval)
+	if n < 2 {
+		return nil, fmt.Errorf("dashboard: History %s holds fewer than two samples of %s", opts.History, opts.SampleInterval)
+	}
+	if n > 100_000 {
+		return nil, fmt.Errorf("dashboard: History %s holds more than 100000 samples of %s", opts.History, opts.SampleInterval)
+	}
+	return &Dashboard{
+		opts:     opts,
+		log:      opts.Logger.With().Str("component", "dashboard").Logger(),
+		weights:  map[string]*messages.WeightSnapshot{},
+		engines:  map[string]*messages.EngineState{},
+		demand:   map[string]*messages.DemandState{},
+		watching: map[string]bool{},
+		ring:     make([]Sample, n),
+		badLog:   map[string]time.Time{},
+	}, nil
+}
+
+// Run watches the weights, engines and demand buckets and samples the
+// history until ctx ends; it returns nil then. Watchers that fail are
+// re-created with backoff, so Run does not return on NATS trouble.
+func (d *Dashboard) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for _, b := range []string{d.opts.Names.WeightsBucket, d.opts.Names.EnginesBucket, d.opts.Names.DemandBucket} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d.watchLoop(ctx, b)
+		}()
+	}
+	d.sample()
+	tick := time.NewTicker(d.opts.SampleInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			wg.Wait()
+			return nil
+		case <-tick.C:
+			d.sample()
+		}
+	}
+}
+
+// errReconnected ends a watch after a NATS reconnect, so it is re-created.
+var errReconnected = errors.New("NATS reconnected")
+
+func (d *Dashboard) watchLoop(ctx context.Context, bucket string) {
+	const minBackoff, maxBackoff = 100 * time.Millisecond, 5 * time.Second
+	backoff := minBackoff
+	for {
+		start := time.Now()
+		err := d.watchOnce(ctx, bucket)
+		d.setWatching(bucket, false)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(start) > 10*time.Second || errors.Is(err, errReconnected) {
+			backoff = minBackoff
+		}
+		d.log.Debug().Err(err).Str("bucket", bucket).Dur("retry_in", backoff).Msg("watch interrupted; re-creating")
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// watchOnce watches bucket until the watcher closes, NATS reconnects or ctx
+// ends.
+func (d *Dashboard) watchOnce(ctx context.Context, bucket string) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	reconnects := d.opts.Conn.Stats().Reconnects
+	js, err := jetstream.New(d.opts.Conn)
+	if err != nil {
+		return err
+	}
+	lctx, lcancel := context.WithTimeout(wctx, 5*time.Second)
+	kv, err := js.KeyValue(lctx, bucket)
+	if err == nil {
+		var w jetstream.KeyWatcher
+		w, err = kv.WatchAll(wctx)
+		lcancel()
+		if err != nil {
+			return fmt.Errorf("watch %s: %w", bucket, err)
+		}
+		defer func() { _ = w.Stop() }()
+		return d.consume(wctx, bucket, w, reconnects)
+	}
+	lcancel()
+	return fmt.Errorf("open bucket %s: %w", bucket, err)
+}
+
+func (d *Dashboard) consume(ctx context.Context, bucket string, w jetstream.KeyWatcher, reconnects uint64) error {
+	check := time.NewTicker(500 * time.Millisecond)
+	defer check.Stop()
+	seen := map[string]bool{} // keys delivered before the initial-values marker
+	initial := true
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-check.C:
+			if d.opts.Conn.Stats().Reconnects != reconnects {
+				return errReconnected
+			}
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errors.New("watcher closed")
+			}
+			if e == nil { // every current value delivered
+				if initial {
+					d.sweep(bucket, seen)
+					initial, seen = false, nil
+					d.setWatching(bucket, true)
+				}
+				continue
+			}
+			if initial {
+				seen[e.Key()] = true
+			}
+			d.apply(bucket, e)
+		}
+	}
+}
+
+func (d *Dashboard) setWatching(bucket string, on bool) {
+	d.mu.Lock()
+	d.watching[bucket] = on
+	d.mu.Unlock()
+}
+
+// sweep drops the keys of bucket a new watcher did not deliver: they were
+// deleted while no watcher was running.
+func (d *Dashboard) sweep(bucket string, seen map[string]bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch bucket {
+	case d.opts.Names.WeightsBucket:
+		sweepMap(d.weights, seen)
+	case d.opts.Names.EnginesBucket:
+		sweepMap(d.engines, seen)
+	case d.opts.Names.DemandBucket:
+		sweepMap(d.demand, seen)
+	}
+}
+
+func sweepMap[V any](m map[string]V, seen map[string]bool) {
+	for k := range m {
+		if !seen[k] {
+			delete(m, k)
+		}
+	}
+}
+
+// apply folds one watcher entry into the state.
+func (d *Dashboard) apply(bucket string, e jetstream.KeyValueEntry) {
+	key := e.Key()
+	del := e.Operation() != jetstream.KeyValuePut
+	now := d.opts.Now()
+	var err error
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch bucket {
+	case d.opts.Names.WeightsBucket:
+		if del {
+			delete(d.weights, key)
+			return
+		}
+		var m messages.WeightSnapshot
+		if err = messages.DecodeIntoAt(e.Value(), &m, now); err == nil {
+			d.weights[key] = &m
+		}
+	case d.opts.Names.EnginesBucket:
+		if del {
+			delete(d.engines, key)
+			return
+		}
+		var m messages.EngineState
+		if err = messages.DecodeIntoAt(e.Value(), &m, now); err == nil {
+			d.engines[key] = &m
+		}
+	case d.opts.Names.DemandBucket:
+		if strings.HasPrefix(key, "rtt.") {
+			return
+		}
+		if del {
+			delete(d.demand, key)
+			return
+		}
+		var m messages.DemandState
+		if err = messages.DecodeIntoAt(e.Value(), &m, now); err == nil {
+			d.demand[key] = &m
+		}
+	}
+	if err != nil {
+		// Keep the previous value of the key, if any, and say so at most
+		// once a minute per key.
+		id := bucket + "/" + key
+		if t, ok := d.badLog[id]; !ok || now.Sub(t) > time.Minute {
+			if len(d.badLog) >= 1024 {
+				clear(d.badLog)
+			}
+			d.badLog[id] = now
+			d.log.Warn().Err(err).Str("bucket", bucket).Str("key", key).Msg("value ignored")
+		}
+	}
+}

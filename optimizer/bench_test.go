@@ -1,0 +1,112 @@
+package optimizer
+
+import (
+	"fmt"
+	"testing"
+
+	"gonum.org/v1/gonum/mat"
+	"gonum.org/v1/gonum/optimize/convex/lp"
+)
+
+// perturb returns a copy of p with every cluster's demand changed by ±1% (alternating).
+func perturb(p *Problem) *Problem {
+	q := *p
+	q.Clusters = append([]Cluster(nil), p.Clusters...)
+	for i := range q.Clusters {
+		f := 1.01
+		if i%2 == 1 {
+			f = 0.99
+		}
+		for c := range q.Clusters[i].Demand {
+			q.Clusters[i].Demand[c] *= f
+		}
+	}
+	return &q
+}
+
+func benchSizes() []struct {
+	name         string
+	nc, ne, elig int
+	load         float64
+} {
+	return []struct {
+		name         string
+		nc, ne, elig int
+		load         float64
+	}{
+		{"3x3", 3, 3, 3, 0.8},
+		{"10x100", 10, 100, 100, 0.7},
+		{"100x1000", 100, 1000, 1000, 0.7},
+		{"1000x10000-sparse50", 1000, 10000, 50, 0.7},
+	}
+}
+
+func BenchmarkSolve(b *testing.B) {
+	for _, sz := range benchSizes() {
+		p := randomProblem(11, sz.nc, sz.ne, sz.elig, sz.load)
+		if sz.name == "3x3" {
+			p = caseStudy()
+		}
+		b.Run(sz.name+"/cold", func(b *testing.B) {
+			s := NewSolver(DefaultOptions())
+			var sol *Solution
+			for b.Loop() {
+				var err error
+				if sol, err = s.Solve(p, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(sol.Diagnostics.Iterations), "sweeps")
+			b.ReportMetric(sol.Diagnostics.RelGap, "relgap")
+		})
+		b.Run(sz.name+"/warm", func(b *testing.B) {
+			s := NewSolver(DefaultOptions())
+			prev, err := s.Solve(p, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			q := perturb(p)
+			var sol *Solution
+			for b.Loop() {
+				if sol, err = s.Solve(q, prev); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(sol.Diagnostics.Iterations), "sweeps")
+			b.ReportMetric(sol.Diagnostics.RelGap, "relgap")
+		})
+	}
+}
+
+// BenchmarkSolveVsSimplex compares the solver with gonum's Simplex on the same 20×50 instance
+// with points profiles; the Simplex solves the piecewise-linear version of TestLPCrossCheck.
+func BenchmarkSolveVsSimplex(b *testing.B) {
+	p := randomProblem(13, 20, 50, 50, 0.7)
+	for j := range p.Engines {
+		c := p.Engines[j].CapacityRPS
+		base := p.Engines[j].Profile.(QueueProfile).BaseMs
+		pp, err := NewPointsProfile([][2]float64{{0, base}, {0.5 * c, 1.5 * base}, {0.8 * c, 3 * base}, {c, 8 * base}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		p.Engines[j].Profile = pp
+	}
+	price := DefaultOptions().ShedPriceMs
+	b.Run("solver", func(b *testing.B) {
+		s := NewSolver(DefaultOptions())
+		for b.Loop() {
+			if _, err := s.Solve(p, nil); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("gonum-simplex", func(b *testing.B) {
+		for b.Loop() {
+			lpBounds(b, p, price, 4)
+		}
+	})
+}
+
+var _ = fmt.Sprint
+var _ = mat.NewDense
+var _ = lp.Simplex

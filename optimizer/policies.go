@@ -1,0 +1,161 @@
+package optimizer
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"time"
+)
+
+// Policy turns a problem into a solution. The optimal policy is the solver; the others are
+// baselines for comparison. A Policy is not safe for concurrent use.
+type Policy interface {
+	// Name returns the policy's name as accepted by PolicyByName.
+	Name() string
+	// Solve routes p; prev, if not nil, is the previous solution (used by the optimal policy
+	// for warm starts and stability, ignored by the baselines).
+	Solve(p *Problem, prev *Solution) (*Solution, error)
+}
+
+// PolicyNames lists the names PolicyByName accepts.
+func PolicyNames() []string {
+	return []string{"optimal", "nearest", "waterfall", "proportional", "least-latency"}
+}
+
+// PolicyByName returns the named policy configured with opt, or an error wrapping
+// ErrUnknownPolicy.
+func PolicyByName(name string, opt Options) (Policy, error) {
+	switch name {
+	case "optimal":
+		return &optimalPolicy{s: NewSolver(opt)}, nil
+	case "least-latency":
+		o := opt
+		o.ProximalMs, o.DeadBand = 0, 0
+		s := NewSolver(o)
+		s.equilibrium = true
+		return &optimalPolicy{s: s, name: name}, nil
+	case "nearest", "waterfall", "proportional":
+		return &baseline{name: name, s: NewSolver(opt)}, nil
+	}
+	return nil, fmt.Errorf("optimizer: policy %q: %w (want one of %v)", name, ErrUnknownPolicy, PolicyNames())
+}
+
+type optimalPolicy struct {
+	s    *Solver
+	name string
+}
+
+func (o *optimalPolicy) Name() string {
+	if o.name == "" {
+		return "optimal"
+	}
+	return o.name
+}
+
+func (o *optimalPolicy) Solve(p *Problem, prev *Solution) (*Solution, error) {
+	sol, err := o.s.Solve(p, prev)
+	if err != nil {
+		return nil, err
+	}
+	sol.Policy = o.Name()
+	if o.s.equilibrium {
+		// Report the system-optimum gap of the equilibrium, not its own equilibrium gap.
+		o.s.equilibrium = false
+		m := o.s.measure(false)
+		o.s.equilibrium = true
+		sol.Diagnostics.Objective, sol.Diagnostics.Gap, sol.Diagnostics.RelGap = m.objective, m.gap, m.relGap
+		sol.Diagnostics.Notes = append(sol.Diagnostics.Notes, "least-latency equalises average latency; gap is relative to the optimum")
+	}
+	return sol, nil
+}
+
+// baseline implements the nearest, waterfall and proportional policies.
+type baseline struct {
+	name string
+	s    *Solver
+}
+
+func (b *baseline) Name() string { return b.name }
+
+func (b *baseline) Solve(p *Problem, _ *Solution) (*Solution, error) {
+	t0 := time.Now()
+	if err := p.Validate(); err != nil {
+		return nil, fmt.Errorf("optimizer: invalid problem: %w", err)
+	}
+	s := b.s
+	s.setup(p)
+	s.warm(p, nil)
+	clear(s.X)
+	var order []int
+	for i := range p.Clusters {
+		e0, e1 := s.start[i], s.start[i+1]
+		D := s.demand[i]
+		for k := e0; k < e1; k++ {
+			s.x[k] = 0
+		}
+		switch b.name {
+		case "nearest":
+			best := -1
+			for k := e0; k < e1; k++ {
+				if s.capv[s.eng[k]] > 0 && (best < 0 || s.dist[k] < s.dist[best]) {
+					best = k
+				}
+			}
+			if best >= 0 {
+				s.x[best] = D
+			}
+		case "waterfall":
+			order = order[:0]
+			for k := e0; k < e1; k++ {
+				order = append(order, k)
+			}
+			sort.SliceStable(order, func(a, c int) bool { return s.dist[order[a]] < s.dist[order[c]] })
+			left := D
+			for _, k := range order {
+				j := s.eng[k]
+				t := math.Min(left, math.Max(0, s.capv[j]-s.X[j]))
+				s.x[k] = t
+				s.X[j] += t
+				left -= t
+			}
+			for k := e0; k < e1; k++ {
+				s.X[s.eng[k]] -= s.x[k]
+			}
+		case "proportional":
+			total := 0.0
+			for k := e0; k < e1; k++ {
+				total += s.capv[s.eng[k]]
+			}
+			if total > 0 {
+				for k := e0; k < e1; k++ {
+					s.x[k] = D * s.capv[s.eng[k]] / total
+				}
+			}
+		}
+		served := 0.0
+		for k := e0; k < e1; k++ {
+			s.X[s.eng[k]] += s.x[k]
+			served += s.x[k]
+		}
+		s.shed[i] = math.Max(0, D-served)
+		s.mu[i] = math.NaN()
+	}
+	over := false
+	for j := range s.X {
+		if s.X[j] > s.capv[j]*(1+1e-12) {
+			over = true
+		}
+	}
+	var notes []string
+	sol := s.solution(p, b.name, notes)
+	if over {
+		sol.Diagnostics.Notes = append(sol.Diagnostics.Notes, "some engines are loaded beyond capacity (utilisation > 1); their latency is infinite for queue profiles")
+		sol.Diagnostics.Gap, sol.Diagnostics.RelGap, sol.Diagnostics.Objective = math.NaN(), math.NaN(), math.NaN()
+		// Recompute the mean latency: solution() skips nothing, so infinite latencies propagate.
+	} else {
+		m := s.measure(false)
+		sol.Diagnostics.Objective, sol.Diagnostics.Gap, sol.Diagnostics.RelGap = m.objective, m.gap, m.relGap
+	}
+	sol.Diagnostics.Duration = time.Since(t0)
+	return sol, nil
+}

@@ -1,0 +1,175 @@
+package optimizer
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Solution is the routing decided for a Problem. Clusters and Engines are indexed like the
+// problem's; names are copied so that a solution can warm-start a related problem.
+type Solution struct {
+	// Policy names the policy that produced the solution.
+	Policy string
+	// Clusters holds the per-cluster result, indexed like Problem.Clusters.
+	Clusters []ClusterResult
+	// Engines holds the per-engine result, indexed like Problem.Engines.
+	Engines []EngineResult
+	// MeanLatencyMs is the mean end-to-end latency (network plus engine-side) over served
+	// traffic; +Inf when some traffic goes to an engine beyond its capacity.
+	MeanLatencyMs float64
+	// ShedRPS is the total shed demand.
+	ShedRPS float64
+	// Diagnostics says how the solution was obtained and how close to optimal it is.
+	Diagnostics Diagnostics
+}
+
+// ClusterResult is the routing of one cluster.
+type ClusterResult struct {
+	// Name is the cluster's name.
+	Name string
+	// DemandRPS is the cluster's total demand.
+	DemandRPS float64
+	// Engines lists the eligible engines (indices into Solution.Engines), like the cluster's
+	// network row.
+	Engines []int
+	// Weights[k] is the fraction of the cluster's demand sent to Engines[k]; the weights sum to
+	// 1 - ShedFraction.
+	Weights []float64
+	// FlowsRPS[k] is the traffic sent to Engines[k] in req/s.
+	FlowsRPS []float64
+	// ShedFraction is the fraction of the demand shed.
+	ShedFraction float64
+	// ShedRPS is the demand shed, and ShedByPriority the same split by priority class.
+	ShedRPS        float64
+	ShedByPriority [NumPriorities]float64
+	// MeanLatencyMs is the mean end-to-end latency of the cluster's served traffic (0 when
+	// nothing is served).
+	MeanLatencyMs float64
+	level         float64 // marginal-cost level, for warm starts
+}
+
+// Weight returns the weight of the engine with index j, 0 if it is not eligible.
+func (c *ClusterResult) Weight(j int) float64 {
+	for k, e := range c.Engines {
+		if e == j {
+			return c.Weights[k]
+		}
+	}
+	return 0
+}
+
+// EngineResult is the load of one engine.
+type EngineResult struct {
+	// Name is the engine's name.
+	Name string
+	// CapacityRPS is the effective capacity (capacity × health).
+	CapacityRPS float64
+	// LoadRPS is the traffic routed to the engine.
+	LoadRPS float64
+	// Utilisation is LoadRPS / CapacityRPS (0 for an idle engine of zero capacity, +Inf for a
+	// loaded one).
+	Utilisation float64
+	// LatencyMs is the engine-side latency at LoadRPS.
+	LatencyMs float64
+	// PriceMs is the shadow price of the engine's hard capacity limit (0 when not binding).
+	PriceMs float64
+}
+
+// Diagnostics describes how a solution was obtained.
+type Diagnostics struct {
+	// Objective is Σ flow × latency + shed cost + proximal cost, in ms·req/s.
+	Objective float64
+	// Gap is the duality gap certificate: Objective minus a proven lower bound on the optimum
+	// of the problem solved (including the proximal term when warm-started).
+	Gap float64
+	// RelGap is Gap divided by the latency (and proximal) part of the objective: shed cost is
+	// left out of the denominator so that the gap measures how well served traffic is routed.
+	// NaN for baseline policies that leave engines over capacity.
+	RelGap float64
+	// Converged reports RelGap ≤ the tolerance.
+	Converged bool
+	// Iterations is the number of sweeps over the clusters.
+	Iterations int
+	// Duration is the wall time of the solve.
+	Duration time.Duration
+	// Notes are human-readable remarks, such as clusters that have no eligible engine.
+	Notes []string
+}
+
+// solution builds a Solution from the solver's flows.
+func (s *Solver) solution(p *Problem, policy string, notes []string) *Solution {
+	nc := len(p.Clusters)
+	sol := &Solution{Policy: policy, Clusters: make([]ClusterResult, nc), Engines: make([]EngineResult, len(p.Engines))}
+	edges := len(s.eng)
+	flat := make([]float64, 2*edges)
+	idx := make([]int, edges)
+	weights, flows := flat[:edges], flat[edges:]
+	for j := range p.Engines {
+		e := &sol.Engines[j]
+		e.Name = p.Engines[j].Name
+		e.CapacityRPS = p.Engines[j].EffectiveCapacity()
+		e.LoadRPS = s.X[j]
+		switch {
+		case e.CapacityRPS > 0:
+			e.Utilisation = s.X[j] / e.CapacityRPS
+		case s.X[j] > 0:
+			e.Utilisation = math.Inf(1)
+		}
+		e.LatencyMs = s.curves[j].Latency(s.X[j])
+		e.PriceMs = s.lam[j]
+	}
+	totalServed, totalCost := 0.0, 0.0
+	for i := range p.Clusters {
+		c := &sol.Clusters[i]
+		cl := &p.Clusters[i]
+		e0, e1 := s.start[i], s.start[i+1]
+		c.Name = cl.Name
+		c.DemandRPS = s.demand[i]
+		c.Engines = idx[e0:e1:e1]
+		c.Weights = weights[e0:e1:e1]
+		c.FlowsRPS = flows[e0:e1:e1]
+		c.level = s.mu[i]
+		served, cost := 0.0, 0.0
+		for k := e0; k < e1; k++ {
+			j := int(s.eng[k])
+			c.Engines[k-e0] = j
+			c.FlowsRPS[k-e0] = s.x[k]
+			if s.demand[i] > 0 {
+				c.Weights[k-e0] = s.x[k] / s.demand[i]
+			}
+			if s.x[k] > 0 {
+				served += s.x[k]
+				cost += s.x[k] * (s.dist[k] + sol.Engines[j].LatencyMs)
+			}
+		}
+		c.ShedRPS = s.shed[i]
+		if s.demand[i] > 0 {
+			c.ShedFraction = s.shed[i] / s.demand[i]
+		}
+		left := s.shed[i]
+		for _, q := range s.order {
+			t := math.Min(left, cl.Demand[q])
+			c.ShedByPriority[q] = t
+			left -= t
+		}
+		if served > 0 {
+			c.MeanLatencyMs = cost / served
+		}
+		totalServed += served
+		totalCost += cost
+		sol.ShedRPS += s.shed[i]
+		if e0 == e1 && s.demand[i] > 0 {
+			notes = append(notes, fmt.Sprintf("cluster %s has no eligible engine: all shed", cl.Name))
+		} else if s.demand[i] > 0 && s.shed[i] >= s.demand[i]*(1-1e-12) {
+			notes = append(notes, fmt.Sprintf("cluster %s: its eligible engines have no capacity left: all shed", cl.Name))
+		} else if s.shed[i] > 1e-9*s.demand[i] {
+			notes = append(notes, fmt.Sprintf("cluster %s: %.4g of %.4g req/s shed for lack of capacity", cl.Name, s.shed[i], s.demand[i]))
+		}
+	}
+	if totalServed > 0 {
+		sol.MeanLatencyMs = totalCost / totalServed
+	}
+	sol.Diagnostics.Notes = notes
+	return sol
+}

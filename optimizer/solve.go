@@ -1,0 +1,830 @@
+package optimizer
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+// Options configures the solver. DefaultOptions returns the recommended values.
+type Options struct {
+	// Tolerance is the target relative optimality gap (see Diagnostics.RelGap); 0 means 1e-4.
+	Tolerance float64
+	// MaxSweeps bounds the number of passes over all clusters; 0 means 5000.
+	MaxSweeps int
+	// ShedPriceMs is the cost in ms of shedding one req/s of each priority class, indexed by
+	// Priority. It should be far above any latency and fall with priority. Zero entries take
+	// the defaults (critical 1e9, standard 1e8, sheddable 1e7).
+	ShedPriceMs [NumPriorities]float64
+	// ProximalMs is the anti-churn price: moving one req/s of a cluster's traffic away from the
+	// previous solution's flow to an engine costs this many ms (an L1 proximal term). 0 disables.
+	ProximalMs float64
+	// DeadBand keeps a cluster's previous weights when the new ones differ from them by less
+	// than this total-variation distance (0..1). 0 disables.
+	DeadBand float64
+}
+
+// DefaultOptions returns the recommended options: tolerance 1e-4, a proximal price of 1 ms per
+// req/s moved and a dead band of 0.01.
+func DefaultOptions() Options {
+	return Options{
+		Tolerance:   1e-4,
+		MaxSweeps:   5000,
+		ShedPriceMs: defaultShedPrice,
+		ProximalMs:  1,
+		DeadBand:    0.01,
+	}
+}
+
+var defaultShedPrice = [NumPriorities]float64{Critical: 1e9, Standard: 1e8, Sheddable: 1e7}
+
+func (o Options) withDefaults() Options {
+	if !(o.Tolerance > 0) {
+		o.Tolerance = 1e-4
+	}
+	if o.MaxSweeps <= 0 {
+		o.MaxSweeps = 5000
+	}
+	for q := range o.ShedPriceMs {
+		if !(o.ShedPriceMs[q] > 0) || math.IsInf(o.ShedPriceMs[q], 0) {
+			o.ShedPriceMs[q] = defaultShedPrice[q]
+		}
+	}
+	if !(o.ProximalMs > 0) || math.IsInf(o.ProximalMs, 0) {
+		o.ProximalMs = 0
+	}
+	if !(o.DeadBand > 0) {
+		o.DeadBand = 0
+	}
+	return o
+}
+
+// Solver solves problems with block-coordinate equilibration (see docs/optimizer.md). It reuses
+// its buffers between calls, so a Solver must not be used by several goroutines at once; use one
+// Solver per goroutine.
+type Solver struct {
+	opt         Options
+	equilibrium bool // least-latency: equalise average, not marginal, latency
+
+	order [NumPriorities]int // priority classes by ascending shed price
+
+	// per cluster
+	start  []int
+	demand []float64
+	mu     []float64
+	shed   []float64
+	anchor []bool // cluster has a previous solution to stay close to
+	// per edge (CSR over the network rows)
+	eng             []int32
+	dist, x, x0, xo []float64
+	room, thr, dx   []float64
+	// per engine
+	curves             []Curve
+	capv, X, lam, fp   []float64
+	lat, capMarg, bidv []float64
+
+	offers []offer
+	p      *Problem
+
+	bfDist         []float64
+	bfPred, bfMark []int
+	cycle          []int
+	saved          []float64
+	users          []int
+	bidHi, lamHi   []float64
+}
+
+type offer struct{ price, amount float64 }
+
+// NewSolver returns a solver with the given options (zero fields take their defaults as
+// documented on Options).
+func NewSolver(opt Options) *Solver {
+	return &Solver{opt: opt.withDefaults()}
+}
+
+// Options returns the solver's effective options.
+func (s *Solver) Options() Options { return s.opt }
+
+func grow[T any](b []T, n int) []T {
+	if cap(b) < n {
+		return make([]T, n)
+	}
+	b = b[:n]
+	clear(b)
+	return b
+}
+
+func (s *Solver) cost(j int, x float64) float64 {
+	if s.equilibrium {
+		return s.curves[j].Latency(x)
+	}
+	return s.curves[j].Marginal(x)
+}
+
+func (s *Solver) inv(j int, m float64) (float64, float64) {
+	if s.equilibrium {
+		return s.curves[j].InverseLatency(m)
+	}
+	return s.curves[j].InverseMarginal(m)
+}
+
+// Solve solves p, warm-starting from prev (which may be nil, or the solution of a different
+// but related problem: clusters and engines are matched by name). The returned solution's
+// weights are deterministic functions of p, prev and the options.
+func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
+	t0 := time.Now()
+	if err := p.Validate(); err != nil {
+		return nil, fmt.Errorf("optimizer: invalid problem: %w", err)
+	}
+	s.setup(p)
+	s.warm(p, prev)
+	var notes []string
+	for j := range p.Engines {
+		if pp, ok := p.Engines[j].Profile.(*PointsProfile); ok {
+			for _, n := range pp.Notes {
+				notes = append(notes, fmt.Sprintf("engine %s: %s", p.Engines[j].Name, n))
+			}
+		}
+	}
+	sweeps, m := s.iterate(p)
+	if m.relGap > s.opt.Tolerance {
+		notes = append(notes, fmt.Sprintf("relative gap %.3g above tolerance %.3g after %d sweeps", m.relGap, s.opt.Tolerance, sweeps))
+	}
+	kept := s.deadBand(p, prev)
+	if kept > 0 {
+		m = s.measure(false)
+		notes = append(notes, fmt.Sprintf("dead band %.3g: kept the previous weights of %d clusters", s.opt.DeadBand, kept))
+	}
+	sol := s.solution(p, "optimal", notes)
+	sol.Diagnostics.Objective = m.objective
+	sol.Diagnostics.Gap = m.gap
+	sol.Diagnostics.RelGap = m.relGap
+	sol.Diagnostics.Iterations = sweeps
+	sol.Diagnostics.Converged = m.relGap <= s.opt.Tolerance
+	sol.Diagnostics.Duration = time.Since(t0)
+	return sol, nil
+}
+
+// setup builds the index-based representation of p in the solver's buffers.
+func (s *Solver) setup(p *Problem) {
+	nc, ne := len(p.Clusters), len(p.Engines)
+	s.p = p
+	s.order = [NumPriorities]int{int(Sheddable), int(Standard), int(Critical)}
+	slices.SortStableFunc(s.order[:], func(a, b int) int {
+		if s.opt.ShedPriceMs[a] < s.opt.ShedPriceMs[b] {
+			return -1
+		}
+		if s.opt.ShedPriceMs[a] > s.opt.ShedPriceMs[b] {
+			return 1
+		}
+		return 0
+	})
+	s.start = grow(s.start, nc+1)
+	edges := 0
+	for i, row := range p.Network {
+		s.start[i] = edges
+		edges += len(row)
+	}
+	s.start[nc] = edges
+	s.demand = grow(s.demand, nc)
+	s.mu = grow(s.mu, nc)
+	s.shed = grow(s.shed, nc)
+	s.anchor = grow(s.anchor, nc)
+	for i := range p.Clusters {
+		s.demand[i] = p.Clusters[i].TotalDemand()
+		s.mu[i] = math.NaN()
+	}
+	s.eng = grow(s.eng, edges)
+	s.dist = grow(s.dist, edges)
+	s.x = grow(s.x, edges)
+	s.x0 = grow(s.x0, edges)
+	s.xo = grow(s.xo, edges)
+	s.room = grow(s.room, edges)
+	s.thr = grow(s.thr, edges)
+	s.dx = grow(s.dx, edges)
+	for i, row := range p.Network {
+		k := s.start[i]
+		for _, l := range row {
+			s.eng[k] = int32(l.Engine)
+			s.dist[k] = l.Ms
+			k++
+		}
+	}
+	s.curves = grow(s.curves, ne)
+	s.capv = grow(s.capv, ne)
+	s.X = grow(s.X, ne)
+	s.lam = grow(s.lam, ne)
+	s.fp = grow(s.fp, ne)
+	s.lat = grow(s.lat, ne)
+	s.capMarg = grow(s.capMarg, ne)
+	s.bidv = grow(s.bidv, ne)
+	s.bidHi = grow(s.bidHi, ne)
+	s.lamHi = grow(s.lamHi, ne)
+	for j := range p.Engines {
+		e := &p.Engines[j]
+		c := e.Profile.Curve(e.CapacityRPS, e.Health)
+		s.curves[j] = c
+		s.capv[j] = math.Max(0, c.Capacity())
+		s.capMarg[j] = s.cost(j, s.capv[j])
+	}
+}
+
+// warm initialises the flows from prev (matched by name), clipped to the capacities.
+func (s *Solver) warm(p *Problem, prev *Solution) {
+	for i := range s.shed {
+		s.shed[i] = s.demand[i]
+	}
+	if prev == nil {
+		return
+	}
+	same := len(prev.Clusters) == len(p.Clusters) && len(prev.Engines) == len(p.Engines)
+	for j := 0; same && j < len(p.Engines); j++ {
+		same = prev.Engines[j].Name == p.Engines[j].Name
+	}
+	var engIdx map[string]int
+	if !same {
+		engIdx = make(map[string]int, len(prev.Engines))
+		for j := range prev.Engines {
+			engIdx[prev.Engines[j].Name] = j
+		}
+	}
+	var clIdx map[string]int
+	for i := range p.Clusters {
+		pi := i
+		if !(same && prev.Clusters[i].Name == p.Clusters[i].Name) {
+			if clIdx == nil {
+				clIdx = make(map[string]int, len(prev.Clusters))
+				for c := range prev.Clusters {
+					clIdx[prev.Clusters[c].Name] = c
+				}
+			}
+			var ok bool
+			if pi, ok = clIdx[p.Clusters[i].Name]; !ok {
+				continue
+			}
+		}
+		pc := &prev.Clusters[pi]
+		s.anchor[i] = true
+		if !math.IsNaN(pc.level) {
+			s.mu[i] = pc.level
+		}
+		D := s.demand[i]
+		r := 0
+		for k := s.start[i]; k < s.start[i+1]; k++ {
+			name := p.Engines[s.eng[k]].Name
+			// Both rows are sorted by engine index; with the same engines advance a cursor.
+			w := 0.0
+			if engIdx == nil {
+				for r < len(pc.Engines) && pc.Engines[r] < int(s.eng[k]) {
+					r++
+				}
+				if r < len(pc.Engines) && pc.Engines[r] == int(s.eng[k]) {
+					w = pc.Weights[r]
+				}
+			} else if pj, ok := engIdx[name]; ok {
+				for q, e := range pc.Engines {
+					if e == pj {
+						w = pc.Weights[q]
+						break
+					}
+				}
+			}
+			s.x0[k] = w * D
+			s.x[k] = w * D
+		}
+	}
+	// Clip to capacity and rebuild loads and shed.
+	for k, j := range s.eng {
+		s.X[j] += s.x[k]
+	}
+	for k, j := range s.eng {
+		if s.X[j] > s.capv[j] {
+			s.x[k] *= s.capv[j] / s.X[j]
+		}
+	}
+	clear(s.X)
+	for i := range p.Clusters {
+		sum := 0.0
+		for k := s.start[i]; k < s.start[i+1]; k++ {
+			s.X[s.eng[k]] += s.x[k]
+			sum += s.x[k]
+		}
+		if sum > s.demand[i] {
+			f := s.demand[i] / sum
+			for k := s.start[i]; k < s.start[i+1]; k++ {
+				s.X[s.eng[k]] -= s.x[k] * (1 - f)
+				s.x[k] *= f
+			}
+			sum = s.demand[i]
+		}
+		s.shed[i] = math.Max(0, s.demand[i]-sum)
+	}
+	for j := range s.X {
+		s.X[j] = math.Min(math.Max(s.X[j], 0), s.capv[j])
+	}
+}
+
+// iterate runs Gauss-Seidel sweeps over the clusters until the gap is within tolerance.
+func (s *Solver) iterate(p *Problem) (int, measures) {
+	nc := len(p.Clusters)
+	m := s.measure(true)
+	sweeps := 0
+	for sweeps < s.opt.MaxSweeps && m.relGap > s.opt.Tolerance {
+		if sweeps%2 == 0 {
+			for i := 0; i < nc; i++ {
+				s.updateCluster(i)
+			}
+		} else {
+			for i := nc - 1; i >= 0; i-- {
+				s.updateCluster(i)
+			}
+		}
+		sweeps++
+		s.exchange()
+		s.cancelCycles(100)
+		m = s.measure(true)
+	}
+	return sweeps, m
+}
+
+func (s *Solver) kappa(i int) float64 {
+	if s.anchor[i] {
+		return s.opt.ProximalMs
+	}
+	return 0
+}
+
+// flow returns cluster-edge k's flow at level mu and its derivative.
+func (s *Solver) flow(k int, mu, kappa float64) (float64, float64) {
+	j := int(s.eng[k])
+	base := s.dist[k]
+	xo, room := s.xo[k], s.room[k]
+	if kappa == 0 {
+		if mu <= s.thr[k] {
+			return 0, 0
+		}
+		l, d := s.inv(j, mu-base)
+		v := l - xo
+		if v <= 0 {
+			return 0, 0
+		}
+		if v >= room {
+			return room, 0
+		}
+		return v, d
+	}
+	x0 := s.x0[k]
+	var v, d float64
+	if mu-kappa > s.thr[k] {
+		l, dd := s.inv(j, mu-base-kappa)
+		if l-xo > x0 {
+			v, d = l-xo, dd
+			goto clip
+		}
+	}
+	if mu+kappa > s.thr[k] {
+		l, dd := s.inv(j, mu-base+kappa)
+		if l-xo < x0 {
+			v, d = l-xo, dd
+		} else {
+			v, d = x0, 0
+		}
+	} else {
+		v, d = 0, 0
+	}
+clip:
+	if v <= 0 {
+		return 0, 0
+	}
+	if v >= room {
+		return room, 0
+	}
+	return v, d
+}
+
+func (s *Solver) flowSum(e0, e1 int, mu, kappa float64) (float64, float64) {
+	sum, ds := 0.0, 0.0
+	for k := e0; k < e1; k++ {
+		v, d := s.flow(k, mu, kappa)
+		sum += v
+		ds += d
+	}
+	return sum, ds
+}
+
+// root finds a level mu in [a, b] with flowSum(mu) = T, given flowSum(a) ≤ T ≤ flowSum(b),
+// by Newton's method safeguarded with bisection.
+func (s *Solver) root(e0, e1 int, T, a, b, guess, kappa float64) (float64, float64) {
+	tol := 1e-13 * T
+	mu := guess
+	if !(mu > a && mu < b) {
+		mu = a + math.Min(0.5*(b-a), 0.25*(math.Abs(a)+1))
+	}
+	for it := 0; it < 300; it++ {
+		A, dA := s.flowSum(e0, e1, mu, kappa)
+		diff := A - T
+		if math.Abs(diff) <= tol {
+			return mu, mu
+		}
+		if diff < 0 {
+			a = mu
+		} else {
+			b = mu
+		}
+		if b-a <= 1e-15*math.Max(math.Abs(a), math.Abs(b)) {
+			return b, a
+		}
+		next := math.NaN()
+		if dA > 0 {
+			next = mu - diff/dA
+		}
+		if !(next > a && next < b) {
+			if b-a > 4*(math.Abs(a)+1) {
+				next = a + 2*(math.Abs(a)+1)
+			} else {
+				next = 0.5 * (a + b)
+			}
+		}
+		mu = next
+	}
+	return b, a
+}
+
+// updateCluster re-optimises cluster i's flows and shed given all other clusters' flows.
+func (s *Solver) updateCluster(i int) {
+	e0, e1 := s.start[i], s.start[i+1]
+	kappa := s.kappa(i)
+	lo := math.Inf(1)
+	for k := e0; k < e1; k++ {
+		j := s.eng[k]
+		s.X[j] -= s.x[k]
+		xo := math.Max(s.X[j], 0)
+		s.xo[k] = xo
+		s.room[k] = math.Max(s.capv[j]-xo, 0)
+		s.thr[k] = s.dist[k] + s.cost(int(j), xo)
+		if t := s.thr[k] - kappa; t < lo {
+			lo = t
+		}
+	}
+	D := s.demand[i]
+	var mu, shed float64
+	switch {
+	case D <= 0:
+		mu, shed = math.NaN(), 0
+		for k := e0; k < e1; k++ {
+			s.x[k] = 0
+		}
+	case e0 == e1:
+		mu, shed = math.Inf(1), D
+	default:
+		var below float64
+		mu, below, shed = s.level(i, e0, e1, D, lo, kappa)
+		sum := 0.0
+		for k := e0; k < e1; k++ {
+			s.x[k], s.dx[k] = s.flow(k, mu, kappa)
+			sum += s.x[k]
+		}
+		if below < mu && sum > D-shed {
+			// The flows jump between below and mu (flat marginal costs): interpolate.
+			sumBelow := 0.0
+			for k := e0; k < e1; k++ {
+				s.xo[k], _ = s.flow(k, below, kappa) // xo is free again: reuse as scratch
+				sumBelow += s.xo[k]
+			}
+			if f := (D - shed - sumBelow) / (sum - sumBelow); f >= 0 && f <= 1 {
+				sum = 0
+				for k := e0; k < e1; k++ {
+					s.x[k] = s.xo[k] + f*(s.x[k]-s.xo[k])
+					sum += s.x[k]
+				}
+			}
+		}
+		s.fixResidual(e0, e1, D-shed-sum)
+		sum = 0
+		for k := e0; k < e1; k++ {
+			sum += s.x[k]
+		}
+		shed = math.Max(0, D-sum)
+	}
+	for k := e0; k < e1; k++ {
+		s.X[s.eng[k]] += s.x[k]
+	}
+	s.mu[i], s.shed[i] = mu, shed
+}
+
+// level finds cluster i's marginal-cost level and its shed: the classes whose shed price is
+// below the level are shed entirely, one whose price equals it partly, and the engines take the
+// rest. lo is a level at which no engine takes any flow.
+func (s *Solver) level(i, e0, e1 int, D, lo, kappa float64) (mu, below, shed float64) {
+	dem := &s.p.Clusters[i].Demand
+	cum := 0.0
+	a := lo
+	for _, q := range s.order {
+		P := s.opt.ShedPriceMs[q]
+		AP := 0.0
+		if P > lo {
+			AP, _ = s.flowSum(e0, e1, P, kappa)
+		}
+		if AP+cum >= D {
+			T := D - cum
+			if T <= 0 {
+				return a, a, cum
+			}
+			mu, below := s.root(e0, e1, T, math.Max(a, lo), P, s.mu[i], kappa)
+			return mu, below, cum
+		}
+		if AP+cum+dem[q] >= D {
+			return P, P, D - AP
+		}
+		cum += dem[q]
+		a = math.Max(a, P)
+	}
+	// Unreachable in exact arithmetic (all classes shed covers D); shed everything.
+	P := s.opt.ShedPriceMs[s.order[NumPriorities-1]]
+	return P, P, D
+}
+
+// fixResidual adds r (a rounding residual, positive or negative) to the cluster's flows,
+// preferring edges whose flow is still moving with the level.
+func (s *Solver) fixResidual(e0, e1 int, r float64) {
+	if r == 0 {
+		return
+	}
+	best := -1
+	for k := e0; k < e1; k++ {
+		if s.dx[k] > 0 && (best < 0 || s.dx[k] > s.dx[best]) {
+			best = k
+		}
+	}
+	if best >= 0 {
+		v := math.Min(math.Max(s.x[best]+r, 0), s.room[best])
+		r -= v - s.x[best]
+		s.x[best] = v
+	}
+	for k := e0; k < e1 && r != 0; k++ {
+		if r < 0 && s.x[k] > 0 || r > 0 && s.x[k] < s.room[k] && s.x[k] > 0 {
+			v := math.Min(math.Max(s.x[k]+r, 0), s.room[k])
+			r -= v - s.x[k]
+			s.x[k] = v
+		}
+	}
+}
+
+type measures struct {
+	gap, relGap, objective, latCost, proxCost, shedCost float64
+}
+
+// shedCost returns the cost of shedding amount s of cluster i, cheapest classes first.
+func (s *Solver) shedCost(i int, amount float64) float64 {
+	dem := &s.p.Clusters[i].Demand
+	c := 0.0
+	for _, q := range s.order {
+		if amount <= 0 {
+			break
+		}
+		t := math.Min(amount, dem[q])
+		c += t * s.opt.ShedPriceMs[q]
+		amount -= t
+	}
+	return c
+}
+
+// measure computes the objective and the duality gap certificate of the current flows; with
+// updatePrices it first updates the capacity prices of engines at their hard limit.
+func (s *Solver) measure(updatePrices bool) measures {
+	// fp is a subgradient of each engine's cost at its load. At a kink of the profile any
+	// value between the left and right derivative is valid; the one nearest the valuation
+	// (level minus network latency) of the engine's users makes the certificate tight.
+	for j := range s.X {
+		s.fp[j] = math.Inf(1)
+		s.lat[j] = s.curves[j].Latency(s.X[j])
+	}
+	for i := range s.demand {
+		if math.IsNaN(s.mu[i]) || math.IsInf(s.mu[i], 0) {
+			continue
+		}
+		for k := s.start[i]; k < s.start[i+1]; k++ {
+			if j := s.eng[k]; s.x[k] > 0 && s.mu[i]-s.dist[k] < s.fp[j] {
+				s.fp[j] = s.mu[i] - s.dist[k]
+			}
+		}
+	}
+	for j := range s.X {
+		right := s.cost(j, s.X[j])
+		left := right
+		if s.X[j] > 0 {
+			left = s.cost(j, s.X[j]*(1-1e-12))
+		}
+		s.fp[j] = math.Min(math.Max(s.fp[j], left), right)
+	}
+	if updatePrices {
+		// The capacity price of an engine at its limit is what its users value it at beyond
+		// its marginal cost fp (level minus network latency minus fp). Away from the optimum
+		// users disagree; both the least and the greatest valuation give valid certificates,
+		// and the smaller gap is kept.
+		for j := range s.bidv {
+			s.bidv[j], s.bidHi[j] = math.Inf(1), 0
+		}
+		for i := range s.start[:len(s.start)-1] {
+			if !(s.demand[i] > 0) || math.IsNaN(s.mu[i]) || math.IsInf(s.mu[i], 0) {
+				continue
+			}
+			for k := s.start[i]; k < s.start[i+1]; k++ {
+				j := s.eng[k]
+				b := s.mu[i] - s.dist[k] - s.fp[j]
+				if s.x[k] > 0 && b < s.bidv[j] {
+					s.bidv[j] = b
+				}
+				if b > s.bidHi[j] {
+					s.bidHi[j] = b
+				}
+			}
+		}
+		for j := range s.lam {
+			s.lam[j], s.lamHi[j] = 0, 0
+			if s.capv[j] > 0 && s.X[j] >= s.capv[j]*(1-1e-9) {
+				if !math.IsInf(s.bidv[j], 1) && s.bidv[j] > 0 {
+					s.lam[j] = s.bidv[j]
+				}
+				s.lamHi[j] = s.bidHi[j]
+			}
+		}
+		mHi := s.gapWith(s.lamHi)
+		mLo := s.gapWith(s.lam)
+		if mHi.gap < mLo.gap {
+			copy(s.lam, s.lamHi)
+			return mHi
+		}
+		return mLo
+	}
+	return s.gapWith(s.lam)
+}
+
+// gapWith computes the objective and the duality gap with capacity prices lam.
+func (s *Solver) gapWith(lam []float64) measures {
+	var m measures
+	gap := 0.0
+	for j := range lam {
+		gap += lam[j] * (s.capv[j] - s.X[j])
+	}
+	for i := range s.demand {
+		e0, e1 := s.start[i], s.start[i+1]
+		D := s.demand[i]
+		if D <= 0 {
+			continue
+		}
+		kappa := s.kappa(i)
+		served, minG, anchorSum := 0.0, math.Inf(1), 0.0
+		for k := e0; k < e1; k++ {
+			j := s.eng[k]
+			g := s.dist[k] + s.fp[j] + lam[j]
+			served += g * s.x[k]
+			m.latCost += s.x[k] * (s.dist[k] + s.lat[j])
+			if kappa > 0 {
+				m.proxCost += kappa * math.Abs(s.x[k]-s.x0[k])
+				served += kappa * math.Abs(s.x[k]-s.x0[k])
+				anchorSum += s.x0[k]
+			}
+			// An engine of zero capacity can never take traffic (its capacity price may be
+			// taken as infinite), so it does not lower the bound.
+			if g+kappa < minG && s.capv[j] > 0 {
+				minG = g + kappa
+			}
+		}
+		sc := s.shedCost(i, s.shed[i])
+		m.shedCost += sc
+		// Lower bound: cheapest way to carry D at the linearised costs.
+		offers := s.offers[:0]
+		if kappa > 0 && anchorSum > 0 {
+			for k := e0; k < e1; k++ {
+				if s.x0[k] > 0 {
+					j := s.eng[k]
+					if pr := s.dist[k] + s.fp[j] + lam[j] - kappa; pr < minG {
+						offers = append(offers, offer{pr, s.x0[k]})
+					}
+				}
+			}
+		}
+		dem := &s.p.Clusters[i].Demand
+		for q := range dem {
+			if dem[q] > 0 && s.opt.ShedPriceMs[q] < minG {
+				offers = append(offers, offer{s.opt.ShedPriceMs[q], dem[q]})
+			}
+		}
+		slices.SortFunc(offers, func(a, b offer) int {
+			switch {
+			case a.price < b.price:
+				return -1
+			case a.price > b.price:
+				return 1
+			}
+			return 0
+		})
+		lb, left := kappa*anchorSum, D
+		if !(kappa > 0) {
+			lb = 0
+		}
+		for _, o := range offers {
+			t := math.Min(left, o.amount)
+			lb += t * o.price
+			left -= t
+			if left <= 0 {
+				break
+			}
+		}
+		if left > 1e-12*D && !math.IsInf(minG, 1) {
+			lb += left * minG
+		}
+		s.offers = offers
+		gap += served + sc - lb
+	}
+	switch {
+	case math.IsNaN(gap):
+		gap = math.Inf(1)
+	case gap < 0:
+		gap = 0
+	}
+	m.gap = gap
+	m.objective = m.latCost + m.proxCost + m.shedCost
+	switch den := m.latCost + m.proxCost; {
+	case den > 0:
+		m.relGap = gap / den
+	case m.objective > 0:
+		m.relGap = gap / m.objective
+	case gap > 0:
+		m.relGap = math.Inf(1)
+	}
+	return m
+}
+
+// deadBand restores the previous weights of clusters whose new weights moved less than the
+// dead band, as long as no engine is pushed over its hard limit. It returns how many it kept.
+func (s *Solver) deadBand(p *Problem, prev *Solution) int {
+	if prev == nil || s.opt.DeadBand <= 0 {
+		return 0
+	}
+	kept := 0
+	keep := s.dx // reuse as scratch: 1 marks an edge of a kept cluster
+	clear(keep)
+	for i := range p.Clusters {
+		D := s.demand[i]
+		if !s.anchor[i] || D <= 0 {
+			continue
+		}
+		e0, e1 := s.start[i], s.start[i+1]
+		prevServed, tv := 0.0, 0.0
+		for k := e0; k < e1; k++ {
+			prevServed += s.x0[k]
+			tv += math.Abs(s.x[k] - s.x0[k])
+		}
+		prevShed := math.Max(0, D-prevServed)
+		tv += math.Abs(s.shed[i] - prevShed)
+		tv /= 2 * D
+		if tv >= s.opt.DeadBand || tv == 0 {
+			continue
+		}
+		for k := e0; k < e1; k++ {
+			s.X[s.eng[k]] += s.x0[k] - s.x[k]
+			keep[k] = 1
+		}
+		kept++
+	}
+	// Revert kept clusters on engines pushed over their limit.
+	for i := range p.Clusters {
+		e0, e1 := s.start[i], s.start[i+1]
+		if e0 == e1 || keep[e0] == 0 {
+			continue
+		}
+		over := false
+		for k := e0; k < e1; k++ {
+			if j := s.eng[k]; s.X[j] > s.capv[j] {
+				over = true
+				break
+			}
+		}
+		if over {
+			for k := e0; k < e1; k++ {
+				s.X[s.eng[k]] -= s.x0[k] - s.x[k]
+				keep[k] = 0
+			}
+			kept--
+		}
+	}
+	for i := range p.Clusters {
+		e0, e1 := s.start[i], s.start[i+1]
+		if e0 == e1 || keep[e0] == 0 {
+			continue
+		}
+		sum := 0.0
+		for k := e0; k < e1; k++ {
+			s.x[k] = s.x0[k]
+			sum += s.x[k]
+		}
+		s.shed[i] = math.Max(0, s.demand[i]-sum)
+	}
+	for j := range s.X {
+		s.X[j] = math.Max(0, s.X[j])
+	}
+	return kept
+}

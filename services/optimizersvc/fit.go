@@ -1,0 +1,87 @@
+package optimizersvc
+
+import (
+	"math"
+	"slices"
+
+	"github.com/switchyard-dev/switchyard/messages"
+)
+
+// maxUtilSample is the highest utilisation at which a state update still
+// yields a sample. Below half load the queue model's (1 − load/C) correction
+// is small and robust. Nearer capacity a continuous-batching engine's latency
+// stays nearly flat until its batch fills, so dividing by (1 − load/C) would
+// make a loaded engine look cheap, draw more traffic to it, and let the fit
+// chase the load it causes; such states are left out.
+const maxUtilSample = 0.5
+
+// fit is the queue-profile fit of one engine (see the package comment).
+type fit struct {
+	samples  []float64 // ring of the last FitWindow base-latency samples, ms
+	next     int
+	lastTime int64   // Time of the newest state folded in, Unix ms
+	base     float64 // fitted base_ms; 0 until the first sample
+}
+
+// sample returns the base latency implied by one engine state's slow windows,
+// and whether the state yields one.
+func sample(st *messages.EngineState) (float64, bool) {
+	lat := st.TTFTMs.Slow + st.OutputTokens.Slow*st.TBTMs.Slow
+	capacity := st.CapacityRPS * st.Health
+	if !(lat > 0) || !(capacity > 0) || math.IsInf(lat, 0) {
+		return 0, false
+	}
+	u := st.LoadRPS.Slow / capacity
+	if u > maxUtilSample {
+		return 0, false
+	}
+	return lat * (1 - u), true
+}
+
+// add folds one engine state into the fit; prior is the prior base latency,
+// replaced by the engine's own idle-latency estimate when it reports one.
+func (f *fit) add(st *messages.EngineState, prior float64) {
+	if st.BaseLatencyMs > 0 {
+		prior = st.BaseLatencyMs
+	}
+	if st.Time <= f.lastTime {
+		return // seen already (a restarted watcher delivers current values again)
+	}
+	f.lastTime = st.Time
+	b, ok := sample(st)
+	if !ok {
+		return
+	}
+	if len(f.samples) < FitWindow {
+		f.samples = append(f.samples, b)
+	} else {
+		f.samples[f.next] = b
+		f.next = (f.next + 1) % FitWindow
+	}
+	n := float64(len(f.samples))
+	target := (PriorSamples*prior + n*median(f.samples)) / (PriorSamples + n)
+	if f.base == 0 {
+		f.base = target
+	} else {
+		f.base += FitAlpha * (target - f.base)
+	}
+}
+
+// baseMs returns the fitted base latency, or prior when there is no sample yet.
+func (f *fit) baseMs(prior float64) float64 {
+	if f == nil || !(f.base > 0) {
+		return prior
+	}
+	return f.base
+}
+
+// median returns the median of xs (which it does not modify).
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}

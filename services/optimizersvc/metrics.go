@@ -1,0 +1,49 @@
+package optimizersvc
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	solveDuration prometheus.Histogram
+	solveErrors   prometheus.Counter
+	gap           *prometheus.GaugeVec
+	generations   prometheus.Counter
+	conflicts     prometheus.Counter
+	leader        prometheus.Gauge
+	problems      prometheus.Gauge
+	clusters      prometheus.Gauge
+	engines       prometheus.Gauge
+	bad           *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		solveDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "switchyard_optimizer_solve_duration_seconds", Help: "Wall time of one model's solve.",
+			Buckets: prometheus.ExponentialBuckets(1e-5, 4, 12)}),
+		solveErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_optimizer_solve_errors_total", Help: "Solves that failed (invalid problem)."}),
+		gap: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_optimizer_relative_gap_ratio", Help: "Relative optimality gap of the newest solution, by model."},
+			[]string{"model"}),
+		generations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_optimizer_generations_written_total", Help: "Weight snapshots written."}),
+		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_optimizer_write_conflicts_total", Help: "Snapshot writes refused because the key had changed (compare-and-set)."}),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "switchyard_optimizer_leader", Help: "1 while this instance holds the lease and writes, else 0."}),
+		problems: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "switchyard_optimizer_problems", Help: "Models (problems) in the newest round of solves."}),
+		clusters: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "switchyard_optimizer_clusters", Help: "Clusters over all problems in the newest round of solves."}),
+		engines: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "switchyard_optimizer_engines", Help: "Engines over all problems in the newest round of solves."}),
+		bad: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_optimizer_bad_values_total", Help: "State values that failed to decode or validate, ignored."},
+			[]string{"bucket", "reason"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.solveDuration, m.solveErrors, m.gap, m.generations, m.conflicts, m.leader,
+			m.problems, m.clusters, m.engines, m.bad)
+	}
+	return m
+}

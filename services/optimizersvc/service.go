@@ -1,0 +1,475 @@
+// Package optimizersvc is Switchyard's weight-path service. It watches the
+// engine state (sy_engines) and the demand and RTT state (sy_demand) written by
+// the aggregator, builds one optimizer.Problem per model, solves it with the
+// optimizer package, and writes one messages.WeightSnapshot per (model,
+// frontend cluster) to the weights bucket (sy_weights), which routers watch.
+//
+// # Problem construction
+//
+// A problem is built for every model with at least one engine state (a model
+// with demand but no engine state at all is not planned). Its engines are
+// those with a state under <model>.<engine>:
+//
+//   - status "down", or an effective capacity (capacity_rps × health) of zero:
+//     the engine is left out of the problem;
+//   - status "stale": the engine stays in, with its health multiplied by
+//     StaleHealthFactor (0.5): it has stopped signalling recently, so it gets
+//     less traffic until the aggregator decides whether it is down;
+//   - status "up": capacity_rps and health as reported.
+//
+// Each engine's latency profile is a queue profile L(x) = base_ms / (1 − x/C)
+// (C the effective capacity, so the prior's shape comes from the engine's
+// capacity) whose base_ms is fitted from the engine state's slow windows: every
+// state update gives one sample base = (TTFT + output_tokens × TBT) × (1 −
+// load/C); the fit's target is the median of the last FitWindow samples,
+// pulled towards Options.PriorBaseMs as if the prior were PriorSamples extra
+// samples, and the fit moves only FitAlpha of the way to the target per update,
+// so that it does not chase momentary latency.
+//
+// The clusters of a model are those with a demand state <model>.<cluster> and
+// those listed in Options.Clusters. A cluster's demand is the fast window of
+// its per-priority rates when the state has them, and otherwise the fast window
+// of its total rate counted as "standard". Demand below Options.MinDemandRPS
+// (default 1 req/s, including clusters with no demand measured yet) is raised
+// to it, so that routers get weights from the start.
+//
+// The network latency from cluster i to engine j is half the measured RTT
+// (rtt.<cluster>.<engine> in sy_demand, slow window) when there is one, and
+// otherwise Options.NetworkMs[i][j]; an engine with neither is not eligible for
+// that cluster.
+//
+// # Writing
+//
+// The service solves at most every MinInterval after a change and at least
+// every MaxInterval, warm-starting each model from its previous solution. A
+// snapshot is written for a (model, cluster) only when its weights (with the
+// shed fraction) moved by a total-variation distance of at least the solver's
+// dead band from the snapshot in the bucket, when shedding starts or stops, or
+// when the snapshot in the bucket is older than Heartbeat (a heartbeat rewrite
+// carries the current solution). Writes are compare-and-set on the key's
+// revision and carry a generation one above the key's current one (read when
+// the instance first writes the key after gaining the lease). On a conflict the
+// service re-reads the key and does not write it again in that round; the next
+// round compares against what is there now. A key that is absent is created
+// at generation 1, or above the highest generation this instance has seen for
+// it: deleting weight keys while routers run makes them ignore the new
+// snapshots until they restart, so do not.
+//
+// Every snapshot written carries the selection table routers install
+// (SlotEngines, Slots): router.AssignSlots computes it from the table of the
+// snapshot this instance last read or wrote for the key (so a new leader
+// continues from its predecessor's), for the engines of positive weight and
+// router.SlotCount of them slots, never fewer than the previous table's. A
+// key then moves between engines only as far as the weight change requires
+// (the total-variation distance, up to one slot per engine of rounding),
+// and every router maps keys alike whatever snapshots it saw before. A
+// snapshot too large for messages.MaxSnapshotSize with its table is written
+// without one; routers then compute theirs from the weights.
+//
+// # Leadership
+//
+// Several instances may run. Only the holder of the lease key "optimizer" in
+// the leases bucket writes; it renews the lease every LeaseTTL/3 and stops
+// writing at once when a renewal fails or the lease's validity lapses. The
+// others solve as well (so that they can take over warm) and try to create the
+// lease key every LeaseTTL/3. A follower that finds the key last renewed more
+// than LeaseTTL ago (by the server's timestamp) takes it over at once by
+// compare-and-set on the revision it saw, rather than waiting for the bucket's
+// TTL to remove it (the server checks ages at most every 250 ms); it retries
+// just after the holder's lease is due to expire. So one instance takes over
+// within about the TTL after the holder dies. This relies on the clocks of
+// the instances and the server agreeing to within a tenth of the TTL, the
+// margin by which a leader stops writing before its lease expires; the
+// compare-and-set writes keep generations rising even if they do not. A
+// graceful stop releases the lease.
+package optimizersvc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/optimizer"
+	"github.com/switchyard-dev/switchyard/streams"
+)
+
+// LeaseKey is the key of the optimizer's lease in the leases bucket.
+const LeaseKey = "optimizer"
+
+// StaleHealthFactor multiplies the health of an engine whose state is "stale".
+const StaleHealthFactor = 0.5
+
+// Fitting constants of the queue-profile fitter (see the package comment).
+const (
+	// FitWindow is the number of recent samples whose median is the fit's target.
+	FitWindow = 32
+	// PriorSamples is the weight of the prior, in samples.
+	PriorSamples = 2
+	// FitAlpha is how far the fit moves towards its target per state update.
+	FitAlpha = 0.2
+)
+
+// Options configures a Service. Zero values take the defaults documented per field.
+type Options struct {
+	// Conn is the NATS connection. Required.
+	Conn *nats.Conn
+	// Names is the NATS layout; the zero value means streams.DefaultNames().
+	Names streams.Names
+	// Instance names this instance in the lease and in the snapshots' writer
+	// field; it must be unique among the running instances. Empty means
+	// <hostname>-<pid>, with characters that are not valid in a name replaced by '-'.
+	Instance string
+	// NetworkMs is the configured one-way network latency in ms from each
+	// frontend cluster to each engine, used where no RTT is measured. An engine
+	// absent from both a cluster's row and the measured RTTs may not serve it.
+	NetworkMs map[string]map[string]float64
+	// PreferConfiguredNetwork uses NetworkMs even where an RTT is measured:
+	// for a stack on one machine, where the network is emulated and measured
+	// RTTs are all loopback.
+	PreferConfiguredNetwork bool
+	// Clusters are planned for every model even before any demand is measured.
+	Clusters []string
+	// MinDemandRPS is the least demand a cluster is planned for (see the
+	// package comment). Zero means 1 req/s.
+	MinDemandRPS float64
+	// PriorBaseMs is the prior base latency of an engine's queue profile, used
+	// until samples arrive and blended with them. Zero means 500 ms.
+	PriorBaseMs float64
+	// MinInterval is the least time between two solves. Zero means 100 ms.
+	MinInterval time.Duration
+	// MaxInterval is the longest time between two solves. Zero means 2 s.
+	MaxInterval time.Duration
+	// Heartbeat is how old a snapshot may get before it is rewritten unchanged
+	// (with a new generation and time), so that routers do not consider it
+	// stale. Zero means 10 s; it must not be shorter than MaxInterval.
+	Heartbeat time.Duration
+	// LeaseTTL must equal the leases bucket's TTL (streams.ProvisionOptions.LeaseTTL).
+	// Zero means 3 s.
+	LeaseTTL time.Duration
+	// Solver configures the solver; the zero value means optimizer.DefaultOptions().
+	Solver optimizer.Options
+	// Logger receives the service's log.
+	Logger zerolog.Logger
+	// Registerer receives the service's metrics; nil means none are registered.
+	Registerer prometheus.Registerer
+	// Now is the clock for message timestamps; nil means time.Now.
+	Now func() time.Time
+}
+
+func (o *Options) setDefaults() {
+	if o.Names == (streams.Names{}) {
+		o.Names = streams.DefaultNames()
+	}
+	if o.Instance == "" {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			host = "optimizer"
+		}
+		o.Instance = sanitizeName(host + "-" + strconv.Itoa(os.Getpid()))
+	}
+	if o.MinDemandRPS == 0 {
+		o.MinDemandRPS = 1
+	}
+	if o.PriorBaseMs == 0 {
+		o.PriorBaseMs = 500
+	}
+	if o.MinInterval == 0 {
+		o.MinInterval = 100 * time.Millisecond
+	}
+	if o.MaxInterval == 0 {
+		o.MaxInterval = 2 * time.Second
+	}
+	if o.Heartbeat == 0 {
+		o.Heartbeat = 10 * time.Second
+	}
+	if o.LeaseTTL == 0 {
+		o.LeaseTTL = 3 * time.Second
+	}
+	if o.Solver == (optimizer.Options{}) {
+		o.Solver = optimizer.DefaultOptions()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}
+
+// sanitizeName turns s into a valid messages name: characters outside
+// [A-Za-z0-9_-] become '-', and the result is cut to messages.MaxNameLen,
+// keeping its end (where the pid is).
+func sanitizeName(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '-', c == '_':
+		default:
+			b[i] = '-'
+		}
+	}
+	if len(b) > messages.MaxNameLen {
+		b = b[len(b)-messages.MaxNameLen:]
+	}
+	return string(b)
+}
+
+// ErrOptions is wrapped by New for invalid options.
+var ErrOptions = errors.New("optimizersvc: invalid options")
+
+func (o *Options) validate() error {
+	if o.Conn == nil {
+		return fmt.Errorf("%w: Conn is nil", ErrOptions)
+	}
+	if err := o.Names.Validate(); err != nil {
+		return fmt.Errorf("%w: %v", ErrOptions, err)
+	}
+	if err := messages.CheckName("instance", o.Instance); err != nil {
+		return fmt.Errorf("%w: %v", ErrOptions, err)
+	}
+	for _, c := range o.Clusters {
+		if err := messages.CheckName("cluster", c); err != nil {
+			return fmt.Errorf("%w: Clusters: %v", ErrOptions, err)
+		}
+	}
+	for c, row := range o.NetworkMs {
+		if err := messages.CheckName("cluster", c); err != nil {
+			return fmt.Errorf("%w: NetworkMs: %v", ErrOptions, err)
+		}
+		for e, ms := range row {
+			if err := messages.CheckName("engine", e); err != nil {
+				return fmt.Errorf("%w: NetworkMs[%s]: %v", ErrOptions, c, err)
+			}
+			if math.IsNaN(ms) || math.IsInf(ms, 0) || ms < 0 {
+				return fmt.Errorf("%w: NetworkMs[%s][%s] is %v, want a finite latency >= 0 ms", ErrOptions, c, e, ms)
+			}
+		}
+	}
+	for field, v := range map[string]float64{"MinDemandRPS": o.MinDemandRPS, "PriorBaseMs": o.PriorBaseMs} {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 {
+			return fmt.Errorf("%w: %s is %v, want a finite positive number", ErrOptions, field, v)
+		}
+	}
+	if o.MinInterval < 0 || o.MaxInterval < o.MinInterval {
+		return fmt.Errorf("%w: MinInterval %s and MaxInterval %s: want 0 <= MinInterval <= MaxInterval", ErrOptions, o.MinInterval, o.MaxInterval)
+	}
+	if o.Heartbeat < o.MaxInterval {
+		return fmt.Errorf("%w: Heartbeat %s is shorter than MaxInterval %s", ErrOptions, o.Heartbeat, o.MaxInterval)
+	}
+	if o.LeaseTTL < 30*time.Millisecond {
+		return fmt.Errorf("%w: LeaseTTL %s is too short (want >= 30ms)", ErrOptions, o.LeaseTTL)
+	}
+	return nil
+}
+
+// Service is the running optimizer service. Create it with New and run it with Run.
+type Service struct {
+	opts    Options
+	log     zerolog.Logger
+	js      jetstream.JetStream
+	metrics *metrics
+	badLog  *rateLimiter
+
+	// mu guards the input state, the fits and the published solutions.
+	mu        sync.Mutex
+	engines   map[string]*messages.EngineState // by <model>.<engine>
+	demand    map[string]*messages.DemandState // by <model>.<cluster>
+	rtt       map[string]float64               // one-way ms by <cluster>.<engine>
+	fits      map[string]*fit                  // by <model>.<engine>
+	solutions map[string]*optimizer.Solution   // by model
+	changed   chan struct{}                    // signalled (non-blocking) on input changes
+
+	// Leadership, written by the lease loop.
+	leader     atomic.Bool
+	leaseMu    sync.Mutex
+	leaseUntil time.Time // writes are allowed until then (monotonic clock)
+	gained     chan struct{}
+
+	// Solve-loop state, touched only by the goroutine running Run.
+	models map[string]*modelState
+	keys   map[string]*keyState // weights keys, by <model>.<cluster>
+	maxGen map[string]uint64    // highest generation ever seen per weights key
+}
+
+// modelState is the solver and the previous solution of one model.
+type modelState struct {
+	solver *optimizer.Solver
+	prev   *optimizer.Solution
+}
+
+// keyState is what the leader knows of one weights key.
+type keyState struct {
+	rev  uint64                   // revision of the current value, 0 when absent
+	gen  uint64                   // generation of the current value
+	last *messages.WeightSnapshot // current value, nil when absent or undecodable
+}
+
+// New validates opts and returns a Service ready to Run.
+func New(opts Options) (*Service, error) {
+	opts.setDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(opts.Conn)
+	if err != nil {
+		return nil, fmt.Errorf("optimizersvc: jetstream: %w", err)
+	}
+	s := &Service{
+		opts:      opts,
+		log:       opts.Logger.With().Str("component", "optimizer").Str("instance", opts.Instance).Logger(),
+		js:        js,
+		metrics:   newMetrics(opts.Registerer),
+		badLog:    newRateLimiter(10*time.Second, 10000),
+		engines:   make(map[string]*messages.EngineState),
+		demand:    make(map[string]*messages.DemandState),
+		rtt:       make(map[string]float64),
+		fits:      make(map[string]*fit),
+		solutions: make(map[string]*optimizer.Solution),
+		changed:   make(chan struct{}, 1),
+		gained:    make(chan struct{}, 1),
+		models:    make(map[string]*modelState),
+		keys:      make(map[string]*keyState),
+		maxGen:    make(map[string]uint64),
+	}
+	return s, nil
+}
+
+// Instance returns the instance name used in the lease and in snapshots.
+func (s *Service) Instance() string { return s.opts.Instance }
+
+// Leader reports whether this instance holds the lease and may write snapshots.
+func (s *Service) Leader() bool {
+	if !s.leader.Load() {
+		return false
+	}
+	s.leaseMu.Lock()
+	defer s.leaseMu.Unlock()
+	return time.Now().Before(s.leaseUntil)
+}
+
+// LastSolution returns the newest solution computed for model (whether or not
+// it was written), or nil. The solution must not be modified.
+func (s *Service) LastSolution(model string) *optimizer.Solution {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.solutions[model]
+}
+
+// Run watches the state buckets, takes part in the leader election, solves and
+// (as leader) writes snapshots until ctx is done; then it releases the lease if
+// it holds it and returns nil. It returns an error only when it cannot start.
+func (s *Service) Run(ctx context.Context) error {
+	buckets := map[string]jetstream.KeyValue{}
+	for _, name := range []string{s.opts.Names.EnginesBucket, s.opts.Names.DemandBucket, s.opts.Names.WeightsBucket, s.opts.Names.LeasesBucket} {
+		kv, err := s.js.KeyValue(ctx, name)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("optimizersvc: open bucket %s (provisioned?): %w", name, err)
+		}
+		buckets[name] = kv
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+
+	loaded := make(chan struct{}, 2)
+	for _, b := range []struct {
+		kv     jetstream.KeyValue
+		handle func(jetstream.KeyValueEntry, map[string]bool)
+		sweep  func(map[string]bool)
+	}{
+		{buckets[s.opts.Names.EnginesBucket], s.handleEngine, s.sweepEngines},
+		{buckets[s.opts.Names.DemandBucket], s.handleDemand, s.sweepDemand},
+	} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.watch(ctx, b.kv, b.handle, b.sweep, loaded)
+		}()
+	}
+	for range 2 {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-loaded:
+		}
+	}
+	s.mu.Lock()
+	s.log.Info().Int("engines", len(s.engines)).Int("demand", len(s.demand)).Int("rtt", len(s.rtt)).
+		Dur("min_interval", s.opts.MinInterval).Dur("max_interval", s.opts.MaxInterval).
+		Dur("heartbeat", s.opts.Heartbeat).Dur("lease_ttl", s.opts.LeaseTTL).Msg("optimizer running")
+	s.mu.Unlock()
+
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.leaseLoop(ctx, buckets[s.opts.Names.LeasesBucket])
+	}()
+	s.loop(ctx, buckets[s.opts.Names.WeightsBucket])
+	return nil
+}
+
+// loop solves after changes (at most every MinInterval), at least every
+// MaxInterval, and at once when leadership is gained.
+func (s *Service) loop(ctx context.Context, weights jetstream.KeyValue) {
+	var last time.Time
+	timer := time.NewTimer(0) // first solve at once
+	defer timer.Stop()
+	pending := true
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.gained:
+			clear(s.keys) // another leader may have written: re-read every key before writing it
+			pending = true
+			timer.Reset(0)
+			continue
+		case <-s.changed:
+			if !pending {
+				pending = true
+				timer.Reset(max(0, time.Until(last.Add(s.opts.MinInterval))))
+			}
+			continue
+		case <-timer.C:
+		}
+		if !pending && time.Since(last) < s.opts.MaxInterval {
+			timer.Reset(time.Until(last.Add(s.opts.MaxInterval)))
+			continue
+		}
+		pending = false
+		last = time.Now()
+		s.solveAll(ctx, weights)
+		timer.Reset(s.opts.MaxInterval)
+	}
+}
+
+// notify signals the solve loop that inputs changed.
+func (s *Service) notify() {
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
+}
+
+// sortedKeys returns the keys of m in ascending order.
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

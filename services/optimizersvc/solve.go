@@ -1,0 +1,374 @@
+package optimizersvc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/optimizer"
+	"github.com/switchyard-dev/switchyard/streams"
+)
+
+// maxLatencyMs is the largest latency a snapshot may carry (messages' limit: a day).
+const maxLatencyMs = 24 * 3600 * 1000.0
+
+// built is one model's problem with the names needed to write its snapshots.
+type built struct {
+	model   string
+	problem *optimizer.Problem
+}
+
+// buildProblems turns the current state into one problem per model, in model
+// order; models are those with at least one engine state.
+func (s *Service) buildProblems() []built {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	type engineIn struct {
+		name  string
+		st    *messages.EngineState
+		prior float64
+	}
+	engines := map[string][]engineIn{}
+	for _, key := range sortedKeys(s.engines) {
+		st := s.engines[key]
+		prior := s.opts.PriorBaseMs
+		if st.BaseLatencyMs > 0 {
+			prior = st.BaseLatencyMs // the engine's own idle-latency estimate
+		}
+		engines[st.Model] = append(engines[st.Model], engineIn{name: st.Engine, st: st, prior: s.fits[key].baseMs(prior)})
+	}
+	clusters := map[string]map[string]*messages.DemandState{}
+	for _, d := range s.demand {
+		if clusters[d.Model] == nil {
+			clusters[d.Model] = map[string]*messages.DemandState{}
+		}
+		clusters[d.Model][d.Cluster] = d
+	}
+	var out []built
+	for _, model := range sortedKeys(engines) {
+		p := &optimizer.Problem{}
+		for _, e := range engines[model] {
+			if e.st.Status == messages.StatusDown {
+				continue
+			}
+			health := e.st.Health
+			if e.st.Status == messages.StatusStale {
+				health *= StaleHealthFactor
+			}
+			if !(e.st.CapacityRPS*health > 0) {
+				continue
+			}
+			p.Engines = append(p.Engines, optimizer.Engine{Name: e.name, CapacityRPS: e.st.CapacityRPS, Health: health,
+				Profile: optimizer.QueueProfile{BaseMs: e.prior}})
+		}
+		names := map[string]*messages.DemandState{}
+		for c, d := range clusters[model] {
+			names[c] = d
+		}
+		for _, c := range s.opts.Clusters {
+			if _, ok := names[c]; !ok {
+				names[c] = nil
+			}
+		}
+		for _, c := range sortedKeys(names) {
+			cl := optimizer.Cluster{Name: c, Demand: s.demandOf(names[c])}
+			var row []optimizer.Link
+			conf := s.opts.NetworkMs[c]
+			for j := range p.Engines {
+				ms, ok := s.rtt[c+"."+p.Engines[j].Name]
+				if cms, has := conf[p.Engines[j].Name]; has && (!ok || s.opts.PreferConfiguredNetwork) {
+					ms, ok = cms, true
+				}
+				if ok {
+					row = append(row, optimizer.Link{Engine: j, Ms: ms})
+				}
+			}
+			p.Clusters = append(p.Clusters, cl)
+			p.Network = append(p.Network, row)
+		}
+		out = append(out, built{model: model, problem: p})
+	}
+	return out
+}
+
+// demandOf returns the demand per priority class to plan for (see the package comment).
+func (s *Service) demandOf(d *messages.DemandState) [optimizer.NumPriorities]float64 {
+	var dem [optimizer.NumPriorities]float64
+	if d != nil {
+		if len(d.RPSByPriority) > 0 {
+			dem[optimizer.Critical] = d.RPSByPriority[messages.PriorityCritical].Fast
+			dem[optimizer.Standard] = d.RPSByPriority[messages.PriorityStandard].Fast
+			dem[optimizer.Sheddable] = d.RPSByPriority[messages.PrioritySheddable].Fast
+		} else {
+			dem[optimizer.Standard] = d.RPS.Fast
+		}
+	}
+	total := dem[0] + dem[1] + dem[2]
+	switch {
+	case !(total > 0):
+		dem = [optimizer.NumPriorities]float64{optimizer.Standard: s.opts.MinDemandRPS}
+	case total < s.opts.MinDemandRPS:
+		for q := range dem {
+			dem[q] *= s.opts.MinDemandRPS / total
+		}
+	}
+	return dem
+}
+
+// solveAll solves every model and, as leader, writes the snapshots that changed.
+func (s *Service) solveAll(ctx context.Context, weights jetstream.KeyValue) {
+	problems := s.buildProblems()
+	clusters, engines := 0, 0
+	live := make(map[string]bool, len(problems))
+	for _, b := range problems {
+		live[b.model] = true
+		clusters += len(b.problem.Clusters)
+		engines += len(b.problem.Engines)
+		ms := s.models[b.model]
+		if ms == nil {
+			ms = &modelState{solver: optimizer.NewSolver(s.opts.Solver)}
+			s.models[b.model] = ms
+		}
+		sol, err := ms.solver.Solve(b.problem, ms.prev)
+		if err != nil {
+			s.metrics.solveErrors.Inc()
+			if s.badLog.allow("solve/"+b.model, time.Now()) {
+				s.log.Error().Err(err).Str("model", b.model).Int("clusters", len(b.problem.Clusters)).
+					Int("engines", len(b.problem.Engines)).Msg("solve failed (logged at most once per 10s per model)")
+			}
+			continue
+		}
+		ms.prev = sol
+		s.metrics.solveDuration.Observe(sol.Diagnostics.Duration.Seconds())
+		s.metrics.gap.WithLabelValues(b.model).Set(sol.Diagnostics.RelGap)
+		s.mu.Lock()
+		s.solutions[b.model] = sol
+		s.mu.Unlock()
+		if !sol.Diagnostics.Converged {
+			s.log.Debug().Str("model", b.model).Float64("rel_gap", sol.Diagnostics.RelGap).Strs("notes", sol.Diagnostics.Notes).Msg("solve did not converge")
+		}
+		if s.Leader() {
+			s.publish(ctx, weights, b, sol)
+		}
+	}
+	for m := range s.models {
+		if !live[m] {
+			delete(s.models, m)
+			s.metrics.gap.DeleteLabelValues(m)
+			s.mu.Lock()
+			delete(s.solutions, m)
+			s.mu.Unlock()
+		}
+	}
+	s.metrics.problems.Set(float64(len(problems)))
+	s.metrics.clusters.Set(float64(clusters))
+	s.metrics.engines.Set(float64(engines))
+}
+
+// snapshot renders cluster i of sol as a weight snapshot (without generation).
+func (s *Service) snapshot(b built, sol *optimizer.Solution, i int, now time.Time) *messages.WeightSnapshot {
+	p := b.problem
+	cr := &sol.Clusters[i]
+	snap := &messages.WeightSnapshot{
+		Model: b.model, Cluster: cr.Name, Time: now.UnixMilli(), Writer: s.opts.Instance,
+		Weights:     make(map[string]float64, len(cr.Engines)),
+		Utilisation: make(map[string]float64, len(cr.Engines)),
+		LatencyMs:   make(map[string]float64, len(cr.Engines)),
+		DemandRPS:   cr.DemandRPS,
+	}
+	shed := clamp01(cr.ShedFraction)
+	sum := shed
+	for k, j := range cr.Engines {
+		w := clamp01(cr.Weights[k])
+		if w < 1e-9 {
+			w = 0
+		}
+		name := p.Engines[j].Name
+		snap.Weights[name] = w
+		sum += w
+		er := &sol.Engines[j]
+		if u := er.Utilisation; u >= 0 && !math.IsInf(u, 0) {
+			snap.Utilisation[name] = math.Min(u, 1e6)
+		}
+		if l := p.Network[i][k].Ms + er.LatencyMs; l >= 0 && !math.IsInf(l, 0) {
+			snap.LatencyMs[name] = math.Min(l, maxLatencyMs)
+		}
+	}
+	if sum > 0 {
+		for e := range snap.Weights {
+			snap.Weights[e] /= sum
+		}
+		shed /= sum
+	} else {
+		shed = 1
+	}
+	snap.ShedFraction = shed
+	if cr.ShedRPS > 0 {
+		snap.ShedByPriority = map[string]float64{}
+		for q := range optimizer.NumPriorities {
+			if d := p.Clusters[i].Demand[q]; d > 0 {
+				snap.ShedByPriority[optimizer.Priority(q).String()] = clamp01(cr.ShedByPriority[q] / d)
+			}
+		}
+	}
+	if g := sol.Diagnostics.RelGap; g >= 0 && !math.IsInf(g, 0) {
+		snap.Gap = g
+	} else if !(g < 0) {
+		snap.Gap = 1 // NaN or +Inf: no certificate
+	}
+	return snap
+}
+
+func clamp01(v float64) float64 {
+	if !(v > 0) {
+		return 0
+	}
+	return math.Min(v, 1)
+}
+
+// distance returns the total-variation distance between two snapshots' routing
+// (weights and shed fraction), and whether shedding started or stopped.
+func distance(a, b *messages.WeightSnapshot) (tv float64, shedFlip bool) {
+	for e, w := range a.Weights {
+		tv += math.Abs(w - b.Weights[e])
+	}
+	for e, w := range b.Weights {
+		if _, ok := a.Weights[e]; !ok {
+			tv += w
+		}
+	}
+	tv += math.Abs(a.ShedFraction - b.ShedFraction)
+	const eps = 1e-6
+	return tv / 2, (a.ShedFraction > eps) != (b.ShedFraction > eps)
+}
+
+// publish writes the snapshots of one model whose clusters need it. Each
+// read or write of the bucket is bounded by LeaseTTL/3; when one fails for
+// another reason than a conflict, the round stops and a new solve is asked for.
+func (s *Service) publish(ctx context.Context, weights jetstream.KeyValue, b built, sol *optimizer.Solution) {
+	band := max(s.opts.Solver.DeadBand, 1e-9)
+	now := s.opts.Now()
+	for i := range sol.Clusters {
+		if ctx.Err() != nil {
+			return
+		}
+		snap := s.snapshot(b, sol, i, now)
+		key, err := streams.WeightsKey(b.model, snap.Cluster)
+		if err != nil {
+			s.log.Error().Err(err).Str("model", b.model).Str("cluster", snap.Cluster).Msg("no weights key")
+			continue
+		}
+		ks, err := s.keyState(ctx, weights, key)
+		if err != nil {
+			if ctx.Err() == nil {
+				if s.badLog.allow("write/"+key, time.Now()) {
+					s.log.Warn().Err(err).Str("key", key).Msg("cannot read weights key; will retry (logged at most once per 10s per key)")
+				}
+				s.notify()
+			}
+			return
+		}
+		if ks.last != nil {
+			tv, flip := distance(ks.last, snap)
+			age := now.Sub(time.UnixMilli(ks.last.Time))
+			if tv < band && !flip && age < s.opts.Heartbeat {
+				continue
+			}
+		}
+		snap.Generation = max(ks.gen, s.maxGen[key]) + 1
+		withSlots(snap, ks.last)
+		data, err := messages.EncodeAt(snap, now)
+		if errors.Is(err, messages.ErrTooLarge) && len(snap.Slots) > 0 {
+			// Too many engines for a slot table in one snapshot: routers
+			// compute theirs from the weights.
+			if s.badLog.allow("slots/"+key, time.Now()) {
+				s.log.Warn().Err(err).Str("key", key).Int("engines", len(snap.SlotEngines)).
+					Msg("snapshot too large with its slot table; writing it without (logged at most once per 10s per key)")
+			}
+			snap.SlotEngines, snap.Slots = nil, nil
+			data, err = messages.EncodeAt(snap, now)
+		}
+		if err != nil {
+			s.log.Error().Err(err).Str("key", key).Msg("snapshot does not encode; not written")
+			continue
+		}
+		if !s.Leader() {
+			return // lost the lease meanwhile: stop writing at once
+		}
+		var rev uint64
+		wctx, cancel := context.WithTimeout(ctx, s.opts.LeaseTTL/3)
+		if ks.rev == 0 {
+			rev, err = weights.Create(wctx, key, data)
+		} else {
+			rev, err = weights.Update(wctx, key, data, ks.rev)
+		}
+		cancel()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+				s.metrics.conflicts.Inc()
+				delete(s.keys, key)
+				if ks, rerr := s.keyState(ctx, weights, key); rerr == nil {
+					s.log.Warn().Str("key", key).Uint64("generation", ks.gen).Uint64("revision", ks.rev).
+						Str("writer", writerOf(ks.last)).Msg("weights key written by someone else; not overwriting it this round")
+				}
+				s.notify() // decide again on the next solve, against what is there now
+				continue
+			}
+			if ctx.Err() == nil {
+				if s.badLog.allow("write/"+key, time.Now()) {
+					s.log.Warn().Err(err).Str("key", key).Uint64("generation", snap.Generation).
+						Msg("snapshot write failed; will retry (logged at most once per 10s per key)")
+				}
+				delete(s.keys, key)
+				s.notify()
+			}
+			return
+		}
+		ks.rev, ks.gen, ks.last = rev, snap.Generation, snap
+		s.maxGen[key] = snap.Generation
+		s.metrics.generations.Inc()
+		s.log.Debug().Str("key", key).Uint64("generation", snap.Generation).Float64("shed", snap.ShedFraction).Msg("snapshot written")
+	}
+}
+
+func writerOf(w *messages.WeightSnapshot) string {
+	if w == nil {
+		return ""
+	}
+	return w.Writer
+}
+
+// keyState returns what is known of a weights key, reading it when unknown.
+func (s *Service) keyState(ctx context.Context, weights jetstream.KeyValue, key string) (*keyState, error) {
+	if ks := s.keys[key]; ks != nil {
+		return ks, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.opts.LeaseTTL/3)
+	defer cancel()
+	ks := &keyState{}
+	e, err := weights.Get(ctx, key)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		// Absent (or deleted): Create it, at a generation above any this
+		// instance has seen for the key (s.maxGen). kv.History would find the
+		// generations of a deleted key, but it does not honour ctx and can
+		// block while the server recovers, so it is not used.
+	case err != nil:
+		return nil, fmt.Errorf("get weights key %s: %w", key, err)
+	default:
+		ks.rev = e.Revision()
+		var snap messages.WeightSnapshot
+		if derr := messages.DecodeIntoAt(e.Value(), &snap, s.opts.Now()); derr != nil {
+			s.bad(s.opts.Names.WeightsBucket, key, derr)
+		} else {
+			ks.gen, ks.last = snap.Generation, &snap
+		}
+	}
+	s.maxGen[key] = max(s.maxGen[key], ks.gen)
+	s.keys[key] = ks
+	return ks, nil
+}

@@ -1,0 +1,240 @@
+package optimizersvc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/streams"
+)
+
+// reconnectCheck is how often a watcher checks whether the connection has
+// reconnected since it started.
+const reconnectCheck = 250 * time.Millisecond
+
+// watch keeps the in-memory state of one bucket current: it watches every key
+// and hands each entry to handle. When the watcher ends while ctx is live (the
+// connection went away), it starts a new one after a short pause; once the new
+// watcher has delivered the current values, sweep drops the keys that were not
+// among them (deleted while nobody watched). It signals loaded once, after the
+// first watcher's initial values.
+func (s *Service) watch(ctx context.Context, kv jetstream.KeyValue, handle func(jetstream.KeyValueEntry, map[string]bool),
+	sweep func(map[string]bool), loaded chan<- struct{}) {
+	first := true
+	backoff := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		w, err := kv.WatchAll(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.log.Warn().Err(err).Str("bucket", kv.Bucket()).Dur("retry_in", backoff).Msg("cannot watch bucket; retrying")
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 2*time.Second)
+			continue
+		}
+		seen := make(map[string]bool)
+		initial := true
+		reconnects := s.opts.Conn.Stats().Reconnects
+		check := time.NewTicker(reconnectCheck)
+	updates:
+		for {
+			var e jetstream.KeyValueEntry
+			var ok bool
+			select {
+			case <-ctx.Done():
+				break updates
+			case <-check.C:
+				// After a reconnect the server may have lost the watcher's
+				// consumer (a restart): start a new watcher to be sure.
+				if n := s.opts.Conn.Stats().Reconnects; n != reconnects {
+					s.log.Info().Str("bucket", kv.Bucket()).Msg("reconnected to NATS; restarting the bucket watcher")
+					break updates
+				}
+				continue
+			case e, ok = <-w.Updates():
+				if !ok {
+					break updates
+				}
+			}
+			if e == nil {
+				if initial {
+					initial = false
+					sweep(seen)
+					seen = nil
+					if first {
+						first = false
+						loaded <- struct{}{}
+					}
+					s.notify()
+				}
+				continue
+			}
+			backoff = 50 * time.Millisecond
+			handle(e, seen)
+		}
+		check.Stop()
+		if err := w.Stop(); err != nil && ctx.Err() == nil {
+			s.log.Debug().Err(err).Str("bucket", kv.Bucket()).Msg("stop watcher")
+		}
+		if ctx.Err() == nil {
+			select {
+			case <-ctx.Done():
+			case <-time.After(backoff):
+			}
+		}
+	}
+}
+
+// bad counts and logs (at a limited rate, per key) a state value that failed to decode.
+func (s *Service) bad(bucket, key string, err error) {
+	reason := "invalid"
+	switch {
+	case errors.Is(err, messages.ErrDecode):
+		reason = "decode"
+	case errors.Is(err, messages.ErrVersion):
+		reason = "version"
+	case errors.Is(err, messages.ErrTooLarge):
+		reason = "too_large"
+	case errors.Is(err, messages.ErrKind):
+		reason = "kind"
+	}
+	s.metrics.bad.WithLabelValues(bucket, reason).Inc()
+	if s.badLog.allow(bucket+"/"+key, time.Now()) {
+		s.log.Warn().Err(err).Str("bucket", bucket).Str("key", key).Str("reason", reason).
+			Msg("bad state value ignored (logged at most once per 10s per key)")
+	}
+}
+
+func deleted(e jetstream.KeyValueEntry) bool {
+	return e.Operation() == jetstream.KeyValueDelete || e.Operation() == jetstream.KeyValuePurge
+}
+
+// handleEngine folds one sy_engines entry into the state.
+func (s *Service) handleEngine(e jetstream.KeyValueEntry, seen map[string]bool) {
+	key := e.Key()
+	if deleted(e) {
+		s.mu.Lock()
+		_, had := s.engines[key]
+		delete(s.engines, key)
+		delete(s.fits, key)
+		s.mu.Unlock()
+		if had {
+			s.notify()
+		}
+		return
+	}
+	if seen != nil {
+		seen[key] = true
+	}
+	var st messages.EngineState
+	if err := messages.DecodeIntoAt(e.Value(), &st, s.opts.Now()); err != nil {
+		s.bad(s.opts.Names.EnginesBucket, key, err)
+		return
+	}
+	if model, engine, ok := streams.SplitKey(key); !ok || model != st.Model || engine != st.Engine {
+		s.bad(s.opts.Names.EnginesBucket, key, fmt.Errorf("%w: state of %s.%s stored under key %q", messages.ErrInvalid, st.Model, st.Engine, key))
+		return
+	}
+	s.mu.Lock()
+	s.engines[key] = &st
+	f := s.fits[key]
+	if f == nil {
+		f = &fit{}
+		s.fits[key] = f
+	}
+	f.add(&st, s.opts.PriorBaseMs)
+	s.mu.Unlock()
+	s.notify()
+}
+
+// handleDemand folds one sy_demand entry (demand or RTT) into the state.
+func (s *Service) handleDemand(e jetstream.KeyValueEntry, seen map[string]bool) {
+	key := e.Key()
+	rttKey, isRTT := strings.CutPrefix(key, "rtt.")
+	isRTT = isRTT && strings.Count(key, ".") == 2
+	if deleted(e) {
+		s.mu.Lock()
+		if isRTT {
+			delete(s.rtt, rttKey)
+		} else {
+			delete(s.demand, key)
+		}
+		s.mu.Unlock()
+		s.notify()
+		return
+	}
+	if seen != nil {
+		seen[key] = true
+	}
+	now := s.opts.Now()
+	if isRTT {
+		var st messages.RTTState
+		if err := messages.DecodeIntoAt(e.Value(), &st, now); err != nil {
+			s.bad(s.opts.Names.DemandBucket, key, err)
+			return
+		}
+		if cluster, engine, ok := streams.SplitKey(rttKey); !ok || cluster != st.Cluster || engine != st.Engine {
+			s.bad(s.opts.Names.DemandBucket, key, fmt.Errorf("%w: RTT of %s.%s stored under key %q", messages.ErrInvalid, st.Cluster, st.Engine, key))
+			return
+		}
+		rtt := st.RTTMs.Slow
+		if rtt <= 0 {
+			rtt = st.RTTMs.Fast
+		}
+		s.mu.Lock()
+		s.rtt[rttKey] = rtt / 2
+		s.mu.Unlock()
+		s.notify()
+		return
+	}
+	var st messages.DemandState
+	if err := messages.DecodeIntoAt(e.Value(), &st, now); err != nil {
+		s.bad(s.opts.Names.DemandBucket, key, err)
+		return
+	}
+	if model, cluster, ok := streams.SplitKey(key); !ok || model != st.Model || cluster != st.Cluster {
+		s.bad(s.opts.Names.DemandBucket, key, fmt.Errorf("%w: demand of %s.%s stored under key %q", messages.ErrInvalid, st.Model, st.Cluster, key))
+		return
+	}
+	s.mu.Lock()
+	s.demand[key] = &st
+	s.mu.Unlock()
+	s.notify()
+}
+
+// sweepEngines drops engine states not seen by a restarted watcher.
+func (s *Service) sweepEngines(seen map[string]bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k := range s.engines {
+		if !seen[k] {
+			delete(s.engines, k)
+			delete(s.fits, k)
+		}
+	}
+}
+
+// sweepDemand drops demand and RTT states not seen by a restarted watcher.
+func (s *Service) sweepDemand(seen map[string]bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k := range s.demand {
+		if !seen[k] {
+			delete(s.demand, k)
+		}
+	}
+	for k := range s.rtt {
+		if !seen["rtt."+k] {
+			delete(s.rtt, k)
+		}
+	}
+}

@@ -1,0 +1,631 @@
+package sim
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+)
+
+// Event kinds of the heap.
+const (
+	evArrive  uint8 = iota // request a.req reaches engine a.x
+	evStep                 // engine a.x finishes its step a.gen
+	evBounce               // request a.req returns to its router (refused or requeued)
+	evSignal               // engines publish signals; the aggregator folds them in
+	evControl              // policies recompute weights
+	evSample               // close a time-series window
+	evTimed                // scenario event a.x
+)
+
+type event struct {
+	t    float64
+	seq  uint64
+	kind uint8
+	x    int32
+	req  int32
+	gen  uint32
+}
+
+// eventHeap is a binary min-heap on (t, seq).
+type eventHeap []event
+
+func (h eventHeap) less(a, b int) bool {
+	if h[a].t != h[b].t {
+		return h[a].t < h[b].t
+	}
+	return h[a].seq < h[b].seq
+}
+
+func (h *eventHeap) push(e event) {
+	*h = append(*h, e)
+	s := *h
+	i := len(s) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !s.less(i, p) {
+			break
+		}
+		s[i], s[p] = s[p], s[i]
+		i = p
+	}
+}
+
+func (h *eventHeap) pop() event {
+	s := *h
+	top := s[0]
+	n := len(s) - 1
+	s[0] = s[n]
+	s = s[:n]
+	i := 0
+	for {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		m := l
+		if r := l + 1; r < n && s.less(r, l) {
+			m = r
+		}
+		if !s.less(m, i) {
+			break
+		}
+		s[i], s[m] = s[m], s[i]
+		i = m
+	}
+	*h = s
+	return top
+}
+
+// Request states.
+const (
+	rsPending uint8 = iota // at a router or on the wire
+	rsQueued
+	rsRunning
+	rsDone
+	rsShed
+	rsFailed
+)
+
+type reqRun struct {
+	engine   int32
+	state    uint8
+	tries    uint8
+	hitTok   int32
+	atEngine float64
+	first    float64
+}
+
+type finEntry struct {
+	step int64
+	req  int32
+}
+
+// engine is one engine's live state in a run.
+type engine struct {
+	d         *engineDesc
+	speed     float64
+	up        bool
+	queue     []int32
+	qhead     int
+	running   int
+	fin       []finEntry // min-heap on step
+	steps     int64      // decode steps done
+	ctx       int64      // context tokens of the running requests
+	busy      bool
+	gen       uint32
+	prefill   []int32
+	inPrefill bool
+	kv        *kvCache
+
+	// signal accumulators since the last signal
+	sArrived, sDone   int
+	sTTFT, sTBT, sOut float64
+	sTBTn             int
+	window, measured  int64 // dispatched in the current sample window; after warmup
+	latSum            float64
+	latN              int64
+}
+
+func (e *engine) queueLen() int { return len(e.queue) - e.qhead }
+
+func (e *engine) finPush(x finEntry) {
+	e.fin = append(e.fin, x)
+	i := len(e.fin) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if e.fin[p].step <= e.fin[i].step {
+			break
+		}
+		e.fin[i], e.fin[p] = e.fin[p], e.fin[i]
+		i = p
+	}
+}
+
+func (e *engine) finPop() finEntry {
+	top := e.fin[0]
+	n := len(e.fin) - 1
+	e.fin[0] = e.fin[n]
+	e.fin = e.fin[:n]
+	i := 0
+	for {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		m := l
+		if r := l + 1; r < n && e.fin[r].step < e.fin[l].step {
+			m = r
+		}
+		if e.fin[i].step <= e.fin[m].step {
+			break
+		}
+		e.fin[i], e.fin[m] = e.fin[m], e.fin[i]
+		i = m
+	}
+	return top
+}
+
+// ewma is a pair of exponentially weighted moving averages.
+type ewma struct {
+	fast, slow float64
+	init       bool
+}
+
+func (w *ewma) add(v, af, as float64) {
+	if !w.init {
+		w.fast, w.slow, w.init = v, v, true
+		return
+	}
+	w.fast += af * (v - w.fast)
+	w.slow += as * (v - w.slow)
+}
+
+// engineSignal is the aggregator's view of one engine.
+type engineSignal struct {
+	up              bool
+	capacity        float64 // req/s, effective
+	load, ttft, tbt ewma
+	out, lat        ewma
+	outstanding     int // queue + running at the last signal
+	lastLat         float64
+	lastLatValid    bool
+	idleMs          float64
+}
+
+// run is one policy's simulation over the shared arrivals.
+type run struct {
+	f        *fleet
+	arrivals []Arrival
+	pol      policy
+	rng      *rand.Rand
+	now      float64
+	seq      uint64
+	heap     eventHeap
+	next     int // next arrival
+	reqs     []reqRun
+	engines  []engine
+	active   int
+	progress func(float64)
+	onFinish func(t float64) // calibration hook
+	onSignal func(r *run)    // test hook, after each signal
+	ctx      context.Context
+
+	// router views
+	inflight  [][]int32 // [cluster][engine] this router's requests in flight
+	totalIn   []int32   // [cluster]
+	localDown [][]bool  // [cluster][engine] learnt from a refusal
+	sentSince [][]int32 // [cluster][engine] dispatched since the last signal
+	spreadSeq []uint64  // [cluster] keyless request counter
+
+	// aggregator
+	sig       []engineSignal
+	demand    []ewma // [cluster] req/s
+	dArrived  []int  // [cluster] arrivals since the last signal
+	af, as    float64
+	sigPeriod float64
+
+	m *metrics
+}
+
+func (r *run) push(e event) {
+	r.seq++
+	e.seq = r.seq
+	r.heap.push(e)
+}
+
+// newRun prepares a run of pol over arrivals.
+func newRun(f *fleet, arrivals []Arrival, pol policy, seed uint64) *run {
+	r := &run{f: f, arrivals: arrivals, pol: pol, rng: rand.New(rand.NewPCG(seed, 0x5eed_5117))}
+	r.reqs = make([]reqRun, len(arrivals))
+	r.engines = make([]engine, len(f.engines))
+	for j := range r.engines {
+		d := &f.engines[j]
+		r.engines[j] = engine{d: d, speed: 1, up: true, kv: newKVCache(d.typ.KVBlocks)}
+	}
+	nc, ne := len(f.clusters), len(f.engines)
+	r.inflight = grid[int32](nc, ne)
+	r.sentSince = grid[int32](nc, ne)
+	r.localDown = grid[bool](nc, ne)
+	r.totalIn = make([]int32, nc)
+	r.spreadSeq = make([]uint64, nc)
+	r.sig = make([]engineSignal, ne)
+	for j := range r.sig {
+		r.sig[j] = engineSignal{up: true, capacity: f.engines[j].capacity, idleMs: f.engines[j].idleMs}
+	}
+	r.demand = make([]ewma, nc)
+	r.dArrived = make([]int, nc)
+	r.sigPeriod = f.sc.SignalPeriodMs
+	r.af = 1 - math.Exp2(-r.sigPeriod/1000)
+	r.as = 1 - math.Exp2(-r.sigPeriod/30000)
+	r.m = newMetrics(f)
+	return r
+}
+
+func grid[T any](n, m int) [][]T {
+	flat := make([]T, n*m)
+	out := make([][]T, n)
+	for i := range out {
+		out[i] = flat[i*m : (i+1)*m : (i+1)*m]
+	}
+	return out
+}
+
+// down reports whether cluster c's router considers engine j unavailable.
+func (r *run) down(c, j int) bool { return !r.sig[j].up || r.localDown[c][j] }
+
+// simulate runs the event loop to the end.
+func (r *run) simulate(periodic bool) {
+	f := r.f
+	if periodic {
+		r.push(event{t: r.sigPeriod, kind: evSignal})
+		r.push(event{t: f.sc.ControlPeriodMs, kind: evControl})
+		r.push(event{t: f.sc.SamplePeriodMs, kind: evSample})
+	}
+	for k, te := range f.events {
+		if te.kind != tDemand {
+			r.push(event{t: te.at, kind: evTimed, x: int32(k)})
+		}
+	}
+	r.pol.init(r)
+	var count uint64
+	for {
+		var e event
+		if r.next < len(r.arrivals) && (len(r.heap) == 0 || r.arrivals[r.next].AtMs <= r.heap[0].t) {
+			a := r.next
+			r.next++
+			r.now = r.arrivals[a].AtMs
+			if r.now > f.horizon {
+				break
+			}
+			r.arrive(a)
+		} else {
+			if len(r.heap) == 0 {
+				break
+			}
+			e = r.heap.pop()
+			if e.t > f.horizon {
+				break
+			}
+			r.now = e.t
+			switch e.kind {
+			case evArrive:
+				r.engineArrive(int(e.x), e.req)
+			case evStep:
+				eng := &r.engines[e.x]
+				if eng.gen == e.gen {
+					r.stepEnd(int(e.x))
+				}
+			case evBounce:
+				r.route(e.req)
+			case evSignal:
+				r.signal()
+				if r.onSignal != nil {
+					r.onSignal(r)
+				}
+				r.push(event{t: r.now + r.sigPeriod, kind: evSignal})
+			case evControl:
+				r.pol.control(r)
+				r.push(event{t: r.now + f.sc.ControlPeriodMs, kind: evControl})
+			case evSample:
+				r.m.sample(r)
+				r.push(event{t: r.now + f.sc.SamplePeriodMs, kind: evSample})
+			case evTimed:
+				r.timed(&f.events[e.x])
+			}
+		}
+		if r.next >= len(r.arrivals) && r.active == 0 && r.now >= f.measureTo {
+			break
+		}
+		count++
+		if count&0xFFFF == 0 {
+			if r.progress != nil {
+				r.progress(math.Min(1, r.now/f.horizon))
+			}
+			if r.ctx != nil && r.ctx.Err() != nil {
+				break
+			}
+		}
+	}
+	// Requests still in the system at the end are counted as failed.
+	for i := range r.reqs {
+		if s := r.reqs[i].state; s == rsPending || s == rsQueued || s == rsRunning {
+			r.m.fail(r, int32(i))
+		}
+	}
+	if periodic {
+		r.m.sample(r)
+	}
+	if r.progress != nil {
+		r.progress(1)
+	}
+}
+
+// arrive handles a new request at its frontend cluster.
+func (r *run) arrive(a int) {
+	r.active++
+	c := r.arrivals[a].Cluster
+	r.dArrived[c]++
+	r.m.arrived(r, int32(a))
+	r.route(int32(a))
+}
+
+// route asks the policy for an engine and sends the request there.
+func (r *run) route(q int32) {
+	a := &r.arrivals[q]
+	c := int(a.Cluster)
+	rq := &r.reqs[q]
+	j := r.pol.pick(r, c, a)
+	if j < 0 {
+		rq.state = rsShed
+		r.active--
+		r.m.shed(r, q)
+		return
+	}
+	rq.engine = int32(j)
+	rq.state = rsPending
+	r.inflight[c][j]++
+	r.totalIn[c]++
+	r.sentSince[c][j]++
+	r.push(event{t: r.now + r.f.oneWay[c][j], kind: evArrive, x: int32(j), req: q})
+}
+
+// release drops request q from its router's in-flight counts.
+func (r *run) release(q int32) {
+	c := r.arrivals[q].Cluster
+	j := r.reqs[q].engine
+	r.inflight[c][j]--
+	r.totalIn[c]--
+}
+
+// bounce sends a request that never got a token back to its router, which
+// learns that the engine is down and routes it again (at most 3 tries).
+func (r *run) bounce(q int32) {
+	rq := &r.reqs[q]
+	c := int(r.arrivals[q].Cluster)
+	j := int(rq.engine)
+	r.release(q)
+	r.localDown[c][j] = true
+	rq.tries++
+	if rq.tries >= 3 {
+		rq.state = rsFailed
+		r.active--
+		r.m.fail(r, q)
+		return
+	}
+	rq.state = rsPending
+	r.push(event{t: r.now + r.f.oneWay[c][j], kind: evBounce, req: q})
+}
+
+// engineArrive queues request q on engine j (or refuses it when j is down).
+func (r *run) engineArrive(j int, q int32) {
+	e := &r.engines[j]
+	if !e.up {
+		r.bounce(q)
+		return
+	}
+	rq := &r.reqs[q]
+	rq.state = rsQueued
+	rq.atEngine = r.now
+	e.sArrived++
+	e.window++
+	if r.arrivals[q].AtMs >= r.f.measureFrom && r.arrivals[q].AtMs < r.f.measureTo {
+		e.measured++
+	}
+	e.queue = append(e.queue, q)
+	if !e.busy {
+		r.startStep(j)
+	}
+}
+
+// startStep begins engine j's next step: a prefill of newly admitted
+// requests, else a decode step, else idles.
+func (r *run) startStep(j int) {
+	e := &r.engines[j]
+	t := e.d.typ
+	e.prefill = e.prefill[:0]
+	uncached := 0
+	for e.queueLen() > 0 && e.running < t.MaxBatch {
+		q := e.queue[e.qhead]
+		a := &r.arrivals[q]
+		hit, ok := e.kv.acquire(a.Blocks, anonBlocks(a), e.running == 0 && len(e.prefill) == 0)
+		if !ok {
+			break
+		}
+		e.qhead++
+		e.running++
+		rq := &r.reqs[q]
+		rq.state = rsRunning
+		cached := min(hit*512, int(a.Prompt)-1)
+		if cached < 0 {
+			cached = 0
+		}
+		rq.hitTok = int32(cached)
+		uncached += int(a.Prompt) - cached
+		e.prefill = append(e.prefill, q)
+	}
+	if e.qhead > 1024 && e.qhead*2 > len(e.queue) {
+		n := copy(e.queue, e.queue[e.qhead:])
+		e.queue = e.queue[:n]
+		e.qhead = 0
+	}
+	var ms float64
+	switch {
+	case len(e.prefill) > 0:
+		e.inPrefill = true
+		ms = float64(uncached) * t.PrefillMsPerToken
+	case e.running > 0:
+		e.inPrefill = false
+		ms = t.tbtMs(e.running, e.ctx)
+	default:
+		e.busy = false
+		return
+	}
+	e.busy = true
+	e.gen++
+	r.push(event{t: r.now + ms/e.speed, kind: evStep, x: int32(j), gen: e.gen})
+}
+
+// stepEnd completes engine j's current step and starts the next.
+func (r *run) stepEnd(j int) {
+	e := &r.engines[j]
+	if e.inPrefill {
+		for _, q := range e.prefill {
+			a := &r.arrivals[q]
+			rq := &r.reqs[q]
+			rq.first = r.now
+			e.ctx += int64(a.Prompt) + 1
+			if a.Output <= 1 {
+				r.finish(j, q)
+			} else {
+				e.finPush(finEntry{step: e.steps + int64(a.Output) - 1, req: q})
+			}
+		}
+		e.prefill = e.prefill[:0]
+	} else {
+		e.steps++
+		e.ctx += int64(e.running)
+		for len(e.fin) > 0 && e.fin[0].step <= e.steps {
+			x := e.finPop()
+			r.finish(j, x.req)
+		}
+	}
+	r.startStep(j)
+}
+
+// finish retires request q on engine j.
+func (r *run) finish(j int, q int32) {
+	e := &r.engines[j]
+	a := &r.arrivals[q]
+	rq := &r.reqs[q]
+	e.running--
+	e.ctx -= int64(a.Prompt) + int64(a.Output)
+	e.kv.release(a.Blocks, anonBlocks(a))
+	rq.state = rsDone
+	r.active--
+	r.release(q)
+	ttft := rq.first - rq.atEngine
+	var tbt float64
+	if a.Output > 1 {
+		tbt = (r.now - rq.first) / float64(a.Output-1)
+	}
+	e.sDone++
+	e.sTTFT += ttft
+	e.sOut += float64(a.Output)
+	if a.Output > 1 {
+		e.sTBT += tbt
+		e.sTBTn++
+	}
+	e.latSum += r.now - rq.atEngine
+	e.latN++
+	r.m.done(r, q, tbt)
+	if r.onFinish != nil {
+		r.onFinish(r.now)
+	}
+}
+
+// signal publishes every engine's signals and folds them, and the routers'
+// demand, into the aggregator's windows.
+func (r *run) signal() {
+	per := r.sigPeriod / 1000
+	for j := range r.engines {
+		e := &r.engines[j]
+		s := &r.sig[j]
+		s.up = e.up
+		s.capacity = e.d.capacity * e.speed
+		if !e.up {
+			s.capacity = 0
+		}
+		s.outstanding = e.queueLen() + e.running
+		s.load.add(float64(e.sArrived)/per, r.af, r.as)
+		s.lastLatValid = false
+		if e.sDone > 0 {
+			n := float64(e.sDone)
+			ttft, out := e.sTTFT/n, e.sOut/n
+			tbt := 0.0
+			if e.sTBTn > 0 {
+				tbt = e.sTBT / float64(e.sTBTn)
+			}
+			s.ttft.add(ttft, r.af, r.as)
+			s.out.add(out, r.af, r.as)
+			s.tbt.add(tbt, r.af, r.as)
+			s.lastLat = ttft + (out-1)*tbt
+			s.lastLatValid = true
+			s.lat.add(s.lastLat, r.af, r.as)
+		}
+		e.sArrived, e.sDone, e.sTTFT, e.sTBT, e.sOut, e.sTBTn = 0, 0, 0, 0, 0, 0
+		for c := range r.f.clusters {
+			r.sentSince[c][j] = 0
+			if e.up {
+				r.localDown[c][j] = false
+			}
+		}
+	}
+	for c := range r.demand {
+		r.demand[c].add(float64(r.dArrived[c])/per, r.af, r.as)
+		r.dArrived[c] = 0
+	}
+}
+
+// timed applies a scenario event.
+func (r *run) timed(te *timedEvent) {
+	for _, j := range te.engines {
+		e := &r.engines[j]
+		switch te.kind {
+		case tFail:
+			if !e.up {
+				continue
+			}
+			e.up = false
+			e.gen++ // cancels the step in progress
+			e.busy = false
+			for len(e.fin) > 0 {
+				x := e.finPop()
+				r.lose(j, x.req)
+			}
+			for _, q := range e.prefill {
+				r.bounce(q) // no token yet: the router may retry it
+			}
+			e.prefill = e.prefill[:0]
+			for _, q := range e.queue[e.qhead:] {
+				r.bounce(q)
+			}
+			e.queue, e.qhead = e.queue[:0], 0
+			e.running, e.ctx, e.steps = 0, 0, 0
+			e.kv.reset()
+		case tRecover:
+			e.up = true
+		case tCapacity:
+			e.speed = te.factor
+		}
+	}
+}
+
+// lose fails request q that was running on engine j when it failed (its
+// first token may have reached the client, so it is not retried).
+func (r *run) lose(j int, q int32) {
+	r.reqs[q].state = rsFailed
+	r.active--
+	r.release(q)
+	r.m.fail(r, q)
+	_ = j
+}

@@ -1,0 +1,384 @@
+package sim
+
+import (
+	"math"
+	"slices"
+
+	"github.com/switchyard-dev/switchyard/optimizer"
+	"github.com/switchyard-dev/switchyard/router"
+)
+
+// The optimizer service's fitting constants (services/optimizersvc: FitWindow,
+// PriorSamples, FitAlpha and maxUtilSample), and its demand floor.
+const (
+	fitWindow     = 32
+	priorSamples  = 2
+	fitAlpha      = 0.2
+	maxUtilSample = 0.5
+	minDemandRPS  = 1
+)
+
+// remapKeys is how many fixed keys measure key movement between tables.
+const remapKeys = 2048
+
+// clusterTable is a router's installed selection table.
+type clusterTable struct {
+	t       *router.Table
+	toSim   []int     // table index → engine index
+	weights []float64 // by engine index
+	shed    float64
+	lastDir []int8 // by engine index: sign of the last significant weight move
+}
+
+// guard is a router's bounded-load and health view of its table's engines.
+type guard struct {
+	r     *run
+	c     int
+	toSim []int
+}
+
+func (g *guard) Down(i int) bool      { return g.r.down(g.c, g.toSim[i]) }
+func (g *guard) InFlight(i int) int64 { return int64(g.r.inflight[g.c][g.toSim[i]]) }
+func (g *guard) TotalInFlight() int64 { return int64(g.r.totalIn[g.c]) }
+
+// tables is the weighted-table machinery shared by switchyard and the
+// feedback loop: one router.Table per cluster, rebuilt when weights change.
+type tables struct {
+	slots   int
+	epsilon float64
+	cur     []*clusterTable
+	guards  []guard
+	keys    []uint64
+}
+
+func (ts *tables) setup(r *run, slots int, epsilon float64) {
+	ts.slots, ts.epsilon = slots, epsilon
+	ts.cur = make([]*clusterTable, len(r.f.clusters))
+	ts.guards = make([]guard, len(r.f.clusters))
+	ts.keys = make([]uint64, remapKeys)
+	for k := range ts.keys {
+		ts.keys[k] = mix(uint64(k) + 0x1234_5678)
+	}
+}
+
+// install builds cluster c's table from weights (by engine index) and shed
+// fraction, records key movement and weight reversals, and installs it.
+func (ts *tables) install(r *run, c int, weights []float64, shed float64) {
+	entries := make([]router.Engine, 0, len(weights))
+	sum := 0.0
+	for j, w := range weights {
+		w = math.Max(0, math.Min(1, w))
+		if w < 1e-9 {
+			w = 0
+		}
+		weights[j] = w
+		sum += w
+	}
+	if sum > 1 {
+		for j := range weights {
+			weights[j] /= sum
+		}
+	}
+	for j, w := range weights {
+		entries = append(entries, router.Engine{Name: r.f.engines[j].name, Weight: w})
+	}
+	t, err := router.NewTable(entries, router.TableOptions{Slots: ts.slots, Epsilon: ts.epsilon})
+	if err != nil {
+		panic("sim: router.NewTable: " + err.Error()) // weights are clamped above; a failure is a bug
+	}
+	nt := &clusterTable{t: t, toSim: make([]int, t.Len()), weights: slices.Clone(weights), shed: shed, lastDir: make([]int8, len(weights))}
+	byName := make(map[string]int, len(weights))
+	for j := range r.f.engines {
+		byName[r.f.engines[j].name] = j
+	}
+	for i := 0; i < t.Len(); i++ {
+		nt.toSim[i] = byName[t.Engine(i).Name]
+	}
+	if old := ts.cur[c]; old != nil {
+		copy(nt.lastDir, old.lastDir)
+		moved := 0
+		for _, k := range ts.keys {
+			a, okA := old.t.Primary(k)
+			b, okB := t.Primary(k)
+			if okA != okB || (okA && old.toSim[a] != nt.toSim[b]) {
+				moved++
+			}
+		}
+		if r.now >= r.f.measureFrom && r.now < r.f.measureTo {
+			r.m.weightUpdates++
+			r.m.remappedSum += float64(moved) / float64(len(ts.keys))
+			for j := range weights {
+				d := weights[j] - old.weights[j]
+				if math.Abs(d) <= 1e-3 {
+					continue
+				}
+				dir := int8(1)
+				if d < 0 {
+					dir = -1
+				}
+				if nt.lastDir[j] != 0 && nt.lastDir[j] != dir {
+					r.m.reversalsWeights++
+				}
+				nt.lastDir[j] = dir
+			}
+		}
+	}
+	ts.cur[c] = nt
+	ts.guards[c] = guard{r: r, c: c, toSim: nt.toSim}
+}
+
+// pick routes a request of cluster c with the installed table: shed with the
+// table's shed fraction, else Table.Pick on the request's affinity key.
+func (ts *tables) pick(r *run, c int, a *Arrival) int {
+	ct := ts.cur[c]
+	if ct == nil {
+		return -1
+	}
+	if ct.shed > 1e-9 && r.rng.Float64() < ct.shed {
+		return -1
+	}
+	key := a.Key
+	if key == 0 {
+		r.spreadSeq[c]++
+		key = spreadKey(r.spreadSeq[c])
+	}
+	i, ok := ct.t.Pick(key, &ts.guards[c])
+	if !ok {
+		return -1
+	}
+	return ct.toSim[i]
+}
+
+// tvDistance is the total-variation distance between two weight vectors with shed fractions.
+func tvDistance(a, b []float64, shedA, shedB float64) float64 {
+	d := math.Abs(shedA - shedB)
+	for j := range a {
+		d += math.Abs(a[j] - b[j])
+	}
+	return d / 2
+}
+
+// switchyard is the real optimizer plus the real router selection, fed by
+// the run's signals every control period.
+type switchyard struct {
+	tables
+	solver *optimizer.Solver
+	prev   *optimizer.Solution
+	fits   []syFit
+}
+
+type syFit struct {
+	samples []float64
+	next    int
+	base    float64
+}
+
+// add folds one engine state into the fit as services/optimizersvc does.
+func (f *syFit) add(s *engineSignal, prior float64) {
+	lat := s.ttft.slow + s.out.slow*s.tbt.slow
+	if !s.ttft.init || !(lat > 0) || !(s.capacity > 0) {
+		return
+	}
+	u := s.load.slow / s.capacity
+	if u > maxUtilSample {
+		return
+	}
+	b := lat * (1 - u)
+	if len(f.samples) < fitWindow {
+		f.samples = append(f.samples, b)
+	} else {
+		f.samples[f.next] = b
+		f.next = (f.next + 1) % fitWindow
+	}
+	n := float64(len(f.samples))
+	target := (priorSamples*prior + n*median(f.samples)) / (priorSamples + n)
+	if f.base == 0 {
+		f.base = target
+	} else {
+		f.base += fitAlpha * (target - f.base)
+	}
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
+
+func (p *switchyard) init(r *run) {
+	o := r.f.sc.Policies.Switchyard
+	p.setup(r, o.Slots, o.Epsilon)
+	p.solver = optimizer.NewSolver(optimizer.DefaultOptions())
+	p.fits = make([]syFit, len(r.f.engines))
+	p.solve(r, false)
+}
+
+func (p *switchyard) control(r *run) { p.solve(r, true) }
+
+func (p *switchyard) pick(r *run, c int, a *Arrival) int { return p.tables.pick(r, c, a) }
+
+// solve builds the problem from the signals, solves it warm-started, and
+// installs the tables whose weights moved by the dead band or more.
+func (p *switchyard) solve(r *run, fit bool) {
+	f := r.f
+	prob := &optimizer.Problem{}
+	var idx []int
+	for j := range f.engines {
+		s := &r.sig[j]
+		if fit {
+			p.fits[j].add(s, s.idleMs)
+		}
+		if !s.up || !(s.capacity > 0) {
+			continue
+		}
+		base := p.fits[j].base
+		if !(base > 0) {
+			base = s.idleMs
+		}
+		prob.Engines = append(prob.Engines, optimizer.Engine{Name: f.engines[j].name, CapacityRPS: s.capacity, Health: 1,
+			Profile: optimizer.QueueProfile{BaseMs: base}})
+		idx = append(idx, j)
+	}
+	for c := range f.clusters {
+		d := r.demand[c].fast
+		if !r.demand[c].init || d < minDemandRPS {
+			d = minDemandRPS
+		}
+		cl := optimizer.Cluster{Name: f.clusters[c].name}
+		cl.Demand[optimizer.Standard] = d
+		row := make([]optimizer.Link, len(idx))
+		for k, j := range idx {
+			row[k] = optimizer.Link{Engine: k, Ms: f.rtt(c, j)}
+		}
+		prob.Clusters = append(prob.Clusters, cl)
+		prob.Network = append(prob.Network, row)
+	}
+	if len(idx) == 0 {
+		for c := range f.clusters {
+			if ct := p.cur[c]; ct == nil || ct.shed < 1 {
+				p.install(r, c, make([]float64, len(f.engines)), 1)
+			}
+		}
+		return
+	}
+	sol, err := p.solver.Solve(prob, p.prev)
+	if err != nil {
+		return // keep the installed tables, as the service does
+	}
+	p.prev = sol
+	if r.now >= f.measureFrom && r.now < f.measureTo {
+		for k, j := range idx {
+			r.m.targetUtilSum[j] += sol.Engines[k].Utilisation
+		}
+		r.m.targetUtilN++
+	}
+	dead := p.solver.Options().DeadBand
+	for c := range f.clusters {
+		cr := &sol.Clusters[c]
+		w := make([]float64, len(f.engines))
+		for k, e := range cr.Engines {
+			w[idx[e]] = cr.Weights[k]
+		}
+		shed := math.Max(0, math.Min(1, cr.ShedFraction))
+		old := p.cur[c]
+		if old == nil || tvDistance(w, old.weights, shed, old.shed) >= dead || (shed > 1e-9) != (old.shed > 1e-9) {
+			p.install(r, c, w, shed)
+		}
+	}
+}
+
+// feedbackLoop is the early feedback loop: each engine's measured latency,
+// smoothed by an EWMA, plus the network round trip is a score; every
+// control period each router nudges an engine's weight up or down in
+// proportion to how much better or worse than the average its score is, and
+// routes with weighted consistent hashing (router.Table) on those weights.
+type feedbackLoop struct {
+	tables
+	score []float64
+	have  []bool
+	w     [][]float64
+}
+
+func (p *feedbackLoop) init(r *run) {
+	o := r.f.sc.Policies.Switchyard
+	p.setup(r, o.Slots, o.Epsilon)
+	ne := len(r.f.engines)
+	p.score = make([]float64, ne)
+	p.have = make([]bool, ne)
+	p.w = make([][]float64, len(r.f.clusters))
+	total := 0.0
+	for j := range r.sig {
+		total += r.sig[j].capacity
+	}
+	for c := range p.w {
+		p.w[c] = make([]float64, ne)
+		for j := range p.w[c] {
+			p.w[c][j] = r.sig[j].capacity / total // operators start from capacity weights
+		}
+		p.install(r, c, slices.Clone(p.w[c]), 0)
+	}
+}
+
+func (p *feedbackLoop) pick(r *run, c int, a *Arrival) int { return p.tables.pick(r, c, a) }
+
+func (p *feedbackLoop) control(r *run) {
+	o := r.f.sc.Policies.FeedbackLoop
+	for j := range r.sig {
+		s := &r.sig[j]
+		if !s.lastLatValid {
+			continue
+		}
+		if !p.have[j] {
+			p.score[j], p.have[j] = s.lastLat, true
+		} else {
+			p.score[j] += o.Alpha * (s.lastLat - p.score[j])
+		}
+	}
+	const floor = 1e-3
+	const maxNudge = 0.25 // at most ±25% per control period
+	for c := range r.f.clusters {
+		w := p.w[c]
+		var avg float64
+		n := 0
+		for j := range w {
+			if r.sig[j].up && p.have[j] {
+				avg += p.score[j] + r.f.rtt(c, j)
+				n++
+			}
+		}
+		if n == 0 {
+			continue
+		}
+		avg /= float64(n)
+		sum := 0.0
+		for j := range w {
+			switch {
+			case !r.sig[j].up:
+				w[j] = 0
+			case w[j] == 0:
+				w[j] = 1 / float64(len(w)) // back from a failure
+			case p.have[j] && avg > 0:
+				step := o.Gain * (avg - (p.score[j] + r.f.rtt(c, j))) / avg
+				w[j] *= 1 + math.Max(-maxNudge, math.Min(maxNudge, step))
+			}
+			w[j] = math.Max(w[j], 0)
+			if r.sig[j].up {
+				w[j] = math.Max(w[j], floor)
+			}
+			sum += w[j]
+		}
+		if sum <= 0 {
+			continue
+		}
+		for j := range w {
+			w[j] /= sum
+		}
+		if tvDistance(w, p.cur[c].weights, 0, 0) > 1e-3 {
+			p.install(r, c, slices.Clone(w), 0)
+		}
+	}
+}
