@@ -1,0 +1,343 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/services/enginesim"
+	"github.com/switchyard-dev/switchyard/streams"
+)
+
+// The benchmark runs every server in its own process, as in production and
+// as nginx runs anyway: the parent (load generator and orchestrator)
+// re-executes its own binary with -role. A child prints one line
+// "ready <addr> [<subject>]" on stdout once it serves, and stops on SIGTERM
+// or when its stdin (a pipe from the parent) closes.
+
+// Names used throughout.
+const (
+	benchModel   = "bench"
+	benchEngine  = "e1"
+	benchCluster = "A"
+)
+
+// roleFlags are the flags children understand.
+type roleFlags struct {
+	natsURL    string
+	engineURL  string
+	subject    string
+	engineKind string
+	cpuProfile string
+	reporter   bool
+	dataDir    string
+	syncQueue  int
+}
+
+func runRole(role string, args []string) error {
+	fs := flag.NewFlagSet(role, flag.ContinueOnError)
+	var rf roleFlags
+	fs.StringVar(&rf.natsURL, "nats", "", "NATS URL")
+	fs.StringVar(&rf.engineURL, "engine-url", "", "engine base URL")
+	fs.StringVar(&rf.subject, "subject", "", "engine NATS inference subject")
+	fs.StringVar(&rf.engineKind, "engine", "sim", "engine kind: sim or trivial")
+	fs.StringVar(&rf.cpuProfile, "cpuprofile", "", "write a CPU profile of this process here")
+	fs.BoolVar(&rf.reporter, "reporter", true, "router: report to NATS as the router service does")
+	fs.StringVar(&rf.dataDir, "data", "", "NATS data directory")
+	fs.IntVar(&rf.syncQueue, "sync-queue", 0, "router-nats: nats.SyncQueueLen of the router's connection (0: the nats.go default, 65536)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { // the parent went away: stop
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		cancel()
+	}()
+	if rf.cpuProfile != "" {
+		f, err := os.Create(rf.cpuProfile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			_ = f.Close()
+		}()
+	}
+	switch role {
+	case "nats":
+		return roleNATS(ctx, rf)
+	case "engine":
+		return roleEngine(ctx, rf)
+	case "revproxy":
+		return roleRevProxy(ctx, rf)
+	case "router-http":
+		return roleRouterHTTP(ctx, rf)
+	case "router-nats":
+		return roleRouterNATS(ctx, rf)
+	}
+	return fmt.Errorf("unknown role %q", role)
+}
+
+func ready(fields ...string) {
+	w := bufio.NewWriter(os.Stdout)
+	_, _ = w.WriteString("ready")
+	for _, f := range fields {
+		_, _ = w.WriteString(" " + f)
+	}
+	_, _ = w.WriteString("\n")
+	_ = w.Flush()
+}
+
+func connect(ctx context.Context, url, name string) (*nats.Conn, error) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return streams.Connect(cctx, streams.ConnectOptions{URLs: []string{url}, Name: name, Logger: zerolog.Nop()})
+}
+
+// roleNATS runs an embedded NATS server (JetStream in memory, the layout
+// provisioned so that router reports have their stream).
+func roleNATS(ctx context.Context, rf roleFlags) error {
+	srv, err := streams.StartEmbedded(streams.EmbeddedOptions{DataDir: rf.dataDir, Port: -1})
+	if err != nil {
+		return err
+	}
+	defer srv.Shutdown()
+	nc, err := connect(ctx, srv.ClientURL(), "bench-provision")
+	if err != nil {
+		return err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err = streams.Provision(pctx, js, streams.DefaultNames(), streams.ProvisionOptions{Memory: true})
+	cancel()
+	nc.Close()
+	if err != nil {
+		return err
+	}
+	ready(srv.ClientURL())
+	<-ctx.Done()
+	return nil
+}
+
+// trivialBody is what the trivial engine answers: the shape of the
+// simulator's non-streamed answer to the benchmark request.
+const trivialBody = `{"id":"chatcmpl-e1-1","object":"chat.completion","created":1700000000,"model":"bench",` +
+	`"choices":[{"index":0,"message":{"role":"assistant","content":"The "},"finish_reason":"length"}],` +
+	`"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`
+
+// roleEngine runs the engine: the simulator configured to answer at once
+// (one output token, prefill of a few microseconds, batches up to 1024), or
+// a trivial fixed answer; over HTTP and NATS.
+func roleEngine(ctx context.Context, rf roleFlags) error {
+	nc, err := connect(ctx, rf.natsURL, "bench-engine")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	subject, err := streams.DefaultNames().InferSubject(benchModel, benchEngine)
+	if err != nil {
+		return err
+	}
+	if rf.engineKind == "trivial" {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		body := []byte(trivialBody)
+		h := func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("X-Switchyard-Engine", benchEngine)
+			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+			_, _ = w.Write(body)
+		}
+		srv := &http.Server{Handler: http.HandlerFunc(h), ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+		sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+			out := nats.NewMsg(m.Reply)
+			out.Header.Set(router.HeaderStatus, "200")
+			out.Header.Set(router.HeaderLast, "true")
+			out.Header.Set("x-switchyard-engine", benchEngine)
+			out.Data = body
+			_ = nc.PublishMsg(out)
+		})
+		if err != nil {
+			return err
+		}
+		defer func() { _ = sub.Unsubscribe() }()
+		if err := nc.Flush(); err != nil {
+			return err
+		}
+		ready("http://"+ln.Addr().String(), subject)
+		<-ctx.Done()
+		return nil
+	}
+	e, err := enginesim.New(enginesim.Options{
+		Name: benchEngine, Model: benchModel,
+		MaxBatch:          1024,
+		PrefillMsPerToken: 0.0001, // 3 prompt tokens: a 0.3 µs prefill step
+		BaseTBTMs:         0.001,
+		TBTGrowthMs:       0.0001,
+		OutputTokens:      1,
+		PromptTokens:      4,
+		KVTokens:          1 << 20,
+		Conn:              nc,
+		NoSignals:         true,
+		Seed:              1,
+		Listen:            "127.0.0.1:0",
+	})
+	if err != nil {
+		return err
+	}
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err = e.Start(sctx)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	ready(e.URL(), e.InferSubject())
+	<-ctx.Done()
+	return nil
+}
+
+// roleRevProxy is the minimal Go reverse proxy: httputil.ReverseProxy with
+// a keep-alive pool as large as the router's.
+func roleRevProxy(ctx context.Context, rf roleFlags) error {
+	u, err := url.Parse(rf.engineURL)
+	if err != nil {
+		return err
+	}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.Transport = &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 3 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+	}
+	return serveHTTP(ctx, rp)
+}
+
+func serveHTTP(ctx context.Context, h http.Handler) error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	srv := router.NewServer(h, router.ServerOptions{Addr: ln.Addr().String()})
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	ready("http://" + ln.Addr().String())
+	select {
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+		return nil
+	case err := <-errc:
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return err
+	}
+}
+
+// routerParts builds a router handler over a static table of the one
+// engine, with the Reporter as observer as the router service wires it.
+func routerParts(ctx context.Context, rf roleFlags, engine router.Engine, tr router.Transport, nc *nats.Conn) (*router.Handler, error) {
+	table, err := router.NewTable([]router.Engine{engine}, router.TableOptions{})
+	if err != nil {
+		return nil, err
+	}
+	tables := router.NewStaticTables()
+	tables.Set(benchModel, table, router.Info{Generation: 1, Mode: router.ModeSnapshot, Created: time.Now()})
+	opts := router.Options{Tables: tables, Transport: tr, Cluster: benchCluster, Router: "A-bench"}
+	if rf.reporter {
+		rep, err := router.NewReporter(router.ReporterOptions{Conn: nc, Cluster: benchCluster, Router: "A-bench", Tables: tables})
+		if err != nil {
+			return nil, err
+		}
+		go func() { _ = rep.Run(ctx) }()
+		opts.Observer = rep
+	}
+	return router.NewHandler(opts)
+}
+
+// roleRouterHTTP is the Switchyard router's HTTP front forwarding over HTTP.
+func roleRouterHTTP(ctx context.Context, rf roleFlags) error {
+	nc, err := connect(ctx, rf.natsURL, "bench-router-http")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	h, err := routerParts(ctx, rf, router.Engine{Name: benchEngine, URL: rf.engineURL, Weight: 1},
+		router.NewHTTPTransport(router.HTTPTransportOptions{}), nc)
+	if err != nil {
+		return err
+	}
+	return serveHTTP(ctx, h)
+}
+
+// roleRouterNATS is the router's NATS front (sy.req.A.bench) forwarding
+// over NATS request-reply to the engine's subject.
+func roleRouterNATS(ctx context.Context, rf roleFlags) error {
+	var nc *nats.Conn
+	var err error
+	if rf.syncQueue > 0 {
+		// Experiment: every forwarded request makes a SubscribeSync, whose
+		// channel nats.go allocates with SyncQueueLen slots.
+		nc, err = nats.Connect(rf.natsURL, nats.Name("bench-router-nats"), nats.SyncQueueLen(rf.syncQueue))
+	} else {
+		nc, err = connect(ctx, rf.natsURL, "bench-router-nats")
+	}
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	nt, err := router.NewNATSTransport(router.NATSTransportOptions{Conn: nc})
+	if err != nil {
+		return err
+	}
+	h, err := routerParts(ctx, rf, router.Engine{Name: benchEngine, Subject: rf.subject, Weight: 1}, nt, nc)
+	if err != nil {
+		return err
+	}
+	front, err := router.NewNATSFront(router.NATSFrontOptions{Conn: nc, Cluster: benchCluster, Handler: h})
+	if err != nil {
+		return err
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- front.Run(ctx) }()
+	subj, err := streams.DefaultNames().RequestSubject(benchCluster, benchModel)
+	if err != nil {
+		return err
+	}
+	ready(subj)
+	return <-errc
+}
