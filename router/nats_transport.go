@@ -50,6 +50,7 @@ type NATSTransportOptions struct {
 // the router unsubscribes and the engine's further replies go nowhere.
 type NATSTransport struct {
 	opts NATSTransportOptions
+	mux  *replyMux
 }
 
 // NewNATSTransport returns a NATS transport for opts.
@@ -66,7 +67,7 @@ func NewNATSTransport(opts NATSTransportOptions) (*NATSTransport, error) {
 	if opts.PendingLimit <= 0 {
 		opts.PendingLimit = 65536
 	}
-	return &NATSTransport{opts: opts}, nil
+	return &NATSTransport{opts: opts, mux: newReplyMux(opts.Conn, opts.PendingLimit)}, nil
 }
 
 // errNoResponders means nobody listens on the engine's subject.
@@ -82,12 +83,10 @@ func (t *NATSTransport) Forward(ctx context.Context, engine Engine, req *Upstrea
 	if !nc.IsConnected() {
 		return nil, fmt.Errorf("router: forward to engine %q over NATS: %w", engine.Name, nats.ErrConnectionClosed)
 	}
-	inbox := nc.NewInbox()
-	sub, err := nc.SubscribeSync(inbox)
+	sub, inbox, err := t.mux.open()
 	if err != nil {
-		return nil, fmt.Errorf("router: forward to engine %q: subscribe to reply inbox: %w", engine.Name, err)
+		return nil, fmt.Errorf("router: forward to engine %q: subscribe to replies: %w", engine.Name, err)
 	}
-	_ = sub.SetPendingLimits(t.opts.PendingLimit, 256<<20)
 	msg := nats.NewMsg(engine.Subject)
 	msg.Reply = inbox
 	msg.Data = req.Body
@@ -101,9 +100,7 @@ func (t *NATSTransport) Forward(ctx context.Context, engine Engine, req *Upstrea
 		_ = sub.Unsubscribe()
 		return nil, fmt.Errorf("router: forward to engine %q on %s: %w", engine.Name, engine.Subject, err)
 	}
-	fctx, cancel := context.WithTimeout(ctx, t.opts.FirstReplyTimeout)
-	first, err := sub.NextMsgWithContext(fctx)
-	cancel()
+	first, err := sub.next(ctx, t.opts.FirstReplyTimeout)
 	if err != nil {
 		_ = sub.Unsubscribe()
 		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
@@ -142,7 +139,7 @@ func replyStatus(m *nats.Msg) int {
 // natsBody relays reply messages as a response body.
 type natsBody struct {
 	ctx  context.Context
-	sub  *nats.Subscription
+	sub  *replyQueue
 	idle time.Duration
 	sse  bool
 
@@ -162,10 +159,8 @@ func (b *natsBody) nextReply() (*nats.Msg, error) {
 	m := b.next
 	b.next = nil
 	if m == nil {
-		ctx, cancel := context.WithTimeout(b.ctx, b.idle)
 		var err error
-		m, err = b.sub.NextMsgWithContext(ctx)
-		cancel()
+		m, err = b.sub.next(b.ctx, b.idle)
 		if err != nil {
 			if b.ctx.Err() != nil {
 				return nil, b.ctx.Err()
@@ -274,4 +269,132 @@ func (p *TransportPolicy) Forward(ctx context.Context, engine Engine, req *Upstr
 	}
 	return nil, fmt.Errorf("router: forward to engine %q: no usable transport (url %q, subject %q)",
 		engine.Name, engine.URL, engine.Subject)
+}
+
+// replyMux receives the replies of every request a transport forwards on one
+// wildcard inbox subscription, as nats.go's own Request does, and hands each
+// to the queue of its request by the last token of its subject. A
+// subscription per request would cost a subscribe and an unsubscribe on the
+// server and a large channel allocation in the client for every request.
+type replyMux struct {
+	nc      *nats.Conn
+	pending int
+
+	mu     sync.Mutex
+	prefix string // "<inbox>." once subscribed
+	sub    *nats.Subscription
+	seq    uint64
+	queues map[string]*replyQueue
+}
+
+func newReplyMux(nc *nats.Conn, pending int) *replyMux {
+	return &replyMux{nc: nc, pending: pending, queues: make(map[string]*replyQueue)}
+}
+
+// open registers a new request and returns its queue and reply subject.
+func (m *replyMux) open() (*replyQueue, string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.sub == nil {
+		prefix := m.nc.NewInbox() + "."
+		sub, err := m.nc.Subscribe(prefix+"*", m.deliver)
+		if err != nil {
+			return nil, "", err
+		}
+		_ = sub.SetPendingLimits(-1, -1)
+		m.prefix, m.sub = prefix, sub
+	}
+	m.seq++
+	token := strconv.FormatUint(m.seq, 36)
+	q := &replyQueue{mux: m, token: token, limit: m.pending, ready: make(chan struct{}, 1)}
+	m.queues[token] = q
+	return q, m.prefix + token, nil
+}
+
+// deliver routes one reply message to its request's queue; replies to
+// requests already closed are dropped.
+func (m *replyMux) deliver(msg *nats.Msg) {
+	token := msg.Subject[len(m.prefix):]
+	m.mu.Lock()
+	q := m.queues[token]
+	m.mu.Unlock()
+	if q != nil {
+		q.push(msg)
+	}
+}
+
+func (m *replyMux) close(token string) {
+	m.mu.Lock()
+	delete(m.queues, token)
+	m.mu.Unlock()
+}
+
+// replyQueue holds one request's reply messages until they are read.
+type replyQueue struct {
+	mux   *replyMux
+	token string
+	limit int
+	ready chan struct{}
+
+	mu       sync.Mutex
+	msgs     []*nats.Msg
+	overflow bool
+}
+
+// errReplyOverflow means an engine sent more reply messages than the
+// pending limit before the router read them.
+var errReplyOverflow = errors.New("too many unread reply messages")
+
+func (q *replyQueue) push(m *nats.Msg) {
+	q.mu.Lock()
+	if len(q.msgs) >= q.limit {
+		q.overflow = true
+	} else {
+		q.msgs = append(q.msgs, m)
+	}
+	q.mu.Unlock()
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+// next returns the next reply, waiting at most timeout.
+func (q *replyQueue) next(ctx context.Context, timeout time.Duration) (*nats.Msg, error) {
+	var timer *time.Timer
+	for {
+		q.mu.Lock()
+		if q.overflow {
+			q.mu.Unlock()
+			return nil, errReplyOverflow
+		}
+		if len(q.msgs) > 0 {
+			m := q.msgs[0]
+			q.msgs[0] = nil
+			q.msgs = q.msgs[1:]
+			q.mu.Unlock()
+			if timer != nil {
+				timer.Stop()
+			}
+			return m, nil
+		}
+		q.mu.Unlock()
+		if timer == nil {
+			timer = time.NewTimer(timeout)
+			defer timer.Stop()
+		}
+		select {
+		case <-q.ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-timer.C:
+			return nil, context.DeadlineExceeded
+		}
+	}
+}
+
+// Unsubscribe stops delivery to this request; it never fails.
+func (q *replyQueue) Unsubscribe() error {
+	q.mux.close(q.token)
+	return nil
 }
