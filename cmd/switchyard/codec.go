@@ -19,6 +19,7 @@ func decodeCommand() command {
 		usage:   "< message.bin",
 		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 			compact := fs.Bool("compact", false, "print JSON on one line")
+			slots := fs.Bool("slots", false, "print a weight snapshot's slot table in full (base64) instead of a count per engine")
 			return func(_ context.Context, args []string) error {
 				if len(args) > 0 {
 					return usagef("decode takes no arguments; pipe the message on stdin, e.g. nats kv get sy_engines llama.engine-b --raw | switchyard decode")
@@ -34,11 +35,15 @@ func decodeCommand() command {
 				if err != nil {
 					return fmt.Errorf("%d bytes on stdin: %w", len(data), err)
 				}
+				var v any = m
+				if snap, ok := m.(*messages.WeightSnapshot); ok && !*slots && len(snap.Slots) > 0 {
+					v = summariseSlots(snap)
+				}
 				var out []byte
 				if *compact {
-					out, err = json.Marshal(m)
+					out, err = json.Marshal(v)
 				} else {
-					out, err = messages.JSON(m)
+					out, err = json.MarshalIndent(v, "", "  ")
 				}
 				if err != nil {
 					return err
@@ -101,4 +106,22 @@ func defaultTime(data []byte, now time.Time) ([]byte, error) {
 	}
 	obj["time_ms"] = now.UnixMilli()
 	return json.Marshal(obj)
+}
+
+// summariseSlots renders a snapshot with its slot table replaced by the
+// number of slots per engine, which is what people want to read.
+func summariseSlots(snap *messages.WeightSnapshot) any {
+	counts := make(map[string]int, len(snap.SlotEngines))
+	for i := 0; i+1 < len(snap.Slots); i += 2 {
+		idx := int(snap.Slots[i]) | int(snap.Slots[i+1])<<8
+		if idx < len(snap.SlotEngines) {
+			counts[snap.SlotEngines[idx]]++
+		}
+	}
+	c := *snap
+	c.Slots = nil
+	return struct {
+		*messages.WeightSnapshot
+		SlotCounts map[string]int `json:"slot_counts"`
+	}{&c, counts}
 }

@@ -7,6 +7,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/switchyard-dev/switchyard/messages"
 )
 
 func TestEncodeDecodeRoundTrip(t *testing.T) {
@@ -93,5 +96,35 @@ func TestHelpOnEveryCommand(t *testing.T) {
 		if !strings.Contains(errOut.String(), "Usage: switchyard "+c.name) {
 			t.Errorf("%s --help printed %q", c.name, errOut.String())
 		}
+	}
+}
+
+func TestDecodeSummarisesSlots(t *testing.T) {
+	slots := make([]byte, 2*messages.MinSnapshotSlots)
+	for i := 0; i < messages.MinSnapshotSlots/4; i++ {
+		slots[2*i] = 1 // a quarter of the slots on engine-c
+	}
+	snap := &messages.WeightSnapshot{Model: "llama", Cluster: "B", Generation: 3, Time: time.Now().UnixMilli(),
+		Weights: map[string]float64{"engine-b": 0.75, "engine-c": 0.25}, SlotEngines: []string{"engine-b", "engine-c"}, Slots: slots}
+	data, err := messages.Encode(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	if code := run(t.Context(), []string{"decode"}, bytes.NewReader(data), &out, &errOut); code != 0 {
+		t.Fatalf("decode exited %d: %s", code, errOut.String())
+	}
+	var got map[string]any
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	counts, _ := got["slot_counts"].(map[string]any)
+	if _, full := got["slots"]; full || counts["engine-c"] != float64(messages.MinSnapshotSlots/4) || counts["engine-b"] != float64(3*messages.MinSnapshotSlots/4) {
+		t.Fatalf("decode printed %s; want slot_counts and no slots", out.String())
+	}
+	out.Reset()
+	run(t.Context(), []string{"decode", "--slots"}, bytes.NewReader(data), &out, &errOut)
+	if !strings.Contains(out.String(), `"slots"`) {
+		t.Fatalf("decode --slots left the table out: %s", out.String())
 	}
 }
