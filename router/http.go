@@ -54,6 +54,10 @@ type Info struct {
 	// Created is when the optimizer produced the snapshot the table was built
 	// from; the snapshot's age is measured from it. Zero when unknown.
 	Created time.Time
+	// Figures are the snapshot's shed fractions, demand and predictions for
+	// the guards (shedding, admission, retry budget); nil when the table is
+	// not routed by a fresh snapshot.
+	Figures *Figures
 }
 
 // Tables is the source of selection tables, one per model, for the router's
@@ -91,8 +95,15 @@ type Options struct {
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// Observer is told about every routed request and every forwarding
-	// outcome, e.g. a Reporter (default: none).
+	// outcome, e.g. a Reporter (default: none). When it is a GuardObserver
+	// it is also told about priorities, shed requests and retries.
 	Observer Observer
+	// Protection tunes ejection of failing engines, retries, the retry
+	// budget and load shedding (default: the defaults of each).
+	Protection ProtectionOptions
+	// Regions, when set, gives engines' regions: a retry goes to the
+	// failed engine's region first.
+	Regions RegionResolver
 }
 
 // Handler is the router's HTTP front: the OpenAI inference endpoints,
@@ -106,12 +117,17 @@ type Handler struct {
 	seq      atomic.Uint64
 	bufs     sync.Pool
 	promHTTP http.Handler
+	prot     ProtectionOptions
+	budget   *RetryBudget
+	amp      *ampWindow
 }
 
 // modelState is the router's live state for one model.
 type modelState struct {
-	live  *LiveSet
-	bound atomic.Pointer[Bound]
+	live     *LiveSet
+	bound    atomic.Pointer[Bound]
+	mix      priorityMix
+	admitted atomic.Int64 // admitted requests not yet answered
 }
 
 // NewHandler returns a Handler for opts. It fails when Tables is nil or the
@@ -138,7 +154,10 @@ func NewHandler(opts Options) (*Handler, error) {
 	if opts.Observer == nil {
 		opts.Observer = nopObserver{}
 	}
-	m, err := newMetrics(opts.Registry, opts.Tables, opts.Now)
+	prot := opts.Protection.withDefaults()
+	budget := NewRetryBudget(prot.Budget, opts.Now)
+	amp := &ampWindow{now: opts.Now}
+	m, err := newMetrics(opts.Registry, opts.Tables, opts.Now, budget.Tokens, amp.ratio)
 	if err != nil {
 		return nil, fmt.Errorf("router: new handler: register metrics: %w", err)
 	}
@@ -148,6 +167,9 @@ func NewHandler(opts Options) (*Handler, error) {
 		metrics: m,
 		mux:     http.NewServeMux(),
 		bufs:    sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }},
+		prot:    prot,
+		budget:  budget,
+		amp:     amp,
 	}
 	h.promHTTP = promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{Registry: opts.Registry})
 	h.mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
@@ -186,7 +208,7 @@ func (h *Handler) model(name string) *modelState {
 	if v, ok := h.models.Load(name); ok {
 		return v.(*modelState)
 	}
-	v, _ := h.models.LoadOrStore(name, &modelState{live: NewLiveSet()})
+	v, _ := h.models.LoadOrStore(name, &modelState{live: newLiveSet(h.opts.Now)})
 	return v.(*modelState)
 }
 
@@ -279,10 +301,19 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 		h.reject(w, labelInvalid, ae)
 		return
 	}
-	table, bound, idx, src, apiErr := h.route(req, session)
+	prio, ok := ParsePriority(r.Header.Get(HeaderPriority))
+	if !ok {
+		h.reject(w, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", HeaderPriority,
+			fmt.Sprintf("header %s must be critical, standard or sheddable", HeaderPriority)))
+		return
+	}
+	rt, apiErr := h.route(req, session, prio)
 	if apiErr != nil {
-		if apiErr.Status == http.StatusServiceUnavailable {
+		switch apiErr.Status {
+		case http.StatusServiceUnavailable:
 			w.Header().Set("Retry-After", "1")
+		case http.StatusTooManyRequests:
+			w.Header().Set("Retry-After", h.retryAfter())
 		}
 		label := req.Model
 		if apiErr.Status == http.StatusNotFound {
@@ -291,48 +322,39 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 		h.reject(w, label, apiErr)
 		return
 	}
-	engine := table.Engine(idx)
-	log := h.log.With().Str("model", req.Model).Str("engine", engine.Name).Str("request_id", reqID).
-		Str("key", src.String()).Logger()
-
-	bound.Acquire(idx)
-	defer bound.Release(idx)
+	defer rt.release()
+	log := h.log.With().Str("model", req.Model).Str("request_id", reqID).Str("key", rt.src.String()).
+		Str("priority", prio.String()).Logger()
 	inFlight := h.metrics.inFlight.WithLabelValues(req.Model)
 	inFlight.Inc()
 	defer inFlight.Dec()
 
 	up := &UpstreamRequest{Endpoint: ep, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body,
 		Header: passHeaders(r.Header)}
-	resp, err := h.opts.Transport.Forward(r.Context(), engine, up)
-	if err != nil {
-		h.opts.Observer.Outcome(req.Model, engine.Name, Outcome{Result: classifyForwardError(r.Context(), err),
-			Latency: h.opts.Now().Sub(start)})
-		code := "error"
-		if r.Context().Err() != nil {
-			code = "canceled"
-			log.Debug().Err(err).Msg("client went away before the engine answered")
-		} else {
-			log.Warn().Err(err).Msg("forward failed")
+	bp := h.bufs.Get().(*[]byte)
+	defer h.bufs.Put(bp)
+	at, apiErr := h.forward(r.Context(), rt, up, *bp, log)
+	if apiErr != nil {
+		if apiErr.Code != nil && *apiErr.Code == "canceled" {
+			log.Debug().Msg("client went away before the engine answered")
 		}
-		h.metrics.engineRequests.WithLabelValues(req.Model, engine.Name, code).Inc()
-		w.Header().Set(headerEngine, engine.Name)
-		h.reject(w, req.Model, newAPIError(http.StatusBadGateway, ErrTypeServer, "upstream_error", "",
-			fmt.Sprintf("engine %q for model %q failed: %v", engine.Name, req.Model, err)))
+		h.reject(w, req.Model, apiErr)
 		return
 	}
-	defer resp.Body.Close()
+	defer at.finish()
+	resp := at.resp
+	log = log.With().Str("engine", at.engine.Name).Logger()
 	status := strconv.Itoa(resp.Status)
-	h.metrics.engineRequests.WithLabelValues(req.Model, engine.Name, status).Inc()
 	h.metrics.requests.WithLabelValues(req.Model, status).Inc()
 
 	hdr := w.Header()
 	copyResponseHeaders(hdr, resp.Header)
-	hdr.Set(headerEngine, engine.Name)
+	hdr.Set(headerEngine, at.engine.Name)
 	hdr.Set(headerRequestID, reqID)
 	w.WriteHeader(resp.Status)
-	n, first, err := h.relay(r.Context(), w, resp.Body)
+	n, first, err := h.relay(r.Context(), w, at.first, resp.Body, *bp)
 	end := h.opts.Now()
-	h.opts.Observer.Outcome(req.Model, engine.Name, responseOutcome(r.Context(), resp.Status, err, start, first, end))
+	h.finishAttempt(r.Context(), at, err, first, end, log)
 	if !first.IsZero() {
 		h.metrics.ttft.WithLabelValues(req.Model).Observe(first.Sub(start).Seconds())
 	}
@@ -342,33 +364,54 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 		ev = log.Info().Err(err)
 	}
 	ev.Int("status", resp.Status).Int64("bytes", n).Dur("duration", end.Sub(start)).Bool("stream", req.Stream).
-		Msg("request done")
+		Int("attempts", at.n).Msg("request done")
 }
 
-// route picks the engine for a parsed request exactly as both fronts do:
-// the model's table, the affinity key (session id, then user, then prompt
-// prefix; spread by weight without one), and the bounded-load guard. It
-// counts the request with the Observer once the model is known to be
-// served. Errors: 404 for an unknown model, 503 when no engine is
-// available.
-func (h *Handler) route(req *Request, session string) (*Table, *Bound, int, KeySource, *APIError) {
-	table, _, ok := h.opts.Tables.Table(req.Model)
+// route admits and picks the first engine for a parsed request exactly as
+// both fronts do: the model's table, the affinity key (session id, then
+// user, then prompt prefix; spread by weight without one), the snapshot's
+// shed fraction for the request's priority and the local admission control
+// (429 when shed), and the bounded-load guard, which skips engines marked
+// down or ejected (all ejected: ejections are ignored). It counts the
+// request with the Observer once the model is known to be served, and
+// credits the retry budget. Errors: 404 for an unknown model, 429 when
+// shed, 503 when no engine is available. The caller must release an
+// admitted request.
+func (h *Handler) route(req *Request, session string, prio Priority) (*routed, *APIError) {
+	table, info, ok := h.opts.Tables.Table(req.Model)
 	if !ok {
-		return nil, nil, 0, KeyNone, newAPIError(http.StatusNotFound, ErrTypeNotFound, "model_not_found", "model",
+		return nil, newAPIError(http.StatusNotFound, ErrTypeNotFound, "model_not_found", "model",
 			fmt.Sprintf("the model %q does not exist or is not served by this router", req.Model))
 	}
 	h.opts.Observer.Request(req.Model)
+	if g, ok := h.opts.Observer.(GuardObserver); ok {
+		g.Priority(req.Model, prio)
+	}
+	ms := h.model(req.Model)
 	bound := h.bind(req.Model, table)
 	key, src := AffinityKey(session, req)
 	if src == KeyNone {
 		key = SpreadKey(h.seq.Add(1))
 	}
+	u, apiErr := h.admit(req.Model, ms, info, bound, key, prio)
+	if apiErr != nil {
+		return nil, apiErr
+	}
+	rt := &routed{model: req.Model, table: table, bound: bound, ms: ms, key: key, src: src, prio: prio}
 	idx, ok := table.Pick(key, bound)
 	if !ok {
-		return nil, nil, 0, src, newAPIError(http.StatusServiceUnavailable, ErrTypeUnavailable, "no_engine_available", "",
+		idx, ok = table.Pick(key, hardDown{bound})
+		rt.fallback = true
+	}
+	if !ok {
+		rt.release()
+		return nil, newAPIError(http.StatusServiceUnavailable, ErrTypeUnavailable, "no_engine_available", "",
 			fmt.Sprintf("no engine is available for model %q", req.Model))
 	}
-	return table, bound, idx, src, nil
+	rt.idx = idx
+	h.budget.Earn(u)
+	h.amp.add(1, 0)
+	return rt, nil
 }
 
 // readBody reads the request body within the size and time limits.
@@ -395,30 +438,39 @@ func (h *Handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *API
 	return body, nil
 }
 
-// relay copies the engine's body to the client as it arrives, flushing after
-// every read so each SSE event reaches the client at once. It returns the
-// bytes written, when the first byte was written, and the first read or
-// write error (a client that went away ends the copy and, through the
-// request context, the engine's request).
-func (h *Handler) relay(ctx context.Context, w http.ResponseWriter, body io.Reader) (int64, time.Time, error) {
+// relay copies the engine's body to the client as it arrives: first (the
+// bytes already read), then the rest, flushing after every read so each SSE
+// event reaches the client at once; buf is its read buffer (first may
+// alias it). It returns the bytes written, when the first byte was
+// written, and the first read or write error (a client that went away ends
+// the copy and, through the request context, the engine's request).
+func (h *Handler) relay(ctx context.Context, w http.ResponseWriter, pending []byte, body io.Reader, buf []byte) (int64, time.Time, error) {
 	rc := http.NewResponseController(w)
-	bp := h.bufs.Get().(*[]byte)
-	defer h.bufs.Put(bp)
-	buf := *bp
 	var n int64
 	var first time.Time
+	write := func(p []byte) error {
+		if first.IsZero() {
+			first = h.opts.Now()
+		}
+		if _, werr := w.Write(p); werr != nil {
+			return fmt.Errorf("write to client: %w", werr)
+		}
+		n += int64(len(p))
+		if ferr := rc.Flush(); ferr != nil {
+			return fmt.Errorf("flush to client: %w", ferr)
+		}
+		return nil
+	}
+	if len(pending) > 0 {
+		if err := write(pending); err != nil {
+			return n, first, err
+		}
+	}
 	for {
 		k, rerr := body.Read(buf)
 		if k > 0 {
-			if first.IsZero() {
-				first = h.opts.Now()
-			}
-			if _, werr := w.Write(buf[:k]); werr != nil {
-				return n, first, fmt.Errorf("write to client: %w", werr)
-			}
-			n += int64(k)
-			if ferr := rc.Flush(); ferr != nil {
-				return n, first, fmt.Errorf("flush to client: %w", ferr)
+			if err := write(buf[:k]); err != nil {
+				return n, first, err
 			}
 		}
 		if rerr == io.EOF {
@@ -428,7 +480,7 @@ func (h *Handler) relay(ctx context.Context, w http.ResponseWriter, body io.Read
 			if ctx.Err() != nil {
 				return n, first, fmt.Errorf("client went away: %w", ctx.Err())
 			}
-			return n, first, fmt.Errorf("read from engine: %w", rerr)
+			return n, first, fmt.Errorf("read from engine: %w: %w", errEngineBroke, rerr)
 		}
 	}
 }

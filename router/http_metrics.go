@@ -9,17 +9,22 @@ import (
 // metrics are one handler's Prometheus collectors, registered in its own
 // registry.
 type metrics struct {
-	requests       *prometheus.CounterVec
-	duration       *prometheus.HistogramVec
-	ttft           *prometheus.HistogramVec
-	engineRequests *prometheus.CounterVec
-	inFlight       *prometheus.GaugeVec
+	requests        *prometheus.CounterVec
+	duration        *prometheus.HistogramVec
+	ttft            *prometheus.HistogramVec
+	engineRequests  *prometheus.CounterVec
+	inFlight        *prometheus.GaugeVec
+	ejected         *prometheus.GaugeVec
+	retries         *prometheus.CounterVec
+	retrySuppressed *prometheus.CounterVec
+	attempts        prometheus.Counter
+	shed            *prometheus.CounterVec
 }
 
 // latencyBuckets span 1 ms to about 2 minutes.
 func latencyBuckets() []float64 { return prometheus.ExponentialBuckets(0.001, 2, 18) }
 
-func newMetrics(reg prometheus.Registerer, tables Tables, now func() time.Time) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, tables Tables, now func() time.Time, tokens, amplification func() float64) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_router_requests_total",
@@ -43,8 +48,37 @@ func newMetrics(reg prometheus.Registerer, tables Tables, now func() time.Time) 
 			Name: "switchyard_router_in_flight_requests",
 			Help: "Requests being forwarded now, by model.",
 		}, []string{"model"}),
+		ejected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_router_engine_ejected",
+			Help: "1 while the router skips the engine after consecutive failures (fast local skip), else 0, by model and engine.",
+		}, []string{"model", "engine"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_router_retries_total",
+			Help: "Retry attempts, by the failure that caused them (connect, 5xx, 429, timeout).",
+		}, []string{"reason"}),
+		retrySuppressed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_router_retries_suppressed_total",
+			Help: "Failed attempts not retried, by cause (attempts: per-request cap; budget: retry budget empty; no_candidate).",
+		}, []string{"cause"}),
+		attempts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_router_upstream_attempts_total",
+			Help: "Attempts to forward a request to an engine, retries included.",
+		}),
+		shed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_router_shed_total",
+			Help: "Requests shed with a 429, by reason (snapshot: the snapshot's shed fraction; admission: local admission control) and priority.",
+		}, []string{"reason", "priority"}),
 	}
+	budget := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "switchyard_router_retry_budget_tokens",
+		Help: "Tokens in the router-wide retry budget; a retry costs one.",
+	}, tokens)
+	amp := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "switchyard_router_retry_amplification",
+		Help: "Upstream attempts per client request over the last 10 s (1 when idle).",
+	}, amplification)
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.engineRequests, m.inFlight,
+		m.ejected, m.retries, m.retrySuppressed, m.attempts, m.shed, budget, amp,
 		&snapshotCollector{tables: tables, now: now}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

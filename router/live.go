@@ -3,13 +3,16 @@ package router
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // EngineLive is a router's live state of one engine for one model: its
-// in-flight request count at this router and whether it is marked down.
+// in-flight request count at this router, whether it is marked down, and
+// its local ejection after consecutive failures.
 type EngineLive struct {
 	inflight atomic.Int64
 	down     atomic.Bool
+	eject    ejectState
 }
 
 // InFlight returns the engine's in-flight requests at this router.
@@ -18,6 +21,10 @@ func (e *EngineLive) InFlight() int64 { return e.inflight.Load() }
 // Down reports whether the engine is marked down.
 func (e *EngineLive) Down() bool { return e.down.Load() }
 
+// Ejected reports whether the engine is ejected by the router's fast local
+// skip (skipped, or half-open and waiting for its probe's result).
+func (e *EngineLive) Ejected() bool { return e.eject.ejected.Load() }
+
 // LiveSet holds the live state of the engines of one model at one router,
 // by engine name, so that it survives the installation of new tables. It is
 // safe for concurrent use.
@@ -25,10 +32,15 @@ type LiveSet struct {
 	mu     sync.Mutex
 	byName map[string]*EngineLive
 	total  atomic.Int64
+	now    func() time.Time
 }
 
 // NewLiveSet returns an empty live set.
-func NewLiveSet() *LiveSet { return &LiveSet{byName: make(map[string]*EngineLive)} }
+func NewLiveSet() *LiveSet { return newLiveSet(time.Now) }
+
+func newLiveSet(now func() time.Time) *LiveSet {
+	return &LiveSet{byName: make(map[string]*EngineLive), now: now}
+}
 
 // Engine returns the live state of the named engine, creating it if needed.
 func (s *LiveSet) Engine(name string) *EngineLive {
@@ -69,8 +81,22 @@ type Bound struct {
 // Table returns the table b is bound to.
 func (b *Bound) Table() *Table { return b.table }
 
-// Down reports whether engine i of the table is marked down.
-func (b *Bound) Down(i int) bool { return b.engines[i].down.Load() }
+// Down reports whether engine i of the table must be skipped: marked down,
+// or ejected by the fast local skip (see EjectOptions).
+func (b *Bound) Down(i int) bool {
+	e := b.engines[i]
+	return e.down.Load() || e.eject.skipped(b.set.now)
+}
+
+// Live returns the live state of engine i.
+func (b *Bound) Live(i int) *EngineLive { return b.engines[i] }
+
+// hardDown is a Guard over a Bound that ignores ejections: when every
+// engine is ejected, requests still go somewhere rather than fail.
+type hardDown struct{ *Bound }
+
+// Down reports whether engine i is marked down.
+func (g hardDown) Down(i int) bool { return g.engines[i].down.Load() }
 
 // InFlight returns this router's in-flight requests on engine i.
 func (b *Bound) InFlight(i int) int64 { return b.engines[i].inflight.Load() }

@@ -235,25 +235,33 @@ func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 		f.reject(m, labelInvalid, invalidRequest("model", fmt.Sprintf("'model' is %q but the request was sent to the subject of model %q", req.Model, toks[1])), reqID)
 		return
 	}
-	table, bound, idx, src, apiErr := h.route(req, session)
+	pv, _ := natsHeader(m.Header, natsHeaderPriority)
+	prio, ok := ParsePriority(pv)
+	if !ok {
+		f.reject(m, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", HeaderPriority,
+			fmt.Sprintf("header %s must be critical, standard or sheddable", natsHeaderPriority)), reqID)
+		return
+	}
+	rt, apiErr := h.route(req, session, prio)
 	if apiErr != nil {
 		label := req.Model
 		if apiErr.Status == http.StatusNotFound {
 			label = labelUnknown
 		}
 		hdr := nats.Header{}
-		if apiErr.Status == http.StatusServiceUnavailable {
+		switch apiErr.Status {
+		case http.StatusServiceUnavailable:
 			hdr.Set("Retry-After", "1")
+		case http.StatusTooManyRequests:
+			hdr.Set("Retry-After", h.retryAfter())
 		}
 		h.metrics.requests.WithLabelValues(label, strconv.Itoa(apiErr.Status)).Inc()
 		f.replyError(m, hdr, apiErr, reqID)
 		return
 	}
-	engine := table.Engine(idx)
-	log := f.log.With().Str("model", req.Model).Str("engine", engine.Name).Str("request_id", reqID).
-		Str("key", src.String()).Str("front", "nats").Logger()
-	bound.Acquire(idx)
-	defer bound.Release(idx)
+	defer rt.release()
+	log := f.log.With().Str("model", req.Model).Str("request_id", reqID).Str("key", rt.src.String()).
+		Str("priority", prio.String()).Str("front", "nats").Logger()
 	inFlight := h.metrics.inFlight.WithLabelValues(req.Model)
 	inFlight.Inc()
 	defer inFlight.Dec()
@@ -266,21 +274,20 @@ func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 	}
 	up := &UpstreamRequest{Endpoint: req.Endpoint, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body, Header: hdrIn}
 	out := nats.Header{}
-	out.Set(natsHeaderEngine, engine.Name)
 	out.Set(natsHeaderRequestID, reqID)
-	resp, err := h.opts.Transport.Forward(rctx, engine, up)
-	if err != nil {
-		h.opts.Observer.Outcome(req.Model, engine.Name, Outcome{Result: classifyForwardError(ctx, err), Latency: h.opts.Now().Sub(start)})
-		h.metrics.engineRequests.WithLabelValues(req.Model, engine.Name, "error").Inc()
-		h.metrics.requests.WithLabelValues(req.Model, strconv.Itoa(http.StatusBadGateway)).Inc()
-		log.Warn().Err(err).Msg("forward failed")
-		f.replyError(m, out, newAPIError(http.StatusBadGateway, ErrTypeServer, "upstream_error", "",
-			fmt.Sprintf("engine %q for model %q failed: %v", engine.Name, req.Model, err)), reqID)
+	bp := h.bufs.Get().(*[]byte)
+	defer h.bufs.Put(bp)
+	at, apiErr := h.forward(rctx, rt, up, *bp, log)
+	if apiErr != nil {
+		h.metrics.requests.WithLabelValues(req.Model, strconv.Itoa(apiErr.Status)).Inc()
+		f.replyError(m, out, apiErr, reqID)
 		return
 	}
-	defer resp.Body.Close()
+	defer at.finish()
+	resp := at.resp
+	out.Set(natsHeaderEngine, at.engine.Name)
+	log = log.With().Str("engine", at.engine.Name).Logger()
 	status := resp.Status
-	h.metrics.engineRequests.WithLabelValues(req.Model, engine.Name, strconv.Itoa(status)).Inc()
 	h.metrics.requests.WithLabelValues(req.Model, strconv.Itoa(status)).Inc()
 
 	var first time.Time
@@ -290,13 +297,20 @@ func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 		}
 		f.publish(m.Reply, out, status, last, data)
 	}
+	var rbody io.Reader = resp.Body
+	if len(at.first) > 0 {
+		rbody = io.MultiReader(bytes.NewReader(at.first), resp.Body)
+	}
 	if req.Stream && status == http.StatusOK {
-		err = f.relayStream(resp.Body, send)
+		err = f.relayStream(rbody, send)
 	} else {
-		err = f.relayWhole(resp.Body, send)
+		err = f.relayWhole(rbody, send)
+	}
+	if err != nil {
+		err = fmt.Errorf("%w: %w", errEngineBroke, err)
 	}
 	end := h.opts.Now()
-	h.opts.Observer.Outcome(req.Model, engine.Name, responseOutcome(rctx, status, err, start, first, end))
+	h.finishAttempt(rctx, at, err, first, end, log)
 	if !first.IsZero() {
 		h.metrics.ttft.WithLabelValues(req.Model).Observe(first.Sub(start).Seconds())
 	}
@@ -305,7 +319,8 @@ func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 		log.Info().Err(err).Msg("relay over NATS ended early")
 		return
 	}
-	log.Debug().Int("status", status).Dur("duration", end.Sub(start)).Bool("stream", req.Stream).Msg("request done")
+	log.Debug().Int("status", status).Dur("duration", end.Sub(start)).Bool("stream", req.Stream).
+		Int("attempts", at.n).Msg("request done")
 }
 
 func (f *NATSFront) reject(m *nats.Msg, label string, e *APIError, reqID string) {

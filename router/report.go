@@ -164,6 +164,9 @@ type engineAcc struct {
 
 type modelAcc struct {
 	requests int64
+	shed     int64
+	retries  int64
+	priority [numPriorities]int64
 	engines  map[string]*engineAcc
 }
 
@@ -277,6 +280,30 @@ func (r *Reporter) Request(model string) {
 	r.mu.Unlock()
 }
 
+// Priority counts the priority class of one client request for model.
+func (r *Reporter) Priority(model string, p Priority) {
+	if p >= numPriorities {
+		return
+	}
+	r.mu.Lock()
+	r.model(model).priority[p]++
+	r.mu.Unlock()
+}
+
+// Shed counts one shed request for model.
+func (r *Reporter) Shed(model string, _ Priority, _ ShedReason) {
+	r.mu.Lock()
+	r.model(model).shed++
+	r.mu.Unlock()
+}
+
+// Retry counts one retry attempt for model.
+func (r *Reporter) Retry(model string) {
+	r.mu.Lock()
+	r.model(model).retries++
+	r.mu.Unlock()
+}
+
 // Outcome records one forwarding attempt of model to engine.
 func (r *Reporter) Outcome(model, engine string, o Outcome) {
 	r.mu.Lock()
@@ -370,6 +397,15 @@ func (r *Reporter) Collect() []*messages.RouterReport {
 			Time: now.UnixMilli(), IntervalS: interval}
 		if a := acc[model]; a != nil {
 			rep.Requests = a.requests
+			rep.Shed, rep.Retries = a.shed, a.retries
+			for p, n := range a.priority {
+				if n > 0 {
+					if rep.DemandByPriority == nil {
+						rep.DemandByPriority = make(map[string]int64, int(numPriorities))
+					}
+					rep.DemandByPriority[Priority(p).String()] = n
+				}
+			}
 			for name, e := range a.engines {
 				if !messages.ValidName(name) {
 					continue

@@ -59,6 +59,9 @@ type ServiceOptions struct {
 	// NATSFirstReplyTimeout bounds the wait for an engine's first NATS
 	// reply (default 60 s).
 	NATSFirstReplyTimeout time.Duration
+	// Protection tunes ejection of failing engines, retries, the retry
+	// budget and load shedding.
+	Protection ProtectionOptions
 	// ShutdownTimeout bounds the wait for HTTP requests in progress when
 	// ctx ends (default 10 s); after it they are cut.
 	ShutdownTimeout time.Duration
@@ -164,6 +167,8 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		MaxBodyBytes: opts.MaxBodyBytes,
 		Now:          opts.Now,
 		Observer:     s.reporter,
+		Protection:   opts.Protection,
+		Regions:      s.signals,
 	})
 	if err != nil {
 		return nil, err

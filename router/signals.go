@@ -354,6 +354,16 @@ func (s *Signals) Engine(model, engine string) (EngineView, bool) {
 	return e.view, true
 }
 
+// Region returns the region the engine's newest signal names, "" when
+// unknown; it makes Signals a RegionResolver.
+func (s *Signals) Region(model, engine string) string {
+	v, ok := s.Engine(model, engine)
+	if !ok {
+		return ""
+	}
+	return v.Signal.Region
+}
+
 // Engines returns the views of model's engines, sorted by name.
 func (s *Signals) Engines(model string) []EngineView {
 	s.mu.Lock()

@@ -79,6 +79,7 @@ type storeView struct {
 type storeModel struct {
 	snap       *messages.WeightSnapshot // newest installed snapshot, nil when none
 	snapTable  *Table
+	figures    *Figures
 	local      *Table
 	localW     map[string]float64
 	localVer   uint64 // Signals.Version the local table was computed at
@@ -368,7 +369,7 @@ func (s *SnapshotStore) Install(snap *messages.WeightSnapshot) (bool, error) {
 		s.models[snap.Model] = m
 	}
 	cp := *snap
-	m.snap, m.snapTable = &cp, t
+	m.snap, m.snapTable, m.figures = &cp, t, FiguresOf(&cp)
 	s.installed.WithLabelValues(snap.Model).Inc()
 	s.log.Debug().Str("model", snap.Model).Uint64("generation", snap.Generation).Int("engines", len(snap.Weights)).
 		Float64("shed", snap.ShedFraction).Msg("weight snapshot installed")
@@ -462,7 +463,7 @@ func (s *SnapshotStore) refreshLocked(now time.Time, force bool) {
 		var entry tableEntry
 		if fresh {
 			entry = tableEntry{table: m.snapTable, info: Info{Generation: m.snap.Generation, Mode: ModeSnapshot,
-				Created: time.UnixMilli(m.snap.Time)}}
+				Created: time.UnixMilli(m.snap.Time), Figures: m.figures}}
 		} else {
 			if force || m.local == nil || m.localVer != sigVer {
 				s.updateLocalLocked(name, m)

@@ -1,0 +1,143 @@
+package router
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults of EjectOptions.
+const (
+	DefaultEjectAfter      = 3
+	DefaultEjectBackoff    = time.Second
+	DefaultEjectMaxBackoff = 30 * time.Second
+)
+
+// EjectOptions tunes the router's fast local skip of failing engines. The
+// zero value selects the defaults.
+type EjectOptions struct {
+	// After is how many consecutive failed attempts (connect error, 5xx,
+	// timeout, a stream broken by the engine) eject an engine (default
+	// DefaultEjectAfter). A negative value disables ejection.
+	After int
+	// Backoff is the first ejection's length (default DefaultEjectBackoff).
+	// It doubles each time the half-open probe fails, up to MaxBackoff, and
+	// resets when the engine succeeds.
+	Backoff time.Duration
+	// MaxBackoff caps the ejection length (default DefaultEjectMaxBackoff).
+	MaxBackoff time.Duration
+}
+
+func (o EjectOptions) withDefaults() EjectOptions {
+	if o.After == 0 {
+		o.After = DefaultEjectAfter
+	}
+	if o.Backoff <= 0 {
+		o.Backoff = DefaultEjectBackoff
+	}
+	if o.MaxBackoff <= 0 {
+		o.MaxBackoff = DefaultEjectMaxBackoff
+	}
+	if o.MaxBackoff < o.Backoff {
+		o.MaxBackoff = o.Backoff
+	}
+	return o
+}
+
+// ejectState is one engine's ejection state at one router. ejected and
+// until are read lock-free on every Pick; the rest changes under mu.
+//
+// States: serving (not ejected); ejected (now < until: skipped); half-open
+// (now ≥ until: one attempt, the probe, may go through; further ones are
+// skipped while it runs). The probe's success restores the engine; its
+// failure ejects it again for twice as long.
+type ejectState struct {
+	ejected atomic.Bool
+	until   atomic.Int64 // Unix ns
+	probing atomic.Bool
+
+	mu    sync.Mutex
+	fails int // consecutive failed attempts
+	level int // ejections since the last success
+}
+
+// skipped reports whether Pick must skip the engine at now.
+func (e *ejectState) skipped(now func() time.Time) bool {
+	if !e.ejected.Load() {
+		return false
+	}
+	return now().UnixNano() < e.until.Load() || e.probing.Load()
+}
+
+// claim is called when an attempt is about to go to the engine. It reports
+// whether the attempt may go (false: ejected, or half-open with its probe
+// taken) and whether it is the half-open probe.
+func (e *ejectState) claim(now time.Time) (ok, probe bool) {
+	if !e.ejected.Load() {
+		return true, false
+	}
+	if now.UnixNano() < e.until.Load() {
+		return false, false
+	}
+	if !e.probing.CompareAndSwap(false, true) {
+		return false, false
+	}
+	return true, true
+}
+
+// ejectEvent is a change of ejection state for the logs and the gauge.
+type ejectEvent uint8
+
+const (
+	ejectNone ejectEvent = iota
+	ejectStart
+	ejectAgain
+	ejectRestored
+)
+
+// report records an attempt's result and returns the state change with
+// the current ejection length and failure count. Neutral results (a
+// cancelled request, a 429, a client error) do not come here.
+func (e *ejectState) report(ok, probe bool, now time.Time, o EjectOptions) (ejectEvent, time.Duration, int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if ok {
+		e.fails, e.level = 0, 0
+		if e.ejected.Load() {
+			e.probing.Store(false)
+			e.ejected.Store(false)
+			return ejectRestored, 0, 0
+		}
+		return ejectNone, 0, 0
+	}
+	e.fails++
+	if o.After < 0 {
+		return ejectNone, 0, e.fails
+	}
+	if e.ejected.Load() {
+		if !probe {
+			return ejectNone, 0, e.fails // an attempt sent before the ejection
+		}
+		e.level++
+		d := e.backoffLocked(o)
+		e.until.Store(now.Add(d).UnixNano())
+		e.probing.Store(false)
+		return ejectAgain, d, e.fails
+	}
+	if e.fails < o.After {
+		return ejectNone, 0, e.fails
+	}
+	d := e.backoffLocked(o)
+	e.until.Store(now.Add(d).UnixNano())
+	e.probing.Store(false)
+	e.ejected.Store(true)
+	return ejectStart, d, e.fails
+}
+
+func (e *ejectState) backoffLocked(o EjectOptions) time.Duration {
+	d := o.Backoff
+	for i := 0; i < e.level && d < o.MaxBackoff; i++ {
+		d *= 2
+	}
+	return min(d, o.MaxBackoff)
+}

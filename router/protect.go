@@ -1,0 +1,463 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Defaults of ProtectionOptions.
+const (
+	DefaultMaxAttempts           = 3
+	DefaultFirstByteTimeout      = 10 * time.Second
+	DefaultWholeFirstByteTimeout = 60 * time.Second
+	DefaultAdmissionSlack        = 0.5
+	DefaultMinInFlight           = 8
+	DefaultRetryAfter            = time.Second
+)
+
+// ProtectionOptions tunes the router's guards on the request path: the fast
+// local skip of failing engines, retries and their budget, and load
+// shedding. The zero value selects the defaults.
+type ProtectionOptions struct {
+	// Eject tunes the fast local skip of failing engines.
+	Eject EjectOptions
+	// MaxAttempts bounds the upstream attempts of one request, the first
+	// included (default DefaultMaxAttempts; 1 disables retries).
+	MaxAttempts int
+	// FirstByteTimeout is the per-attempt deadline for the first byte of a
+	// streamed answer (default DefaultFirstByteTimeout); past it the attempt
+	// counts as a timeout and the request is retried elsewhere.
+	FirstByteTimeout time.Duration
+	// WholeFirstByteTimeout is the same deadline for a non-streamed answer,
+	// whose first byte comes when the generation is done (default
+	// DefaultWholeFirstByteTimeout).
+	WholeFirstByteTimeout time.Duration
+	// Budget tunes the router-wide retry budget.
+	Budget BudgetOptions
+	// Routers is the number of routers sharing the cluster's demand, for
+	// the admission allotment (default 1).
+	Routers int
+	// AdmissionSlack is the slack over the Little's-law in-flight estimate
+	// (default DefaultAdmissionSlack).
+	AdmissionSlack float64
+	// MinInFlight is the least allotment (default DefaultMinInFlight).
+	MinInFlight int
+	// NoAdmission turns local admission control off.
+	NoAdmission bool
+	// NoSnapshotShed turns off enforcing the snapshot's shed fractions.
+	NoSnapshotShed bool
+	// RetryAfter is the Retry-After of shed answers (default
+	// DefaultRetryAfter, rounded up to whole seconds).
+	RetryAfter time.Duration
+}
+
+func (o ProtectionOptions) withDefaults() ProtectionOptions {
+	o.Eject = o.Eject.withDefaults()
+	o.Budget = o.Budget.withDefaults()
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = DefaultMaxAttempts
+	}
+	if o.FirstByteTimeout <= 0 {
+		o.FirstByteTimeout = DefaultFirstByteTimeout
+	}
+	if o.WholeFirstByteTimeout <= 0 {
+		o.WholeFirstByteTimeout = DefaultWholeFirstByteTimeout
+	}
+	if o.Routers <= 0 {
+		o.Routers = 1
+	}
+	if o.AdmissionSlack <= 0 {
+		o.AdmissionSlack = DefaultAdmissionSlack
+	}
+	if o.MinInFlight <= 0 {
+		o.MinInFlight = DefaultMinInFlight
+	}
+	if o.RetryAfter <= 0 {
+		o.RetryAfter = DefaultRetryAfter
+	}
+	return o
+}
+
+// RegionResolver gives engines' regions; Signals implements it. Retries try
+// engines in the failed engine's region first.
+type RegionResolver interface {
+	// Region returns the engine's region, "" when unknown.
+	Region(model, engine string) string
+}
+
+// GuardObserver is an Observer that is also told about requests' priority
+// classes, shed requests and retries; a Reporter implements it.
+type GuardObserver interface {
+	Observer
+	// Priority counts the class of one client request (after Request).
+	Priority(model string, p Priority)
+	// Shed counts one shed request.
+	Shed(model string, p Priority, reason ShedReason)
+	// Retry counts one retry attempt.
+	Retry(model string)
+}
+
+// routed is a request the router admitted and picked a first engine for.
+type routed struct {
+	model    string
+	table    *Table
+	bound    *Bound
+	ms       *modelState
+	idx      int
+	key      uint64
+	src      KeySource
+	prio     Priority
+	fallback bool // every engine was ejected: ejections are ignored
+}
+
+// release ends the request's admission.
+func (rt *routed) release() { rt.ms.admitted.Add(-1) }
+
+// shedError is the answer to a shed request.
+func (h *Handler) shedError(model string, p Priority, reason ShedReason, detail string) *APIError {
+	h.metrics.shed.WithLabelValues(string(reason), p.String()).Inc()
+	if g, ok := h.opts.Observer.(GuardObserver); ok {
+		g.Shed(model, p, reason)
+	}
+	return newAPIError(http.StatusTooManyRequests, ErrTypeUnavailable, "overloaded", "",
+		fmt.Sprintf("model %q is overloaded; %s request shed (%s); retry later", model, p, detail))
+}
+
+// retryAfter is the Retry-After header value of shed answers.
+func (h *Handler) retryAfter() string {
+	return strconv.Itoa(int(math.Ceil(h.prot.RetryAfter.Seconds())))
+}
+
+// admit applies the snapshot's shed fraction and the local admission
+// control to a request of class p with key on model, and returns the
+// fleet utilisation the retry budget earns at, or a 429.
+func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, key uint64, p Priority) (float64, *APIError) {
+	f := info.Figures
+	now := h.opts.Now()
+	ms.mix.add(p, now)
+	if f != nil && !h.prot.NoSnapshotShed && (f.ShedFraction > 0 || f.HasShedByPriority) {
+		fr := f.ShedByPriority
+		if !f.HasShedByPriority {
+			fr = ShedFractions(f.ShedFraction, ms.mix.shares(now))
+		}
+		if KeyUnit(key) < fr[p] {
+			return 0, h.shedError(model, p, ShedSnapshot, fmt.Sprintf("the fleet serves %.0f%% of %s demand", 100*(1-fr[p]), p))
+		}
+	}
+	u := 0.0
+	if f != nil {
+		u = f.Utilisation
+	}
+	n := ms.admitted.Add(1)
+	if lim := Allotment(f, h.prot.Routers, h.prot.AdmissionSlack, h.prot.MinInFlight); lim > 0 {
+		if !h.prot.NoAdmission && float64(n) > lim*admissionFactor[p] {
+			ms.admitted.Add(-1)
+			return 0, h.shedError(model, p, ShedAdmission,
+				fmt.Sprintf("%d requests in flight at this router, allotment %.0f", n-1, lim))
+		}
+		u = math.Max(u, float64(n)/lim)
+	}
+	return u, nil
+}
+
+// errEngineBroke marks relay errors on the engine's side (its body failed),
+// as opposed to the client's.
+var errEngineBroke = errors.New("engine stream broke")
+
+// errClientGone marks a request whose client went away during forwarding.
+var errClientGone = errors.New("client went away")
+
+// attempt is the upstream attempt a request committed to: its response
+// is relayed to the client. finish must be called when the relay ends.
+type attempt struct {
+	idx      int
+	engine   Engine
+	resp     *UpstreamResponse
+	first    []byte // body bytes already read, to be relayed first
+	probe    bool
+	recorded bool // outcome already recorded (a failed last attempt relayed as is)
+	start    time.Time
+	n        int
+	cancel   context.CancelFunc
+	rt       *routed
+}
+
+// finish ends the attempt: closes the body and releases its context and
+// in-flight count.
+func (a *attempt) finish() {
+	_ = a.resp.Body.Close()
+	a.cancel()
+	a.rt.bound.Release(a.idx)
+}
+
+// retryReason is the reason label of a retry after result r.
+func retryReason(r Result) string {
+	if r == ResultTimeout {
+		return "timeout"
+	}
+	if c := r.Class(); c != "" {
+		return c
+	}
+	return "other"
+}
+
+// bodyInHand reports whether a response body's first byte is known to be
+// in hand when Forward returns (a NATS reply stream returns only once the
+// first reply arrived).
+func bodyInHand(b io.Reader) bool {
+	_, ok := b.(*natsBody)
+	return ok
+}
+
+// forward sends the request to rt's engine and, on a failure before any
+// response byte is in hand, to the key's next candidates, within
+// MaxAttempts and the retry budget. It returns the attempt to relay, whose
+// first body bytes (read into buf) are in hand; nothing has been written
+// to the client. Structurally no retry can follow a byte sent to the
+// client: the caller writes only after forward returns.
+func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, buf []byte, log zerolog.Logger) (*attempt, *APIError) {
+	var triedBuf [8]int
+	tried := triedBuf[:0]
+	idx := rt.idx
+	timeout := h.prot.WholeFirstByteTimeout
+	if up.Stream {
+		timeout = h.prot.FirstByteTimeout
+	}
+	for n := 1; ; n++ {
+		live := rt.bound.Live(idx)
+		ok, probe := live.eject.claim(h.opts.Now())
+		if !ok && !rt.fallback {
+			// Ejected (or its half-open probe taken) since Pick: another
+			// engine, not counted as an attempt.
+			tried = append(tried, idx)
+			if next, found := h.nextCandidate(rt, tried, idx); found {
+				idx, n = next, n-1
+				continue
+			}
+		}
+		eng := rt.table.Engine(idx)
+		tried = append(tried, idx)
+		rt.bound.Acquire(idx)
+		actx, cancel := context.WithCancel(ctx)
+		var fired atomic.Bool
+		timer := time.AfterFunc(timeout, func() { fired.Store(true); cancel() })
+		h.metrics.attempts.Inc()
+		h.amp.add(0, 1)
+		start := h.opts.Now()
+		resp, err := h.opts.Transport.Forward(actx, eng, up)
+		res := ResultOK
+		var first []byte
+		switch {
+		case err != nil:
+			res = classifyForwardError(actx, err)
+		case resp.Status == http.StatusTooManyRequests:
+			res = Result429
+		case resp.Status >= 500:
+			res = Result5xx
+		case resp.Status < 300 && !bodyInHand(resp.Body):
+			k, rerr := readFirst(resp.Body, buf)
+			switch {
+			case k > 0:
+				first = buf[:k]
+			case rerr == io.EOF:
+			default:
+				res = ResultConnect // the engine closed or failed before its first byte
+			}
+		}
+		if !timer.Stop() || fired.Load() {
+			res = ResultTimeout // the deadline fired; the attempt's context is gone
+		}
+		if ctx.Err() != nil {
+			res = ResultCanceled
+		}
+		if res == ResultOK {
+			h.metrics.engineRequests.WithLabelValues(rt.model, eng.Name, strconv.Itoa(resp.Status)).Inc()
+			// A half-open probe succeeds as soon as the engine answers, not
+			// when a long stream ends; other attempts count at their end,
+			// a stream the engine breaks being a failure.
+			if probe {
+				h.ejectReport(rt.model, eng.Name, live, ResultOK, resp, probe, nil, log)
+			}
+			return &attempt{idx: idx, engine: eng, resp: resp, first: first, probe: probe, start: start, n: n,
+				cancel: cancel, rt: rt}, nil
+		}
+		lat := h.opts.Now().Sub(start)
+		h.opts.Observer.Outcome(rt.model, eng.Name, Outcome{Result: res, Latency: lat})
+		code := "error"
+		if resp != nil {
+			code = strconv.Itoa(resp.Status)
+		} else if res == ResultTimeout {
+			code = "timeout"
+		}
+		if res == ResultCanceled {
+			code = "canceled"
+		}
+		h.metrics.engineRequests.WithLabelValues(rt.model, eng.Name, code).Inc()
+		h.ejectReport(rt.model, eng.Name, live, res, resp, probe, err, log)
+		if res == ResultCanceled {
+			if resp != nil {
+				_ = resp.Body.Close()
+			}
+			cancel()
+			rt.bound.Release(idx)
+			return nil, newAPIError(http.StatusBadGateway, ErrTypeServer, "canceled", "", errClientGone.Error())
+		}
+		next, cause := h.retryTo(rt, tried, idx, n)
+		if cause == "" {
+			h.metrics.retries.WithLabelValues(retryReason(res)).Inc()
+			if g, ok := h.opts.Observer.(GuardObserver); ok {
+				g.Retry(rt.model)
+			}
+			log.Info().Str("failed_engine", eng.Name).Str("reason", retryReason(res)).Int("attempt", n+1).
+				Str("retry_engine", rt.table.Engine(next).Name).Err(err).Msg("attempt failed before the first byte; retrying")
+			if resp != nil {
+				_ = resp.Body.Close()
+			}
+			cancel()
+			rt.bound.Release(idx)
+			idx = next
+			continue
+		}
+		h.metrics.retrySuppressed.WithLabelValues(cause).Inc()
+		if resp != nil {
+			// No retry: relay the engine's own answer (a 5xx or 429).
+			return &attempt{idx: idx, engine: eng, resp: resp, probe: probe, recorded: true, start: start, n: n,
+				cancel: cancel, rt: rt}, nil
+		}
+		cancel()
+		rt.bound.Release(idx)
+		log.Warn().Err(err).Str("reason", retryReason(res)).Int("attempts", n).Str("no_retry", cause).Msg("forward failed")
+		if res == ResultTimeout {
+			return nil, newAPIError(http.StatusGatewayTimeout, ErrTypeServer, "upstream_timeout", "",
+				fmt.Sprintf("engine %q for model %q sent nothing within %v (%d attempts)", eng.Name, rt.model, timeout, n))
+		}
+		return nil, newAPIError(http.StatusBadGateway, ErrTypeServer, "upstream_error", "",
+			fmt.Sprintf("engine %q for model %q failed: %v (%d attempts)", eng.Name, rt.model, errString(err, resp), n))
+	}
+}
+
+func errString(err error, resp *UpstreamResponse) string {
+	if err != nil {
+		return err.Error()
+	}
+	if resp != nil {
+		return "status " + strconv.Itoa(resp.Status)
+	}
+	return "unknown error"
+}
+
+// readFirst reads until at least one byte or an error.
+func readFirst(r io.Reader, buf []byte) (int, error) {
+	for {
+		k, err := r.Read(buf)
+		if k > 0 || err != nil {
+			return k, err
+		}
+	}
+}
+
+// retryTo decides whether attempt n, which failed on engine failed, is
+// retried: it returns the next engine, or the cause of no retry
+// ("attempts", "no_candidate" or "budget").
+func (h *Handler) retryTo(rt *routed, tried []int, failed, n int) (int, string) {
+	if n >= h.prot.MaxAttempts {
+		return -1, "attempts"
+	}
+	next, ok := h.nextCandidate(rt, tried, failed)
+	if !ok {
+		return -1, "no_candidate"
+	}
+	if !h.budget.Take() {
+		return -1, "budget"
+	}
+	return next, ""
+}
+
+// nextCandidate returns the key's next candidate engine (Table.Candidates)
+// not yet tried and not skipped, preferring the failed engine's region.
+func (h *Handler) nextCandidate(rt *routed, tried []int, failed int) (int, bool) {
+	var cbuf [16]int
+	cands := rt.table.Candidates(rt.key, cbuf[:0])
+	usable := func(j int) bool {
+		for _, x := range tried {
+			if x == j {
+				return false
+			}
+		}
+		return !rt.bound.Down(j)
+	}
+	if h.opts.Regions != nil {
+		if region := h.opts.Regions.Region(rt.model, rt.table.Engine(failed).Name); region != "" {
+			for _, j := range cands {
+				if usable(j) && h.opts.Regions.Region(rt.model, rt.table.Engine(j).Name) == region {
+					return j, true
+				}
+			}
+		}
+	}
+	for _, j := range cands {
+		if usable(j) {
+			return j, true
+		}
+	}
+	return -1, false
+}
+
+// ejectReport feeds an attempt's result to the engine's ejection state and
+// logs and exports changes. 429s, cancelled requests and client errors are
+// neutral: they say nothing about the engine's health.
+func (h *Handler) ejectReport(model, engine string, live *EngineLive, res Result, resp *UpstreamResponse, probe bool,
+	cause error, log zerolog.Logger) {
+	var ok bool
+	switch {
+	case res == ResultCanceled || res == Result429:
+		if probe {
+			live.eject.probing.Store(false)
+		}
+		return
+	case res == ResultOK:
+		ok = true
+	case res == ResultOther && resp != nil && resp.Status >= 400 && resp.Status < 500:
+		ok = true // the engine answered; the request was at fault
+	}
+	now := h.opts.Now()
+	ev, d, fails := live.eject.report(ok, probe, now, h.prot.Eject)
+	switch ev {
+	case ejectStart, ejectAgain:
+		h.metrics.ejected.WithLabelValues(model, engine).Set(1)
+		msg := "engine ejected after consecutive failures; skipping it until a probe succeeds"
+		if ev == ejectAgain {
+			msg = "half-open probe failed; engine ejected again for longer"
+		}
+		log.Warn().Str("ejected_engine", engine).Int("consecutive_failures", fails).Str("last_failure", retryReason(res)).
+			Err(cause).Dur("backoff", d).Msg(msg)
+	case ejectRestored:
+		h.metrics.ejected.WithLabelValues(model, engine).Set(0)
+		log.Info().Str("restored_engine", engine).Msg("engine answered again; ejection lifted")
+	}
+}
+
+// finishAttempt records a committed attempt's outcome after its relay.
+func (h *Handler) finishAttempt(ctx context.Context, a *attempt, relayErr error, first, end time.Time, log zerolog.Logger) {
+	o := responseOutcome(ctx, a.resp.Status, relayErr, a.start, first, end)
+	if a.recorded {
+		return
+	}
+	h.opts.Observer.Outcome(a.rt.model, a.engine.Name, o)
+	live := a.rt.bound.Live(a.idx)
+	switch {
+	case errors.Is(relayErr, errEngineBroke) && ctx.Err() == nil && a.resp.Status < 300:
+		h.ejectReport(a.rt.model, a.engine.Name, live, o.Result, nil, false, relayErr, log)
+	case relayErr == nil && !a.probe:
+		h.ejectReport(a.rt.model, a.engine.Name, live, ResultOK, a.resp, false, nil, log)
+	}
+}

@@ -1,0 +1,638 @@
+package router
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/switchyard-dev/switchyard/messages"
+)
+
+// Engine behaviours of progEngine.
+const (
+	modeOK          int32 = iota
+	mode500               // answer 500
+	mode429               // answer 429
+	modeHang              // accept and never answer until the client gives up
+	modeDieMidway         // send headers and one SSE event, then drop the connection
+	modeHold              // stream one event, then wait for release
+	modeConnRefused       // listener closed (set by closing the server)
+)
+
+// progEngine is a loopback engine whose behaviour a test switches.
+type progEngine struct {
+	name     string
+	srv      *httptest.Server
+	mode     atomic.Int32
+	requests atomic.Int64
+	inflight atomic.Int64
+	release  chan struct{}
+}
+
+func newProgEngine(t *testing.T, name string, mode int32) *progEngine {
+	t.Helper()
+	e := &progEngine{name: name, release: make(chan struct{})}
+	e.mode.Store(mode)
+	e.srv = httptest.NewServer(http.HandlerFunc(e.serve))
+	t.Cleanup(func() {
+		select {
+		case <-e.release:
+		default:
+			close(e.release)
+		}
+		e.srv.CloseClientConnections()
+		e.srv.Close()
+	})
+	if mode == modeConnRefused {
+		e.srv.Close()
+	}
+	return e
+}
+
+func (e *progEngine) serve(w http.ResponseWriter, r *http.Request) {
+	e.requests.Add(1)
+	e.inflight.Add(1)
+	defer e.inflight.Add(-1)
+	_, _ = io.ReadAll(r.Body)
+	switch e.mode.Load() {
+	case mode500:
+		http.Error(w, `{"error":{"message":"boom"}}`, http.StatusInternalServerError)
+		return
+	case mode429:
+		http.Error(w, `{"error":{"message":"busy"}}`, http.StatusTooManyRequests)
+		return
+	case modeHang:
+		<-r.Context().Done()
+		return
+	case modeDieMidway:
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprintf(w, "data: {\"i\":0,\"engine\":%q}\n\n", e.name)
+		w.(http.Flusher).Flush()
+		conn, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			_ = conn.Close()
+		}
+		return
+	case modeHold:
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprint(w, "data: {\"i\":0}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-e.release:
+		case <-r.Context().Done():
+			return
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	fmt.Fprintf(w, "data: {\"i\":0,\"engine\":%q}\n\ndata: [DONE]\n\n", e.name)
+}
+
+// clock is a settable test clock: real time plus an offset.
+type clock struct{ off atomic.Int64 }
+
+func (c *clock) now() time.Time          { return time.Now().Add(time.Duration(c.off.Load())) }
+func (c *clock) advance(d time.Duration) { c.off.Add(int64(d)) }
+func streamBody(content string) string {
+	return `{"model":"m","stream":true,"messages":[{"role":"user","content":"` + content + `"}]}`
+}
+func (e *progEngine) count() int64   { return e.requests.Load() }
+func (e *progEngine) set(mode int32) { e.mode.Store(mode) }
+
+// pfront is a handler over progEngines for model "m".
+type pfront struct {
+	h       *Handler
+	srv     *httptest.Server
+	tables  *StaticTables
+	table   *Table
+	engines []*progEngine
+	client  *http.Client
+}
+
+func newPFront(t *testing.T, modes []int32, weights []float64, figs *Figures, opts Options) *pfront {
+	t.Helper()
+	f := &pfront{tables: NewStaticTables()}
+	var es []Engine
+	for i, m := range modes {
+		e := newProgEngine(t, fmt.Sprintf("e%d", i), m)
+		f.engines = append(f.engines, e)
+		es = append(es, Engine{Name: e.name, URL: e.srv.URL, Weight: weights[i]})
+	}
+	f.table = mustTable(t, es, TableOptions{})
+	f.tables.Set("m", f.table, Info{Generation: 1, Mode: ModeSnapshot, Created: time.Now(), Figures: figs})
+	opts.Tables = f.tables
+	opts.Cluster = "A"
+	h, err := NewHandler(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.h = h
+	f.srv = httptest.NewServer(h)
+	t.Cleanup(f.srv.Close)
+	f.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	t.Cleanup(f.client.CloseIdleConnections)
+	return f
+}
+
+// sessionFor returns a session id whose primary engine is engine i.
+func (f *pfront) sessionFor(t *testing.T, i int) string {
+	t.Helper()
+	for k := 0; k < 100000; k++ {
+		s := fmt.Sprintf("s%d", k)
+		key, _ := AffinityKey(s, &Request{Model: "m"})
+		if j, _ := f.table.Primary(key); j == i {
+			return s
+		}
+	}
+	t.Fatalf("no session for engine %d", i)
+	return ""
+}
+
+type result struct {
+	status int
+	body   string
+	header http.Header
+	err    error
+	dur    time.Duration
+}
+
+func (f *pfront) do(body string, hdr map[string]string) result {
+	req, _ := http.NewRequest(http.MethodPost, f.srv.URL+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	start := time.Now()
+	resp, err := f.client.Do(req)
+	if err != nil {
+		return result{err: err, dur: time.Since(start)}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return result{status: resp.StatusCode, body: string(b), header: resp.Header, err: err, dur: time.Since(start)}
+}
+
+func (f *pfront) attempts() int { return int(metricValue(f.h.metrics.attempts)) }
+func (f *pfront) retries(reason string) int {
+	return int(metricValue(f.h.metrics.retries.WithLabelValues(reason)))
+}
+
+func TestRetryToAnotherEngine(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		mode   int32
+		reason string
+	}{
+		{"connect", modeConnRefused, "connect"},
+		{"5xx", mode500, "5xx"},
+		{"429", mode429, "429"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newPFront(t, []int32{tc.mode, modeOK, modeOK}, []float64{0.5, 0.25, 0.25}, nil, Options{})
+			s := f.sessionFor(t, 0)
+			r := f.do(streamBody("x"), map[string]string{headerSessionID: s})
+			if r.err != nil || r.status != 200 || !strings.Contains(r.body, "[DONE]") {
+				t.Fatalf("got %d %q %v", r.status, r.body, r.err)
+			}
+			if eng := r.header.Get(headerEngine); eng == "e0" || eng == "" {
+				t.Fatalf("served by %q", eng)
+			}
+			if f.attempts() != 2 || f.retries(tc.reason) != 1 {
+				t.Fatalf("attempts %d, retries{%s} %d; want 2, 1", f.attempts(), tc.reason, f.retries(tc.reason))
+			}
+		})
+	}
+}
+
+func TestNoRetryAfterFirstByte(t *testing.T) {
+	f := newPFront(t, []int32{modeDieMidway, modeOK, modeOK}, []float64{0.5, 0.25, 0.25}, nil, Options{})
+	s := f.sessionFor(t, 0)
+	r := f.do(streamBody("x"), map[string]string{headerSessionID: s})
+	if r.status != 200 || !strings.Contains(r.body, `"engine":"e0"`) || strings.Contains(r.body, "[DONE]") {
+		t.Fatalf("want a truncated stream from e0, got %d %q", r.status, r.body)
+	}
+	if f.attempts() != 1 || f.engines[1].count()+f.engines[2].count() != 0 {
+		t.Fatalf("attempts %d (others %d, %d); want exactly one", f.attempts(), f.engines[1].count(), f.engines[2].count())
+	}
+}
+
+func TestHangingEngineDeadlineThenRetry(t *testing.T) {
+	for _, stream := range []bool{true, false} {
+		t.Run(fmt.Sprint("stream=", stream), func(t *testing.T) {
+			f := newPFront(t, []int32{modeHang, modeOK}, []float64{0.5, 0.5}, nil, Options{Protection: ProtectionOptions{
+				FirstByteTimeout: 100 * time.Millisecond, WholeFirstByteTimeout: 150 * time.Millisecond}})
+			s := f.sessionFor(t, 0)
+			body := streamBody("x")
+			if !stream {
+				body = chatBody
+			}
+			r := f.do(body, map[string]string{headerSessionID: s})
+			if r.status != 200 || r.header.Get(headerEngine) != "e1" {
+				t.Fatalf("got %d from %q: %q", r.status, r.header.Get(headerEngine), r.body)
+			}
+			if r.dur < 100*time.Millisecond || r.dur > 2*time.Second {
+				t.Fatalf("took %v", r.dur)
+			}
+			if f.retries("timeout") != 1 {
+				t.Fatalf("retries{timeout} = %d", f.retries("timeout"))
+			}
+		})
+	}
+}
+
+func TestAttemptsCapped(t *testing.T) {
+	f := newPFront(t, []int32{mode500, mode500, mode500, mode500, mode500}, []float64{0.2, 0.2, 0.2, 0.2, 0.2}, nil,
+		Options{Protection: ProtectionOptions{Eject: EjectOptions{After: -1}, Budget: BudgetOptions{Ratio: 5, MaxTokens: 100}}})
+	for i := 0; i < 10; i++ {
+		r := f.do(streamBody(fmt.Sprint(i)), nil)
+		if r.status != 500 {
+			t.Fatalf("status %d, want the last engine's 500", r.status)
+		}
+	}
+	total := int64(0)
+	for _, e := range f.engines {
+		total += e.count()
+	}
+	if total != 30 || f.attempts() != 30 {
+		t.Fatalf("%d engine requests, %d attempts for 10 requests; want 30 (3 each)", total, f.attempts())
+	}
+}
+
+func TestBudgetStopsRetries(t *testing.T) {
+	f := newPFront(t, []int32{mode500, mode500, mode500}, []float64{0.3, 0.3, 0.3}, nil,
+		Options{Protection: ProtectionOptions{Eject: EjectOptions{After: -1}, Budget: BudgetOptions{Ratio: 0.001, MaxTokens: 2}}})
+	start := time.Now()
+	const n = 200
+	for i := 0; i < n; i++ {
+		f.do(streamBody(fmt.Sprint(i)), nil)
+	}
+	el := time.Since(start).Seconds()
+	retries := f.attempts() - n
+	// One starting token, 0.001 per request, one a second from the floor.
+	if max := 2 + int(el) + 1; retries > max {
+		t.Fatalf("%d retries in %.2fs, budget allows %d", retries, el, max)
+	}
+	if amp := f.h.amp.ratio(); amp > 1+float64(2+int(el))/n {
+		t.Fatalf("amplification %.3f", amp)
+	}
+	t.Logf("%d requests in %.2fs: %d retries, amplification %.3f", n, el, retries, f.h.amp.ratio())
+}
+
+func TestAmplificationHalfFailingHighUtilisation(t *testing.T) {
+	modes := []int32{mode500, modeOK, mode500, modeOK, mode500, modeOK}
+	w := []float64{1.0 / 6, 1.0 / 6, 1.0 / 6, 1.0 / 6, 1.0 / 6, 1.0 / 6}
+	figs := &Figures{Utilisation: 0.9, DemandRPS: 1000, Latency: time.Second}
+	f := newPFront(t, modes, w, figs, Options{})
+	const n = 600
+	var ok atomic.Int64
+	var wg sync.WaitGroup
+	jobs := make(chan int)
+	for k := 0; k < 8; k++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range jobs {
+				if f.do(streamBody(fmt.Sprint(i)), nil).status == 200 {
+					ok.Add(1)
+				}
+			}
+		}()
+	}
+	for i := 0; i < n; i++ {
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	amp := float64(f.attempts()) / n
+	if amp > 1.1 || f.h.amp.ratio() > 1.1 {
+		t.Fatalf("amplification %.3f (window %.3f), want ≤ 1.1", amp, f.h.amp.ratio())
+	}
+	t.Logf("amplification %.3f, %d/%d succeeded", amp, ok.Load(), n)
+}
+
+func TestEjectionAndHalfOpenRecovery(t *testing.T) {
+	var clk clock
+	f := newPFront(t, []int32{mode500, modeOK}, []float64{0.5, 0.5}, nil,
+		Options{Now: clk.now, Protection: ProtectionOptions{MaxAttempts: 1}})
+	s := f.sessionFor(t, 0)
+	hdr := map[string]string{headerSessionID: s}
+	gauge := func() float64 { return metricValue(f.h.metrics.ejected.WithLabelValues("m", "e0")) }
+	for i := 0; i < 3; i++ {
+		if r := f.do(streamBody("x"), hdr); r.status != 500 {
+			t.Fatalf("request %d: %d", i, r.status)
+		}
+	}
+	if gauge() != 1 || !f.h.Live("m").Engine("e0").Ejected() {
+		t.Fatal("e0 not ejected after 3 failures")
+	}
+	// Ejected: the key's requests go to e1.
+	for i := 0; i < 5; i++ {
+		if r := f.do(streamBody("x"), hdr); r.status != 200 || r.header.Get(headerEngine) != "e1" {
+			t.Fatalf("while ejected: %d from %q", r.status, r.header.Get(headerEngine))
+		}
+	}
+	if f.engines[0].count() != 3 {
+		t.Fatalf("e0 got %d requests while ejected", f.engines[0].count())
+	}
+	// After the backoff one probe goes through; it fails: ejected for 2 s.
+	clk.advance(1100 * time.Millisecond)
+	f.do(streamBody("x"), hdr)
+	if f.engines[0].count() != 4 || gauge() != 1 {
+		t.Fatalf("half-open probe: e0 has %d requests, gauge %v", f.engines[0].count(), gauge())
+	}
+	clk.advance(1100 * time.Millisecond)
+	f.do(streamBody("x"), hdr)
+	if f.engines[0].count() != 4 {
+		t.Fatal("probe sent before the doubled backoff ended")
+	}
+	// Recovered: the next probe succeeds and lifts the ejection.
+	f.engines[0].set(modeOK)
+	clk.advance(time.Second)
+	if r := f.do(streamBody("x"), hdr); r.header.Get(headerEngine) != "e0" || r.status != 200 {
+		t.Fatalf("probe: %d from %q", r.status, r.header.Get(headerEngine))
+	}
+	if gauge() != 0 || f.h.Live("m").Engine("e0").Ejected() {
+		t.Fatal("e0 still ejected after a successful probe")
+	}
+	// A stream the engine breaks counts as a failure: three eject again.
+	f.engines[0].set(modeDieMidway)
+	for i := 0; i < 3; i++ {
+		f.do(streamBody("x"), hdr)
+	}
+	waitFor(t, 2*time.Second, func() bool { return gauge() == 1 })
+}
+
+func TestEjectStateSingleProbe(t *testing.T) {
+	var e ejectState
+	o := EjectOptions{}.withDefaults()
+	now := time.Unix(1000, 0)
+	for i := 0; i < 3; i++ {
+		e.report(false, false, now, o)
+	}
+	if ok, _ := e.claim(now); ok {
+		t.Fatal("claim while ejected")
+	}
+	later := now.Add(o.Backoff)
+	ok1, p1 := e.claim(later)
+	ok2, _ := e.claim(later)
+	if !ok1 || !p1 || ok2 {
+		t.Fatalf("half-open claims: %v %v %v; want one probe", ok1, p1, ok2)
+	}
+	// Backoff doubles on failed probes up to the cap.
+	var ds []time.Duration
+	for i := 0; i < 7; i++ {
+		at := later.Add(time.Duration(i) * time.Minute)
+		_, _ = e.claim(at)
+		_, d, _ := e.report(false, true, at, o)
+		ds = append(ds, d)
+	}
+	want := []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 30 * time.Second, 30 * time.Second, 30 * time.Second}
+	if fmt.Sprint(ds) != fmt.Sprint(want) {
+		t.Fatalf("backoffs %v, want %v", ds, want)
+	}
+}
+
+func TestShedFractions(t *testing.T) {
+	for _, tc := range []struct {
+		s    float64
+		mix  [numPriorities]float64
+		want [numPriorities]float64
+	}{
+		{0, [3]float64{0.2, 0.5, 0.3}, [3]float64{0, 0, 0}},
+		{1.0 / 3, [3]float64{0.2, 0.5, 0.3}, [3]float64{1, (1.0/3 - 0.2) / 0.5, 0}},
+		{0.1, [3]float64{0.2, 0.5, 0.3}, [3]float64{0.5, 0, 0}},
+		{0.8, [3]float64{0.2, 0.5, 0.3}, [3]float64{1, 1, 1.0 / 3}},
+		{0.3, [3]float64{}, [3]float64{1, 0.3, 0}},
+		{0.3, [3]float64{0, 0, 1}, [3]float64{1, 1, 0.3}},
+	} {
+		got := ShedFractions(tc.s, tc.mix)
+		for p := range got {
+			if d := got[p] - tc.want[p]; d > 1e-9 || d < -1e-9 {
+				t.Errorf("ShedFractions(%v, %v) = %v, want %v", tc.s, tc.mix, got, tc.want)
+				break
+			}
+		}
+	}
+}
+
+func TestFiguresOf(t *testing.T) {
+	f := FiguresOf(&messages.WeightSnapshot{Weights: map[string]float64{"a": 0.6, "b": 0.2}, ShedFraction: 0.2,
+		ShedByPriority: map[string]float64{"sheddable": 1, "standard": 0.1}, DemandRPS: 100,
+		Utilisation: map[string]float64{"a": 0.9, "b": 0.5}, LatencyMs: map[string]float64{"a": 200, "b": 600}})
+	if !f.HasShedByPriority || f.ShedByPriority != [3]float64{1, 0.1, 0} || f.DemandRPS != 100 {
+		t.Fatalf("%+v", f)
+	}
+	if d := f.Utilisation - 0.8; d > 1e-9 || d < -1e-9 || f.Latency != 300*time.Millisecond {
+		t.Fatalf("utilisation %v latency %v", f.Utilisation, f.Latency)
+	}
+}
+
+func TestBudgetEarnRate(t *testing.T) {
+	o := BudgetOptions{}
+	for _, c := range []struct{ u, want float64 }{{0, 0.2}, {0.5, 0.2}, {0.7, 0.072}, {0.9, 0.008}, {1, 0}, {1.5, 0}} {
+		if got := o.EarnRate(c.u); got-c.want > 1e-9 || c.want-got > 1e-9 {
+			t.Errorf("EarnRate(%v) = %v, want %v", c.u, got, c.want)
+		}
+	}
+}
+
+func TestShedConsistentPerKey(t *testing.T) {
+	f := newPFront(t, []int32{modeOK, modeOK}, []float64{0.35, 0.35}, &Figures{ShedFraction: 0.3}, Options{})
+	shedSessions := 0
+	const sessions = 300
+	for i := 0; i < sessions; i++ {
+		var codes []int
+		for k := 0; k < 3; k++ {
+			codes = append(codes, f.do(streamBody("x"), map[string]string{headerSessionID: fmt.Sprint("conv-", i)}).status)
+		}
+		if codes[0] != codes[1] || codes[1] != codes[2] || (codes[0] != 200 && codes[0] != 429) {
+			t.Fatalf("session %d flip-flopped: %v", i, codes)
+		}
+		if codes[0] == 429 {
+			shedSessions++
+		}
+	}
+	if frac := float64(shedSessions) / sessions; frac < 0.22 || frac > 0.38 {
+		t.Fatalf("shed %.2f of sessions, want about 0.3", frac)
+	}
+}
+
+func TestShedByPriorityOrder(t *testing.T) {
+	for _, figs := range []*Figures{
+		{ShedFraction: 1.0 / 3},
+		{ShedFraction: 1.0 / 3, HasShedByPriority: true, ShedByPriority: [3]float64{1, 0.27, 0}},
+	} {
+		f := newPFront(t, []int32{modeOK, modeOK}, []float64{0.3, 0.3}, figs, Options{})
+		pattern := []string{"sheddable", "standard", "standard", "standard", "standard", "critical", "critical", "critical", "sheddable", ""}
+		served := map[string]int{}
+		shed := map[string]int{}
+		for i := 0; i < 600; i++ {
+			p := pattern[i%len(pattern)]
+			r := f.do(streamBody("x"), map[string]string{HeaderPriority: p, headerSessionID: fmt.Sprint("k", i)})
+			if p == "" {
+				p = "standard"
+			}
+			switch r.status {
+			case 200:
+				served[p]++
+			case 429:
+				shed[p]++
+			default:
+				t.Fatalf("status %d", r.status)
+			}
+		}
+		if shed["critical"] != 0 || served["sheddable"] != 0 {
+			t.Fatalf("shed %v served %v: critical shed or sheddable served", shed, served)
+		}
+		frac := float64(shed["standard"]) / float64(shed["standard"]+served["standard"])
+		if frac < 0.18 || frac > 0.36 {
+			t.Fatalf("standard shed fraction %.2f, want about 0.27", frac)
+		}
+		total := 0
+		for _, n := range shed {
+			total += n
+		}
+		t.Logf("shed %v served %v (total shed %.3f)", shed, served, float64(total)/600)
+	}
+	f := newPFront(t, []int32{modeOK}, []float64{1}, nil, Options{})
+	if r := f.do(streamBody("x"), map[string]string{HeaderPriority: "urgent"}); r.status != 400 || !strings.Contains(r.body, "invalid_header") {
+		t.Fatalf("invalid priority: %d %q", r.status, r.body)
+	}
+}
+
+func TestShedAnswerFast(t *testing.T) {
+	f := newPFront(t, []int32{modeOK}, []float64{0.5}, &Figures{ShedFraction: 1}, Options{})
+	var durs []time.Duration
+	for i := 0; i < 400; i++ {
+		r := f.do(streamBody("x"), map[string]string{headerSessionID: fmt.Sprint("s", i)})
+		if r.status != 429 || r.header.Get("Retry-After") != "1" {
+			t.Fatalf("shed answer %d, Retry-After %q", r.status, r.header.Get("Retry-After"))
+		}
+		var body struct {
+			Error struct {
+				Message, Type string
+				Code          *string
+			}
+		}
+		if err := json.Unmarshal([]byte(r.body), &body); err != nil || body.Error.Type != ErrTypeUnavailable ||
+			body.Error.Code == nil || *body.Error.Code != "overloaded" || body.Error.Message == "" {
+			t.Fatalf("body %q", r.body)
+		}
+		durs = append(durs, r.dur)
+	}
+	sort.Slice(durs, func(a, b int) bool { return durs[a] < durs[b] })
+	p99 := durs[len(durs)*99/100]
+	t.Logf("shed answers: p50 %v p99 %v", durs[len(durs)/2], p99)
+	if p99 > 5*time.Millisecond {
+		t.Fatalf("shed p99 %v, want < 5ms", p99)
+	}
+	if f.engines[0].count() != 0 {
+		t.Fatal("a shed request reached the engine")
+	}
+	if n := metricValue(f.h.metrics.shed.WithLabelValues("snapshot", "standard")); n != 400 {
+		t.Fatalf("shed_total %v", n)
+	}
+}
+
+func TestAdmissionShedsBurst(t *testing.T) {
+	// Allotment: max(8, 1.5 × 10 req/s × 1 s) = 15 in flight; sheddable
+	// requests get 80% of it (12), critical ones 125% (18).
+	figs := &Figures{DemandRPS: 10, Latency: time.Second}
+	f := newPFront(t, []int32{modeHold, modeHold}, []float64{0.5, 0.5}, figs, Options{})
+	var codes sync.Map
+	var wg sync.WaitGroup
+	burst := func(prio string, n int) {
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := f.do(streamBody("x"), map[string]string{HeaderPriority: prio})
+				v, _ := codes.LoadOrStore(fmt.Sprint(prio, r.status), new(atomic.Int64))
+				v.(*atomic.Int64).Add(1)
+			}()
+		}
+	}
+	count := func(k string) int64 {
+		v, ok := codes.Load(k)
+		if !ok {
+			return 0
+		}
+		return v.(*atomic.Int64).Load()
+	}
+	held := func() int64 { return f.engines[0].inflight.Load() + f.engines[1].inflight.Load() }
+	burst("sheddable", 20)
+	waitFor(t, 5*time.Second, func() bool { return held() == 12 && count("sheddable429") == 8 })
+	burst("standard", 10)
+	waitFor(t, 5*time.Second, func() bool { return held() == 15 && count("standard429") == 7 })
+	burst("critical", 10)
+	waitFor(t, 5*time.Second, func() bool { return held() == 18 && count("critical429") == 7 })
+	for _, e := range f.engines {
+		close(e.release)
+	}
+	wg.Wait()
+	if count("sheddable200") != 12 || count("standard200") != 3 || count("critical200") != 3 {
+		t.Fatalf("served %d sheddable, %d standard, %d critical", count("sheddable200"), count("standard200"), count("critical200"))
+	}
+}
+
+// TestFirstByteSplitRelay checks that bytes read before committing are
+// relayed once, in order, ahead of the rest.
+func TestFirstByteSplitRelay(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := 0; i < 5; i++ {
+			fmt.Fprintf(w, "data: {\"i\":%d}\n\n", i)
+			w.(http.Flusher).Flush()
+		}
+	}))
+	defer srv.Close()
+	tables := NewStaticTables()
+	tables.Set("m", mustTable(t, []Engine{{Name: "e", URL: srv.URL, Weight: 1}}, TableOptions{}), Info{Mode: ModeSnapshot})
+	h, err := NewHandler(Options{Tables: tables})
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := httptest.NewServer(h)
+	defer front.Close()
+	resp, err := http.Post(front.URL+"/v1/chat/completions", "application/json", strings.NewReader(streamBody("x")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	var got []string
+	for sc.Scan() {
+		if l := sc.Text(); l != "" {
+			got = append(got, l)
+		}
+	}
+	if len(got) != 5 || got[0] != `data: {"i":0}` || got[4] != `data: {"i":4}` {
+		t.Fatalf("relayed %q", got)
+	}
+}
+
+// metricValue reads a counter or gauge.
+func metricValue(c prometheus.Metric) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		return -1
+	}
+	if m.Counter != nil {
+		return m.Counter.GetValue()
+	}
+	return m.Gauge.GetValue()
+}

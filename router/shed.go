@@ -1,0 +1,213 @@
+package router
+
+import (
+	"math"
+	"sync"
+	"time"
+
+	"github.com/switchyard-dev/switchyard/messages"
+)
+
+// Figures are the parts of a weight snapshot the router's guards use:
+// the shed fractions, the demand and the predicted utilisation and latency
+// of the engines the snapshot sends this cluster's traffic to. A
+// SnapshotStore attaches them to Info while its snapshot is fresh; they are
+// immutable.
+type Figures struct {
+	// ShedFraction is the fraction of the cluster's demand to shed, 0..1.
+	ShedFraction float64
+	// ShedByPriority, when HasShedByPriority, is the fraction of each
+	// class's demand to shed, indexed by Priority.
+	ShedByPriority [numPriorities]float64
+	// HasShedByPriority says whether the snapshot carried ShedByPriority.
+	HasShedByPriority bool
+	// DemandRPS is the cluster's demand the snapshot was computed for.
+	DemandRPS float64
+	// Utilisation is the weight-averaged predicted utilisation of the
+	// snapshot's engines (0 when the snapshot carries none).
+	Utilisation float64
+	// Latency is the weight-averaged predicted latency of the snapshot's
+	// engines (0 when the snapshot carries none).
+	Latency time.Duration
+}
+
+// FiguresOf extracts the guards' figures from snap.
+func FiguresOf(snap *messages.WeightSnapshot) *Figures {
+	f := &Figures{ShedFraction: clamp01(snap.ShedFraction), DemandRPS: math.Max(0, snap.DemandRPS)}
+	if len(snap.ShedByPriority) > 0 {
+		for p := Priority(0); p < numPriorities; p++ {
+			if v, ok := snap.ShedByPriority[p.String()]; ok {
+				f.ShedByPriority[p] = clamp01(v)
+				f.HasShedByPriority = true
+			}
+		}
+	}
+	var wsum, usum, lsum, lw float64
+	for name, w := range snap.Weights {
+		if !(w > 0) {
+			continue
+		}
+		wsum += w
+		usum += w * clamp01orMore(snap.Utilisation[name])
+		if l, ok := snap.LatencyMs[name]; ok && l > 0 && !math.IsInf(l, 0) {
+			lsum += w * l
+			lw += w
+		}
+	}
+	if wsum > 0 {
+		f.Utilisation = usum / wsum
+	}
+	if lw > 0 {
+		f.Latency = time.Duration(lsum / lw * float64(time.Millisecond))
+	}
+	return f
+}
+
+func clamp01(v float64) float64 {
+	if !(v > 0) {
+		return 0
+	}
+	return math.Min(v, 1)
+}
+
+// clamp01orMore keeps utilisations above 1 (an overloaded prediction) but
+// drops negative and non-finite ones.
+func clamp01orMore(v float64) float64 {
+	if !(v > 0) || math.IsInf(v, 0) {
+		return 0
+	}
+	return math.Min(v, 10)
+}
+
+// ShedFractions returns the fraction of each priority class to shed for a
+// cluster-wide shed fraction s and the observed share mix of each class
+// (summing to 1, or all zero when unknown). Classes are shed in order,
+// sheddable first: a class is shed in part only when every lower class is
+// shed in full. A class not observed is shed in full as soon as its turn
+// comes, so a request of it that arrives is shed before any of a higher
+// class. With no observations the demand is taken to be all standard.
+func ShedFractions(s float64, mix [numPriorities]float64) [numPriorities]float64 {
+	var out [numPriorities]float64
+	s = clamp01(s)
+	if s == 0 {
+		return out
+	}
+	if mix == ([numPriorities]float64{}) {
+		mix[PriorityStandard] = 1
+	}
+	left := s
+	for p := Priority(0); p < numPriorities; p++ {
+		if left <= 1e-12 {
+			break
+		}
+		if mix[p] <= 0 {
+			out[p] = 1
+			continue
+		}
+		f := math.Min(1, left/mix[p])
+		out[p] = f
+		left -= f * mix[p]
+	}
+	return out
+}
+
+// KeyUnit maps an affinity key to [0, 1) with a hash independent of the
+// key's slot, so that shedding the keys below a fraction spreads over all
+// engines and a key is always on the same side of a fixed fraction.
+func KeyUnit(key uint64) float64 {
+	return float64(mix64(key^0x6a09e667f3bcc909)>>11) / (1 << 53)
+}
+
+// ShedReason says why a request was shed, the reason label of
+// switchyard_router_shed_total.
+type ShedReason string
+
+// Shed reasons.
+const (
+	// ShedSnapshot: the snapshot's shed fraction for the request's class
+	// covers its key.
+	ShedSnapshot ShedReason = "snapshot"
+	// ShedAdmission: the router's in-flight requests are over its allotment.
+	ShedAdmission ShedReason = "admission"
+)
+
+// admissionFactor scales the allotment per class: sheddable requests are
+// admitted up to 80% of it, standard ones up to all of it, critical ones up
+// to 125%, so that a burst sheds sheddable traffic first and critical last.
+var admissionFactor = [numPriorities]float64{0.8, 1, 1.25}
+
+// Allotment returns the in-flight requests this router may hold for a
+// model under f: by Little's law, the router's share of the demand the
+// snapshot serves times its predicted latency, plus slack:
+//
+//	max(minInFlight, (1+slack) · DemandRPS·(1−ShedFraction)/routers · Latency)
+//
+// It returns 0 (no limit) when f is nil or carries no latency or demand.
+func Allotment(f *Figures, routers int, slack float64, minInFlight int) float64 {
+	if f == nil || f.Latency <= 0 || f.DemandRPS <= 0 {
+		return 0
+	}
+	if routers < 1 {
+		routers = 1
+	}
+	lam := f.DemandRPS * (1 - f.ShedFraction) / float64(routers)
+	return math.Max(float64(minInFlight), (1+slack)*lam*f.Latency.Seconds())
+}
+
+// mixWindow is the length of one window of the priority mix; the mix spans
+// the current and the previous window.
+const mixWindow = 10 * time.Second
+
+// priorityMix counts one model's requests by class over a sliding window,
+// to split a snapshot's cluster-wide shed fraction over the classes.
+type priorityMix struct {
+	mu    sync.Mutex
+	start time.Time
+	cur   [numPriorities]float64
+	prev  [numPriorities]float64
+}
+
+// add counts one request of class p at now.
+func (m *priorityMix) add(p Priority, now time.Time) {
+	m.mu.Lock()
+	m.rollLocked(now)
+	m.cur[p]++
+	m.mu.Unlock()
+}
+
+func (m *priorityMix) rollLocked(now time.Time) {
+	switch d := now.Sub(m.start); {
+	case m.start.IsZero() || d >= 2*mixWindow:
+		m.prev, m.cur, m.start = [numPriorities]float64{}, [numPriorities]float64{}, now
+	case d >= mixWindow:
+		m.prev, m.cur = m.cur, [numPriorities]float64{}
+		m.start = m.start.Add(mixWindow)
+	}
+}
+
+// minMixSamples is how many requests the mix must have seen before it is
+// trusted; until then the demand counts as all standard.
+const minMixSamples = 20
+
+// shares returns each class's share of the window's requests (all zero
+// when fewer than minMixSamples were seen).
+func (m *priorityMix) shares(now time.Time) [numPriorities]float64 {
+	m.mu.Lock()
+	m.rollLocked(now)
+	var out [numPriorities]float64
+	total := 0.0
+	for p := range out {
+		out[p] = m.cur[p] + m.prev[p]
+		total += out[p]
+	}
+	m.mu.Unlock()
+	if total < minMixSamples {
+		return [numPriorities]float64{}
+	}
+	if total > 0 {
+		for p := range out {
+			out[p] /= total
+		}
+	}
+	return out
+}
