@@ -289,6 +289,11 @@ func (d *Dashboard) apply(bucket string, e jetstream.KeyValueEntry) {
 			delete(d.engines, key)
 			return
 		}
+		// sy_engines also holds penalty and operator records, told apart by
+		// their kind; only engine states are shown as engines.
+		if _, kind, perr := messages.Peek(e.Value()); perr == nil && kind != messages.KindEngineState {
+			return
+		}
 		var m messages.EngineState
 		if err = messages.DecodeIntoAt(e.Value(), &m, now); err == nil {
 			d.engines[key] = &m

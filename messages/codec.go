@@ -64,12 +64,20 @@ func (*RTTState) MessageKind() Kind { return KindRTTState }
 // MessageKind returns KindWeights.
 func (*WeightSnapshot) MessageKind() Kind { return KindWeights }
 
+// MessageKind returns KindPenalty.
+func (*Penalty) MessageKind() Kind { return KindPenalty }
+
+// MessageKind returns KindOperator.
+func (*Operator) MessageKind() Kind { return KindOperator }
+
 func (m *EngineSignal) stamp()   { m.Version, m.Kind = SchemaVersion, KindSignal }
 func (m *RouterReport) stamp()   { m.Version, m.Kind = SchemaVersion, KindReport }
 func (m *EngineState) stamp()    { m.Version, m.Kind = SchemaVersion, KindEngineState }
 func (m *DemandState) stamp()    { m.Version, m.Kind = SchemaVersion, KindDemandState }
 func (m *RTTState) stamp()       { m.Version, m.Kind = SchemaVersion, KindRTTState }
 func (m *WeightSnapshot) stamp() { m.Version, m.Kind = SchemaVersion, KindWeights }
+func (m *Penalty) stamp()        { m.Version, m.Kind = SchemaVersion, KindPenalty }
+func (m *Operator) stamp()       { m.Version, m.Kind = SchemaVersion, KindOperator }
 
 func (m *EngineSignal) header() (int, Kind)   { return m.Version, m.Kind }
 func (m *RouterReport) header() (int, Kind)   { return m.Version, m.Kind }
@@ -77,6 +85,8 @@ func (m *EngineState) header() (int, Kind)    { return m.Version, m.Kind }
 func (m *DemandState) header() (int, Kind)    { return m.Version, m.Kind }
 func (m *RTTState) header() (int, Kind)       { return m.Version, m.Kind }
 func (m *WeightSnapshot) header() (int, Kind) { return m.Version, m.Kind }
+func (m *Penalty) header() (int, Kind)        { return m.Version, m.Kind }
+func (m *Operator) header() (int, Kind)       { return m.Version, m.Kind }
 
 // New returns a new empty message of kind k.
 func New(k Kind) (Message, error) {
@@ -93,16 +103,21 @@ func New(k Kind) (Message, error) {
 		return new(RTTState), nil
 	case KindWeights:
 		return new(WeightSnapshot), nil
+	case KindPenalty:
+		return new(Penalty), nil
+	case KindOperator:
+		return new(Operator), nil
 	}
 	return nil, fmt.Errorf("%w: %q", ErrKind, k)
 }
 
 // KindByName resolves a kind from its name or a short alias used on the command
 // line: "signal", "report", "engine_state" or "engine", "demand_state" or
-// "demand", "rtt_state" or "rtt", "weights" or "snapshot".
+// "demand", "rtt_state" or "rtt", "weights" or "snapshot", "penalty",
+// "operator".
 func KindByName(name string) (Kind, error) {
 	switch name {
-	case "signal", "report", "engine_state", "demand_state", "rtt_state", "weights":
+	case "signal", "report", "engine_state", "demand_state", "rtt_state", "weights", "penalty", "operator":
 		return Kind(name), nil
 	case "engine":
 		return KindEngineState, nil
@@ -113,7 +128,7 @@ func KindByName(name string) (Kind, error) {
 	case "snapshot":
 		return KindWeights, nil
 	}
-	return "", fmt.Errorf("%w: %q (want signal, report, engine_state, demand_state, rtt_state or weights)", ErrKind, name)
+	return "", fmt.Errorf("%w: %q (want signal, report, engine_state, demand_state, rtt_state, weights, penalty or operator)", ErrKind, name)
 }
 
 func sizeLimit(k Kind) int {

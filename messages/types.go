@@ -14,6 +14,8 @@ const (
 	KindDemandState Kind = "demand_state"
 	KindRTTState    Kind = "rtt_state"
 	KindWeights     Kind = "weights"
+	KindPenalty     Kind = "penalty"
+	KindOperator    Kind = "operator"
 )
 
 // Transport kinds an engine may accept requests on.
@@ -160,6 +162,119 @@ type EngineState struct {
 	BaseLatencyMs float64 `msgpack:"base,omitempty" json:"base_latency_ms,omitempty"`
 	// Transports are the engine's latest advertised transports.
 	Transports []Transport `msgpack:"tx,omitempty" json:"transports,omitempty"`
+	// Outcomes is what routers saw of the engine, folded from their reports;
+	// nil until a report names the engine.
+	Outcomes *EngineOutcomes `msgpack:"oc,omitempty" json:"outcomes,omitempty"`
+}
+
+// EngineOutcomes is the aggregator's view of one engine as routers see it,
+// folded from the per-engine outcomes of all routers' reports. The rates are
+// ratios of exponentially decayed sums over all routers (Fast and Slow use the
+// aggregator's two half-lives, in wall time), so that a router sending much
+// weighs much.
+type EngineOutcomes struct {
+	// LastReport is the time of the newest report naming the engine, Unix ms.
+	LastReport int64 `msgpack:"lr" json:"last_report_ms"`
+	// LastSent is the time of the newest report in which the engine was sent
+	// requests, Unix ms; 0 when none was.
+	LastSent int64 `msgpack:"ls,omitempty" json:"last_sent_ms,omitempty"`
+	// Reports counts the reports naming the engine that were folded in.
+	Reports uint64 `msgpack:"n" json:"reports"`
+	// SentRPS is the rate of attempts sent to the engine, summed over routers, req/s.
+	SentRPS Window `msgpack:"s" json:"sent_rps"`
+	// ErrorRate is failed attempts over attempts sent, 0..1. Failures are the
+	// report's error classes except "429" (the engine shedding its own load,
+	// which its capacity already accounts for); timeouts are apart.
+	ErrorRate Window `msgpack:"er" json:"error_rate"`
+	// TimeoutRate is timed-out attempts over attempts sent, 0..1.
+	TimeoutRate Window `msgpack:"to" json:"timeout_rate"`
+	// TTFTMs is the time to first byte of succeeded attempts as routers
+	// measured it (network included), ms; zero until one succeeded.
+	TTFTMs Window `msgpack:"ttft" json:"ttft_ms"`
+	// FailedIntervals counts consecutive reports in which the engine was sent
+	// requests, none succeeded and some failed or timed out; a report with a
+	// success resets it.
+	FailedIntervals int `msgpack:"fi" json:"failed_intervals"`
+}
+
+// Penalty phases.
+const (
+	// PhasePenalised: the multiplier holds until Until.
+	PhasePenalised = "penalised"
+	// PhaseRecovering: slow start, the multiplier ramps linearly from
+	// Multiplier at Until to 1 at RecoverUntil.
+	PhaseRecovering = "recovering"
+	// PhaseRecovered: the engine is back at full weight; Strikes are
+	// remembered until the record is deleted.
+	PhaseRecovered = "recovered"
+)
+
+// Reasons for a penalty.
+const (
+	ReasonFailures  = "consecutive_failures"
+	ReasonErrorRate = "error_rate"
+	ReasonTimeouts  = "timeouts"
+	ReasonSlowTTFT  = "slow_ttft"
+)
+
+// Penalty is the optimizer's penalty of one engine, written by the optimizer
+// leader to sy_engines under penalty.<model>.<engine> so that people and the
+// dashboard can see why an engine gets less traffic.
+type Penalty struct {
+	Version int    `msgpack:"v" json:"v"`
+	Kind    Kind   `msgpack:"k" json:"k"`
+	Model   string `msgpack:"m" json:"model"`
+	Engine  string `msgpack:"e" json:"engine"`
+	// Time is when the record was written, Unix ms.
+	Time int64 `msgpack:"t" json:"time_ms"`
+	// Phase is PhasePenalised, PhaseRecovering or PhaseRecovered.
+	Phase string `msgpack:"ph" json:"phase"`
+	// Multiplier is the health multiplier on the engine's capacity while
+	// penalised (and where the slow start begins), 0..1.
+	Multiplier float64 `msgpack:"mul" json:"multiplier"`
+	// Reason is one of the Reason constants.
+	Reason string `msgpack:"why" json:"reason"`
+	// Detail says what was measured, for people.
+	Detail string `msgpack:"d,omitempty" json:"detail,omitempty"`
+	// Since is when the penalty began, Until when it ends and RecoverUntil
+	// when the slow start after it ends, Unix ms.
+	Since        int64 `msgpack:"since" json:"since_ms"`
+	Until        int64 `msgpack:"until" json:"until_ms"`
+	RecoverUntil int64 `msgpack:"rec" json:"recover_until_ms"`
+	// Strikes counts the penalties in a row; each doubles the penalty time.
+	Strikes int `msgpack:"n" json:"strikes"`
+}
+
+// Operator actions.
+const (
+	// ActionDrain: no new traffic (weight 0); requests in flight finish.
+	ActionDrain = "drain"
+	// ActionCordon: no new traffic, like drain for the optimizer, shown
+	// apart (the engine is kept out, for example while it is investigated).
+	ActionCordon = "cordon"
+	// ActionHealth pins the engine's health multiplier to Health.
+	ActionHealth = "health"
+)
+
+// Operator is a person's override of one engine, written by `switchyard
+// engine drain|cordon|health` to sy_engines under operator.<engine> and
+// removed by `switchyard engine restore`. The optimizer obeys it.
+type Operator struct {
+	Version int    `msgpack:"v" json:"v"`
+	Kind    Kind   `msgpack:"k" json:"k"`
+	Engine  string `msgpack:"e" json:"engine"`
+	// Model limits the override to one model; empty means every model.
+	Model string `msgpack:"m,omitempty" json:"model,omitempty"`
+	// Action is ActionDrain, ActionCordon or ActionHealth.
+	Action string `msgpack:"a" json:"action"`
+	// Health is the pinned multiplier for ActionHealth, 0..1.
+	Health float64 `msgpack:"h,omitempty" json:"health,omitempty"`
+	// Reason says why, for people.
+	Reason string `msgpack:"why,omitempty" json:"reason,omitempty"`
+	// By names who set it (user@host).
+	By string `msgpack:"by,omitempty" json:"by,omitempty"`
+	// Time is when it was set, Unix ms.
+	Time int64 `msgpack:"t" json:"time_ms"`
 }
 
 // DemandState is the aggregator's view of demand for one model in one frontend

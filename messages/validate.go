@@ -201,6 +201,74 @@ func (m *EngineState) Validate(now time.Time) error {
 	c.fraction("health", m.Health)
 	c.nonNeg("base_latency_ms", m.BaseLatencyMs, maxLatency)
 	c.transports("transports", m.Transports)
+	if o := m.Outcomes; o != nil {
+		if o.LastReport != 0 {
+			c.time("outcomes.last_report_ms", o.LastReport, now)
+		}
+		if o.LastSent != 0 {
+			c.time("outcomes.last_sent_ms", o.LastSent, now)
+		}
+		c.window("outcomes.sent_rps", o.SentRPS, maxRate)
+		c.window("outcomes.error_rate", o.ErrorRate, 1)
+		c.window("outcomes.timeout_rate", o.TimeoutRate, 1)
+		c.window("outcomes.ttft_ms", o.TTFTMs, maxLatency)
+		c.count("outcomes.failed_intervals", int64(o.FailedIntervals))
+	}
+	return c.err
+}
+
+// maxText bounds free-text fields (reasons, details).
+const maxText = 512
+
+func (c *checker) text(field, v string) {
+	if len(v) > maxText {
+		c.fail(field, "has %d bytes, want at most %d", len(v), maxText)
+	}
+}
+
+// Validate checks every field of the penalty.
+func (m *Penalty) Validate(now time.Time) error {
+	c := checker{kind: KindPenalty}
+	c.name("model", m.Model, false)
+	c.name("engine", m.Engine, false)
+	c.time("time_ms", m.Time, now)
+	switch m.Phase {
+	case PhasePenalised, PhaseRecovering, PhaseRecovered:
+	default:
+		c.fail("phase", "is %q, want %q, %q or %q", m.Phase, PhasePenalised, PhaseRecovering, PhaseRecovered)
+	}
+	c.fraction("multiplier", m.Multiplier)
+	switch m.Reason {
+	case ReasonFailures, ReasonErrorRate, ReasonTimeouts, ReasonSlowTTFT:
+	default:
+		c.fail("reason", "is %q, want %s, %s, %s or %s", m.Reason, ReasonFailures, ReasonErrorRate, ReasonTimeouts, ReasonSlowTTFT)
+	}
+	c.text("detail", m.Detail)
+	if m.Since <= 0 || m.Until < m.Since || m.RecoverUntil < m.Until {
+		c.fail("until_ms", "since %d, until %d, recover until %d: want 0 < since <= until <= recover_until", m.Since, m.Until, m.RecoverUntil)
+	}
+	c.count("strikes", int64(m.Strikes))
+	return c.err
+}
+
+// Validate checks every field of the operator override.
+func (m *Operator) Validate(now time.Time) error {
+	c := checker{kind: KindOperator}
+	c.name("engine", m.Engine, false)
+	c.name("model", m.Model, true)
+	c.time("time_ms", m.Time, now)
+	switch m.Action {
+	case ActionDrain, ActionCordon:
+		if m.Health != 0 {
+			c.fail("health", "is %v, want none for %s", m.Health, m.Action)
+		}
+	case ActionHealth:
+		c.fraction("health", m.Health)
+	default:
+		c.fail("action", "is %q, want %q, %q or %q", m.Action, ActionDrain, ActionCordon, ActionHealth)
+	}
+	c.text("reason", m.Reason)
+	c.text("by", m.By)
 	return c.err
 }
 

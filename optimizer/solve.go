@@ -66,6 +66,7 @@ func (o Options) withDefaults() Options {
 type Solver struct {
 	opt         Options
 	equilibrium bool // least-latency: equalise average, not marginal, latency
+	noDual      bool // skip the dual solver (tests)
 
 	order [NumPriorities]int // priority classes by ascending shed price
 
@@ -86,6 +87,7 @@ type Solver struct {
 
 	offers []offer
 	p      *Problem
+	dual   dualState
 
 	bfDist         []float64
 	bfPred, bfMark []int
@@ -145,6 +147,15 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 			for _, n := range pp.Notes {
 				notes = append(notes, fmt.Sprintf("engine %s: %s", p.Engines[j].Name, n))
 			}
+		}
+	}
+	if s.useDual(p) {
+		rounds, ok := s.dualSolve(s.dualRounds(p))
+		if !ok {
+			// Start the sweeps afresh rather than from the unbalanced dual point.
+			notes = append(notes, fmt.Sprintf("dual solver did not balance in %d rounds; solved by sweeps", rounds))
+			s.setup(p)
+			s.warm(p, prev)
 		}
 	}
 	sweeps, m := s.iterate(p)

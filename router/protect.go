@@ -106,6 +106,10 @@ type GuardObserver interface {
 	Retry(model string)
 }
 
+// admissionUtilisation is the predicted utilisation from which local
+// admission control applies when the snapshot sheds nothing.
+const admissionUtilisation = 0.9
+
 // routed is a request the router admitted and picked a first engine for.
 type routed struct {
 	model    string
@@ -158,6 +162,24 @@ func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, k
 		u = f.Utilisation
 	}
 	n := ms.admitted.Add(1)
+	// The snapshot's demand can lag a rise (it is rewritten only when the
+	// weights move or on the heartbeat); a rate this router measured itself
+	// over the last 10–20 s keeps steady traffic admitted, so admission
+	// control only cuts bursts above the recent rate. Sustained overload is
+	// the optimizer's to shed, through the snapshot's shed fraction.
+	if f != nil {
+		if local := ms.mix.rate(now) * float64(max(h.prot.Routers, 1)) / (1 - math.Min(f.ShedFraction, 0.99)); local > f.DemandRPS {
+			g := *f
+			g.DemandRPS = local
+			f = &g
+		}
+	}
+	// Admission control guards a fleet the snapshot already plans near its
+	// limit (it sheds, or predicts the engines this router uses at 90% or
+	// more); with headroom a burst is the engines' to absorb.
+	if f != nil && f.ShedFraction == 0 && !f.HasShedByPriority && f.Utilisation < admissionUtilisation {
+		return u, nil
+	}
 	if lim := Allotment(f, h.prot.Routers, h.prot.AdmissionSlack, h.prot.MinInFlight); lim > 0 {
 		if !h.prot.NoAdmission && float64(n) > lim*admissionFactor[p] {
 			ms.admitted.Add(-1)

@@ -549,9 +549,9 @@ func TestShedAnswerFast(t *testing.T) {
 }
 
 func TestAdmissionShedsBurst(t *testing.T) {
-	// Allotment: max(8, 1.5 × 10 req/s × 1 s) = 15 in flight; sheddable
-	// requests get 80% of it (12), critical ones 125% (18).
-	figs := &Figures{DemandRPS: 10, Latency: time.Second}
+	// Allotment: m = 4 req/s × 1 s in flight on average; max(8, 1.5·m + 4·√m)
+	// = 14; sheddable requests get 80% of it (11), critical ones 125% (17).
+	figs := &Figures{DemandRPS: 4, Latency: time.Second, Utilisation: 0.95} // near its limit: admission applies
 	f := newPFront(t, []int32{modeHold, modeHold}, []float64{0.5, 0.5}, figs, Options{})
 	var codes sync.Map
 	var wg sync.WaitGroup
@@ -575,16 +575,25 @@ func TestAdmissionShedsBurst(t *testing.T) {
 	}
 	held := func() int64 { return f.engines[0].inflight.Load() + f.engines[1].inflight.Load() }
 	burst("sheddable", 20)
-	waitFor(t, 5*time.Second, func() bool { return held() == 12 && count("sheddable429") == 8 })
-	burst("standard", 10)
-	waitFor(t, 5*time.Second, func() bool { return held() == 15 && count("standard429") == 7 })
-	burst("critical", 10)
-	waitFor(t, 5*time.Second, func() bool { return held() == 18 && count("critical429") == 7 })
-	for _, e := range f.engines {
-		close(e.release)
+	release := func() {
+		for _, e := range f.engines {
+			close(e.release)
+		}
 	}
+	then := func(prio string, n int) bool { burst(prio, n); return true }
+	// Poll without failing, so that the engines are released (and the
+	// bursts' goroutines end) whatever happens.
+	ok := poll(5*time.Second, func() bool { return held() == 11 && count("sheddable429") == 9 }) &&
+		then("standard", 10) &&
+		poll(5*time.Second, func() bool { return held() == 14 && count("standard429") == 7 }) &&
+		then("critical", 10) &&
+		poll(5*time.Second, func() bool { return held() == 17 && count("critical429") == 7 })
+	release()
 	wg.Wait()
-	if count("sheddable200") != 12 || count("standard200") != 3 || count("critical200") != 3 {
+	if !ok {
+		t.Fatalf("held %d; shed %d sheddable, %d standard, %d critical", held(), count("sheddable429"), count("standard429"), count("critical429"))
+	}
+	if count("sheddable200") != 11 || count("standard200") != 3 || count("critical200") != 3 {
 		t.Fatalf("served %d sheddable, %d standard, %d critical", count("sheddable200"), count("standard200"), count("critical200"))
 	}
 }
@@ -635,4 +644,14 @@ func metricValue(c prometheus.Metric) float64 {
 		return m.Counter.GetValue()
 	}
 	return m.Gauge.GetValue()
+}
+
+// poll reports whether cond holds within timeout, checking every few ms.
+func poll(timeout time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(timeout); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
 }

@@ -140,7 +140,8 @@ var admissionFactor = [numPriorities]float64{0.8, 1, 1.25}
 // model under f: by Little's law, the router's share of the demand the
 // snapshot serves times its predicted latency, plus slack:
 //
-//	max(minInFlight, (1+slack) · DemandRPS·(1−ShedFraction)/routers · Latency)
+//	m = DemandRPS·(1−ShedFraction)/routers · Latency
+//	max(minInFlight, (1+slack)·m + 4·√m)
 //
 // It returns 0 (no limit) when f is nil or carries no latency or demand.
 func Allotment(f *Figures, routers int, slack float64, minInFlight int) float64 {
@@ -151,7 +152,12 @@ func Allotment(f *Figures, routers int, slack float64, minInFlight int) float64 
 		routers = 1
 	}
 	lam := f.DemandRPS * (1 - f.ShedFraction) / float64(routers)
-	return math.Max(float64(minInFlight), (1+slack)*lam*f.Latency.Seconds())
+	// With Poisson arrivals the number in flight is itself Poisson around
+	// its mean m = λ·W (an M/G/∞ count): allow four standard deviations of
+	// that burstiness before the slack, so that steady demand the snapshot
+	// plans for is never shed.
+	m := lam * f.Latency.Seconds()
+	return math.Max(float64(minInFlight), (1+slack)*m+4*math.Sqrt(m))
 }
 
 // mixWindow is the length of one window of the priority mix; the mix spans
@@ -162,6 +168,7 @@ const mixWindow = 10 * time.Second
 // to split a snapshot's cluster-wide shed fraction over the classes.
 type priorityMix struct {
 	mu    sync.Mutex
+	first time.Time // the first request seen
 	start time.Time
 	cur   [numPriorities]float64
 	prev  [numPriorities]float64
@@ -170,9 +177,30 @@ type priorityMix struct {
 // add counts one request of class p at now.
 func (m *priorityMix) add(p Priority, now time.Time) {
 	m.mu.Lock()
+	if m.first.IsZero() {
+		m.first = now
+	}
 	m.rollLocked(now)
 	m.cur[p]++
 	m.mu.Unlock()
+}
+
+// rate returns this router's request rate for the model over the window,
+// req/s, counted over at least one whole window, so that a burst at a fresh
+// router reads as a tenth of its size, not as its size per second.
+func (m *priorityMix) rate(now time.Time) float64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.first.IsZero() {
+		return 0
+	}
+	m.rollLocked(now)
+	total := 0.0
+	for p := range m.cur {
+		total += m.cur[p] + m.prev[p]
+	}
+	span := min(now.Sub(m.first), mixWindow+now.Sub(m.start))
+	return total / math.Max(span.Seconds(), mixWindow.Seconds())
 }
 
 func (m *priorityMix) rollLocked(now time.Time) {

@@ -107,8 +107,10 @@ func TestCaseStudyEndToEnd(t *testing.T) {
 	for i, sum := range sums {
 		c := f.Clusters[i]
 		total += sum.Sent
-		if sum.Errors > 0 || sum.OK != sum.Sent {
-			t.Fatalf("cluster %s: %d sent, %d ok, %d errors (%v): want every request answered", c.Name, sum.Sent, sum.OK, sum.Errors, sum.ErrorSamples)
+		// Every request is answered; a few may be shed while the optimizer's
+		// first estimates settle, none may fail.
+		if sum.Errors > 0 || sum.OK+sum.Shed != sum.Sent || float64(sum.Shed) > 0.01*float64(sum.Sent) {
+			t.Fatalf("cluster %s: %d sent, %d ok, %d shed, %d errors (%v): want every request answered, at most 1%% shed", c.Name, sum.Sent, sum.OK, sum.Shed, sum.Errors, sum.ErrorSamples)
 		}
 		mean := map[string]float64{}
 		for e, w := range sampled[i] {

@@ -46,6 +46,7 @@ func commands() []command {
 		optimizeCommand(),
 		optimizerCommand(),
 		routerCommand(),
+		engineCommand(),
 		engineSimCommand(),
 		decodeCommand(),
 		encodeCommand(),

@@ -20,7 +20,7 @@ func simCommand() command {
 	return command{
 		name:    "sim",
 		summary: "simulate routing policies on a scenario (deterministic, discrete-event) and compare them",
-		usage:   "--scenario FILE [--trace FILE] [--policies a,b,...] [--seed N] [--json OUT] [--plots DIR]",
+		usage:   "--scenario FILE [--trace FILE] [--policies a,b,...] [--seed N] [--json OUT] [--plots DIR] | --live [--scenario FILE] [--seed N] [--json OUT]",
 		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 			scenario := fs.String("scenario", "", "scenario YAML `file` (see examples/sim/)")
 			trace := fs.String("trace", "", "replace the scenario's trace with this `file` (same format: Azure CSV or Mooncake JSONL)")
@@ -30,9 +30,29 @@ func simCommand() command {
 			plots := fs.String("plots", "", "write PNG plots to this `directory`")
 			parallel := fs.Int("parallel", runtime.GOMAXPROCS(0), "policies simulated at once")
 			quiet := fs.Bool("quiet", false, "no progress bar")
+			live := fs.Bool("live", false, "live check: run the scenario (default: a built-in small case study) through the real services "+
+				"in this process and through the simulator, compare, and fail when they disagree beyond the stated tolerances")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return usagef("unexpected arguments %q", args)
+				}
+				if *live {
+					var bad []string
+					fs.Visit(func(f *flag.Flag) {
+						if f.Name == "trace" || f.Name == "policies" || f.Name == "plots" || f.Name == "parallel" {
+							bad = append(bad, "--"+f.Name)
+						}
+					})
+					if len(bad) > 0 {
+						return usagef("--live takes --scenario, --seed, --json and --quiet, not %s", strings.Join(bad, ", "))
+					}
+					opts := sim.LiveOptions{}
+					fs.Visit(func(f *flag.Flag) {
+						if f.Name == "seed" {
+							opts.Seed, opts.SeedSet = *seed, true
+						}
+					})
+					return runLiveCheck(ctx, e, *scenario, *jsonOut, *quiet, opts)
 				}
 				if *scenario == "" {
 					return usagef("--scenario is required")
@@ -96,6 +116,52 @@ func simCommand() command {
 			}
 		},
 	}
+}
+
+// runLiveCheck runs `switchyard sim --live`.
+func runLiveCheck(ctx context.Context, e *env, scenario, jsonOut string, quiet bool, opts sim.LiveOptions) error {
+	sc := sim.LiveScenario()
+	if scenario != "" {
+		var err error
+		if sc, err = sim.LoadScenario(scenario); err != nil {
+			return usageError{err}
+		}
+	}
+	if _, err := sim.LiveStackFile(sc); err != nil {
+		return usageError{err}
+	}
+	if !quiet {
+		opts.Progress = e.stderr
+		fmt.Fprintf(e.stderr, "live check of scenario %s: simulating, then %g s through the real services\n", sc.Name, sc.DurationS)
+	}
+	cmp, err := sim.RunLive(ctx, sc, opts)
+	if err != nil {
+		return err
+	}
+	if err := cmp.WriteTable(e.stdout); err != nil {
+		return err
+	}
+	if jsonOut != "" {
+		w, closeFn := e.stdout, func() error { return nil }
+		if jsonOut != "-" {
+			f, err := os.Create(jsonOut)
+			if err != nil {
+				return fmt.Errorf("--json: %w", err)
+			}
+			w, closeFn = f, f.Close
+		}
+		err := cmp.WriteJSON(w)
+		if cerr := closeFn(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("--json %s: %w", jsonOut, err)
+		}
+	}
+	if !cmp.OK {
+		return fmt.Errorf("live check: the live stack and the simulator disagree beyond tolerance: %s", strings.Join(cmp.Failures(), ", "))
+	}
+	return nil
 }
 
 func writeJSONReport(path string, stdout io.Writer, rep *sim.Report) error {

@@ -4,6 +4,13 @@
 // then down, and writes the current state to the sy_engines and sy_demand KV
 // buckets, batched to at most one write per key per write interval.
 //
+// The per-engine outcomes of router reports are folded into the engine's
+// state (EngineState.Outcomes: error and timeout rates, TTFT as routers see
+// it, consecutive failed intervals), for engines that have signalled. The
+// sy_engines bucket also holds penalty.<model>.<engine> records (written by
+// the optimizer) and operator.<engine> records (written by people); the
+// aggregator leaves them alone.
+//
 // It is restart-safe: on start it reloads its state from the buckets and
 // resumes from its durable consumers; a message is acknowledged only after the
 // state that includes it has been written, and a redelivered message is
@@ -101,6 +108,7 @@ type engineEntry struct {
 	state    messages.EngineState
 	lastSeen time.Time
 	dirty    bool
+	outcomes outcomeAcc
 }
 
 type demandEntry struct {
@@ -250,11 +258,18 @@ func (a *Aggregator) load(ctx context.Context) error {
 				if last.After(now) {
 					last = now
 				}
-				a.engines[e.Key()] = &engineEntry{state: *s, lastSeen: last}
+				ent := &engineEntry{state: *s, lastSeen: last}
+				if s.Outcomes != nil {
+					ent.outcomes.restore(s.Outcomes, a.smooth, now)
+				}
+				a.engines[e.Key()] = ent
 			case *messages.DemandState:
 				a.demand[e.Key()] = &demandEntry{state: *s}
 			case *messages.RTTState:
 				a.rtt[e.Key()] = &rttEntry{state: *s}
+			default:
+				// Penalty and operator records (written by the optimizer and
+				// by people) share sy_engines; they are not the aggregator's.
 			}
 		}
 		if err := w.Stop(); err != nil {
@@ -407,6 +422,20 @@ func (a *Aggregator) foldReport(rep *messages.RouterReport, now time.Time) {
 	st.Reports++
 	a.sumDemand(st, now)
 	d.dirty = true
+
+	// Per-engine outcomes, into the states of engines that have signalled:
+	// a report cannot create an engine.
+	for engine, o := range rep.Engines {
+		e, ok := a.engines[rep.Model+"."+engine]
+		if !ok {
+			continue
+		}
+		if e.state.Outcomes == nil {
+			e.state.Outcomes = &messages.EngineOutcomes{}
+		}
+		e.outcomes.fold(e.state.Outcomes, o, rep.Time, now, s)
+		e.dirty = true
+	}
 
 	for engine, ms := range rep.RTTMs {
 		rk := "rtt." + rep.Cluster + "." + engine

@@ -55,6 +55,7 @@ type Engine struct {
 	front    *http.Server
 	admin    *http.Server
 	sub      *nats.Subscription
+	ctlSub   *nats.Subscription // the control subject; stays up when crashed
 	pub      *engine.Publisher
 }
 
@@ -147,6 +148,15 @@ func (e *Engine) Start(ctx context.Context) error {
 	e.mu.Lock()
 	e.httpURL = "http://" + e.addr
 	e.mu.Unlock()
+	if e.opts.Conn != nil {
+		if err := e.subscribeControlLocked(); err != nil {
+			e.stopServingLocked()
+			if e.admin != nil {
+				_ = e.admin.Close()
+			}
+			return err
+		}
+	}
 	e.started = true
 	e.wg.Add(1)
 	go e.schedule()
@@ -181,11 +191,13 @@ func (e *Engine) Close() error {
 		close(e.quit)
 		e.ctl.Lock()
 		e.closed = true
-		front, admin, sub := e.front, e.admin, e.sub
-		e.front, e.admin, e.sub = nil, nil, nil
+		front, admin, sub, ctlSub := e.front, e.admin, e.sub, e.ctlSub
+		e.front, e.admin, e.sub, e.ctlSub = nil, nil, nil, nil
 		e.ctl.Unlock()
-		if sub != nil {
-			_ = sub.Unsubscribe()
+		for _, s := range []*nats.Subscription{sub, ctlSub} {
+			if s != nil {
+				_ = s.Unsubscribe()
+			}
 		}
 		for _, srv := range []*http.Server{front, admin} {
 			if srv == nil {
@@ -265,7 +277,7 @@ func (e *Engine) SetFailure(f Failure) error {
 	e.pokeScheduler()
 	e.log.Info().Float64("error_rate", f.ErrorRate).Float64("added_latency_ms", f.AddedLatencyMs).
 		Bool("hang", f.Hang).Int("crash_after", f.CrashAfter).Bool("crashed", f.Crashed).
-		Float64("capacity_factor", f.factor()).Bool("silent", f.Silent).Msg("failure injection set")
+		Float64("capacity_factor", f.factor()).Float64("ttft_factor", f.TTFTFactor).Bool("silent", f.Silent).Msg("failure injection set")
 	if !e.started {
 		return nil
 	}
@@ -439,6 +451,10 @@ func (e *Engine) admit(ctx context.Context, j *job) (*request, error) {
 		e.mu.Unlock()
 		e.metrics.requests.WithLabelValues("error").Inc()
 		return nil, j.err
+	}
+	if k := e.Failure().TTFTFactor; k > 1 {
+		idle := float64(j.prompt) * e.opts.PrefillMsPerToken * e.opts.TimeScale / e.Failure().factor()
+		delay += time.Duration((k - 1) * idle * float64(time.Millisecond))
 	}
 	if delay > 0 {
 		t := time.NewTimer(delay)

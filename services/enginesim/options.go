@@ -95,6 +95,11 @@ type Failure struct {
 	CapacityFactor float64 `json:"capacity_factor"`
 	// Silent keeps the signalled health at 1 whatever is injected.
 	Silent bool `json:"silent"`
+	// TTFTFactor, when above 1, makes the engine slow to first token: every
+	// request waits (TTFTFactor − 1) × its idle-engine TTFT (prefill of its
+	// prompt) before it queues, so an idle engine's TTFT is TTFTFactor
+	// times the normal one. 0 or 1 means normal; at most 1000.
+	TTFTFactor float64 `json:"ttft_factor"`
 }
 
 func (f Failure) validate() error {
@@ -105,6 +110,8 @@ func (f Failure) validate() error {
 		return fmt.Errorf("enginesim: Failure.AddedLatencyMs is %v, want 0..3600000", f.AddedLatencyMs)
 	case f.CrashAfter < 0:
 		return fmt.Errorf("enginesim: Failure.CrashAfter is %d, want >= 0", f.CrashAfter)
+	case math.IsNaN(f.TTFTFactor) || f.TTFTFactor < 0 || f.TTFTFactor > 1000:
+		return fmt.Errorf("enginesim: Failure.TTFTFactor is %v, want 0 (meaning 1) or 1 <= k <= 1000", f.TTFTFactor)
 	case math.IsNaN(f.CapacityFactor) || f.CapacityFactor < 0 || f.CapacityFactor > 10:
 		return fmt.Errorf("enginesim: Failure.CapacityFactor is %v, want 0 (meaning 1) or 0 < f <= 10", f.CapacityFactor)
 	}

@@ -21,6 +21,9 @@ type fit struct {
 	next     int
 	lastTime int64   // Time of the newest state folded in, Unix ms
 	base     float64 // fitted base_ms; 0 until the first sample
+	// ttftShare is the smoothed share of TTFT in the sampled latency, so
+	// that base × ttftShare is the fitted TTFT profile's base.
+	ttftShare float64
 }
 
 // sample returns the base latency implied by one engine state's slow windows,
@@ -58,6 +61,14 @@ func (f *fit) add(st *messages.EngineState, prior float64) {
 		f.samples[f.next] = b
 		f.next = (f.next + 1) % FitWindow
 	}
+	if lat := st.TTFTMs.Slow + st.OutputTokens.Slow*st.TBTMs.Slow; lat > 0 {
+		share := st.TTFTMs.Slow / lat
+		if f.ttftShare == 0 {
+			f.ttftShare = share
+		} else {
+			f.ttftShare += FitAlpha * (share - f.ttftShare)
+		}
+	}
 	n := float64(len(f.samples))
 	target := (PriorSamples*prior + n*median(f.samples)) / (PriorSamples + n)
 	if f.base == 0 {
@@ -73,6 +84,16 @@ func (f *fit) baseMs(prior float64) float64 {
 		return prior
 	}
 	return f.base
+}
+
+// ttftMs returns the fitted TTFT at utilisation u (capped at 0.9), or 0
+// when there is no fit yet.
+func (f *fit) ttftMs(u float64) float64 {
+	if f == nil || !(f.base > 0) || !(f.ttftShare > 0) {
+		return 0
+	}
+	u = math.Min(math.Max(u, 0), 0.9)
+	return f.base * f.ttftShare / (1 - u)
 }
 
 // median returns the median of xs (which it does not modify).

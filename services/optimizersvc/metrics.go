@@ -13,6 +13,9 @@ type metrics struct {
 	clusters      prometheus.Gauge
 	engines       prometheus.Gauge
 	bad           *prometheus.CounterVec
+	penalised     prometheus.Gauge
+	penalties     *prometheus.CounterVec
+	operator      *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -40,10 +43,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		bad: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_optimizer_bad_values_total", Help: "State values that failed to decode or validate, ignored."},
 			[]string{"bucket", "reason"}),
+		penalised: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "switchyard_optimizer_penalised_engines", Help: "Engines in a penalty now (not counting slow start)."}),
+		penalties: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_optimizer_penalties_total", Help: "Penalties imposed (or made harsher), by reason."},
+			[]string{"reason"}),
+		operator: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_optimizer_operator_overrides", Help: "Operator overrides in force, by action."},
+			[]string{"action"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.solveDuration, m.solveErrors, m.gap, m.generations, m.conflicts, m.leader,
-			m.problems, m.clusters, m.engines, m.bad)
+			m.problems, m.clusters, m.engines, m.bad, m.penalised, m.penalties, m.operator)
 	}
 	return m
 }

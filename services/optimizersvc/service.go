@@ -38,6 +38,34 @@
 // otherwise Options.NetworkMs[i][j]; an engine with neither is not eligible for
 // that cluster.
 //
+// # Penalties and operator overrides
+//
+// Before each round the service judges every model's engines by the router
+// outcomes the aggregator folds into their states (EngineState.Outcomes),
+// when routers sent the engine requests within PenaltyOptions.EvidenceMaxAge.
+// An engine is an outlier when it had FailedIntervals report intervals in a
+// row without a success (multiplier 0), its error rate exceeds max(5%, 3 ×
+// the model's fleet median) (0.25, or 0 from 50%), its timeout rate exceeds
+// max(5%, 3 × the median) (likewise), or the TTFT routers see exceeds 3 × its
+// fitted TTFT profile at its load plus 50 ms (0.5). The multiplier scales
+// its health (capacity) in the problem for a penalty time of 5 s × 2^(n−1)
+// for the n-th penalty in a row (at most 5 min); then it ramps linearly
+// from max(multiplier, 0.1) to 1 over SlowStart (10 s). Only evidence newer
+// than the penalty counts again. At most MaxShare (half) of a model's
+// engines are penalised at once, the worst first. Strikes are forgotten after
+// Forget (5 min) of good behaviour. Each penalty is logged (engine, reason,
+// multiplier, duration), counted (switchyard_optimizer_penalties_total,
+// switchyard_optimizer_penalised_engines) and, by the leader, written to
+// sy_engines under penalty.<model>.<engine> (messages.Penalty) on every phase
+// change; the key is deleted when the strikes are forgotten. Every instance
+// judges for itself; only the leader writes.
+//
+// Operator records (messages.Operator, key operator.<engine> in sy_engines,
+// written by `switchyard engine`) override: drain and cordon keep the engine
+// out of the problem (weight 0 in every snapshot); health pins its multiplier
+// in place of any penalty; deleting the key restores it. Values in
+// sy_engines are told apart by their kind, not by their key.
+//
 // # Writing
 //
 // The service solves at most every MinInterval after a change and at least
@@ -158,6 +186,9 @@ type Options struct {
 	// LeaseTTL must equal the leases bucket's TTL (streams.ProvisionOptions.LeaseTTL).
 	// Zero means 3 s.
 	LeaseTTL time.Duration
+	// Penalties are the outlier rules and penalty schedule; zero values take
+	// the defaults documented per field.
+	Penalties PenaltyOptions
 	// Solver configures the solver; the zero value means optimizer.DefaultOptions().
 	Solver optimizer.Options
 	// Logger receives the service's log.
@@ -203,6 +234,7 @@ func (o *Options) setDefaults() {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	o.Penalties.setDefaults()
 }
 
 // sanitizeName turns s into a valid messages name: characters outside
@@ -286,6 +318,8 @@ type Service struct {
 	rtt       map[string]float64               // one-way ms by <cluster>.<engine>
 	fits      map[string]*fit                  // by <model>.<engine>
 	solutions map[string]*optimizer.Solution   // by model
+	pens      map[string]*penalty              // by <model>.<engine>
+	operators map[string]*messages.Operator    // by sy_engines key operator.<engine>
 	changed   chan struct{}                    // signalled (non-blocking) on input changes
 
 	// Leadership, written by the lease loop.
@@ -298,6 +332,8 @@ type Service struct {
 	models map[string]*modelState
 	keys   map[string]*keyState // weights keys, by <model>.<cluster>
 	maxGen map[string]uint64    // highest generation ever seen per weights key
+	// written holds, per penalty key, what this instance last wrote there.
+	written map[string]string
 }
 
 // modelState is the solver and the previous solution of one model.
@@ -339,6 +375,9 @@ func New(opts Options) (*Service, error) {
 		models:    make(map[string]*modelState),
 		keys:      make(map[string]*keyState),
 		maxGen:    make(map[string]uint64),
+		pens:      make(map[string]*penalty),
+		operators: make(map[string]*messages.Operator),
+		written:   make(map[string]string),
 	}
 	return s, nil
 }
@@ -417,13 +456,13 @@ func (s *Service) Run(ctx context.Context) error {
 		defer wg.Done()
 		s.leaseLoop(ctx, buckets[s.opts.Names.LeasesBucket])
 	}()
-	s.loop(ctx, buckets[s.opts.Names.WeightsBucket])
+	s.loop(ctx, buckets[s.opts.Names.WeightsBucket], buckets[s.opts.Names.EnginesBucket])
 	return nil
 }
 
 // loop solves after changes (at most every MinInterval), at least every
 // MaxInterval, and at once when leadership is gained.
-func (s *Service) loop(ctx context.Context, weights jetstream.KeyValue) {
+func (s *Service) loop(ctx context.Context, weights, engines jetstream.KeyValue) {
 	var last time.Time
 	timer := time.NewTimer(0) // first solve at once
 	defer timer.Stop()
@@ -451,7 +490,7 @@ func (s *Service) loop(ctx context.Context, weights jetstream.KeyValue) {
 		}
 		pending = false
 		last = time.Now()
-		s.solveAll(ctx, weights)
+		s.solveAll(ctx, weights, engines)
 		timer.Reset(s.opts.MaxInterval)
 	}
 }

@@ -27,12 +27,20 @@ type built struct {
 func (s *Service) buildProblems() []built {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := time.Now()
 	type engineIn struct {
 		name  string
 		st    *messages.EngineState
 		prior float64
 	}
 	engines := map[string][]engineIn{}
+	drained := map[string]int{}
+	for _, op := range s.operators {
+		drained[op.Action]++
+	}
+	for _, a := range []string{messages.ActionDrain, messages.ActionCordon, messages.ActionHealth} {
+		s.metrics.operator.WithLabelValues(a).Set(float64(drained[a]))
+	}
 	for _, key := range sortedKeys(s.engines) {
 		st := s.engines[key]
 		prior := s.opts.PriorBaseMs
@@ -55,11 +63,8 @@ func (s *Service) buildProblems() []built {
 			if e.st.Status == messages.StatusDown {
 				continue
 			}
-			health := e.st.Health
-			if e.st.Status == messages.StatusStale {
-				health *= StaleHealthFactor
-			}
-			if !(e.st.CapacityRPS*health > 0) {
+			health, excluded := s.healthOf(model, model+"."+e.name, e.st, now)
+			if excluded || !(e.st.CapacityRPS*health > 0) {
 				continue
 			}
 			p.Engines = append(p.Engines, optimizer.Engine{Name: e.name, CapacityRPS: e.st.CapacityRPS, Health: health,
@@ -120,7 +125,8 @@ func (s *Service) demandOf(d *messages.DemandState) [optimizer.NumPriorities]flo
 }
 
 // solveAll solves every model and, as leader, writes the snapshots that changed.
-func (s *Service) solveAll(ctx context.Context, weights jetstream.KeyValue) {
+func (s *Service) solveAll(ctx context.Context, weights, enginesKV jetstream.KeyValue) {
+	s.updatePenalties(ctx, enginesKV)
 	problems := s.buildProblems()
 	clusters, engines := 0, 0
 	live := make(map[string]bool, len(problems))

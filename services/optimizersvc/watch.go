@@ -122,6 +122,9 @@ func deleted(e jetstream.KeyValueEntry) bool {
 func (s *Service) handleEngine(e jetstream.KeyValueEntry, seen map[string]bool) {
 	key := e.Key()
 	if deleted(e) {
+		if s.forgetOther(key) {
+			return
+		}
 		s.mu.Lock()
 		_, had := s.engines[key]
 		delete(s.engines, key)
@@ -134,6 +137,9 @@ func (s *Service) handleEngine(e jetstream.KeyValueEntry, seen map[string]bool) 
 	}
 	if seen != nil {
 		seen[key] = true
+	}
+	if s.handleOther(key, e.Value()) {
+		return
 	}
 	var st messages.EngineState
 	if err := messages.DecodeIntoAt(e.Value(), &st, s.opts.Now()); err != nil {
@@ -219,6 +225,11 @@ func (s *Service) sweepEngines(seen map[string]bool) {
 		if !seen[k] {
 			delete(s.engines, k)
 			delete(s.fits, k)
+		}
+	}
+	for k := range s.operators {
+		if !seen[k] {
+			delete(s.operators, k)
 		}
 	}
 }

@@ -1,0 +1,286 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"os/user"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/services/engine"
+	"github.com/switchyard-dev/switchyard/services/enginesim"
+	"github.com/switchyard-dev/switchyard/services/optimizersvc"
+	"github.com/switchyard-dev/switchyard/streams"
+)
+
+// engineCommand is `switchyard engine`: operator overrides (drain, cordon,
+// health, restore), the engine list, and failure injection into simulated
+// engines.
+func engineCommand() command {
+	return command{
+		name:    "engine",
+		summary: "operate on engines: drain, cordon, health, restore, list, inject (simulator failures)",
+		usage: `drain|cordon|restore NAME [--model M] [--reason TEXT]
+       switchyard engine health NAME --health X [--model M] [--reason TEXT]
+       switchyard engine list [--model M]
+       switchyard engine inject NAME (--error-rate P | --hang | --slow K | --crash | --capacity-factor F | --clear)
+
+drain and cordon write an operator record (sy_engines key operator.NAME) that
+the optimizer obeys: the engine gets weight 0 in the next snapshots, requests
+in flight finish. health pins the engine's health multiplier (0..1) in place
+of any penalty. restore removes the record. Routers obey through the
+snapshots; a router routing by its local policy (no snapshot, or a stale one)
+does not see operator records. inject sends a failure injection to a running
+engine simulator over NATS (subject <prefix>.ctl.engine.NAME).`,
+		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
+			url := natsFlags(fs)
+			model := fs.String("model", "", "limit to this model (default: every model)")
+			health := fs.Float64("health", -1, "health multiplier to pin, 0..1 (engine health)")
+			reason := fs.String("reason", "", "why, recorded with the override")
+			errRate := fs.Float64("error-rate", -1, "inject: answer this fraction of requests with 500, 0..1")
+			hang := fs.Bool("hang", false, "inject: accept requests and never answer")
+			slow := fs.Float64("slow", 0, "inject: multiply TTFT by this factor (>= 1)")
+			crash := fs.Bool("crash", false, "inject: crash the engine (listener and subscription gone)")
+			capFactor := fs.Float64("capacity-factor", 0, "inject: scale the engine's speed and capacity (0 < f <= 10)")
+			clearAll := fs.Bool("clear", false, "inject: clear every injected failure")
+			timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for NATS")
+			return func(ctx context.Context, args []string) error {
+				if len(args) == 0 {
+					return usagef("want an action: drain, cordon, health, restore, list or inject")
+				}
+				action, rest := args[0], args[1:]
+				name := ""
+				if action != "list" {
+					if len(rest) == 0 || strings.HasPrefix(rest[0], "-") {
+						return usagef("%s: want an engine NAME", action)
+					}
+					name, rest = rest[0], rest[1:]
+					if err := messages.CheckName("engine", name); err != nil {
+						return usageError{err}
+					}
+				}
+				if err := fs.Parse(rest); err != nil { // flags after the name
+					return usageError{err}
+				}
+				if fs.NArg() > 0 {
+					return usagef("unexpected arguments %q", fs.Args())
+				}
+				if *model != "" {
+					if err := messages.CheckName("model", *model); err != nil {
+						return usageError{err}
+					}
+				}
+				ctx, cancel := context.WithTimeout(ctx, *timeout)
+				defer cancel()
+				nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{*url}, Name: "switchyard-engine", Logger: zerolog.Nop()})
+				if err != nil {
+					return err
+				}
+				defer nc.Close()
+				names := streams.DefaultNames()
+				switch action {
+				case "inject":
+					body, err := injection(fs, *errRate, *hang, *slow, *crash, *capFactor, *clearAll)
+					if err != nil {
+						return err
+					}
+					return inject(ctx, nc, names, name, body, e)
+				case "drain", "cordon", "health", "restore", "list":
+				default:
+					return usagef("unknown action %q: want drain, cordon, health, restore, list or inject", action)
+				}
+				js, err := jetstream.New(nc)
+				if err != nil {
+					return err
+				}
+				kv, err := js.KeyValue(ctx, names.EnginesBucket)
+				if err != nil {
+					return fmt.Errorf("open bucket %s: %w", names.EnginesBucket, err)
+				}
+				if action == "list" {
+					return listEngines(ctx, kv, *model, e)
+				}
+				key, _ := optimizersvc.OperatorKey(name)
+				if action == "restore" {
+					if err := kv.Delete(ctx, key); err != nil {
+						return fmt.Errorf("restore %s: %w", name, err)
+					}
+					fmt.Fprintf(e.stdout, "engine %s restored: operator override removed\n", name)
+					return nil
+				}
+				op := &messages.Operator{Engine: name, Model: *model, Action: action, Reason: *reason, By: whoAmI(), Time: time.Now().UnixMilli()}
+				switch {
+				case action == "health" && *health < 0:
+					return usagef("health: want --health X (0..1)")
+				case action == "health":
+					op.Health = *health
+				case *health >= 0:
+					return usagef("--health goes with the health action, not %s", action)
+				}
+				data, err := messages.Encode(op)
+				if err != nil {
+					return usageError{err}
+				}
+				if _, err := kv.Put(ctx, key, data); err != nil {
+					return fmt.Errorf("%s %s: %w", action, name, err)
+				}
+				scope := "every model"
+				if *model != "" {
+					scope = "model " + *model
+				}
+				fmt.Fprintf(e.stdout, "engine %s: %s (%s) recorded under %s/%s; the optimizer applies it in its next round\n",
+					name, action, scope, names.EnginesBucket, key)
+				return nil
+			}
+		},
+	}
+}
+
+// whoAmI names the person running the command, as user@host.
+func whoAmI() string {
+	who := "unknown"
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		who = u.Username
+	}
+	if h, err := os.Hostname(); err == nil && h != "" {
+		who += "@" + h
+	}
+	return who
+}
+
+// injection builds the JSON body of a failure injection from the flags given.
+func injection(fs *flag.FlagSet, errRate float64, hang bool, slow float64, crash bool, capFactor float64, clearAll bool) ([]byte, error) {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	body := map[string]any{}
+	if clearAll {
+		for _, k := range []string{"error_rate", "added_latency_ms", "capacity_factor", "ttft_factor", "crash_after"} {
+			body[k] = 0
+		}
+		for _, k := range []string{"hang", "crashed", "silent"} {
+			body[k] = false
+		}
+	}
+	if set["error-rate"] {
+		if !(errRate >= 0 && errRate <= 1) {
+			return nil, usagef("--error-rate %v: want 0..1", errRate)
+		}
+		body["error_rate"] = errRate
+	}
+	if set["hang"] {
+		body["hang"] = hang
+	}
+	if set["slow"] {
+		if !(slow >= 1) || math.IsInf(slow, 0) {
+			return nil, usagef("--slow %v: want a factor >= 1", slow)
+		}
+		body["ttft_factor"] = slow
+	}
+	if set["crash"] {
+		body["crashed"] = crash
+	}
+	if set["capacity-factor"] {
+		body["capacity_factor"] = capFactor
+	}
+	if len(body) == 0 {
+		return nil, usagef("inject: want --error-rate, --hang, --slow, --crash, --capacity-factor or --clear")
+	}
+	return json.Marshal(body)
+}
+
+// inject sends a failure injection to a simulated engine and prints its reply.
+func inject(ctx context.Context, nc *nats.Conn, names streams.Names, name string, body []byte, e *env) error {
+	subj, err := enginesim.ControlSubject(names, name)
+	if err != nil {
+		return usageError{err}
+	}
+	m, err := nc.RequestWithContext(ctx, subj, body)
+	if err != nil {
+		return fmt.Errorf("inject into %s (is an engine simulator of that name running?): %w", name, err)
+	}
+	if st := m.Header.Get(engine.HeaderStatus); st != "200" {
+		return fmt.Errorf("engine %s refused the injection (status %s): %s", name, st, m.Data)
+	}
+	fmt.Fprintf(e.stdout, "engine %s failure injection now: %s\n", name, m.Data)
+	return nil
+}
+
+// listEngines prints every engine state with its penalty and operator record.
+func listEngines(ctx context.Context, kv jetstream.KeyValue, model string, e *env) error {
+	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return err
+	}
+	defer func() { _ = w.Stop() }()
+	states := map[string]*messages.EngineState{}
+	pens := map[string]*messages.Penalty{}
+	ops := map[string]*messages.Operator{}
+	now := time.Now()
+	for ent := range w.Updates() {
+		if ent == nil {
+			break
+		}
+		m, err := messages.DecodeAt(ent.Value(), now.Add(time.Hour))
+		if err != nil {
+			continue
+		}
+		switch v := m.(type) {
+		case *messages.EngineState:
+			states[v.Model+"."+v.Engine] = v
+		case *messages.Penalty:
+			pens[v.Model+"."+v.Engine] = v
+		case *messages.Operator:
+			ops[v.Engine] = v
+		}
+	}
+	keys := make([]string, 0, len(states))
+	for k, st := range states {
+		if model == "" || st.Model == model {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MODEL\tENGINE\tSTATUS\tHEALTH\tCAPACITY\tERRORS\tPENALTY\tOPERATOR")
+	for _, k := range keys {
+		st := states[k]
+		errs := "-"
+		if o := st.Outcomes; o != nil {
+			errs = fmt.Sprintf("%.1f%%", 100*o.ErrorRate.Fast)
+		}
+		pen := "-"
+		if p := pens[k]; p != nil {
+			switch p.Phase {
+			case messages.PhasePenalised:
+				pen = fmt.Sprintf("%s ×%.2f until %s (%s, strike %d)", p.Phase, p.Multiplier,
+					time.UnixMilli(p.Until).Format(time.TimeOnly), p.Reason, p.Strikes)
+			case messages.PhaseRecovering:
+				pen = fmt.Sprintf("slow start until %s (%s)", time.UnixMilli(p.RecoverUntil).Format(time.TimeOnly), p.Reason)
+			default:
+				pen = fmt.Sprintf("recovered (strikes %d)", p.Strikes)
+			}
+		}
+		op := "-"
+		if o := ops[st.Engine]; o != nil && (o.Model == "" || o.Model == st.Model) {
+			op = o.Action
+			if o.Action == messages.ActionHealth {
+				op = fmt.Sprintf("health ×%.2f", o.Health)
+			}
+			if o.Reason != "" {
+				op += " (" + o.Reason + ")"
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%.1f\t%s\t%s\t%s\n", st.Model, st.Engine, st.Status, st.Health, st.CapacityRPS, errs, pen, op)
+	}
+	return tw.Flush()
+}

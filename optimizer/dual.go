@@ -1,0 +1,655 @@
+package optimizer
+
+import "math"
+
+// The dual solver works on the clusters' marginal-cost levels μ_i. Given the levels, cluster i
+// bids μ_i − d_ij for engine j; every engine goes to its highest bidder at the price of that
+// bid and supplies X_j(price) = F_j'^{-1}(price) (capped at its hard limit). Clusters whose bids
+// tie on an engine that supplies traffic share it; they form a component that moves its levels
+// together (all by the same shift, keeping the ties). Each round solves, for every component
+// with unmet demand (rounds alternate with those with surplus), the one-dimensional equation
+// "demand = supply of the engines it wins" for the shift, stopping at the first shift where it
+// would tie with another component on an engine (the two then merge). After balancing, the
+// flows over the shared engines follow from the spanning forest of the ties; a part of a
+// component that would need a negative flow is split off. This is a dual ascent with
+// set-valued coordinates (as in Bertsekas' relaxation method) on a problem whose dual has only
+// as many variables as clusters; every round costs O(links).
+
+// dualState holds the buffers of the dual solver.
+type dualState struct {
+	estart       []int     // engine j's incoming links are ein[estart[j]:estart[j+1]]
+	ein          []int32   // CSR edge index of each incoming link
+	clOf         []int32   // cluster of each CSR edge
+	m0           []float64 // marginal cost at zero load per engine
+	b1, out      []float64 // top bid and best bid from outside the winner's component
+	w1           []int32   // top bidder (-1: none)
+	tied         []bool    // engine shared by several clusters of its winner's component
+	tree         []bool    // CSR edge is in the spanning forest of ties
+	uf           []int32   // union-find parents over clusters
+	active       []bool    // cluster takes part (positive demand and links)
+	dem, need    []float64 // served demand at the current level; demand left after exclusive engines
+	f, up, down  []float64 // per component root: imbalance and admissible shifts
+	mstart       []int     // members of component roots, by counting sort
+	mem          []int32
+	jstart       []int // engines won by component roots
+	jmem         []int32
+	sup          []float64 // engine load
+	order        []int32   // forest BFS order of nodes (clusters ≥ 0, engines as -1-j)
+	par          []int32   // parent edge of each node (CSR edge, -1 for roots), clusters then engines
+	req, shift   []float64 // per node
+	nodeIsActive []bool
+}
+
+func (d *dualState) find(i int32) int32 {
+	for d.uf[i] != i {
+		d.uf[i] = d.uf[d.uf[i]]
+		i = d.uf[i]
+	}
+	return i
+}
+
+// union joins the sets of a and b, keeping the smaller root (determinism), and reports whether
+// they were apart.
+func (d *dualState) union(a, b int32) bool {
+	ra, rb := d.find(a), d.find(b)
+	if ra == rb {
+		return false
+	}
+	if rb < ra {
+		ra, rb = rb, ra
+	}
+	d.uf[rb] = ra
+	return true
+}
+
+func tieTol(b float64) float64 { return 1e-11 * (math.Abs(b) + 1) }
+
+// servedDemand returns the demand cluster i serves at level mu: classes whose shed price is
+// below the level are shed.
+func (s *Solver) servedDemand(i int, mu float64) float64 {
+	dem := &s.p.Clusters[i].Demand
+	v := 0.0
+	for q := range dem {
+		if !(s.opt.ShedPriceMs[q] < mu) {
+			v += dem[q]
+		}
+	}
+	return v
+}
+
+// dualSolve runs the dual solver from the levels in s.mu (NaN: cold) and leaves flows, loads,
+// shed and levels in the solver's buffers. It reports whether it balanced every component.
+func (s *Solver) dualSolve(maxRounds int) (rounds int, ok bool) {
+	nc, ne := len(s.demand), len(s.X)
+	d := &s.dual
+	edges := len(s.eng)
+	d.estart = growInt(d.estart, ne+1)
+	clear(d.estart)
+	for _, j := range s.eng {
+		d.estart[j+1]++
+	}
+	for j := 0; j < ne; j++ {
+		d.estart[j+1] += d.estart[j]
+	}
+	d.ein = grow(d.ein, edges)
+	d.clOf = grow(d.clOf, edges)
+	fill := append(d.mstart[:0], d.estart...)
+	for i := 0; i < nc; i++ {
+		for k := s.start[i]; k < s.start[i+1]; k++ {
+			j := s.eng[k]
+			d.ein[fill[j]] = int32(k)
+			fill[j]++
+			d.clOf[k] = int32(i)
+		}
+	}
+	d.mstart = fill[:0]
+	d.m0 = grow(d.m0, ne)
+	for j := 0; j < ne; j++ {
+		if s.capv[j] > 0 {
+			d.m0[j] = s.curves[j].Marginal(0)
+		} else {
+			d.m0[j] = math.Inf(1)
+		}
+	}
+	d.active = grow(d.active, nc)
+	d.dem = grow(d.dem, nc)
+	d.need = grow(d.need, nc)
+	common := math.NaN()
+	for i := 0; i < nc; i++ {
+		if s.demand[i] > 0 && s.start[i+1] > s.start[i] {
+			d.active[i] = true
+			if math.IsNaN(s.mu[i]) || math.IsInf(s.mu[i], 0) {
+				if math.IsNaN(common) {
+					common = s.commonLevel()
+				}
+				lo := math.Inf(1)
+				for k := s.start[i]; k < s.start[i+1]; k++ {
+					lo = math.Min(lo, s.dist[k])
+				}
+				s.mu[i] = common + lo
+			}
+		}
+	}
+	d.b1 = grow(d.b1, ne)
+	d.out = grow(d.out, ne)
+	d.w1 = grow(d.w1, ne)
+	d.tied = grow(d.tied, ne)
+	d.tree = grow(d.tree, edges)
+	d.uf = grow(d.uf, nc)
+	d.f = grow(d.f, nc)
+	d.up = grow(d.up, nc)
+	d.down = grow(d.down, nc)
+	d.sup = grow(d.sup, ne)
+	d.req = grow(d.req, nc+ne)
+	d.shift = grow(d.shift, nc+ne)
+	d.par = grow(d.par, nc+ne)
+	d.nodeIsActive = grow(d.nodeIsActive, nc)
+
+	for rounds = 0; rounds < maxRounds; rounds++ {
+		s.dualBids()
+		balanced := s.dualComponents()
+		phaseUp := rounds%2 == 0
+		if balanced {
+			if !s.dualForest() {
+				return rounds + 1, true
+			}
+			continue
+		}
+		s.dualMove(phaseUp)
+	}
+	s.dualBids()
+	s.dualComponents()
+	s.dualForest()
+	return rounds, false
+}
+
+// dualBids computes every engine's top bid and bidder, the ties and the components.
+func (s *Solver) dualBids() {
+	d := &s.dual
+	for i := range d.uf {
+		d.uf[i] = int32(i)
+	}
+	clear(d.tree)
+	for j := range d.b1 {
+		b1, w := math.Inf(-1), int32(-1)
+		for _, k := range d.ein[d.estart[j]:d.estart[j+1]] {
+			i := d.clOf[k]
+			if !d.active[i] {
+				continue
+			}
+			if b := s.mu[i] - s.dist[k]; b > b1 {
+				b1, w = b, i
+			}
+		}
+		d.b1[j], d.w1[j], d.tied[j] = b1, w, false
+		if w < 0 || !(b1 > d.m0[j]) {
+			continue
+		}
+		thr := b1 - tieTol(b1)
+		for _, k := range d.ein[d.estart[j]:d.estart[j+1]] {
+			i := d.clOf[k]
+			if i == w || !d.active[i] || s.mu[i]-s.dist[k] < thr {
+				continue
+			}
+			d.tied[j] = true
+			if d.union(w, i) {
+				d.tree[k] = true
+			}
+		}
+	}
+}
+
+// dualComponents groups clusters and won engines by component, computes every component's
+// imbalance (demand minus supply) and its admissible shifts, and reports whether every
+// component is balanced.
+func (s *Solver) dualComponents() bool {
+	d := &s.dual
+	nc := len(s.demand)
+	for i := 0; i < nc; i++ {
+		d.f[i], d.up[i], d.down[i] = 0, math.Inf(1), math.Inf(-1)
+	}
+	for i := 0; i < nc; i++ {
+		if d.active[i] {
+			d.dem[i] = s.servedDemand(i, s.mu[i])
+			d.f[d.find(int32(i))] += d.dem[i]
+		}
+	}
+	for j := range d.b1 {
+		w := d.w1[j]
+		d.sup[j] = 0
+		if w < 0 || !(d.b1[j] > d.m0[j]) {
+			continue
+		}
+		d.sup[j], _ = s.curves[j].InverseMarginal(d.b1[j])
+		d.f[d.find(w)] -= d.sup[j]
+	}
+	for j := range d.b1 {
+		w := d.w1[j]
+		if w < 0 {
+			continue
+		}
+		rw := d.find(w)
+		d.out[j] = math.Inf(-1)
+		for _, k := range d.ein[d.estart[j]:d.estart[j+1]] {
+			i := d.clOf[k]
+			if !d.active[i] {
+				continue
+			}
+			ri := d.find(i)
+			if ri == rw {
+				continue
+			}
+			b := s.mu[i] - s.dist[k]
+			if b > d.out[j] {
+				d.out[j] = b
+			}
+			top := d.b1[j]
+			if top < d.m0[j] {
+				// No supply at the top bid: only a rising winner can conflict, at m0.
+				if !(d.f[rw] > 0) {
+					continue
+				}
+				top = d.m0[j]
+			}
+			if g := top - b; g < d.up[ri] {
+				d.up[ri] = math.Max(g, 0)
+			}
+		}
+		if d.out[j] >= d.m0[j] {
+			if g := d.out[j] - d.b1[j]; g > d.down[rw] {
+				d.down[rw] = math.Min(g, 0)
+			}
+		}
+	}
+	balanced := true
+	for i := 0; i < nc; i++ {
+		if d.active[i] && d.find(int32(i)) == int32(i) {
+			if math.Abs(d.f[i]) > s.balTol(i) {
+				balanced = false
+			}
+		}
+	}
+	return balanced
+}
+
+func (s *Solver) balTol(root int) float64 {
+	return 1e-10 * (s.demand[root] + 1)
+}
+
+// dualMove shifts the levels of every unbalanced component (with unmet demand when up, with
+// surplus otherwise) to balance, or to the first shift at which it ties with another
+// component.
+func (s *Solver) dualMove(up bool) {
+	d := &s.dual
+	nc := len(s.demand)
+	// Members and won engines per root (counting sort).
+	d.mstart = growInt(d.mstart, nc+1)
+	clear(d.mstart)
+	for i := 0; i < nc; i++ {
+		if d.active[i] {
+			d.mstart[d.find(int32(i))+1]++
+		}
+	}
+	for i := 0; i < nc; i++ {
+		d.mstart[i+1] += d.mstart[i]
+	}
+	d.mem = grow(d.mem, d.mstart[nc])
+	pos := grow(d.order, nc)
+	for i := 0; i < nc; i++ {
+		pos[i] = int32(d.mstart[i])
+	}
+	for i := 0; i < nc; i++ {
+		if d.active[i] {
+			r := d.find(int32(i))
+			d.mem[pos[r]] = int32(i)
+			pos[r]++
+		}
+	}
+	d.jstart = growInt(d.jstart, nc+1)
+	clear(d.jstart)
+	for j := range d.w1 {
+		if d.w1[j] >= 0 {
+			d.jstart[d.find(d.w1[j])+1]++
+		}
+	}
+	for i := 0; i < nc; i++ {
+		d.jstart[i+1] += d.jstart[i]
+	}
+	d.jmem = grow(d.jmem, d.jstart[nc])
+	for i := 0; i < nc; i++ {
+		pos[i] = int32(d.jstart[i])
+	}
+	for j := range d.w1 {
+		if d.w1[j] >= 0 {
+			r := d.find(d.w1[j])
+			d.jmem[pos[r]] = int32(j)
+			pos[r]++
+		}
+	}
+	d.order = pos
+	for r := 0; r < nc; r++ {
+		if !d.active[r] || d.find(int32(r)) != int32(r) {
+			continue
+		}
+		tol := s.balTol(r)
+		if up && !(d.f[r] > tol) || !up && !(d.f[r] < -tol) {
+			continue
+		}
+		mem := d.mem[d.mstart[r]:d.mstart[r+1]]
+		js := d.jmem[d.jstart[r]:d.jstart[r+1]]
+		t := s.solveShift(mem, js, up, d.up[r], d.down[r])
+		for _, i := range mem {
+			s.mu[i] += t
+		}
+	}
+}
+
+// imbalance returns demand minus supply of a component shifted by t, and its derivative.
+func (s *Solver) imbalance(mem, js []int32, t float64) (float64, float64) {
+	d := &s.dual
+	v, dv := 0.0, 0.0
+	for _, i := range mem {
+		v += s.servedDemand(int(i), s.mu[i]+t)
+	}
+	for _, j := range js {
+		p := d.b1[j] + t
+		if !(p > d.m0[j]) {
+			continue
+		}
+		x, sl := s.curves[j].InverseMarginal(p)
+		v -= x
+		dv -= sl
+	}
+	return v, dv
+}
+
+// solveShift finds the shift of a component's levels that balances it, within [lo, 0] or
+// [0, hi].
+func (s *Solver) solveShift(mem, js []int32, up bool, hi, lo float64) float64 {
+	var a, b float64 // f(a) > 0 ≥ f(b) sought, a < b
+	if up {
+		a = 0
+		if !math.IsInf(hi, 1) {
+			if fv, _ := s.imbalance(mem, js, hi); fv > 0 {
+				return hi
+			}
+			b = hi
+		} else {
+			step := 1.0
+			for {
+				fv, _ := s.imbalance(mem, js, step)
+				if fv <= 0 {
+					b = step
+					break
+				}
+				a = step
+				step *= 4
+				if step > 1e15 {
+					return a
+				}
+			}
+		}
+	} else {
+		b = 0
+		if !math.IsInf(lo, -1) {
+			if fv, _ := s.imbalance(mem, js, lo); fv < 0 {
+				return lo
+			}
+			a = lo
+		} else {
+			step := -1.0
+			for {
+				fv, _ := s.imbalance(mem, js, step)
+				if fv > 0 {
+					a = step
+					break
+				}
+				b = step
+				step *= 4
+				if step < -1e15 {
+					return b
+				}
+			}
+		}
+	}
+	tol := 0.0
+	for _, i := range mem {
+		tol += s.demand[i]
+	}
+	tol *= 1e-13
+	t := 0.5 * (a + b)
+	for it := 0; it < 200; it++ {
+		fv, dv := s.imbalance(mem, js, t)
+		if math.Abs(fv) <= tol {
+			return t
+		}
+		if fv > 0 {
+			a = t
+		} else {
+			b = t
+		}
+		if b-a <= 1e-15*(math.Abs(a)+math.Abs(b)+1) {
+			break
+		}
+		next := math.NaN()
+		if dv < 0 {
+			next = t - fv/dv
+		}
+		if !(next > a && next < b) {
+			next = 0.5 * (a + b)
+		}
+		t = next
+	}
+	// A jump (a shed step or a flat marginal cost) lies between a and b: stop at its lower end
+	// when rising, so that the component keeps its engines and the residual is shed.
+	if up {
+		return a
+	}
+	return b
+}
+
+// dualForest computes the flows from the current levels: engines not shared go to their
+// winner; shared engines are split along the spanning forest of ties. It shifts the parts of
+// components that would need a negative flow (splitting them) and reports whether it did.
+func (s *Solver) dualForest() (split bool) {
+	d := &s.dual
+	nc, ne := len(s.demand), len(s.X)
+	clear(s.x)
+	for i := 0; i < nc; i++ {
+		d.need[i] = 0
+		if d.active[i] {
+			d.need[i] = d.dem[i]
+		}
+	}
+	// Engines not shared: all to the winner. Tree edges from the winner to shared engines.
+	for j := 0; j < ne; j++ {
+		w := d.w1[j]
+		if w < 0 || d.sup[j] <= 0 {
+			continue
+		}
+		if !d.tied[j] {
+			k := s.edgeOf(int(w), j)
+			s.x[k] = d.sup[j]
+			d.need[w] -= d.sup[j]
+			continue
+		}
+		d.tree[s.edgeOf(int(w), j)] = true
+	}
+	// BFS over the forest from each component's root cluster. Nodes: cluster i as i, engine j
+	// as nc+j. par holds the CSR edge to the parent.
+	order := d.order[:0]
+	for v := range d.par {
+		d.par[v] = -2
+	}
+	for r := 0; r < nc; r++ {
+		if !d.active[r] || d.find(int32(r)) != int32(r) {
+			continue
+		}
+		d.par[r] = -1
+		order = append(order, int32(r))
+		for h := len(order) - 1; h < len(order); h++ {
+			v := int(order[h])
+			if v < nc {
+				for k := s.start[v]; k < s.start[v+1]; k++ {
+					if j := nc + int(s.eng[k]); d.tree[k] && d.par[j] == -2 {
+						d.par[j] = int32(k)
+						order = append(order, int32(j))
+					}
+				}
+			} else {
+				j := v - nc
+				for _, k := range d.ein[d.estart[j]:d.estart[j+1]] {
+					if i := int(d.clOf[k]); d.tree[k] && d.par[i] == -2 {
+						d.par[i] = k
+						order = append(order, int32(i))
+					}
+				}
+			}
+		}
+	}
+	d.order = order
+	// Leaf elimination, children before parents.
+	for v := range d.req {
+		d.req[v] = 0
+	}
+	for h := len(order) - 1; h >= 0; h-- {
+		v := int(order[h])
+		if v < nc {
+			d.req[v] += d.need[v] // minus what child engines gave (accumulated below)
+			if k := d.par[v]; k >= 0 {
+				d.req[nc+int(s.eng[k])] += d.req[v] // the parent engine must give req[v]
+				s.x[k] = d.req[v]
+			}
+		} else {
+			j := v - nc
+			avail := d.sup[j] - d.req[v]
+			d.req[v] = -avail // reuse: stored as what the parent must supply (negative avail)
+			if k := d.par[v]; k >= 0 {
+				s.x[k] = avail
+				d.req[d.clOf[k]] -= avail
+			}
+		}
+	}
+	// Splits: shift the subtree below a negative flow out of its tie.
+	split = false
+	for v := range d.shift {
+		d.shift[v] = 0
+	}
+	for _, v32 := range order {
+		v := int(v32)
+		k := d.par[v]
+		if k < 0 {
+			continue
+		}
+		parent := int(d.clOf[k])
+		if v < nc {
+			parent = nc + int(s.eng[k])
+		}
+		d.shift[v] = d.shift[parent]
+		if s.x[k] < -1e-9*(d.sup[s.eng[k]]+1) {
+			split = true
+			b := d.b1[s.eng[k]]
+			delta := 100 * tieTol(b)
+			if v < nc {
+				d.shift[v] -= delta // the cluster's subtree has surplus: lower it
+			} else {
+				d.shift[v] += delta // the engine's subtree lacks supply: raise it
+			}
+		}
+	}
+	if split {
+		for i := 0; i < nc; i++ {
+			s.mu[i] += d.shift[i]
+		}
+		return true
+	}
+	// Final flows: clip rounding, loads, shed.
+	clear(s.X)
+	for i := 0; i < nc; i++ {
+		served := 0.0
+		for k := s.start[i]; k < s.start[i+1]; k++ {
+			if s.x[k] < 0 {
+				s.x[k] = 0
+			}
+			served += s.x[k]
+		}
+		if served > s.demand[i] {
+			f := s.demand[i] / served
+			for k := s.start[i]; k < s.start[i+1]; k++ {
+				s.x[k] *= f
+			}
+			served = s.demand[i]
+		}
+		for k := s.start[i]; k < s.start[i+1]; k++ {
+			s.X[s.eng[k]] += s.x[k]
+		}
+		s.shed[i] = math.Max(0, s.demand[i]-served)
+		if !d.active[i] {
+			if s.demand[i] > 0 {
+				s.mu[i] = math.Inf(1)
+			} else {
+				s.mu[i] = math.NaN()
+			}
+		}
+	}
+	for j := range s.X {
+		s.X[j] = math.Min(s.X[j], s.capv[j])
+	}
+	return false
+}
+
+// edgeOf returns the CSR edge from cluster i to engine j (which must exist).
+func (s *Solver) edgeOf(i, j int) int {
+	lo, hi := s.start[i], s.start[i+1]
+	for lo < hi {
+		m := (lo + hi) / 2
+		if int(s.eng[m]) < j {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return lo
+}
+
+// useDual reports whether Solve starts with the dual solver.
+func (s *Solver) useDual(p *Problem) bool {
+	return !s.equilibrium && !s.noDual
+}
+
+// dualRounds bounds the rounds of the dual solver; past the bound Solve falls back to sweeps,
+// so the bound caps the time lost on problems where the dual rounds do not settle.
+func (s *Solver) dualRounds(p *Problem) int {
+	return min(40*len(p.Clusters)+200, 600)
+}
+
+// commonLevel returns the price at which all engines together supply the total demand (a
+// cold-start estimate of the clusters' levels, before network latency).
+func (s *Solver) commonLevel() float64 {
+	total := 0.0
+	for i := range s.demand {
+		total += s.demand[i]
+	}
+	supply := func(m float64) float64 {
+		v := 0.0
+		for j := range s.curves {
+			if s.capv[j] > 0 {
+				x, _ := s.curves[j].InverseMarginal(m)
+				v += x
+			}
+		}
+		return v
+	}
+	lo, hi := 0.0, 1.0
+	for supply(hi) < total && hi < 1e12 {
+		lo, hi = hi, hi*4
+	}
+	for it := 0; it < 60 && hi-lo > 1e-9*hi; it++ {
+		if m := 0.5 * (lo + hi); supply(m) < total {
+			lo = m
+		} else {
+			hi = m
+		}
+	}
+	return lo
+}

@@ -1,0 +1,130 @@
+package aggregator
+
+import (
+	"math"
+	"time"
+
+	"github.com/switchyard-dev/switchyard/messages"
+)
+
+// decayedSums are exponentially decayed sums of one engine's outcomes over all
+// routers, with one half-life.
+type decayedSums struct {
+	sent, failed, timeouts float64
+	ttftSum, ttftN         float64
+}
+
+func (d *decayedSums) decay(f float64) {
+	d.sent *= f
+	d.failed *= f
+	d.timeouts *= f
+	d.ttftSum *= f
+	d.ttftN *= f
+}
+
+// window returns the rates of d as the Fast or Slow part of the outcome windows.
+func (d *decayedSums) rates(halfLife float64) (sentRPS, errRate, toRate, ttft float64) {
+	if halfLife > 0 {
+		sentRPS = d.sent * math.Ln2 / halfLife
+	}
+	if d.sent > 1e-9 {
+		errRate = math.Min(1, d.failed/d.sent)
+		toRate = math.Min(1, d.timeouts/d.sent)
+	}
+	if d.ttftN > 1e-9 {
+		ttft = d.ttftSum / d.ttftN
+	}
+	return
+}
+
+// outcomeAcc folds the per-engine outcomes of router reports into an
+// engine's messages.EngineOutcomes (see there for the meaning of each field).
+type outcomeAcc struct {
+	fast, slow decayedSums
+	at         time.Time // when the sums were last decayed
+}
+
+// failures counts the failed attempts of o that count against the engine:
+// every error class except "429".
+func failures(o messages.EngineOutcome) int64 {
+	var n int64
+	for class, c := range o.Errors {
+		if class != "429" {
+			n += c
+		}
+	}
+	return n
+}
+
+// fold adds one report's outcome for the engine, received at now and
+// covering the interval ending at reportMs, and updates out.
+func (a *outcomeAcc) fold(out *messages.EngineOutcomes, o messages.EngineOutcome, reportMs int64, now time.Time, s Smoother) {
+	if !a.at.IsZero() {
+		if dt := now.Sub(a.at).Seconds(); dt > 3*s.Fast {
+			// Silent for a while (for example drained or penalised): start
+			// the fast sums over, so that old failures do not count against
+			// the first requests after the pause.
+			a.fast = decayedSums{}
+			a.slow.decay(math.Exp(-dt * math.Ln2 / s.Slow))
+		} else if dt > 0 {
+			a.fast.decay(math.Exp(-dt * math.Ln2 / s.Fast))
+			a.slow.decay(math.Exp(-dt * math.Ln2 / s.Slow))
+		}
+	}
+	a.at = now
+	failed := failures(o)
+	for _, d := range []*decayedSums{&a.fast, &a.slow} {
+		d.sent += float64(o.Sent)
+		d.failed += float64(failed)
+		d.timeouts += float64(o.Timeouts)
+		if o.Succeeded > 0 && o.TTFTMs > 0 {
+			d.ttftSum += o.TTFTMs * float64(o.Succeeded)
+			d.ttftN += float64(o.Succeeded)
+		}
+	}
+	switch {
+	case o.Sent > 0 && o.Succeeded == 0 && failed+o.Timeouts > 0:
+		out.FailedIntervals++
+	case o.Succeeded > 0:
+		out.FailedIntervals = 0
+	}
+	out.Reports++
+	out.LastReport = max(out.LastReport, reportMs)
+	if o.Sent > 0 {
+		out.LastSent = max(out.LastSent, reportMs)
+	}
+	a.render(out, s)
+}
+
+// render writes the sums' rates into out.
+func (a *outcomeAcc) render(out *messages.EngineOutcomes, s Smoother) {
+	fs, fe, ft, fl := a.fast.rates(s.Fast)
+	ss, se, st, sl := a.slow.rates(s.Slow)
+	out.SentRPS = messages.Window{Fast: fs, Slow: ss}
+	out.ErrorRate = messages.Window{Fast: fe, Slow: se}
+	out.TimeoutRate = messages.Window{Fast: ft, Slow: st}
+	// Keep the last TTFT seen while no attempt succeeds.
+	if fl > 0 {
+		out.TTFTMs.Fast = fl
+	}
+	if sl > 0 {
+		out.TTFTMs.Slow = sl
+	}
+}
+
+// restore rebuilds decayed sums from stored windows, so that a restarted
+// aggregator continues them.
+func (a *outcomeAcc) restore(out *messages.EngineOutcomes, s Smoother, now time.Time) {
+	set := func(d *decayedSums, h, sentRPS, errRate, toRate, ttft float64) {
+		d.sent = sentRPS * h / math.Ln2
+		d.failed = errRate * d.sent
+		d.timeouts = toRate * d.sent
+		if ttft > 0 {
+			d.ttftN = math.Max(d.sent*(1-errRate-toRate), 1e-6)
+			d.ttftSum = ttft * d.ttftN
+		}
+	}
+	set(&a.fast, s.Fast, out.SentRPS.Fast, out.ErrorRate.Fast, out.TimeoutRate.Fast, out.TTFTMs.Fast)
+	set(&a.slow, s.Slow, out.SentRPS.Slow, out.ErrorRate.Slow, out.TimeoutRate.Slow, out.TTFTMs.Slow)
+	a.at = now
+}

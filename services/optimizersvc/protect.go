@@ -1,0 +1,234 @@
+package optimizersvc
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/switchyard-dev/switchyard/messages"
+)
+
+// PenaltyKey is the sy_engines key of an engine's penalty record:
+// penalty.<model>.<engine>.
+func PenaltyKey(model, engine string) (string, error) {
+	if err := messages.CheckName("model", model); err != nil {
+		return "", err
+	}
+	if err := messages.CheckName("engine", engine); err != nil {
+		return "", err
+	}
+	return "penalty." + model + "." + engine, nil
+}
+
+// OperatorKey is the sy_engines key of an operator override: operator.<engine>.
+func OperatorKey(engine string) (string, error) {
+	if err := messages.CheckName("engine", engine); err != nil {
+		return "", err
+	}
+	return "operator." + engine, nil
+}
+
+// handleOther folds a non-engine-state value of sy_engines (by its kind:
+// operator overrides; penalty records are the leader's output and only
+// counted as seen) and reports whether it was one.
+func (s *Service) handleOther(key string, value []byte) bool {
+	_, kind, err := messages.Peek(value)
+	if err != nil || kind == messages.KindEngineState {
+		return false
+	}
+	switch kind {
+	case messages.KindOperator:
+		var op messages.Operator
+		if err := messages.DecodeIntoAt(value, &op, s.opts.Now()); err != nil {
+			s.bad(s.opts.Names.EnginesBucket, key, err)
+			return true
+		}
+		if want, _ := OperatorKey(op.Engine); want != key {
+			s.bad(s.opts.Names.EnginesBucket, key, fmt.Errorf("%w: operator record for %s stored under key %q", messages.ErrInvalid, op.Engine, key))
+			return true
+		}
+		s.mu.Lock()
+		s.operators[key] = &op
+		s.mu.Unlock()
+		s.log.Warn().Str("engine", op.Engine).Str("model", op.Model).Str("action", op.Action).Float64("health", op.Health).
+			Str("reason", op.Reason).Str("by", op.By).Msg("operator override in force")
+		s.notify()
+	case messages.KindPenalty:
+		// Written by the leader; nothing to fold.
+	default:
+		s.bad(s.opts.Names.EnginesBucket, key, fmt.Errorf("%w: %q in the engines bucket", messages.ErrKind, kind))
+	}
+	return true
+}
+
+// forgetOther drops an operator override whose key was deleted (restore).
+func (s *Service) forgetOther(key string) bool {
+	if !strings.HasPrefix(key, "operator.") || strings.Count(key, ".") != 1 {
+		return false
+	}
+	s.mu.Lock()
+	op, had := s.operators[key]
+	delete(s.operators, key)
+	s.mu.Unlock()
+	if had {
+		s.log.Info().Str("engine", op.Engine).Str("model", op.Model).Str("was", op.Action).Msg("operator override removed (restored)")
+		s.notify()
+	}
+	return had
+}
+
+// operatorFor returns the override in force for an engine of model, or nil.
+// Callers hold s.mu.
+func (s *Service) operatorFor(model, engine string) *messages.Operator {
+	op := s.operators["operator."+engine]
+	if op == nil || (op.Model != "" && op.Model != model) {
+		return nil
+	}
+	return op
+}
+
+// updatePenalties judges every model's engines, logs new penalties and, as
+// leader, publishes the records that changed. It runs on the solve loop.
+func (s *Service) updatePenalties(ctx context.Context, kv jetstream.KeyValue) {
+	if s.opts.Penalties.Off {
+		return
+	}
+	now := time.Now()
+	po := &s.opts.Penalties
+	var events []penaltyEvent
+	s.mu.Lock()
+	byModel := map[string][]string{}
+	outs := map[string]*messages.EngineOutcomes{}
+	expect := map[string]float64{}
+	for _, key := range sortedKeys(s.engines) {
+		st := s.engines[key]
+		if st.Status == messages.StatusDown {
+			continue
+		}
+		byModel[st.Model] = append(byModel[st.Model], key)
+		if o := st.Outcomes; o != nil && o.LastSent > 0 && now.Sub(time.UnixMilli(o.LastSent)) <= po.EvidenceMaxAge {
+			outs[key] = o
+		}
+		if c := st.CapacityRPS * st.Health; c > 0 {
+			expect[key] = s.fits[key].ttftMs(st.LoadRPS.Fast / c)
+		}
+	}
+	for _, model := range sortedKeys(byModel) {
+		events = append(events, po.judge(s.pens, byModel[model], outs, expect, now)...)
+	}
+	for key := range s.pens {
+		if _, ok := s.engines[key]; !ok {
+			delete(s.pens, key) // engine gone
+		}
+	}
+	penalised := 0
+	type rec struct {
+		key string
+		msg *messages.Penalty // nil: delete
+	}
+	var recs []rec
+	for _, key := range sortedKeys(s.pens) {
+		p := s.pens[key]
+		model, engine, _ := strings.Cut(key, ".")
+		pkey, err := PenaltyKey(model, engine)
+		if err != nil {
+			continue
+		}
+		if now.After(p.recoverUntil.Add(po.Forget)) {
+			delete(s.pens, key)
+			recs = append(recs, rec{key: pkey})
+			continue
+		}
+		ph := p.phase(now)
+		if ph == messages.PhasePenalised {
+			penalised++
+		}
+		recs = append(recs, rec{key: pkey, msg: &messages.Penalty{Model: model, Engine: engine, Phase: ph, Multiplier: p.mult,
+			Reason: p.reason, Detail: truncate(p.detail, 500), Since: p.since.UnixMilli(), Until: p.until.UnixMilli(),
+			RecoverUntil: p.recoverUntil.UnixMilli(), Strikes: p.strikes}})
+	}
+	s.mu.Unlock()
+	s.metrics.penalised.Set(float64(penalised))
+	for _, ev := range events {
+		model, engine, _ := strings.Cut(ev.key, ".")
+		s.metrics.penalties.WithLabelValues(ev.p.reason).Inc()
+		s.log.Warn().Str("model", model).Str("engine", engine).Str("reason", ev.p.reason).Float64("multiplier", ev.p.mult).
+			Dur("duration", ev.p.until.Sub(ev.p.since)).Int("strikes", ev.p.strikes).Str("detail", ev.p.detail).
+			Msg("engine penalised")
+	}
+	leader := s.Leader()
+	if !leader {
+		clear(s.written)
+		return
+	}
+	for _, r := range recs {
+		prev, had := s.written[r.key]
+		if r.msg == nil {
+			if had {
+				dctx, cancel := context.WithTimeout(ctx, s.opts.LeaseTTL/3)
+				err := kv.Delete(dctx, r.key)
+				cancel()
+				if err == nil {
+					delete(s.written, r.key)
+					s.log.Info().Str("key", r.key).Msg("penalty forgotten")
+				}
+			}
+			continue
+		}
+		sig := fmt.Sprintf("%s/%d/%v/%d", r.msg.Phase, r.msg.Since, r.msg.Multiplier, r.msg.Strikes)
+		if had && prev == sig {
+			continue
+		}
+		if had && r.msg.Phase != messages.PhasePenalised {
+			s.log.Info().Str("model", r.msg.Model).Str("engine", r.msg.Engine).Str("phase", r.msg.Phase).
+				Int("strikes", r.msg.Strikes).Msg("penalty phase changed")
+		}
+		r.msg.Time = time.Now().UnixMilli()
+		data, err := messages.Encode(r.msg)
+		if err != nil {
+			s.log.Error().Err(err).Str("key", r.key).Msg("penalty record does not encode")
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, s.opts.LeaseTTL/3)
+		_, err = kv.Put(pctx, r.key, data)
+		cancel()
+		if err != nil {
+			if s.badLog.allow("penalty/"+r.key, time.Now()) {
+				s.log.Warn().Err(err).Str("key", r.key).Msg("cannot write penalty record; will retry")
+			}
+			continue
+		}
+		s.written[r.key] = sig
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+// healthOf returns the health the problem uses for an engine of model, with
+// penalties and operator overrides, and why it differs from the reported
+// one. Callers hold s.mu; excluded means the engine is kept out.
+func (s *Service) healthOf(model, key string, st *messages.EngineState, now time.Time) (health float64, excluded bool) {
+	health = st.Health
+	if st.Status == messages.StatusStale {
+		health *= StaleHealthFactor
+	}
+	if op := s.operatorFor(model, st.Engine); op != nil {
+		switch op.Action {
+		case messages.ActionDrain, messages.ActionCordon:
+			return 0, true
+		case messages.ActionHealth:
+			return health * op.Health, false // pinned: replaces any penalty
+		}
+	}
+	if !s.opts.Penalties.Off {
+		health *= s.pens[key].multiplier(now, s.opts.Penalties.RecoveryFloor)
+	}
+	return health, false
+}
