@@ -354,7 +354,14 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 	w.WriteHeader(resp.Status)
 	n, first, err := h.relay(r.Context(), w, at.first, resp.Body, *bp)
 	end := h.opts.Now()
-	h.finishAttempt(r.Context(), at, err, first, end, log)
+	// Only a streamed answer's first byte is its first token; a whole
+	// answer's first byte comes when it is complete, and counting it as TTFT
+	// would make every engine look slow to the penalty rules.
+	ttftAt := first
+	if !req.Stream {
+		ttftAt = time.Time{}
+	}
+	h.finishAttempt(r.Context(), at, err, ttftAt, end, log)
 	if !first.IsZero() {
 		h.metrics.ttft.WithLabelValues(req.Model).Observe(first.Sub(start).Seconds())
 	}

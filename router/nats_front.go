@@ -310,7 +310,14 @@ func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 		err = fmt.Errorf("%w: %w", errEngineBroke, err)
 	}
 	end := h.opts.Now()
-	h.finishAttempt(rctx, at, err, first, end, log)
+	// Only a streamed answer's first byte is its first token; a whole
+	// answer's first byte comes when it is complete, and counting it as TTFT
+	// would make every engine look slow to the penalty rules.
+	ttftAt := first
+	if !req.Stream {
+		ttftAt = time.Time{}
+	}
+	h.finishAttempt(rctx, at, err, ttftAt, end, log)
 	if !first.IsZero() {
 		h.metrics.ttft.WithLabelValues(req.Model).Observe(first.Sub(start).Seconds())
 	}

@@ -26,6 +26,11 @@ type PenaltyOptions struct {
 	// FailedIntervals: an engine is an outlier after this many consecutive
 	// report intervals without a success. Default 1.
 	FailedIntervals int
+	// SlowTTFT turns on the slow-TTFT rule below. It is off by default: on a
+	// CPU-starved host every engine's TTFT as routers see it rises together
+	// with the routers' own delays, and penalising engines then takes
+	// capacity away exactly when it is short.
+	SlowTTFT bool
 	// TTFTFactor and TTFTSlackMs: an engine is an outlier when the TTFT
 	// routers see (fast window) exceeds TTFTFactor × its fitted TTFT profile
 	// at its load plus TTFTSlackMs. Defaults 3 and 50 ms.
@@ -149,7 +154,7 @@ func (o *PenaltyOptions) assess(out *messages.EngineOutcomes, fl fleet, expectTT
 		worse(messages.ReasonTimeouts, rate(out.TimeoutRate.Fast),
 			fmt.Sprintf("timeout rate %.3f above %.3f (fleet median %.3f)", out.TimeoutRate.Fast, limit, fl.timeoutMedian))
 	}
-	if expectTTFTMs > 0 && out.TTFTMs.Fast > 0 {
+	if o.SlowTTFT && expectTTFTMs > 0 && out.TTFTMs.Fast > 0 {
 		if limit := o.TTFTFactor*expectTTFTMs + o.TTFTSlackMs; out.TTFTMs.Fast > limit {
 			worse(messages.ReasonSlowTTFT, slowMultiplier,
 				fmt.Sprintf("TTFT seen by routers %.0f ms above %.0f ms (%.0f × profile %.0f ms + %.0f ms)",

@@ -9,7 +9,7 @@ import (
 )
 
 func defaultPenalties() *PenaltyOptions {
-	o := &PenaltyOptions{}
+	o := &PenaltyOptions{SlowTTFT: true}
 	o.setDefaults()
 	return o
 }
