@@ -581,3 +581,13 @@ func relWarm(t *testing.T, ctx context.Context, s *stack.Stack, client *http.Cli
 	t.Logf("warm-up (not measured) %v: %d requests, %d ok, %d failed, %d shed; shed per second %s",
 		d, st.sent, st.ok, st.failed, st.shed, relPerSecond(rs, d, relResult.shed))
 }
+
+// relSkipUnderRace skips a reliability scenario under the race detector: its
+// criteria are real-time figures (milliseconds, requests per second) that the
+// detector's slowdown distorts. .ci/run runs them again without -race.
+func relSkipUnderRace(t *testing.T) {
+	t.Helper()
+	if raceEnabled {
+		t.Skip("real-time reliability figures; run without -race: go test -count=1 -run TestReliability ./stack/")
+	}
+}

@@ -31,6 +31,7 @@ import (
 // its weight in every router's snapshot falls below 0.02 within 2 s, and
 // after it recovers its traffic returns gradually over several snapshots.
 func TestReliabilityOneEngineFails(t *testing.T) {
+	relSkipUnderRace(t)
 	const scenario = "one engine of six fails"
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -157,6 +158,7 @@ func TestReliabilityOneEngineFails(t *testing.T) {
 // failing every request. Retry amplification (upstream attempts per client
 // request the routers admitted) stays at or below 1.1: no retry storm.
 func TestReliabilityHalfFailAtHighLoad(t *testing.T) {
+	relSkipUnderRace(t)
 	const scenario = "half the engines fail at 90% load"
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -231,6 +233,7 @@ func TestReliabilityHalfFailAtHighLoad(t *testing.T) {
 // 5 ms at p99, admitted requests' TTFT p99 is within 2× the unloaded p99, and
 // no critical request is shed while sheddable traffic is being served.
 func TestReliabilityOverload(t *testing.T) {
+	relSkipUnderRace(t)
 	const scenario = "demand at 150% of capacity"
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -336,6 +339,7 @@ func TestReliabilityOverload(t *testing.T) {
 // the request is retried on another engine and succeeds, and the engine is
 // penalised (weight about zero, a penalty record in sy_engines).
 func TestReliabilityHangingEngine(t *testing.T) {
+	relSkipUnderRace(t)
 	const scenario = "an engine hangs"
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -428,6 +432,7 @@ func TestReliabilityHangingEngine(t *testing.T) {
 // Cluster B's (region r2) traffic moves to the other regions within 2 s and
 // nothing is dropped that the remaining capacity could serve.
 func TestReliabilityRegionFails(t *testing.T) {
+	relSkipUnderRace(t)
 	const scenario = "a region's engines all fail"
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
