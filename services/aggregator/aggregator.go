@@ -21,6 +21,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/switchyard-dev/switchyard/internal/logthrottle"
 	"sync"
 	"time"
 
@@ -94,7 +95,7 @@ type Aggregator struct {
 	js      jetstream.JetStream
 	smooth  Smoother
 	metrics *metrics
-	badLog  *rateLimiter
+	badLog  *logthrottle.Throttle
 
 	mu      sync.Mutex
 	engines map[string]*engineEntry
@@ -146,7 +147,7 @@ func New(opts Options) (*Aggregator, error) {
 		js:      js,
 		smooth:  Smoother{Fast: opts.FastHalfLife.Seconds(), Slow: opts.SlowHalfLife.Seconds()},
 		metrics: newMetrics(opts.Registerer),
-		badLog:  newRateLimiter(10*time.Second, 10000),
+		badLog:  logthrottle.New(10*time.Second, 10000),
 		engines: make(map[string]*engineEntry),
 		demand:  make(map[string]*demandEntry),
 		rtt:     make(map[string]*rttEntry),
@@ -294,7 +295,7 @@ func (a *Aggregator) bad(msg jetstream.Msg, stream string, err error) {
 		reason = "kind"
 	}
 	a.metrics.bad.WithLabelValues(stream, reason).Inc()
-	if a.badLog.allow(msg.Subject(), time.Now()) {
+	if a.badLog.Allow(msg.Subject(), time.Now()) {
 		a.log.Warn().Err(err).Str("subject", msg.Subject()).Str("reason", reason).Int("bytes", len(msg.Data())).
 			Msg("bad message skipped (logged at most once per 10s per subject)")
 	}

@@ -195,7 +195,7 @@ func (s *Service) updatePenalties(ctx context.Context, kv jetstream.KeyValue) {
 		_, err = kv.Put(pctx, r.key, data)
 		cancel()
 		if err != nil {
-			if s.badLog.allow("penalty/"+r.key, time.Now()) {
+			if s.badLog.Allow("penalty/"+r.key, time.Now()) {
 				s.log.Warn().Err(err).Str("key", r.key).Msg("cannot write penalty record; will retry")
 			}
 			continue

@@ -116,6 +116,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/switchyard-dev/switchyard/internal/logthrottle"
 	"math"
 	"os"
 	"sort"
@@ -309,7 +310,7 @@ type Service struct {
 	log     zerolog.Logger
 	js      jetstream.JetStream
 	metrics *metrics
-	badLog  *rateLimiter
+	badLog  *logthrottle.Throttle
 
 	// mu guards the input state, the fits and the published solutions.
 	mu        sync.Mutex
@@ -364,7 +365,7 @@ func New(opts Options) (*Service, error) {
 		log:       opts.Logger.With().Str("component", "optimizer").Str("instance", opts.Instance).Logger(),
 		js:        js,
 		metrics:   newMetrics(opts.Registerer),
-		badLog:    newRateLimiter(10*time.Second, 10000),
+		badLog:    logthrottle.New(10*time.Second, 10000),
 		engines:   make(map[string]*messages.EngineState),
 		demand:    make(map[string]*messages.DemandState),
 		rtt:       make(map[string]float64),

@@ -142,7 +142,7 @@ func (s *Service) solveAll(ctx context.Context, weights, enginesKV jetstream.Key
 		sol, err := ms.solver.Solve(b.problem, ms.prev)
 		if err != nil {
 			s.metrics.solveErrors.Inc()
-			if s.badLog.allow("solve/"+b.model, time.Now()) {
+			if s.badLog.Allow("solve/"+b.model, time.Now()) {
 				s.log.Error().Err(err).Str("model", b.model).Int("clusters", len(b.problem.Clusters)).
 					Int("engines", len(b.problem.Engines)).Msg("solve failed (logged at most once per 10s per model)")
 			}
@@ -271,7 +271,7 @@ func (s *Service) publish(ctx context.Context, weights jetstream.KeyValue, b bui
 		ks, err := s.keyState(ctx, weights, key)
 		if err != nil {
 			if ctx.Err() == nil {
-				if s.badLog.allow("write/"+key, time.Now()) {
+				if s.badLog.Allow("write/"+key, time.Now()) {
 					s.log.Warn().Err(err).Str("key", key).Msg("cannot read weights key; will retry (logged at most once per 10s per key)")
 				}
 				s.notify()
@@ -291,7 +291,7 @@ func (s *Service) publish(ctx context.Context, weights jetstream.KeyValue, b bui
 		if errors.Is(err, messages.ErrTooLarge) && len(snap.Slots) > 0 {
 			// Too many engines for a slot table in one snapshot: routers
 			// compute theirs from the weights.
-			if s.badLog.allow("slots/"+key, time.Now()) {
+			if s.badLog.Allow("slots/"+key, time.Now()) {
 				s.log.Warn().Err(err).Str("key", key).Int("engines", len(snap.SlotEngines)).
 					Msg("snapshot too large with its slot table; writing it without (logged at most once per 10s per key)")
 			}
@@ -325,7 +325,7 @@ func (s *Service) publish(ctx context.Context, weights jetstream.KeyValue, b bui
 				continue
 			}
 			if ctx.Err() == nil {
-				if s.badLog.allow("write/"+key, time.Now()) {
+				if s.badLog.Allow("write/"+key, time.Now()) {
 					s.log.Warn().Err(err).Str("key", key).Uint64("generation", snap.Generation).
 						Msg("snapshot write failed; will retry (logged at most once per 10s per key)")
 				}

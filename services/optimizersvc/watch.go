@@ -108,7 +108,7 @@ func (s *Service) bad(bucket, key string, err error) {
 		reason = "kind"
 	}
 	s.metrics.bad.WithLabelValues(bucket, reason).Inc()
-	if s.badLog.allow(bucket+"/"+key, time.Now()) {
+	if s.badLog.Allow(bucket+"/"+key, time.Now()) {
 		s.log.Warn().Err(err).Str("bucket", bucket).Str("key", key).Str("reason", reason).
 			Msg("bad state value ignored (logged at most once per 10s per key)")
 	}
