@@ -162,6 +162,12 @@ func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, k
 		u = f.Utilisation
 	}
 	n := ms.admitted.Add(1)
+	// Admission control guards a fleet the snapshot already plans near its
+	// limit (it sheds, or predicts the engines this router uses at 90% or
+	// more); with headroom a burst is the engines' to absorb.
+	if f != nil && f.ShedFraction == 0 && !f.HasShedByPriority && f.Utilisation < admissionUtilisation {
+		return u, nil
+	}
 	// The snapshot's demand can lag a rise (it is rewritten only when the
 	// weights move or on the heartbeat); a rate this router measured itself
 	// over the last 10–20 s keeps steady traffic admitted, so admission
@@ -173,12 +179,6 @@ func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, k
 			g.DemandRPS = local
 			f = &g
 		}
-	}
-	// Admission control guards a fleet the snapshot already plans near its
-	// limit (it sheds, or predicts the engines this router uses at 90% or
-	// more); with headroom a burst is the engines' to absorb.
-	if f != nil && f.ShedFraction == 0 && !f.HasShedByPriority && f.Utilisation < admissionUtilisation {
-		return u, nil
 	}
 	if lim := Allotment(f, h.prot.Routers, h.prot.AdmissionSlack, h.prot.MinInFlight); lim > 0 {
 		if !h.prot.NoAdmission && float64(n) > lim*admissionFactor[p] {
