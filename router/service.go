@@ -56,6 +56,9 @@ type ServiceOptions struct {
 	MaxBodyBytes int64
 	// HTTPTransport tunes forwarding over HTTP.
 	HTTPTransport HTTPTransportOptions
+	// NetworkDelay, when set, emulates the one-way network latency to each
+	// engine (see DelayTransport): for stacks on one machine.
+	NetworkDelay func(engine string) time.Duration
 	// NATSFirstReplyTimeout bounds the wait for an engine's first NATS
 	// reply (default 60 s).
 	NATSFirstReplyTimeout time.Duration
@@ -157,9 +160,13 @@ func NewService(opts ServiceOptions) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
+	var transport Transport = &TransportPolicy{HTTP: s.httpT, NATS: natsT, Endpoints: s.signals, PreferNATS: opts.PreferNATS}
+	if opts.NetworkDelay != nil {
+		transport = &DelayTransport{Next: transport, Delay: opts.NetworkDelay}
+	}
 	s.handler, err = NewHandler(Options{
 		Tables:       s.store,
-		Transport:    &TransportPolicy{HTTP: s.httpT, NATS: natsT, Endpoints: s.signals, PreferNATS: opts.PreferNATS},
+		Transport:    transport,
 		Cluster:      opts.Cluster,
 		Router:       opts.Router,
 		Logger:       logger,

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"go.yaml.in/yaml/v3"
@@ -191,4 +192,24 @@ func (f *File) NetworkTable() map[string]map[string]float64 {
 		t[c.Name] = row
 	}
 	return t
+}
+
+// DelayFrom returns, for routers of the named cluster, the one-way network
+// latency to each engine of the stack (unknown engines: none), or nil when the
+// cluster is not in the stack.
+func (f *File) DelayFrom(cluster string) func(engine string) time.Duration {
+	region := ""
+	for _, c := range f.Clusters {
+		if c.Name == cluster {
+			region = c.Region
+		}
+	}
+	if region == "" {
+		return nil
+	}
+	delays := make(map[string]time.Duration, len(f.Engines))
+	for _, e := range f.Engines {
+		delays[e.Name] = time.Duration(f.NetworkMs(region, e.Region) * float64(time.Millisecond))
+	}
+	return func(engine string) time.Duration { return delays[engine] }
 }

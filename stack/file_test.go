@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestDefaultIsTheCaseStudy(t *testing.T) {
@@ -61,5 +62,16 @@ func TestParseErrorsNameTheField(t *testing.T) {
 				t.Fatalf("got %v, want an ErrStack naming x.yaml and %q", err, c.want)
 			}
 		})
+	}
+}
+
+func TestDelayFrom(t *testing.T) {
+	f := Default()
+	d := f.DelayFrom("B")
+	if d("engine-b") != time.Millisecond || d("engine-a") != 5*time.Millisecond || d("nope") != 0 {
+		t.Fatalf("delays from B: %s %s %s", d("engine-b"), d("engine-a"), d("nope"))
+	}
+	if f.DelayFrom("Z") != nil {
+		t.Fatal("a delay function for a cluster not in the stack")
 	}
 }

@@ -42,6 +42,11 @@ type Options struct {
 	RouterAddr string
 	// NoRouters leaves the routers out.
 	NoRouters bool
+	// EmulateNetwork makes each router wait the stack file's one-way network
+	// latency to an engine before forwarding to it and before relaying its
+	// answer (router.DelayTransport), so that cross-region requests take
+	// longer, as they would.
+	EmulateNetwork bool
 	// Logger receives every component's log.
 	Logger zerolog.Logger
 	// Registerer receives every component's metrics; nil means none.
@@ -155,8 +160,12 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 			if opts.RouterAddr != "" {
 				addr = opts.RouterAddr
 			}
-			rs, err := router.NewService(router.ServiceOptions{Conn: s.conn, Cluster: c.Name, Router: c.Name + "-1", HTTPAddr: addr,
-				Logger: log.With().Str("cluster", c.Name).Logger()})
+			ro := router.ServiceOptions{Conn: s.conn, Cluster: c.Name, Router: c.Name + "-1", HTTPAddr: addr,
+				Logger: log.With().Str("cluster", c.Name).Logger()}
+			if opts.EmulateNetwork {
+				ro.NetworkDelay = f.DelayFrom(c.Name)
+			}
+			rs, err := router.NewService(ro)
 			if err != nil {
 				return nil, fmt.Errorf("stack: router of cluster %s: %w", c.Name, err)
 			}

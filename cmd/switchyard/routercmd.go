@@ -7,6 +7,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/stack"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
@@ -25,6 +26,7 @@ func routerCommand() command {
 			fs.BoolVar(&o.PreferNATS, "prefer-nats", false, "forward over NATS to engines that offer both HTTP and NATS")
 			fs.DurationVar(&o.StaleAfter, "stale-after", router.DefaultStaleAfter, "snapshot age past which the local policy takes over")
 			fs.DurationVar(&o.ReportInterval, "report-interval", time.Second, "how often to publish reports")
+			emulate := fs.String("emulate-network", "", "emulate the network latency of this stack `file` (one-way, per engine region, from this router's cluster region)")
 			mkLog := logFlags(fs, e)
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
@@ -36,6 +38,15 @@ func routerCommand() command {
 				log, err := mkLog()
 				if err != nil {
 					return err
+				}
+				if *emulate != "" {
+					f, err := stack.Load(*emulate)
+					if err != nil {
+						return usageError{err}
+					}
+					if o.NetworkDelay = f.DelayFrom(o.Cluster); o.NetworkDelay == nil {
+						return usagef("--emulate-network %s: cluster %q is not in the stack file", *emulate, o.Cluster)
+					}
 				}
 				// Routers never wait on the control plane: start even if NATS is not up yet.
 				nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{*url}, Name: "switchyard-router-" + o.Cluster, Logger: log, WaitForServer: true})

@@ -30,6 +30,7 @@ func upCommand() command {
 			port := fs.Int("nats-port", 4222, "embedded NATS server's client port")
 			signalEvery := fs.Duration("signal-interval", 200*time.Millisecond, "how often each simulated engine publishes a signal")
 			metricsAddr := fs.String("metrics-addr", "127.0.0.1:9090", "serve the dashboard (/) and /metrics on this `address` (empty: off)")
+			emulate := fs.Bool("emulate-network", true, "routers add the stack file's network latency to each request (one machine has no real network)")
 			load := fs.Bool("load", false, "send each cluster's demand through its router, and print a summary every 10 s")
 			routerAddr := fs.String("router-addr", "", "listen `address` for every router, overriding the stack file (127.0.0.1:0 picks free ports)")
 			mkLog := logFlags(fs, e)
@@ -52,7 +53,7 @@ func upCommand() command {
 				}
 				reg := newRegistry()
 				s, err := stack.Start(ctx, stack.Options{File: f, DataDir: *dataDir, NATSHost: *host, NATSPort: *port,
-					SignalInterval: *signalEvery, RouterAddr: *routerAddr, Logger: log, Registerer: reg})
+					SignalInterval: *signalEvery, RouterAddr: *routerAddr, EmulateNetwork: *emulate, Logger: log, Registerer: reg})
 				if err != nil {
 					return err
 				}

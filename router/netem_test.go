@@ -1,0 +1,44 @@
+package router
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+type instantTransport struct{}
+
+func (instantTransport) Forward(context.Context, Engine, *UpstreamRequest) (*UpstreamResponse, error) {
+	return &UpstreamResponse{Status: http.StatusOK, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok"))}, nil
+}
+
+func TestDelayTransport(t *testing.T) {
+	d := &DelayTransport{Next: instantTransport{}, Delay: func(engine string) time.Duration {
+		if engine == "far" {
+			return 30 * time.Millisecond
+		}
+		return 0
+	}}
+	for _, c := range []struct {
+		engine   string
+		min, max time.Duration
+	}{{"near", 0, 25 * time.Millisecond}, {"far", 60 * time.Millisecond, time.Second}} {
+		start := time.Now()
+		resp, err := d.Forward(context.Background(), Engine{Name: c.engine}, &UpstreamRequest{})
+		took := time.Since(start)
+		if err != nil || resp.Status != http.StatusOK {
+			t.Fatalf("%s: %v", c.engine, err)
+		}
+		if took < c.min || took > c.max {
+			t.Fatalf("%s: took %s, want %s..%s (one round trip of emulated delay)", c.engine, took, c.min, c.max)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+	defer cancel()
+	if _, err := d.Forward(ctx, Engine{Name: "far"}, &UpstreamRequest{}); err == nil {
+		t.Fatal("a request whose context ends during the emulated delay was forwarded")
+	}
+}
