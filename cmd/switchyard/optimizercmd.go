@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/switchyard-dev/switchyard/dashboard"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/stack"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -32,7 +33,7 @@ func optimizerCommand() command {
 			fs.Float64Var(&o.Solver.ProximalMs, "proximal-ms", 1, "anti-churn price: ms per req/s of traffic moved")
 			fs.Float64Var(&o.Solver.DeadBand, "dead-band", 0.01, "keep a cluster's weights unless they move by at least this total-variation distance")
 			fs.BoolVar(&o.PreferConfiguredNetwork, "prefer-configured-network", false, "use the configured network latency even where RTTs are measured (for emulated networks on one host)")
-			metricsAddr := fs.String("metrics-addr", "127.0.0.1:9091", "serve /metrics on this `address` (empty: off)")
+			metricsAddr := fs.String("metrics-addr", "127.0.0.1:9091", "serve the live dashboard (/) and /metrics on this `address` (empty: off)")
 			replicas := fs.Int("replicas", 1, "provision streams and buckets with this replica count before starting (0: do not provision)")
 			mkLog := logFlags(fs, e)
 			return func(ctx context.Context, args []string) error {
@@ -89,7 +90,16 @@ func optimizerCommand() command {
 				if err != nil {
 					return usageError{err}
 				}
-				stopMetrics, err := serveMetrics(*metricsAddr, reg, log)
+				// The live dashboard is served next to /metrics, as `up` does.
+				dash, err := dashboard.New(dashboard.Options{Conn: nc, Logger: log})
+				if err != nil {
+					return err
+				}
+				dctx, stopDash := context.WithCancel(ctx)
+				dashDone := make(chan struct{})
+				go func() { defer close(dashDone); _ = dash.Run(dctx) }()
+				defer func() { stopDash(); <-dashDone }()
+				stopMetrics, err := serveHTTP(*metricsAddr, reg, dash.Handler(), log)
 				if err != nil {
 					return err
 				}
