@@ -655,3 +655,13 @@ func poll(timeout time.Duration, cond func() bool) bool {
 	}
 	return true
 }
+
+// TestFiguresIgnoreRoundingShed checks that a solver's rounding in a
+// snapshot's shed fractions neither sheds nor turns admission control on.
+func TestFiguresIgnoreRoundingShed(t *testing.T) {
+	f := FiguresOf(&messages.WeightSnapshot{ShedFraction: 9e-16, ShedByPriority: map[string]float64{"standard": 9e-16},
+		Weights: map[string]float64{"e": 1}})
+	if f.ShedFraction != 0 || f.HasShedByPriority {
+		t.Fatalf("figures %+v: rounding read as shedding", f)
+	}
+}

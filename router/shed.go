@@ -33,11 +33,11 @@ type Figures struct {
 
 // FiguresOf extracts the guards' figures from snap.
 func FiguresOf(snap *messages.WeightSnapshot) *Figures {
-	f := &Figures{ShedFraction: clamp01(snap.ShedFraction), DemandRPS: math.Max(0, snap.DemandRPS)}
+	f := &Figures{ShedFraction: shedClamp(snap.ShedFraction), DemandRPS: math.Max(0, snap.DemandRPS)}
 	if len(snap.ShedByPriority) > 0 {
 		for p := Priority(0); p < numPriorities; p++ {
-			if v, ok := snap.ShedByPriority[p.String()]; ok {
-				f.ShedByPriority[p] = clamp01(v)
+			if v := shedClamp(snap.ShedByPriority[p.String()]); v > 0 {
+				f.ShedByPriority[p] = v
 				f.HasShedByPriority = true
 			}
 		}
@@ -61,6 +61,19 @@ func FiguresOf(snap *messages.WeightSnapshot) *Figures {
 		f.Latency = time.Duration(lsum / lw * float64(time.Millisecond))
 	}
 	return f
+}
+
+// minShed is the smallest shed fraction taken as shedding: a solver's
+// rounding (1e-16 of a cluster's demand) is not an instruction to shed, nor a
+// sign that the fleet is at its limit.
+const minShed = 1e-6
+
+// shedClamp is clamp01 with fractions below minShed read as none.
+func shedClamp(v float64) float64 {
+	if v < minShed {
+		return 0
+	}
+	return clamp01(v)
 }
 
 func clamp01(v float64) float64 {
