@@ -54,7 +54,7 @@ func TestAggregatorOutcomes(t *testing.T) {
 		publish(t, env.JS, "sy.signal.llama."+e, &messages.EngineSignal{Model: "llama", Engine: e, Time: time.Now().UnixMilli(),
 			Seq: uint64(i + 1), TTFTMs: 100, TBTMs: 10, CapacityRPS: 100, Replicas: 1, Health: 1})
 	}
-	testenv.WaitFor(t, 3*time.Second, "engine states written", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "engine states written", func() bool {
 		_, a := engineState(t, kv, "llama.engine-a")
 		_, b := engineState(t, kv, "llama.engine-b")
 		return a && b
@@ -78,7 +78,7 @@ func TestAggregatorOutcomes(t *testing.T) {
 	report(1, "r2", map[string]messages.EngineOutcome{
 		"engine-a": {Sent: 50, Errors: map[string]int64{"5xx": 50}},
 	})
-	testenv.WaitFor(t, 3*time.Second, "outcomes folded into engine-a's state", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "outcomes folded into engine-a's state", func() bool {
 		s, ok := engineState(t, kv, "llama.engine-a")
 		return ok && s.Outcomes != nil && s.Outcomes.Reports == 3
 	})
@@ -97,7 +97,7 @@ func TestAggregatorOutcomes(t *testing.T) {
 	if math.Abs(o.TTFTMs.Fast-120) > 1e-6 || o.LastSent == 0 {
 		t.Errorf("engine-a TTFT %+v last sent %d, want 120 ms kept while nothing succeeds", o.TTFTMs, o.LastSent)
 	}
-	testenv.WaitFor(t, 3*time.Second, "outcomes folded into engine-b's state", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "outcomes folded into engine-b's state", func() bool {
 		s, ok := engineState(t, kv, "llama.engine-b")
 		return ok && s.Outcomes != nil && s.Outcomes.Reports == 2
 	})
@@ -110,7 +110,7 @@ func TestAggregatorOutcomes(t *testing.T) {
 	}
 	// A success resets the failure streak.
 	report(3, "r1", map[string]messages.EngineOutcome{"engine-a": {Sent: 10, Succeeded: 1, Errors: map[string]int64{"5xx": 9}, TTFTMs: 150}})
-	testenv.WaitFor(t, 3*time.Second, "failure streak reset", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "failure streak reset", func() bool {
 		s, ok := engineState(t, kv, "llama.engine-a")
 		return ok && s.Outcomes != nil && s.Outcomes.Reports == 4 && s.Outcomes.FailedIntervals == 0
 	})
@@ -125,7 +125,7 @@ func TestAggregatorOutcomes(t *testing.T) {
 	// A restart reloads the windows (and skips the other kinds quietly).
 	stop = startAggregator(t, env, prometheus.NewRegistry())
 	report(4, "r1", map[string]messages.EngineOutcome{"engine-a": {Sent: 10, Succeeded: 10, TTFTMs: 150}})
-	testenv.WaitFor(t, 3*time.Second, "outcomes continued after restart", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "outcomes continued after restart", func() bool {
 		s, ok := engineState(t, kv, "llama.engine-a")
 		return ok && s.Outcomes != nil && s.Outcomes.Reports == 5 && s.Outcomes.ErrorRate.Slow > 0.4
 	})
