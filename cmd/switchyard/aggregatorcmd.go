@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -41,20 +40,11 @@ func aggregatorCommand() command {
 				if err != nil {
 					return err
 				}
-				nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{*url}, Name: "switchyard-aggregator", Logger: log})
+				nc, err := connectService(ctx, *url, "switchyard-aggregator", log, *replicas, streams.ProvisionOptions{})
 				if err != nil {
 					return err
 				}
 				defer nc.Close()
-				if *replicas > 0 {
-					js, err := jetstream.New(nc)
-					if err != nil {
-						return err
-					}
-					if err := streams.Provision(ctx, js, streams.DefaultNames(), streams.ProvisionOptions{Replicas: *replicas}); err != nil {
-						return err
-					}
-				}
 				reg := newRegistry()
 				o.Conn, o.Logger, o.Registerer = nc, log, reg
 				agg, err := aggregator.New(o)

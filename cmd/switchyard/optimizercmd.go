@@ -7,7 +7,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/switchyard-dev/switchyard/dashboard"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/stack"
@@ -70,20 +69,11 @@ func optimizerCommand() command {
 				if err != nil {
 					return err
 				}
-				nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{*url}, Name: "switchyard-optimizer", Logger: log})
+				nc, err := connectService(ctx, *url, "switchyard-optimizer", log, *replicas, streams.ProvisionOptions{LeaseTTL: o.LeaseTTL})
 				if err != nil {
 					return err
 				}
 				defer nc.Close()
-				if *replicas > 0 {
-					js, err := jetstream.New(nc)
-					if err != nil {
-						return err
-					}
-					if err := streams.Provision(ctx, js, streams.DefaultNames(), streams.ProvisionOptions{Replicas: *replicas, LeaseTTL: o.LeaseTTL}); err != nil {
-						return err
-					}
-				}
 				reg := newRegistry()
 				o.Conn, o.Logger, o.Registerer = nc, log, reg
 				svc, err := optimizersvc.New(o)
@@ -91,15 +81,12 @@ func optimizerCommand() command {
 					return usageError{err}
 				}
 				// The live dashboard is served next to /metrics, as `up` does.
-				dash, err := dashboard.New(dashboard.Options{Conn: nc, Logger: log})
+				dash, stopDash, err := startDashboard(ctx, dashboard.Options{Conn: nc, Logger: log})
 				if err != nil {
 					return err
 				}
-				dctx, stopDash := context.WithCancel(ctx)
-				dashDone := make(chan struct{})
-				go func() { defer close(dashDone); _ = dash.Run(dctx) }()
-				defer func() { stopDash(); <-dashDone }()
-				stopMetrics, err := serveHTTP(*metricsAddr, reg, dash.Handler(), log)
+				defer stopDash()
+				stopMetrics, err := serveHTTP(*metricsAddr, reg, dash, log)
 				if err != nil {
 					return err
 				}

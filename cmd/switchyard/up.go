@@ -58,15 +58,12 @@ func upCommand() command {
 					return err
 				}
 				defer s.Close()
-				dash, err := dashboard.New(dashboard.Options{Conn: s.Conn(), Logger: log, Routers: dashboard.RouterStatuses(s.Routers)})
+				dash, stopDash, err := startDashboard(ctx, dashboard.Options{Conn: s.Conn(), Logger: log, Routers: dashboard.RouterStatuses(s.Routers)})
 				if err != nil {
 					return err
 				}
-				dctx, stopDash := context.WithCancel(ctx)
-				dashDone := make(chan struct{})
-				go func() { defer close(dashDone); _ = dash.Run(dctx) }()
-				defer func() { stopDash(); <-dashDone }()
-				stopMetrics, err := serveHTTP(*metricsAddr, reg, dash.Handler(), log)
+				defer stopDash()
+				stopMetrics, err := serveHTTP(*metricsAddr, reg, dash, log)
 				if err != nil {
 					return err
 				}
