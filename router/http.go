@@ -379,7 +379,8 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 // user, then prompt prefix; spread by weight without one), the snapshot's
 // shed fraction for the request's priority and the local admission control
 // (429 when shed), and the bounded-load guard, which skips engines marked
-// down or ejected (all ejected: ejections are ignored). It counts the
+// down or ejected (all ejected: the snapshot's spare engines of weight zero,
+// nearest first, then ejections are ignored). It counts the
 // request with the Observer once the model is known to be served, and
 // credits the retry budget. Errors: 404 for an unknown model, 429 when
 // shed, 503 when no engine is available. The caller must release an
@@ -405,7 +406,13 @@ func (h *Handler) route(req *Request, session string, prio Priority) (*routed, *
 		return nil, apiErr
 	}
 	rt := &routed{model: req.Model, table: table, bound: bound, ms: ms, key: key, src: src, prio: prio}
+	if info.Figures != nil {
+		rt.spare = info.Figures.Spare
+	}
 	idx, ok := table.Pick(key, bound)
+	if !ok {
+		idx, ok = rt.spareEngine(func(j int) bool { return !bound.Down(j) })
+	}
 	if !ok {
 		idx, ok = table.Pick(key, hardDown{bound})
 		rt.fallback = true

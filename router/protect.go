@@ -120,7 +120,8 @@ type routed struct {
 	key      uint64
 	src      KeySource
 	prio     Priority
-	fallback bool // every engine was ejected: ejections are ignored
+	spare    []string // the snapshot's engines of weight zero, nearest first (Figures.Spare)
+	fallback bool     // every engine was ejected: ejections are ignored
 }
 
 // release ends the request's admission.
@@ -404,8 +405,12 @@ func (h *Handler) retryTo(rt *routed, tried []int, failed, n int) (int, string) 
 	return next, ""
 }
 
-// nextCandidate returns the key's next candidate engine (Table.Candidates)
-// not yet tried and not skipped, preferring the failed engine's region.
+// nextCandidate returns the key's next candidate engine not yet tried and
+// not skipped: first in the failed engine's region (the key's candidates
+// by weight, Table.Candidates, then the snapshot's spare engines of weight
+// zero), then elsewhere (candidates by weight, then spare engines nearest
+// first). Spare engines let a request leave a region whose planned engines
+// all fail before the next snapshot moves the cluster's traffic.
 func (h *Handler) nextCandidate(rt *routed, tried []int, failed int) (int, bool) {
 	var cbuf [16]int
 	cands := rt.table.Candidates(rt.key, cbuf[:0])
@@ -419,15 +424,30 @@ func (h *Handler) nextCandidate(rt *routed, tried []int, failed int) (int, bool)
 	}
 	if h.opts.Regions != nil {
 		if region := h.opts.Regions.Region(rt.model, rt.table.Engine(failed).Name); region != "" {
+			inRegion := func(j int) bool { return h.opts.Regions.Region(rt.model, rt.table.Engine(j).Name) == region }
 			for _, j := range cands {
-				if usable(j) && h.opts.Regions.Region(rt.model, rt.table.Engine(j).Name) == region {
+				if usable(j) && inRegion(j) {
 					return j, true
 				}
+			}
+			if j, ok := rt.spareEngine(func(j int) bool { return usable(j) && inRegion(j) }); ok {
+				return j, true
 			}
 		}
 	}
 	for _, j := range cands {
 		if usable(j) {
+			return j, true
+		}
+	}
+	return rt.spareEngine(usable)
+}
+
+// spareEngine returns the first of the snapshot's spare engines (weight
+// zero, nearest first) in rt's table that ok accepts.
+func (rt *routed) spareEngine(ok func(j int) bool) (int, bool) {
+	for _, name := range rt.spare {
+		if j, in := rt.table.Index(name); in && ok(j) {
 			return j, true
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -663,5 +664,54 @@ func TestFiguresIgnoreRoundingShed(t *testing.T) {
 		Weights: map[string]float64{"e": 1}})
 	if f.ShedFraction != 0 || f.HasShedByPriority {
 		t.Fatalf("figures %+v: rounding read as shedding", f)
+	}
+}
+
+// mapRegions is a RegionResolver over a fixed map of engine regions.
+type mapRegions map[string]string
+
+func (m mapRegions) Region(_, engine string) string { return m[engine] }
+
+// TestRetryLeavesFailedRegionForSpare: both engines the snapshot plans
+// (region r2) fail. A request is retried in r2 first, then on the nearest
+// engine of weight zero (the snapshot's spare, by predicted latency), and
+// once both planned engines are ejected requests go to that spare engine
+// at once, before any new snapshot.
+func TestRetryLeavesFailedRegionForSpare(t *testing.T) {
+	snap := &messages.WeightSnapshot{Weights: map[string]float64{"e0": 0.5, "e1": 0.5, "e2": 0, "e3": 0},
+		LatencyMs: map[string]float64{"e0": 150, "e1": 150, "e2": 180, "e3": 160}, DemandRPS: 10}
+	figs := FiguresOf(snap)
+	if !slices.Equal(figs.Spare, []string{"e3", "e2"}) {
+		t.Fatalf("spare engines %v, want [e3 e2] (nearest first)", figs.Spare)
+	}
+	f := newPFront(t, []int32{mode500, mode500, modeOK, modeOK}, []float64{0.5, 0.5, 0, 0}, figs,
+		Options{Regions: mapRegions{"e0": "r2", "e1": "r2", "e2": "r3", "e3": "r1"},
+			Protection: ProtectionOptions{Eject: EjectOptions{After: 2}, Budget: BudgetOptions{Ratio: 5, MaxTokens: 100}}})
+	r := f.do(streamBody("x"), nil)
+	if r.status != 200 || r.header.Get(headerEngine) != "e3" {
+		t.Fatalf("first request: got %d from %q: %q", r.status, r.header.Get(headerEngine), r.body)
+	}
+	if f.attempts() != 3 || f.engines[0].count() != 1 || f.engines[1].count() != 1 || f.engines[2].count() != 0 {
+		t.Fatalf("attempts %d, e0 %d e1 %d e2 %d; want 3 attempts: e0, e1, then the spare e3",
+			f.attempts(), f.engines[0].count(), f.engines[1].count(), f.engines[2].count())
+	}
+	// A second failure each ejects e0 and e1 (After 2).
+	for i := 0; i < 2; i++ {
+		if r := f.do(streamBody("x"), nil); r.status != 200 || r.header.Get(headerEngine) != "e3" {
+			t.Fatalf("request %d: got %d from %q: %q", i+2, r.status, r.header.Get(headerEngine), r.body)
+		}
+	}
+	if !f.h.Live("m").Engine("e0").Ejected() || !f.h.Live("m").Engine("e1").Ejected() {
+		t.Fatalf("e0 ejected %v, e1 ejected %v; want both", f.h.Live("m").Engine("e0").Ejected(), f.h.Live("m").Engine("e1").Ejected())
+	}
+	before, failed := f.attempts(), f.engines[0].count()+f.engines[1].count()
+	for i := 0; i < 5; i++ {
+		if r := f.do(streamBody(fmt.Sprint("y", i)), nil); r.status != 200 || r.header.Get(headerEngine) != "e3" {
+			t.Fatalf("after ejection: got %d from %q: %q", r.status, r.header.Get(headerEngine), r.body)
+		}
+	}
+	if got := f.attempts() - before; got != 5 || f.engines[0].count()+f.engines[1].count() != failed {
+		t.Fatalf("after ejection: %d attempts for 5 requests, %d more to the ejected engines; want 5 and 0",
+			got, f.engines[0].count()+f.engines[1].count()-failed)
 	}
 }

@@ -2,6 +2,7 @@ package router
 
 import (
 	"math"
+	"sort"
 	"sync"
 	"time"
 
@@ -29,6 +30,12 @@ type Figures struct {
 	// Latency is the weight-averaged predicted latency of the snapshot's
 	// engines (0 when the snapshot carries none).
 	Latency time.Duration
+	// Spare lists the snapshot's engines of weight zero — eligible for the
+	// cluster, but not planned to serve it — nearest first: by the
+	// snapshot's predicted latency to them (network plus engine-side), those
+	// without one last, ties by name. Retries and requests whose planned
+	// engines are all skipped may go to them (see Handler).
+	Spare []string
 }
 
 // FiguresOf extracts the guards' figures from snap.
@@ -60,6 +67,24 @@ func FiguresOf(snap *messages.WeightSnapshot) *Figures {
 	if lw > 0 {
 		f.Latency = time.Duration(lsum / lw * float64(time.Millisecond))
 	}
+	for name, w := range snap.Weights {
+		if !(w > 0) {
+			f.Spare = append(f.Spare, name)
+		}
+	}
+	lat := func(name string) float64 {
+		if l, ok := snap.LatencyMs[name]; ok && l >= 0 && !math.IsInf(l, 0) && !math.IsNaN(l) {
+			return l
+		}
+		return math.Inf(1)
+	}
+	sort.Slice(f.Spare, func(a, b int) bool {
+		la, lb := lat(f.Spare[a]), lat(f.Spare[b])
+		if la != lb {
+			return la < lb
+		}
+		return f.Spare[a] < f.Spare[b]
+	})
 	return f
 }
 
