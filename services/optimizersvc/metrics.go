@@ -16,6 +16,7 @@ type metrics struct {
 	penalised     prometheus.Gauge
 	penalties     *prometheus.CounterVec
 	operator      *prometheus.GaugeVec
+	slowStart     *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -51,10 +52,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		operator: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "switchyard_optimizer_operator_overrides", Help: "Operator overrides in force, by action."},
 			[]string{"action"}),
+		slowStart: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_optimizer_slow_start_multiplier",
+			Help: "Health multiplier of an engine in slow start after its capacity came back from about zero (absent when none)."},
+			[]string{"model", "engine"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.solveDuration, m.solveErrors, m.gap, m.generations, m.conflicts, m.leader,
-			m.problems, m.clusters, m.engines, m.bad, m.penalised, m.penalties, m.operator)
+			m.problems, m.clusters, m.engines, m.bad, m.penalised, m.penalties, m.operator, m.slowStart)
 	}
 	return m
 }

@@ -44,10 +44,14 @@ type PenaltyOptions struct {
 	Growth float64
 	Max    time.Duration
 	// SlowStart is how long the multiplier takes to ramp back to 1 after a
-	// penalty ends. Default 10 s.
+	// penalty ends, and after an engine's effective capacity comes back from
+	// about zero for any other reason (see Service.slowStart: its health
+	// signal, status, an operator override, a capacity drop). Default 10 s;
+	// negative: no slow start.
 	SlowStart time.Duration
-	// RecoveryFloor is where the ramp starts for a penalty of multiplier 0,
-	// so that the engine gets a little traffic to prove itself. Default 0.1.
+	// RecoveryFloor is where the ramp starts for a penalty of multiplier 0
+	// and for a capacity back from about zero, so that the engine gets a
+	// little traffic to prove itself. Default 0.1.
 	RecoveryFloor float64
 	// Forget is how long an engine must behave after its slow start before
 	// its strikes are forgotten (and its penalty record deleted). Default 5 min.

@@ -211,10 +211,12 @@ func truncate(s string, n int) string {
 	return s[:n]
 }
 
-// healthOf returns the health the problem uses for an engine of model, with
-// penalties and operator overrides, and why it differs from the reported
-// one. Callers hold s.mu; excluded means the engine is kept out.
-func (s *Service) healthOf(model, key string, st *messages.EngineState, now time.Time) (health float64, excluded bool) {
+// healthOf returns the health the problem uses for an engine of model
+// before its penalty and slow start (the reported health, with the stale
+// factor and operator overrides), the penalty's multiplier (1 when none is
+// in force, or an operator pinned the health), and whether the engine is
+// kept out. Callers hold s.mu.
+func (s *Service) healthOf(model, key string, st *messages.EngineState, now time.Time) (health, penalty float64, excluded bool) {
 	health = st.Health
 	if st.Status == messages.StatusStale {
 		health *= StaleHealthFactor
@@ -222,13 +224,14 @@ func (s *Service) healthOf(model, key string, st *messages.EngineState, now time
 	if op := s.operatorFor(model, st.Engine); op != nil {
 		switch op.Action {
 		case messages.ActionDrain, messages.ActionCordon:
-			return 0, true
+			return 0, 1, true
 		case messages.ActionHealth:
-			return health * op.Health, false // pinned: replaces any penalty
+			return health * op.Health, 1, false // pinned: replaces any penalty
 		}
 	}
+	penalty = 1
 	if !s.opts.Penalties.Off {
-		health *= s.pens[key].multiplier(now, s.opts.Penalties.RecoveryFloor)
+		penalty = s.pens[key].multiplier(now, s.opts.Penalties.RecoveryFloor)
 	}
-	return health, false
+	return health, penalty, false
 }

@@ -60,6 +60,17 @@
 // change; the key is deleted when the strikes are forgotten. Every instance
 // judges for itself; only the leader writes.
 //
+// Slow start applies whenever an engine's effective capacity comes back from
+// about zero (below AboutZeroShare, 5%, of the largest capacity_rps it has
+// reported), whatever took it there: its own health signal, a down status,
+// an operator's drain, cordon or pinned health, or a capacity drop. Its
+// health in the problem then ramps linearly from RecoveryFloor to 1 over
+// SlowStart, as after a penalty (a penalty's end has its own ramp, not a
+// second one on top). A slow start is logged when it begins and ends and
+// shown while it lasts in switchyard_optimizer_slow_start_multiplier{model,
+// engine}. An engine first seen with capacity gets none, so a restarted
+// service does not throttle the fleet.
+//
 // Operator records (messages.Operator, key operator.<engine> in sy_engines,
 // written by `switchyard engine`) override: drain and cordon keep the engine
 // out of the problem (weight 0 in every snapshot); health pins its multiplier
@@ -320,6 +331,7 @@ type Service struct {
 	fits      map[string]*fit                  // by <model>.<engine>
 	solutions map[string]*optimizer.Solution   // by model
 	pens      map[string]*penalty              // by <model>.<engine>
+	ramps     map[string]*ramp                 // slow starts, by <model>.<engine>
 	operators map[string]*messages.Operator    // by sy_engines key operator.<engine>
 	changed   chan struct{}                    // signalled (non-blocking) on input changes
 
@@ -377,6 +389,7 @@ func New(opts Options) (*Service, error) {
 		keys:      make(map[string]*keyState),
 		maxGen:    make(map[string]uint64),
 		pens:      make(map[string]*penalty),
+		ramps:     make(map[string]*ramp),
 		operators: make(map[string]*messages.Operator),
 		written:   make(map[string]string),
 	}

@@ -41,6 +41,11 @@ func (s *Service) buildProblems() []built {
 	for _, a := range []string{messages.ActionDrain, messages.ActionCordon, messages.ActionHealth} {
 		s.metrics.operator.WithLabelValues(a).Set(float64(drained[a]))
 	}
+	for key := range s.ramps {
+		if _, ok := s.engines[key]; !ok {
+			s.endSlowStart(key, "engine state gone")
+		}
+	}
 	for _, key := range sortedKeys(s.engines) {
 		st := s.engines[key]
 		prior := s.opts.PriorBaseMs
@@ -60,11 +65,17 @@ func (s *Service) buildProblems() []built {
 	for _, model := range sortedKeys(engines) {
 		p := &optimizer.Problem{}
 		for _, e := range engines[model] {
+			key := model + "." + e.name
 			if e.st.Status == messages.StatusDown {
+				s.slowStart(key, e.st, 0, now)
 				continue
 			}
-			health, excluded := s.healthOf(model, model+"."+e.name, e.st, now)
-			if excluded || !(e.st.CapacityRPS*health > 0) {
+			health, pen, excluded := s.healthOf(model, key, e.st, now)
+			if excluded {
+				health = 0
+			}
+			health *= math.Min(pen, s.slowStart(key, e.st, e.st.CapacityRPS*health, now))
+			if !(e.st.CapacityRPS*health > 0) {
 				continue
 			}
 			p.Engines = append(p.Engines, optimizer.Engine{Name: e.name, CapacityRPS: e.st.CapacityRPS, Health: health,

@@ -1,0 +1,153 @@
+package optimizersvc
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/messages"
+)
+
+// newRampService returns a Service without NATS over one engine m.e1 of
+// capacity 30 req/s, for the problem-building logic alone.
+func newRampService() (*Service, *messages.EngineState) {
+	reg := prometheus.NewRegistry()
+	opts := Options{Penalties: PenaltyOptions{SlowStart: 10 * time.Second}, Logger: zerolog.Nop(), Registerer: reg}
+	opts.setDefaults()
+	s := &Service{opts: opts, log: opts.Logger, metrics: newMetrics(reg), engines: map[string]*messages.EngineState{},
+		demand: map[string]*messages.DemandState{}, rtt: map[string]float64{}, fits: map[string]*fit{},
+		pens: map[string]*penalty{}, ramps: map[string]*ramp{}, operators: map[string]*messages.Operator{}}
+	st := &messages.EngineState{Model: "m", Engine: "e1", Status: messages.StatusUp, CapacityRPS: 30, Health: 1}
+	s.engines["m.e1"] = st
+	return s, st
+}
+
+// slowStartGauges returns how many engines the slow-start gauge shows.
+func slowStartGauges(t *testing.T, s *Service) int {
+	t.Helper()
+	fams, err := s.opts.Registerer.(*prometheus.Registry).Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() == "switchyard_optimizer_slow_start_multiplier" {
+			return len(f.GetMetric())
+		}
+	}
+	return 0
+}
+
+// health returns e1's health in the problem buildProblems builds now, -1
+// when it is left out.
+func health(t *testing.T, s *Service) float64 {
+	t.Helper()
+	b := s.buildProblems()
+	if len(b) != 1 {
+		t.Fatalf("%d problems, want 1", len(b))
+	}
+	for _, e := range b[0].problem.Engines {
+		if e.Name == "e1" {
+			return e.Health
+		}
+	}
+	return -1
+}
+
+func TestSlowStartAfterCapacityReturns(t *testing.T) {
+	s, st := newRampService()
+	if h := health(t, s); h != 1 {
+		t.Fatalf("engine first seen healthy: health %v, want 1 (no slow start at start-up)", h)
+	}
+	back := func(what string) {
+		t.Helper()
+		h := health(t, s)
+		if math.Abs(h-s.opts.Penalties.RecoveryFloor) > 0.02 {
+			t.Fatalf("%s: health %v just after the return, want about the floor %v", what, h, s.opts.Penalties.RecoveryFloor)
+		}
+		if n := slowStartGauges(t, s); n != 1 {
+			t.Fatalf("%s: %d slow-start gauges, want 1", what, n)
+		}
+		now := s.ramps["m.e1"].start
+		if m := s.slowStart("m.e1", st, 30, now.Add(5*time.Second)); math.Abs(m-0.55) > 1e-9 {
+			t.Fatalf("%s: multiplier %v half-way through the slow start, want 0.55", what, m)
+		}
+		if m := s.slowStart("m.e1", st, 30, now.Add(10*time.Second)); m != 1 {
+			t.Fatalf("%s: multiplier %v after the slow start, want 1", what, m)
+		}
+		if n := slowStartGauges(t, s); n != 0 {
+			t.Fatalf("%s: %d slow-start gauges after it ended, want 0", what, n)
+		}
+		if h := health(t, s); h != 1 {
+			t.Fatalf("%s: health %v after the slow start, want 1", what, h)
+		}
+	}
+
+	// The engine's own health signal.
+	st.Health = 0
+	if h := health(t, s); h != -1 {
+		t.Fatalf("health 0: engine in the problem with health %v", h)
+	}
+	st.Health = 1
+	back("signal health")
+
+	// Down, then up again.
+	st.Status = messages.StatusDown
+	if h := health(t, s); h != -1 {
+		t.Fatalf("down: engine in the problem with health %v", h)
+	}
+	st.Status = messages.StatusUp
+	back("down and up")
+
+	// An operator's drain, then restore.
+	s.operators["operator.e1"] = &messages.Operator{Engine: "e1", Action: messages.ActionDrain}
+	if h := health(t, s); h != -1 {
+		t.Fatalf("drained: engine in the problem with health %v", h)
+	}
+	delete(s.operators, "operator.e1")
+	back("operator restore")
+
+	// A capacity drop to about zero (below AboutZeroShare of the 30 req/s seen).
+	st.CapacityRPS = 1
+	if h := health(t, s); h != 1 {
+		t.Fatalf("capacity 1 req/s: health %v, want 1 (capacity carries the drop)", h)
+	}
+	st.CapacityRPS = 30
+	back("capacity drop")
+
+	// A partial drop is no return from zero.
+	st.Health = 0.5
+	_ = health(t, s)
+	st.Health = 1
+	if h := health(t, s); h != 1 {
+		t.Fatalf("after health 0.5: health %v, want 1 (no slow start)", h)
+	}
+
+	// An engine whose state is gone is forgotten.
+	delete(s.engines, "m.e1")
+	_ = s.buildProblems()
+	if len(s.ramps) != 0 {
+		t.Fatalf("ramps %v after the engine's state went away", s.ramps)
+	}
+}
+
+// TestSlowStartNotDoubledAfterPenalty: a penalty's end brings the capacity
+// back from zero through the penalty's own slow start, which is not
+// multiplied by a second ramp.
+func TestSlowStartNotDoubledAfterPenalty(t *testing.T) {
+	s, _ := newRampService()
+	_ = health(t, s)
+	now := time.Now()
+	s.pens["m.e1"] = &penalty{strikes: 1, mult: 0, since: now.Add(-time.Second), until: now.Add(time.Second),
+		recoverUntil: now.Add(11 * time.Second)}
+	if h := health(t, s); h != -1 {
+		t.Fatalf("penalised with multiplier 0: engine in the problem with health %v", h)
+	}
+	p := s.pens["m.e1"]
+	p.since, p.until, p.recoverUntil = now.Add(-3*time.Second), now.Add(-time.Second), now.Add(9*time.Second)
+	want := p.multiplier(time.Now(), s.opts.Penalties.RecoveryFloor)
+	if h := health(t, s); math.Abs(h-want) > 0.01 {
+		t.Fatalf("recovering from a penalty: health %v, want the penalty's ramp %v alone", h, want)
+	}
+}
