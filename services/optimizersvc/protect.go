@@ -31,8 +31,8 @@ func OperatorKey(engine string) (string, error) {
 }
 
 // handleOther folds a non-engine-state value of sy_engines (by its kind:
-// operator overrides; penalty records are the leader's output and only
-// counted as seen) and reports whether it was one.
+// operator overrides, and the leader's penalty records, which a follower
+// adopts when newer than its own judgement) and reports whether it was one.
 func (s *Service) handleOther(key string, value []byte) bool {
 	_, kind, err := messages.Peek(value)
 	if err != nil || kind == messages.KindEngineState {
@@ -56,11 +56,45 @@ func (s *Service) handleOther(key string, value []byte) bool {
 			Str("reason", op.Reason).Str("by", op.By).Msg("operator override in force")
 		s.notify()
 	case messages.KindPenalty:
-		// Written by the leader; nothing to fold.
+		var pen messages.Penalty
+		if err := messages.DecodeIntoAt(value, &pen, s.opts.Now()); err != nil {
+			s.bad(s.opts.Names.EnginesBucket, key, err)
+			return true
+		}
+		if want, _ := PenaltyKey(pen.Model, pen.Engine); want != key {
+			s.bad(s.opts.Names.EnginesBucket, key, fmt.Errorf("%w: penalty record for %s.%s stored under key %q", messages.ErrInvalid, pen.Model, pen.Engine, key))
+			return true
+		}
+		s.adoptPenalty(&pen)
 	default:
 		s.bad(s.opts.Names.EnginesBucket, key, fmt.Errorf("%w: %q in the engines bucket", messages.ErrKind, kind))
 	}
 	return true
+}
+
+// adoptPenalty folds the leader's penalty record into this instance's
+// penalties when it is not the leader and the record is newer than what it
+// judged itself (a later penalty, or more strikes), so that a follower
+// taking over continues the escalation rather than starting again at
+// strike one.
+func (s *Service) adoptPenalty(pen *messages.Penalty) {
+	if s.Leader() || pen.Strikes <= 0 {
+		return
+	}
+	key := pen.Model + "." + pen.Engine
+	since := time.UnixMilli(pen.Since)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.pens[key]
+	if p != nil && (p.strikes > pen.Strikes || (p.strikes == pen.Strikes && !since.After(p.since))) {
+		return
+	}
+	if p == nil {
+		p = &penalty{}
+		s.pens[key] = p
+	}
+	*p = penalty{strikes: pen.Strikes, reason: pen.Reason, detail: pen.Detail, mult: pen.Multiplier, since: since,
+		until: time.UnixMilli(pen.Until), recoverUntil: time.UnixMilli(pen.RecoverUntil)}
 }
 
 // forgetOther drops an operator override whose key was deleted (restore).

@@ -58,7 +58,9 @@
 // switchyard_optimizer_penalised_engines) and, by the leader, written to
 // sy_engines under penalty.<model>.<engine> (messages.Penalty) on every phase
 // change; the key is deleted when the strikes are forgotten. Every instance
-// judges for itself; only the leader writes.
+// judges for itself; only the leader writes, and followers adopt its records
+// when newer than their own judgement, so that a new leader continues the
+// escalation (strikes) rather than starting again.
 //
 // Slow start applies whenever an engine's effective capacity comes back from
 // about zero (below AboutZeroShare, 5%, of the largest capacity_rps it has

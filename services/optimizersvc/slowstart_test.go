@@ -151,3 +151,42 @@ func TestSlowStartNotDoubledAfterPenalty(t *testing.T) {
 		t.Fatalf("recovering from a penalty: health %v, want the penalty's ramp %v alone", h, want)
 	}
 }
+
+// TestFollowerAdoptsPenalty: a follower takes the leader's penalty record
+// (a later penalty or more strikes) in place of its own judgement, and
+// ignores an older one.
+func TestFollowerAdoptsPenalty(t *testing.T) {
+	s, _ := newRampService()
+	now := time.Now().Truncate(time.Millisecond)
+	rec := func(strikes int, since time.Time) []byte {
+		t.Helper()
+		data, err := messages.Encode(&messages.Penalty{Model: "m", Engine: "e1", Phase: messages.PhasePenalised, Multiplier: 0,
+			Reason: messages.ReasonFailures, Since: since.UnixMilli(), Until: since.Add(20 * time.Second).UnixMilli(),
+			RecoverUntil: since.Add(30 * time.Second).UnixMilli(), Strikes: strikes, Time: now.UnixMilli()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	s.pens["m.e1"] = &penalty{strikes: 1, mult: 0, since: now.Add(-time.Second), until: now.Add(4 * time.Second),
+		recoverUntil: now.Add(14 * time.Second)}
+	if !s.handleOther("penalty.m.e1", rec(3, now)) {
+		t.Fatal("penalty record not recognised")
+	}
+	p := s.pens["m.e1"]
+	if p.strikes != 3 || !p.since.Equal(now) || !p.until.Equal(now.Add(20*time.Second)) {
+		t.Fatalf("after the leader's record of 3 strikes: %+v", p)
+	}
+	s.handleOther("penalty.m.e1", rec(2, now.Add(time.Second)))
+	if p := s.pens["m.e1"]; p.strikes != 3 {
+		t.Fatalf("an older record (2 strikes) replaced the penalty: %+v", p)
+	}
+	// Strikes escalate from the adopted ones.
+	po := &s.opts.Penalties
+	at := now.Add(31 * time.Second)
+	ev := po.judge(s.pens, []string{"m.e1", "m.e2", "m.e3"},
+		map[string]*messages.EngineOutcomes{"m.e1": failing(at), "m.e2": healthy(at), "m.e3": healthy(at)}, nil, at)
+	if len(ev) != 1 || ev[0].p.strikes != 4 {
+		t.Fatalf("penalty after the adopted one: %+v, want strike 4", ev)
+	}
+}
