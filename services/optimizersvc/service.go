@@ -17,6 +17,10 @@
 //     less traffic until the aggregator decides whether it is down;
 //   - status "up": capacity_rps and health as reported.
 //
+// Every engine's capacity in the problem is capacity_rps ×
+// Options.TargetUtilisation (default 1): below 1 the optimizer keeps that
+// headroom on every engine and sheds the demand beyond it instead.
+//
 // Each engine's latency profile is a queue profile L(x) = base_ms / (1 − x/C)
 // (C the effective capacity, so the prior's shape comes from the engine's
 // capacity) whose base_ms is fitted from the engine state's slow windows: every
@@ -189,6 +193,11 @@ type Options struct {
 	// PriorBaseMs is the prior base latency of an engine's queue profile, used
 	// until samples arrive and blended with them. Zero means 500 ms.
 	PriorBaseMs float64
+	// TargetUtilisation is the share of every engine's effective capacity
+	// the problem plans for, in (0, 1]: demand beyond it is shed (by
+	// priority) rather than queued on the engines, and the utilisations in
+	// snapshots are relative to it. Zero means 1 (plan up to capacity).
+	TargetUtilisation float64
 	// MinInterval is the least time between two solves. Zero means 100 ms.
 	MinInterval time.Duration
 	// MaxInterval is the longest time between two solves. Zero means 2 s.
@@ -229,6 +238,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.PriorBaseMs == 0 {
 		o.PriorBaseMs = 500
+	}
+	if o.TargetUtilisation == 0 {
+		o.TargetUtilisation = 1
 	}
 	if o.MinInterval == 0 {
 		o.MinInterval = 100 * time.Millisecond
@@ -304,6 +316,9 @@ func (o *Options) validate() error {
 		if math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 {
 			return fmt.Errorf("%w: %s is %v, want a finite positive number", ErrOptions, field, v)
 		}
+	}
+	if !(o.TargetUtilisation > 0 && o.TargetUtilisation <= 1) {
+		return fmt.Errorf("%w: TargetUtilisation is %v, want a share in (0, 1]", ErrOptions, o.TargetUtilisation)
 	}
 	if o.MinInterval < 0 || o.MaxInterval < o.MinInterval {
 		return fmt.Errorf("%w: MinInterval %s and MaxInterval %s: want 0 <= MinInterval <= MaxInterval", ErrOptions, o.MinInterval, o.MaxInterval)

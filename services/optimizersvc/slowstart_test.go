@@ -2,9 +2,11 @@ package optimizersvc
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/switchyard-dev/switchyard/messages"
@@ -188,5 +190,31 @@ func TestFollowerAdoptsPenalty(t *testing.T) {
 		map[string]*messages.EngineOutcomes{"m.e1": failing(at), "m.e2": healthy(at), "m.e3": healthy(at)}, nil, at)
 	if len(ev) != 1 || ev[0].p.strikes != 4 {
 		t.Fatalf("penalty after the adopted one: %+v, want strike 4", ev)
+	}
+}
+
+// TestTargetUtilisation: the problem plans every engine at TargetUtilisation
+// of its effective capacity, and shares outside (0, 1] are refused.
+func TestTargetUtilisation(t *testing.T) {
+	s, _ := newRampService()
+	s.opts.TargetUtilisation = 0.9
+	b := s.buildProblems()
+	if len(b) != 1 || len(b[0].problem.Engines) != 1 {
+		t.Fatalf("problems %+v", b)
+	}
+	if e := b[0].problem.Engines[0]; math.Abs(e.EffectiveCapacity()-27) > 1e-9 {
+		t.Fatalf("engine of 30 req/s at target utilisation 0.9: effective capacity %v in the problem, want 27", e.EffectiveCapacity())
+	}
+	for _, tu := range []float64{-0.1, 1.5, math.NaN()} {
+		o := Options{Conn: &nats.Conn{}, TargetUtilisation: tu}
+		o.setDefaults()
+		if err := o.validate(); err == nil || !strings.Contains(err.Error(), "TargetUtilisation") {
+			t.Errorf("TargetUtilisation %v: validate said %v", tu, err)
+		}
+	}
+	o := Options{Conn: &nats.Conn{}}
+	o.setDefaults()
+	if err := o.validate(); err != nil || o.TargetUtilisation != 1 {
+		t.Errorf("default TargetUtilisation %v (validate: %v), want 1", o.TargetUtilisation, err)
 	}
 }

@@ -78,7 +78,7 @@ func (s *Service) buildProblems() []built {
 			if !(e.st.CapacityRPS*health > 0) {
 				continue
 			}
-			p.Engines = append(p.Engines, optimizer.Engine{Name: e.name, CapacityRPS: e.st.CapacityRPS, Health: health,
+			p.Engines = append(p.Engines, optimizer.Engine{Name: e.name, CapacityRPS: e.st.CapacityRPS * s.opts.TargetUtilisation, Health: health,
 				Profile: optimizer.QueueProfile{BaseMs: e.prior}})
 		}
 		names := map[string]*messages.DemandState{}
