@@ -21,6 +21,18 @@ type Guard interface {
 	TotalInFlight() int64
 }
 
+// LoadGuard is a Guard that also knows how loaded each engine is, from the
+// engines' own signals, so that PickTwo can compare two candidates.
+type LoadGuard interface {
+	Guard
+	// Load returns engine i's load as this router sees it: for example the
+	// requests queued and running in the engine's newest signal plus those
+	// this router sent it since, per batch slot. Only its order between
+	// engines matters. Like the other Guard methods it must be cheap and
+	// safe for concurrent use.
+	Load(i int) float64
+}
+
 // probe returns the slot of the k-th candidate of key: slot 0 is the key's
 // own slot (its top bits) and later ones follow an odd stride derived from
 // the key (double hashing), which visits every slot once per cycle.
@@ -97,6 +109,44 @@ func (t *Table) Pick(key uint64, g Guard) (int, bool) {
 		}
 	}
 	return -1, false
+}
+
+// PickTwo is Pick for a request without affinity (key from SpreadKey or a
+// random hash): the power of two choices among weighted candidates. It takes
+// Pick's engine for key and the key's next distinct candidate that is live
+// and within its bounded load — each candidate is drawn by weight — and
+// returns the one with the lower Load (the first on a tie). The weights still
+// decide which engines a cluster's traffic may reach and in which proportion
+// it is offered to them; the engines' load signals correct, request by
+// request, the bursts that a weight snapshot computed a control period ago
+// cannot follow. A request with affinity should use Pick: a second choice
+// would split its prefix across engines.
+//
+// With a nil guard PickTwo returns Primary(key). It examines at most
+// maxProbes slots beyond Pick's and does not allocate.
+func (t *Table) PickTwo(key uint64, g LoadGuard) (int, bool) {
+	if g == nil {
+		return t.Primary(key)
+	}
+	i, ok := t.Pick(key, g)
+	if !ok {
+		return i, false
+	}
+	total := float64(g.TotalInFlight())
+	s := key >> t.shift
+	step := mix64(key)>>t.shift | 1
+	for k := 1; k < maxProbes; k++ {
+		s = (s + step) & t.mask
+		j := int(t.slots[s])
+		if j == i || g.Down(j) || float64(g.InFlight(j)) > t.limit[j]*total+1 {
+			continue
+		}
+		if g.Load(j) < g.Load(i) {
+			return j, true
+		}
+		return i, true
+	}
+	return i, true
 }
 
 // Candidates appends to dst, in order, up to cap(dst)-len(dst) distinct
