@@ -33,6 +33,12 @@ type LoadGuard interface {
 	Load(i int) float64
 }
 
+// within reports whether engine i, with load of this router's total
+// in-flight requests, is within its bounded load.
+func (t *Table) within(i int, load int64, total float64) bool {
+	return t.unbounded || float64(load) <= t.limit[i]*total+1
+}
+
 // probe returns the slot of the k-th candidate of key: slot 0 is the key's
 // own slot (its top bits) and later ones follow an odd stride derived from
 // the key (double hashing), which visits every slot once per cycle.
@@ -80,7 +86,7 @@ func (t *Table) Pick(key uint64, g Guard) (int, bool) {
 		if !g.Down(i) {
 			load := float64(g.InFlight(i))
 			lim := t.limit[i]*total + 1
-			if load <= lim {
+			if load <= lim || t.unbounded {
 				return i, true
 			}
 			if r := load / lim; r < bestRatio {
@@ -138,7 +144,7 @@ func (t *Table) PickTwo(key uint64, g LoadGuard) (int, bool) {
 	for k := 1; k < maxProbes; k++ {
 		s = (s + step) & t.mask
 		j := int(t.slots[s])
-		if j == i || g.Down(j) || float64(g.InFlight(j)) > t.limit[j]*total+1 {
+		if j == i || g.Down(j) || !t.within(j, g.InFlight(j), total) {
 			continue
 		}
 		if g.Load(j) < g.Load(i) {

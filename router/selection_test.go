@@ -363,6 +363,23 @@ func TestPickBoundedLoad(t *testing.T) {
 	}
 }
 
+// TestPickUnbounded: with bounded load off a key keeps its primary, also
+// when the router has nothing in flight (+Inf·0 is not a limit).
+func TestPickUnbounded(t *testing.T) {
+	tbl := mustTable(t, engineSet([]float64{0.4, 0.3, 0.2, 0.1}), TableOptions{Epsilon: -1})
+	g := newFakeGuard(tbl.Len())
+	for _, total := range []int64{0, 50} {
+		g.total = total
+		g.inflight[0] = total
+		for _, k := range keyHashes(500) {
+			p, _ := tbl.Primary(k)
+			if i, ok := tbl.Pick(k, g); !ok || i != p {
+				t.Fatalf("total in flight %d, key %x: Pick = %d, %v, want primary %d", total, k, i, ok, p)
+			}
+		}
+	}
+}
+
 func TestCandidates(t *testing.T) {
 	tbl := mustTable(t, engineSet([]float64{0.6, 0.3, 0.05, 0.05, 0}), TableOptions{})
 	for _, k := range keyHashes(500) {
