@@ -54,6 +54,7 @@ type tables struct {
 	cur     []*clusterTable
 	guards  []guard
 	keys    []uint64
+	recent  []*router.RecentKeys // [cluster], switchyard only
 }
 
 func (ts *tables) setup(r *run, slots int, epsilon float64) {
@@ -133,9 +134,10 @@ func (ts *tables) install(r *run, c int, weights []float64, shed float64) {
 }
 
 // pick routes a request of cluster c with the installed table: shed with the
-// table's shed fraction, else Table.Pick on the request's affinity key, or,
-// when two is set and the request has no affinity key, Table.PickTwo on a
-// spread key.
+// table's shed fraction, else Table.Pick on the request's affinity key or on
+// a spread key. With two set (switchyard) a request with an affinity key
+// goes through Table.PickRecent with the router's RecentKeys, and one without
+// through Table.PickTwo.
 func (ts *tables) pick(r *run, c int, a *Arrival, two bool) int {
 	ct := ts.cur[c]
 	if ct == nil {
@@ -147,7 +149,11 @@ func (ts *tables) pick(r *run, c int, a *Arrival, two bool) int {
 	var i int
 	var ok bool
 	if key := a.Key; key != 0 {
-		i, ok = ct.t.Pick(key, &ts.guards[c])
+		if two {
+			i, ok = ct.t.PickRecent(key, &ts.guards[c], ts.recent[c])
+		} else {
+			i, ok = ct.t.Pick(key, &ts.guards[c])
+		}
 	} else {
 		r.spreadSeq[c]++
 		key = spreadKey(r.spreadSeq[c])
@@ -226,6 +232,14 @@ func median(xs []float64) float64 {
 func (p *switchyard) init(r *run) {
 	o := r.f.sc.Policies.Switchyard
 	p.setup(r, o.Slots, o.Epsilon)
+	p.recent = make([]*router.RecentKeys, len(r.f.clusters))
+	for c := range p.recent {
+		rk, err := router.NewRecentKeys(router.DefaultRecentKeys)
+		if err != nil {
+			panic("sim: router.NewRecentKeys: " + err.Error()) // a constant size; a failure is a bug
+		}
+		p.recent[c] = rk
+	}
 	p.solver = optimizer.NewSolver(optimizer.DefaultOptions())
 	p.fits = make([]syFit, len(r.f.engines))
 	p.solve(r, false)
