@@ -132,12 +132,12 @@ func (t *Table) Pick(key uint64, g Guard) (int, bool) {
 // Pick's engine for key and the key's next distinct candidate that is live
 // and within its bounded load — each candidate is drawn by weight — and
 // returns the second only when its Load is lower by more than
-// TwoChoiceMargin, else the first. The weights still
-// decide which engines a cluster's traffic may reach and in which proportion
-// it is offered to them; the engines' load signals correct, request by
-// request, the bursts that a weight snapshot computed a control period ago
-// cannot follow. A request with affinity should use Pick: a second choice
-// would split its prefix across engines.
+// TwoChoiceMargin, else the first. The weights still decide which engines a
+// cluster's traffic may reach and in which proportion it is offered to them;
+// the engines' load signals correct, request by request, the bursts that a
+// weight snapshot computed a control period ago cannot follow. A request
+// with affinity should use Pick or PickRecent: a second choice on every
+// request would split its prefix across engines.
 //
 // With a nil guard PickTwo returns Primary(key). It examines at most
 // maxProbes slots beyond Pick's and does not allocate.
