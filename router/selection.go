@@ -83,15 +83,18 @@ type TableOptions struct {
 // al. 2020). That is why snapshots carry slot tables; NewTable remains for
 // snapshots without one and for the router's local policy.
 type Table struct {
-	engines []Engine       // sorted by name
-	index   map[string]int // name → index in engines
-	slots   []uint32       // slot → engine index
-	shift   uint           // 64 - log2(len(slots))
-	mask    uint64         // len(slots) - 1
-	limit   []float64      // (1+ε)·w_i/W, or +Inf when bounded load is off
-	weight  float64        // W = Σ w_i
-	active  []int32        // engines with positive weight, by index
-	share   []float64      // fraction of slots owned, by index
+	engines []Engine         // sorted by name
+	index   map[string]int   // name → index in engines
+	slots   []uint32         // slot → engine index
+	shift   uint             // 64 - log2(len(slots))
+	mask    uint64           // len(slots) - 1
+	limit   []float64        // (1+ε)·w_i/W, or +Inf when bounded load is off
+	weight  float64          // W = Σ w_i
+	active  []int32          // engines with positive weight, by index
+	share   []float64        // fraction of slots owned, by index
+	ids     map[uint32]int32 // engineID → index; -1 when two names share an id
+	// unbounded is set when bounded load is off (a negative epsilon).
+	unbounded bool
 }
 
 // NewTable builds the selection table for engines. It fails when a name is
@@ -156,6 +159,7 @@ func newTableBase(engines []Engine, opts TableOptions) (*Table, error) {
 	if t.weight > 1+1e-9 {
 		return nil, fmt.Errorf("weights sum to %v, more than 1", t.weight)
 	}
+	t.unbounded = eps < 0
 	t.limit = make([]float64, len(t.engines))
 	for i, e := range t.engines {
 		switch {
@@ -166,6 +170,15 @@ func newTableBase(engines []Engine, opts TableOptions) (*Table, error) {
 		}
 	}
 	t.share = make([]float64, len(t.engines))
+	t.ids = make(map[uint32]int32, len(t.engines))
+	for i, e := range t.engines {
+		id := engineID(e.Name)
+		if _, dup := t.ids[id]; dup {
+			t.ids[id] = -1
+			continue
+		}
+		t.ids[id] = int32(i)
+	}
 	return t, nil
 }
 

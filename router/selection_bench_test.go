@@ -28,6 +28,55 @@ func BenchmarkPick(b *testing.B) {
 	}
 }
 
+// BenchmarkPickTwo measures one guarded two-choice pick for a keyless
+// request on a table of n engines with random weights and loads.
+func BenchmarkPickTwo(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("engines=%d", n), func(b *testing.B) {
+			r := rand.New(rand.NewPCG(uint64(n), 1))
+			tbl := mustTable(b, engineSet(randomWeights(r, n, 0.95)), TableOptions{})
+			g := &fakeLoadGuard{fakeGuard: newFakeGuard(n), load: make([]float64, n)}
+			for j := range g.load {
+				g.load[j] = r.Float64()
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				if _, ok := tbl.PickTwo(SpreadKey(uint64(i)), g); !ok {
+					b.Fatal("no engine")
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkPickRecent measures one pick for a request with an affinity key
+// through RecentKeys (half the keys seen before) on a table of n engines.
+func BenchmarkPickRecent(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("engines=%d", n), func(b *testing.B) {
+			r := rand.New(rand.NewPCG(uint64(n), 1))
+			tbl := mustTable(b, engineSet(randomWeights(r, n, 0.95)), TableOptions{})
+			g := &fakeLoadGuard{fakeGuard: newFakeGuard(n), load: make([]float64, n)}
+			for j := range g.load {
+				g.load[j] = r.Float64()
+			}
+			rk := mustRecent(b, DefaultRecentKeys)
+			keys := keyHashes(8192)
+			for _, k := range keys[:4096] {
+				tbl.PickRecent(k, g, rk)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				if _, ok := tbl.PickRecent(keys[(i*4099)&8191], g, rk); !ok {
+					b.Fatal("no engine")
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkPickSlots is BenchmarkPick on a table built from snapshot slots
 // (AssignSlots with SlotCount's slot count, NewTableFromSlots).
 func BenchmarkPickSlots(b *testing.B) {

@@ -21,6 +21,34 @@ type Guard interface {
 	TotalInFlight() int64
 }
 
+// LoadGuard is a Guard that also knows how loaded each engine is, from the
+// engines' own signals, so that PickTwo can compare two candidates.
+type LoadGuard interface {
+	Guard
+	// Load returns engine i's load as this router sees it, per batch slot
+	// (1 is as many requests as the engine runs in one batch): for example
+	// the requests queued and running in the engine's newest signal plus
+	// those this router sent it since, over its maximum batch. Like the
+	// other Guard methods it must be cheap and safe for concurrent use.
+	Load(i int) float64
+}
+
+// TwoChoiceMargin is how much lighter, in LoadGuard.Load units (batch
+// slots), PickTwo's second candidate must be to win over the first: 5% of a
+// batch. A router's view of an engine's load is a signal up to a period old
+// plus its own requests since, blind to the completions in between, so
+// smaller differences are mostly noise; following them spreads the traffic
+// shares without balancing anything (on the simulator's mixed fleet they
+// raised the shares' standard deviation beyond sampling noise from 0.0005 to
+// 0.005 in one of three seeds).
+const TwoChoiceMargin = 0.05
+
+// within reports whether engine i, with load of this router's total
+// in-flight requests, is within its bounded load.
+func (t *Table) within(i int, load int64, total float64) bool {
+	return t.unbounded || float64(load) <= t.limit[i]*total+1
+}
+
 // probe returns the slot of the k-th candidate of key: slot 0 is the key's
 // own slot (its top bits) and later ones follow an odd stride derived from
 // the key (double hashing), which visits every slot once per cycle.
@@ -68,7 +96,7 @@ func (t *Table) Pick(key uint64, g Guard) (int, bool) {
 		if !g.Down(i) {
 			load := float64(g.InFlight(i))
 			lim := t.limit[i]*total + 1
-			if load <= lim {
+			if load <= lim || t.unbounded {
 				return i, true
 			}
 			if r := load / lim; r < bestRatio {
@@ -97,6 +125,45 @@ func (t *Table) Pick(key uint64, g Guard) (int, bool) {
 		}
 	}
 	return -1, false
+}
+
+// PickTwo is Pick for a request without affinity (key from SpreadKey or a
+// random hash): the power of two choices among weighted candidates. It takes
+// Pick's engine for key and the key's next distinct candidate that is live
+// and within its bounded load — each candidate is drawn by weight — and
+// returns the second only when its Load is lower by more than
+// TwoChoiceMargin, else the first. The weights still decide which engines a
+// cluster's traffic may reach and in which proportion it is offered to them;
+// the engines' load signals correct, request by request, the bursts that a
+// weight snapshot computed a control period ago cannot follow. A request
+// with affinity should use Pick or PickRecent: a second choice on every
+// request would split its prefix across engines.
+//
+// With a nil guard PickTwo returns Primary(key). It examines at most
+// maxProbes slots beyond Pick's and does not allocate.
+func (t *Table) PickTwo(key uint64, g LoadGuard) (int, bool) {
+	if g == nil {
+		return t.Primary(key)
+	}
+	i, ok := t.Pick(key, g)
+	if !ok {
+		return i, false
+	}
+	total := float64(g.TotalInFlight())
+	s := key >> t.shift
+	step := mix64(key)>>t.shift | 1
+	for k := 1; k < maxProbes; k++ {
+		s = (s + step) & t.mask
+		j := int(t.slots[s])
+		if j == i || g.Down(j) || !t.within(j, g.InFlight(j), total) {
+			continue
+		}
+		if g.Load(j)+TwoChoiceMargin < g.Load(i) {
+			return j, true
+		}
+		return i, true
+	}
+	return i, true
 }
 
 // Candidates appends to dst, in order, up to cap(dst)-len(dst) distinct

@@ -363,6 +363,23 @@ func TestPickBoundedLoad(t *testing.T) {
 	}
 }
 
+// TestPickUnbounded: with bounded load off a key keeps its primary, also
+// when the router has nothing in flight (+Inf·0 is not a limit).
+func TestPickUnbounded(t *testing.T) {
+	tbl := mustTable(t, engineSet([]float64{0.4, 0.3, 0.2, 0.1}), TableOptions{Epsilon: -1})
+	g := newFakeGuard(tbl.Len())
+	for _, total := range []int64{0, 50} {
+		g.total = total
+		g.inflight[0] = total
+		for _, k := range keyHashes(500) {
+			p, _ := tbl.Primary(k)
+			if i, ok := tbl.Pick(k, g); !ok || i != p {
+				t.Fatalf("total in flight %d, key %x: Pick = %d, %v, want primary %d", total, k, i, ok, p)
+			}
+		}
+	}
+}
+
 func TestCandidates(t *testing.T) {
 	tbl := mustTable(t, engineSet([]float64{0.6, 0.3, 0.05, 0.05, 0}), TableOptions{})
 	for _, k := range keyHashes(500) {
@@ -417,5 +434,104 @@ func TestSpreadKeyFollowsWeights(t *testing.T) {
 		if got, want := float64(c)/n, tbl.Engine(i).Weight; math.Abs(got-want) > 0.02 {
 			t.Errorf("engine %s: share %.3f, want %.3f ± 0.02", tbl.Engine(i).Name, got, want)
 		}
+	}
+}
+
+// fakeLoadGuard is a fakeGuard with engine loads.
+type fakeLoadGuard struct {
+	*fakeGuard
+	load []float64
+}
+
+func (g *fakeLoadGuard) Load(i int) float64 { return g.load[i] }
+
+func TestPickTwoTakesLessLoadedCandidate(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	tbl := mustTable(t, engineSet([]float64{0.4, 0.3, 0.2, 0.1}), TableOptions{})
+	g := &fakeLoadGuard{fakeGuard: newFakeGuard(tbl.Len()), load: make([]float64, tbl.Len())}
+	if i, ok := tbl.PickTwo(SpreadKey(1), nil); !ok {
+		t.Fatalf("PickTwo with a nil guard = %d, %v, want the primary", i, ok)
+	} else if p, _ := tbl.Primary(SpreadKey(1)); i != p {
+		t.Fatalf("PickTwo with a nil guard = %d, want primary %d", i, p)
+	}
+	for s := uint64(0); s < 2000; s++ {
+		for j := range g.load {
+			g.load[j] = float64(r.IntN(4)) * TwoChoiceMargin * 0.75 // some differences within the margin, some beyond
+		}
+		key := SpreadKey(s)
+		c := tbl.Candidates(key, make([]int, 0, 2))
+		want := c[0]
+		if g.load[c[1]]+TwoChoiceMargin < g.load[c[0]] {
+			want = c[1]
+		}
+		if i, ok := tbl.PickTwo(key, g); !ok || i != want {
+			t.Fatalf("key %d: PickTwo = %d, %v; candidates %v with loads %v, want %d", s, i, ok, c, g.load, want)
+		}
+	}
+	// A down or overloaded second candidate is passed over, never taken.
+	g.load = []float64{5, 0, 0, 0}
+	g.down[1] = true
+	g.inflight[2], g.total = 100, 100
+	for s := uint64(0); s < 2000; s++ {
+		i, ok := tbl.PickTwo(SpreadKey(s), g)
+		if !ok || i == 1 || i == 2 {
+			t.Fatalf("key %d: PickTwo = %d, %v with engine 1 down and engine 2 over its bound", s, i, ok)
+		}
+	}
+}
+
+// TestPickTwoShares: with equal loads PickTwo follows the weights like
+// Pick; with one engine loaded it moves most of that engine's traffic to
+// the others, in proportion to their weights.
+func TestPickTwoShares(t *testing.T) {
+	weights := []float64{0.4, 0.3, 0.2, 0.1}
+	tbl := mustTable(t, engineSet(weights), TableOptions{})
+	g := &fakeLoadGuard{fakeGuard: newFakeGuard(tbl.Len()), load: make([]float64, tbl.Len())}
+	const n = 4000
+	shares := func() []float64 {
+		counts := make([]float64, tbl.Len())
+		for s := uint64(0); s < n; s++ {
+			i, _ := tbl.PickTwo(SpreadKey(s), g)
+			counts[i]++
+		}
+		for i := range counts {
+			counts[i] /= n
+		}
+		return counts
+	}
+	for i, got := range shares() {
+		if want := tbl.Engine(i).Weight; math.Abs(got-want) > 0.02 {
+			t.Errorf("equal loads: engine %s share %.3f, want %.3f ± 0.02", tbl.Engine(i).Name, got, want)
+		}
+	}
+	g.load[0] = 1
+	got := shares()
+	// Engine 0 keeps only the keys whose two candidates are both engine 0
+	// (or whose other candidates lie beyond the probes): about 0.4², far
+	// below its weight.
+	if got[0] > 0.2 {
+		t.Errorf("loaded engine 0 keeps share %.3f, want below 0.2 (weight 0.4)", got[0])
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i] < weights[i] || got[i] > 2*weights[i]+0.02 {
+			t.Errorf("engine %d: share %.3f with engine 0 loaded, want between its weight %.2f and twice it", i, got[i], weights[i])
+		}
+	}
+}
+
+func TestPickTwoAllocs(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	tbl := mustTable(t, engineSet(randomWeights(r, 100, 1)), TableOptions{})
+	g := &fakeLoadGuard{fakeGuard: newFakeGuard(tbl.Len()), load: make([]float64, tbl.Len())}
+	for j := range g.load {
+		g.load[j] = r.Float64()
+	}
+	var seq uint64
+	allocs := testing.AllocsPerRun(1000, func() {
+		seq++
+		tbl.PickTwo(SpreadKey(seq), g)
+	})
+	if allocs != 0 {
+		t.Fatalf("PickTwo allocates %.1f times per call", allocs)
 	}
 }

@@ -47,10 +47,13 @@
 //
 // The switchyard policy uses the real optimizer package and the real
 // router.Table selection: every ControlPeriod it fits queue profiles from the
-// signals as services/optimizersvc does, solves the problem warm-started
-// from the previous solution, and installs a new table for each cluster whose
-// weights moved by more than the solver's dead band; each request is routed
-// with Table.Pick on its affinity key (session, else the hash of its first
-// prompt block, else a spread key) under the bounded-load guard, and shed
-// with the snapshot's shed fraction.
+// signals as services/optimizersvc does, solves the problem (each engine's
+// capacity scaled by the target utilisation) warm-started from the previous
+// solution, and installs a new table for each cluster whose weights moved by
+// more than the solver's dead band. Each request is shed with the snapshot's
+// shed fraction, else routed under the bounded-load guard: with
+// Table.PickRecent and the router's RecentKeys when it has an affinity key
+// (session, else the hash of its first prompt blocks), else with
+// Table.PickTwo on a spread key, which compares the two candidates' load as
+// the router sees it (last signal plus what it sent since).
 package sim

@@ -207,6 +207,12 @@ type DemandChange struct {
 	Factor float64 `yaml:"factor"`
 }
 
+// DefaultTargetUtilisation is the switchyard control loop's default target
+// utilisation (PolicyOptions.Switchyard.TargetUtilisation): engines are
+// planned up to 95% of their capacity. It must stay above the load a fleet
+// should serve without shedding (the example scenarios run at up to 86%).
+const DefaultTargetUtilisation = 0.95
+
 // PolicyOptions tunes the policies; zero values take the defaults.
 type PolicyOptions struct {
 	// PrefixAffinity tunes the prefix-affinity greedy policy.
@@ -231,6 +237,12 @@ type PolicyOptions struct {
 		// AffinityBlocks is how many leading prompt blocks the affinity key
 		// hashes when a request has no session; 0 means 1.
 		AffinityBlocks int `yaml:"affinity_blocks"`
+		// TargetUtilisation is the utilisation the control loop plans engines
+		// up to: each engine's capacity in the optimizer's problem is its
+		// signalled capacity times this, so that engines keep headroom for
+		// the bursts a control period cannot follow and demand beyond it is
+		// shed rather than queued; 0 means DefaultTargetUtilisation.
+		TargetUtilisation float64 `yaml:"target_utilisation"`
 	} `yaml:"switchyard"`
 }
 
@@ -549,6 +561,10 @@ func (s *Scenario) Validate() error {
 	if po.Switchyard.AffinityBlocks == 0 {
 		po.Switchyard.AffinityBlocks = 1
 	}
+	if u := po.Switchyard.TargetUtilisation; !finite(u) || u < 0 || u > 1 || (u > 0 && u < 0.5) {
+		return fieldf("policies.switchyard.target_utilisation", u, "want 0.5..1 (0: %v)", DefaultTargetUtilisation)
+	}
+	def(&po.Switchyard.TargetUtilisation, DefaultTargetUtilisation)
 	return nil
 }
 

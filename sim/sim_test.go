@@ -251,6 +251,10 @@ clusters:
 	if _, err := ParseScenario("ok.yaml", []byte(base)); err != nil {
 		t.Fatal(err)
 	}
+	tu := base + "policies:\n  switchyard: {target_utilisation: 0.3}\n"
+	if _, err := ParseScenario("tu.yaml", []byte(tu)); err == nil || !strings.Contains(err.Error(), "policies.switchyard.target_utilisation: 0.3") {
+		t.Errorf("bad target utilisation: %v", err)
+	}
 	ev := base + "events:\n  - {at_s: 1, fail: {engine: nope}}\n"
 	if _, err := ParseScenario("ev.yaml", []byte(ev)); err == nil || !strings.Contains(err.Error(), "events[0].fail.engine") {
 		t.Errorf("bad event target: %v", err)
@@ -327,6 +331,52 @@ func TestCaseStudyOutcome(t *testing.T) {
 	}
 	if near.E2EMeanMs < 2*sy.E2EMeanMs {
 		t.Errorf("nearest %.0f ms is not clearly worse than switchyard %.0f ms", near.E2EMeanMs, sy.E2EMeanMs)
+	}
+}
+
+// TestTargetUtilisation: the switchyard control loop plans engines up to the
+// target utilisation, so demand beyond it is shed, and none is at 1.
+func TestTargetUtilisation(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	const yaml = `
+name: tu
+duration_s: 80
+warmup_s: 20
+seed: 3
+engine_types:
+  - {name: t, max_batch: 16, prefill_ms_per_token: 0.01, tbt_base_ms: 10, tbt_per_request_ms: 0.5, kv_blocks: 100000}
+engines:
+  - {name: e, region: r, type: t, count: 2}
+clusters:
+  - {name: c, region: r, poisson: {rate: RATE}, prompt_tokens: 128, output_tokens: 16}
+policies:
+  switchyard: {target_utilisation: TU}
+`
+	shed := map[string]float64{}
+	var capacity float64
+	for _, tu := range []string{"0.8", "1"} {
+		sc, err := ParseScenario("tu.yaml", []byte(strings.NewReplacer("RATE", "100", "TU", tu).Replace(yaml)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := Run(sc, Options{Policies: []string{"switchyard"}, CalibrationRequests: 2000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		capacity = rep.Engines[0].CapacityRPS + rep.Engines[1].CapacityRPS
+		shed[tu] = rep.Policies["switchyard"].ShedFraction
+	}
+	t.Logf("capacity %.1f req/s for 100 offered; shed at target 0.8: %.3f, at 1: %.3f", capacity, shed["0.8"], shed["1"])
+	if u := 100 / capacity; u < 0.85 || u > 0.97 {
+		t.Fatalf("offered load is %.2f of capacity; the test wants it between 0.85 and 0.97", u)
+	}
+	if want := 1 - 0.8*capacity/100; math.Abs(shed["0.8"]-want) > 0.04 {
+		t.Errorf("target 0.8: shed %.3f, want about %.3f (demand beyond 80%% of capacity)", shed["0.8"], want)
+	}
+	if shed["1"] > 0.02 {
+		t.Errorf("target 1: shed %.3f, want (almost) none below capacity", shed["1"])
 	}
 }
 

@@ -41,6 +41,11 @@ func (g *guard) Down(i int) bool      { return g.r.down(g.c, g.toSim[i]) }
 func (g *guard) InFlight(i int) int64 { return int64(g.r.inflight[g.c][g.toSim[i]]) }
 func (g *guard) TotalInFlight() int64 { return int64(g.r.totalIn[g.c]) }
 
+// Load is the router's lagged view of the engine's load, the one p2c
+// compares: outstanding requests in the engine's last signal plus those this
+// router sent it since, per batch slot.
+func (g *guard) Load(i int) float64 { return g.r.viewLoad(g.c, g.toSim[i]) }
+
 // tables is the weighted-table machinery shared by switchyard and the
 // feedback loop: one router.Table per cluster, rebuilt when weights change.
 type tables struct {
@@ -49,6 +54,7 @@ type tables struct {
 	cur     []*clusterTable
 	guards  []guard
 	keys    []uint64
+	recent  []*router.RecentKeys // [cluster], switchyard only
 }
 
 func (ts *tables) setup(r *run, slots int, epsilon float64) {
@@ -128,8 +134,11 @@ func (ts *tables) install(r *run, c int, weights []float64, shed float64) {
 }
 
 // pick routes a request of cluster c with the installed table: shed with the
-// table's shed fraction, else Table.Pick on the request's affinity key.
-func (ts *tables) pick(r *run, c int, a *Arrival) int {
+// table's shed fraction, else Table.Pick on the request's affinity key or on
+// a spread key. With two set (switchyard) a request with an affinity key
+// goes through Table.PickRecent with the router's RecentKeys, and one without
+// through Table.PickTwo.
+func (ts *tables) pick(r *run, c int, a *Arrival, two bool) int {
 	ct := ts.cur[c]
 	if ct == nil {
 		return -1
@@ -137,12 +146,23 @@ func (ts *tables) pick(r *run, c int, a *Arrival) int {
 	if ct.shed > 1e-9 && r.rng.Float64() < ct.shed {
 		return -1
 	}
-	key := a.Key
-	if key == 0 {
+	var i int
+	var ok bool
+	if key := a.Key; key != 0 {
+		if two {
+			i, ok = ct.t.PickRecent(key, &ts.guards[c], ts.recent[c])
+		} else {
+			i, ok = ct.t.Pick(key, &ts.guards[c])
+		}
+	} else {
 		r.spreadSeq[c]++
 		key = spreadKey(r.spreadSeq[c])
+		if two {
+			i, ok = ct.t.PickTwo(key, &ts.guards[c])
+		} else {
+			i, ok = ct.t.Pick(key, &ts.guards[c])
+		}
 	}
-	i, ok := ct.t.Pick(key, &ts.guards[c])
 	if !ok {
 		return -1
 	}
@@ -212,6 +232,14 @@ func median(xs []float64) float64 {
 func (p *switchyard) init(r *run) {
 	o := r.f.sc.Policies.Switchyard
 	p.setup(r, o.Slots, o.Epsilon)
+	p.recent = make([]*router.RecentKeys, len(r.f.clusters))
+	for c := range p.recent {
+		rk, err := router.NewRecentKeys(router.DefaultRecentKeys)
+		if err != nil {
+			panic("sim: router.NewRecentKeys: " + err.Error()) // a constant size; a failure is a bug
+		}
+		p.recent[c] = rk
+	}
 	p.solver = optimizer.NewSolver(optimizer.DefaultOptions())
 	p.fits = make([]syFit, len(r.f.engines))
 	p.solve(r, false)
@@ -219,12 +247,13 @@ func (p *switchyard) init(r *run) {
 
 func (p *switchyard) control(r *run) { p.solve(r, true) }
 
-func (p *switchyard) pick(r *run, c int, a *Arrival) int { return p.tables.pick(r, c, a) }
+func (p *switchyard) pick(r *run, c int, a *Arrival) int { return p.tables.pick(r, c, a, true) }
 
 // solve builds the problem from the signals, solves it warm-started, and
 // installs the tables whose weights moved by the dead band or more.
 func (p *switchyard) solve(r *run, fit bool) {
 	f := r.f
+	tu := f.sc.Policies.Switchyard.TargetUtilisation
 	prob := &optimizer.Problem{}
 	var idx []int
 	for j := range f.engines {
@@ -239,7 +268,7 @@ func (p *switchyard) solve(r *run, fit bool) {
 		if !(base > 0) {
 			base = s.idleMs
 		}
-		prob.Engines = append(prob.Engines, optimizer.Engine{Name: f.engines[j].name, CapacityRPS: s.capacity, Health: 1,
+		prob.Engines = append(prob.Engines, optimizer.Engine{Name: f.engines[j].name, CapacityRPS: s.capacity * tu, Health: 1,
 			Profile: optimizer.QueueProfile{BaseMs: base}})
 		idx = append(idx, j)
 	}
@@ -272,7 +301,7 @@ func (p *switchyard) solve(r *run, fit bool) {
 	p.prev = sol
 	if r.now >= f.measureFrom && r.now < f.measureTo {
 		for k, j := range idx {
-			r.m.targetUtilSum[j] += sol.Engines[k].Utilisation
+			r.m.targetUtilSum[j] += sol.Engines[k].LoadRPS / r.sig[j].capacity // of the whole capacity
 		}
 		r.m.targetUtilN++
 	}
@@ -323,7 +352,7 @@ func (p *feedbackLoop) init(r *run) {
 	}
 }
 
-func (p *feedbackLoop) pick(r *run, c int, a *Arrival) int { return p.tables.pick(r, c, a) }
+func (p *feedbackLoop) pick(r *run, c int, a *Arrival) int { return p.tables.pick(r, c, a, false) }
 
 func (p *feedbackLoop) control(r *run) {
 	o := r.f.sc.Policies.FeedbackLoop
