@@ -17,12 +17,11 @@ type engineLoad struct {
 	slots atomic.Uint64 // math.Float64bits of the engine's batch slots; 0 before any signal
 }
 
-// load returns the load per batch slot, or the router's in-flight requests
-// on the engine (per one slot) before the engine's first signal.
-func (l *engineLoad) load(inflight int64) float64 {
+// load returns the load per batch slot, NaN when unknown.
+func (l *engineLoad) load() float64 {
 	slots := math.Float64frombits(l.slots.Load())
 	if slots <= 0 {
-		return float64(inflight)
+		return math.NaN()
 	}
 	return float64(max(0, l.sent.Load()-l.base.Load())) / slots
 }
@@ -37,16 +36,16 @@ func (l *engineLoad) observe(sig *messages.EngineSignal) {
 // BatchSlots returns how many requests an engine runs at once, as its
 // signal tells: MaxRunning when the engine reports it; otherwise, by
 // Little's law, its capacity in req/s times its idle latency in seconds
-// (the requests in flight when it serves its capacity), when it reports
-// both; otherwise 1. It is never below 1.
+// (the requests in flight when it serves its capacity), at least 1, when
+// it reports both; otherwise 0, unknown.
 func BatchSlots(sig *messages.EngineSignal) float64 {
 	if sig.MaxRunning > 0 {
 		return float64(sig.MaxRunning)
 	}
-	if s := sig.CapacityRPS * sig.BaseLatencyMs / 1000; s > 1 {
-		return s
+	if s := sig.CapacityRPS * sig.BaseLatencyMs / 1000; s > 0 {
+		return max(1, s)
 	}
-	return 1
+	return 0
 }
 
 // ObserveSignal folds an engine's newest signal into the live state of the
@@ -58,14 +57,13 @@ func (s *LiveSet) ObserveSignal(sig *messages.EngineSignal) {
 // Load returns engine i's load per batch slot as this router sees it: the
 // requests queued and running in the engine's newest signal plus the
 // requests this router has sent it since, over the engine's batch slots
-// (BatchSlots). Before the engine's first signal it is the router's
-// in-flight requests on the engine. Load makes a Bound a LoadGuard for
-// Table.PickTwo and Table.PickRecent; it takes no lock and does not
-// allocate.
-func (b *Bound) Load(i int) float64 {
-	e := b.engines[i]
-	return e.load.load(e.inflight.Load())
-}
+// (BatchSlots). It is NaN while the load is unknown — before the engine's
+// first signal, or when its signal gives no batch size — and a NaN load
+// never wins a comparison, so PickTwo keeps its first, weighted candidate:
+// without load signals the weights alone decide. Load makes a Bound a
+// LoadGuard for Table.PickTwo and Table.PickRecent; it takes no lock and
+// does not allocate.
+func (b *Bound) Load(i int) float64 { return b.engines[i].load.load() }
 
 // ObserveSignal folds an engine's signal into the live state of its model
 // (see LiveSet.ObserveSignal); the router service calls it for every signal
