@@ -12,42 +12,52 @@ import (
 
 // TestKeylessRequestsAvoidLoadedEngine: two engines of equal weight, one
 // of which signals a full batch and a long queue. Requests without an
-// affinity key take the lighter of two weighted candidates (PickTwo with
-// the engines' signalled load), so the full engine gets far fewer than
-// the half its weight alone would give it.
+// affinity key, through either front, take the lighter of two weighted
+// candidates (PickTwo with the engines' signalled load), so the full engine
+// gets far fewer than the half its weight alone would give it.
 func TestKeylessRequestsAvoidLoadedEngine(t *testing.T) {
-	env := testenv.StartNATS(t)
-	idle, full := newHTTPEngine(t, "idle"), newHTTPEngine(t, "full")
-	publishSignals(t, env.Dial(t, "engines"), env.Names, 100*time.Millisecond,
-		fakeSignal{model: "m", engine: "idle", capacity: 10, health: 1, url: idle.srv.URL, maxRunning: 8},
-		fakeSignal{model: "m", engine: "full", capacity: 10, health: 1, url: full.srv.URL,
-			running: 8, queue: 400, maxRunning: 8})
-	svc := runService(t, router.ServiceOptions{Conn: env.Dial(t, "router"), Cluster: "A", Router: "r1"})
-	putSnapshot(t, env.JS, env.Names, snapshot("m", "A", 1, time.Now(), map[string]float64{"idle": 0.5, "full": 0.5}))
-	waitInstalled(t, svc.Store(), "m", 1, 5*time.Second)
-	testenv.WaitFor(t, 5*time.Second, "both engines' load signals seen", func() bool {
-		v, ok := svc.Signals().Engine("m", "full")
-		_, ok2 := svc.Signals().Endpoints("m", "idle")
-		return ok && ok2 && v.Signal.Queue == 400
-	})
-	const n = 200
-	client := &http.Client{}
-	for i := 0; i < n; i++ {
-		// An empty prompt, no session, no user: no affinity key.
-		if status, _, body := postChat(t, client, svc.Addr(), chatJSON("m", false, ""), ""); status != 200 {
-			t.Fatalf("request %d: status %d body %s", i, status, body)
-		}
-	}
-	gotIdle, gotFull := idle.requests.Load(), full.requests.Load()
-	if gotIdle+gotFull != n {
-		t.Fatalf("engines got %d + %d requests, want %d in all", gotIdle, gotFull, n)
-	}
-	// By weight alone each would get about 100 (binomial sd 7); the full
-	// engine, at load 51 batches against the idle one's at most 25 (all n
-	// requests sent within one signal period, over 8 slots), loses every
-	// comparison.
-	if gotFull > n/10 {
-		t.Fatalf("the full engine got %d of %d keyless requests (idle %d), want at most %d", gotFull, n, gotIdle, n/10)
+	for _, front := range []string{"http", "nats"} {
+		t.Run(front, func(t *testing.T) {
+			env := testenv.StartNATS(t)
+			idle, full := newHTTPEngine(t, "idle"), newHTTPEngine(t, "full")
+			publishSignals(t, env.Dial(t, "engines"), env.Names, 100*time.Millisecond,
+				fakeSignal{model: "m", engine: "idle", capacity: 10, health: 1, url: idle.srv.URL, maxRunning: 8},
+				fakeSignal{model: "m", engine: "full", capacity: 10, health: 1, url: full.srv.URL,
+					running: 8, queue: 400, maxRunning: 8})
+			svc := runService(t, router.ServiceOptions{Conn: env.Dial(t, "router"), Cluster: "A", Router: "r1"})
+			putSnapshot(t, env.JS, env.Names, snapshot("m", "A", 1, time.Now(), map[string]float64{"idle": 0.5, "full": 0.5}))
+			waitInstalled(t, svc.Store(), "m", 1, 5*time.Second)
+			testenv.WaitFor(t, 5*time.Second, "both engines' load signals seen", func() bool {
+				v, ok := svc.Signals().Engine("m", "full")
+				_, ok2 := svc.Signals().Endpoints("m", "idle")
+				return ok && ok2 && v.Signal.Queue == 400
+			})
+			const n = 200
+			client := &http.Client{}
+			nc := env.Dial(t, "client")
+			for i := 0; i < n; i++ {
+				// An empty prompt, no session, no user: no affinity key.
+				body := chatJSON("m", false, "")
+				if front == "http" {
+					if status, _, resp := postChat(t, client, svc.Addr(), body, ""); status != 200 {
+						t.Fatalf("request %d: status %d body %s", i, status, resp)
+					}
+				} else if msgs := natsRequest(t, nc, "sy.req.A.m", body, nil); msgs[0].Header.Get(router.HeaderStatus) != "200" {
+					t.Fatalf("request %d: headers %v body %q", i, msgs[0].Header, msgs[0].Data)
+				}
+			}
+			gotIdle, gotFull := idle.requests.Load(), full.requests.Load()
+			if gotIdle+gotFull != n {
+				t.Fatalf("engines got %d + %d requests, want %d in all", gotIdle, gotFull, n)
+			}
+			// By weight alone each would get about 100 (binomial sd 7); the
+			// full engine, at load 51 batches against the idle one's at most
+			// 25 (all n requests sent within one signal period, over 8
+			// slots), loses every comparison.
+			if gotFull > n/10 {
+				t.Fatalf("the full engine got %d of %d keyless requests (idle %d), want at most %d", gotFull, n, gotIdle, n/10)
+			}
+		})
 	}
 }
 
