@@ -16,7 +16,7 @@ var testNow = time.UnixMilli(1_780_000_000_000)
 func goodSignal() *EngineSignal {
 	return &EngineSignal{
 		Model: "llama", Engine: "engine-a", Region: "r1", Time: testNow.UnixMilli(), Seq: 7,
-		TTFTMs: 120, TBTMs: 20, Queue: 3, Running: 12, KVUse: 0.4, CapacityRPS: 100, LoadRPS: 80,
+		TTFTMs: 120, TBTMs: 20, Queue: 3, Running: 12, MaxRunning: 32, KVUse: 0.4, CapacityRPS: 100, LoadRPS: 80,
 		OutputTokens: 200, Replicas: 1, Health: 1,
 		Transports: []Transport{{Kind: TransportHTTP, Address: "http://127.0.0.1:9001"}},
 	}
@@ -131,6 +131,7 @@ func TestDecodeRejects(t *testing.T) {
 		{"NaN", with("ttft", math.NaN()), ErrInvalid, "ttft_ms"},
 		{"Inf", with("tbt", math.Inf(1)), ErrInvalid, "tbt_ms"},
 		{"negative rate", with("rps", -1.0), ErrInvalid, "load_rps"},
+		{"negative max running", with("mrun", -1), ErrInvalid, "max_running"},
 		{"kv over 1", with("kv", 1.5), ErrInvalid, "kv_use"},
 		{"health negative", with("h", -0.1), ErrInvalid, "health"},
 		{"engine with dot", with("e", "engine.a"), ErrInvalid, "engine.a"},

@@ -54,6 +54,10 @@ type EngineSignal struct {
 	Queue int `msgpack:"q" json:"queue"`
 	// Running is the number of requests in the running batch.
 	Running int `msgpack:"run" json:"running"`
+	// MaxRunning is how many requests the engine runs at once at most (its
+	// largest batch, summed over its replicas); optional, 0 when unknown.
+	// Routers bound their in-flight requests to the engine by it.
+	MaxRunning int `msgpack:"mrun,omitempty" json:"max_running,omitempty"`
 	// KVUse is the fraction of the KV cache in use, 0..1.
 	KVUse float64 `msgpack:"kv" json:"kv_use"`
 	// CapacityRPS is the request rate the engine can sustain, req/s.

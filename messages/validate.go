@@ -118,6 +118,7 @@ func (m *EngineSignal) Validate(now time.Time) error {
 	c.nonNeg("tbt_ms", m.TBTMs, maxLatency)
 	c.count("queue", int64(m.Queue))
 	c.count("running", int64(m.Running))
+	c.count("max_running", int64(m.MaxRunning))
 	c.fraction("kv_use", m.KVUse)
 	c.nonNeg("capacity_rps", m.CapacityRPS, maxRate)
 	c.nonNeg("load_rps", m.LoadRPS, maxRate)

@@ -125,6 +125,7 @@ type Handler struct {
 // modelState is the router's live state for one model.
 type modelState struct {
 	live     *LiveSet
+	recent   *RecentKeys // where this router sent each affinity key lately
 	bound    atomic.Pointer[Bound]
 	mix      priorityMix
 	admitted atomic.Int64 // admitted requests not yet answered
@@ -208,7 +209,7 @@ func (h *Handler) model(name string) *modelState {
 	if v, ok := h.models.Load(name); ok {
 		return v.(*modelState)
 	}
-	v, _ := h.models.LoadOrStore(name, &modelState{live: newLiveSet(h.opts.Now)})
+	v, _ := h.models.LoadOrStore(name, &modelState{live: newLiveSet(h.opts.Now), recent: newRecentKeys(DefaultRecentKeys)})
 	return v.(*modelState)
 }
 
@@ -378,7 +379,8 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 // both fronts do: the model's table, the affinity key (session id, then
 // user, then prompt prefix; spread by weight without one), the snapshot's
 // shed fraction for the request's priority and the local admission control
-// (429 when shed), and the bounded-load guard, which skips engines marked
+// (429 when shed), and the pick (keyed: PickRecent, keyless: PickTwo) under
+// the bounded-load guard, which skips engines marked
 // down or ejected (all ejected: the snapshot's spare engines of weight zero,
 // nearest first, then ejections are ignored). It counts the
 // request with the Observer once the model is known to be served, and
@@ -409,7 +411,12 @@ func (h *Handler) route(req *Request, session string, prio Priority) (*routed, *
 	if info.Figures != nil {
 		rt.spare = info.Figures.Spare
 	}
-	idx, ok := table.Pick(key, bound)
+	var idx int
+	if src == KeyNone {
+		idx, ok = table.PickTwo(key, bound)
+	} else {
+		idx, ok = table.PickRecent(key, bound, ms.recent)
+	}
 	if !ok {
 		idx, ok = rt.spareEngine(func(j int) bool { return !bound.Down(j) })
 	}

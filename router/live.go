@@ -13,6 +13,7 @@ type EngineLive struct {
 	inflight atomic.Int64
 	down     atomic.Bool
 	eject    ejectState
+	load     engineLoad
 }
 
 // InFlight returns the engine's in-flight requests at this router.
@@ -108,6 +109,7 @@ func (b *Bound) TotalInFlight() int64 { return b.set.total.Load() }
 // Release on the same Bound.
 func (b *Bound) Acquire(i int) {
 	b.engines[i].inflight.Add(1)
+	b.engines[i].load.sent.Add(1)
 	b.set.total.Add(1)
 }
 

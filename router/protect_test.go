@@ -149,11 +149,15 @@ func newPFront(t *testing.T, modes []int32, weights []float64, figs *Figures, op
 	return f
 }
 
-// sessionFor returns a session id whose primary engine is engine i.
-func (f *pfront) sessionFor(t *testing.T, i int) string {
+// sessionFor returns a session id whose primary engine is engine i, other
+// than those in not.
+func (f *pfront) sessionFor(t *testing.T, i int, not ...string) string {
 	t.Helper()
 	for k := 0; k < 100000; k++ {
 		s := fmt.Sprintf("s%d", k)
+		if slices.Contains(not, s) {
+			continue
+		}
 		key, _ := AffinityKey(s, &Request{Model: "m"})
 		if j, _ := f.table.Primary(key); j == i {
 			return s
@@ -350,6 +354,9 @@ func TestEjectionAndHalfOpenRecovery(t *testing.T) {
 		t.Fatalf("e0 got %d requests while ejected", f.engines[0].count())
 	}
 	// After the backoff one probe goes through; it fails: ejected for 2 s.
+	// The session above now stays on e1, where the router sent it last
+	// (PickRecent); a session new to the router finds e0 again.
+	hdr = map[string]string{headerSessionID: f.sessionFor(t, 0, s)}
 	clk.advance(1100 * time.Millisecond)
 	f.do(streamBody("x"), hdr)
 	if f.engines[0].count() != 4 || gauge() != 1 {
@@ -363,6 +370,7 @@ func TestEjectionAndHalfOpenRecovery(t *testing.T) {
 	// Recovered: the next probe succeeds and lifts the ejection.
 	f.engines[0].set(modeOK)
 	clk.advance(time.Second)
+	hdr = map[string]string{headerSessionID: f.sessionFor(t, 0, s, hdr[headerSessionID])}
 	if r := f.do(streamBody("x"), hdr); r.header.Get(headerEngine) != "e0" || r.status != 200 {
 		t.Fatalf("probe: %d from %q", r.status, r.header.Get(headerEngine))
 	}

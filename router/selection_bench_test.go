@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/switchyard-dev/switchyard/messages"
 )
 
 var benchSizes = []int{10, 100, 1000, 10000}
@@ -148,5 +150,38 @@ func BenchmarkAffinityKey(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		AffinityKey("", req)
+	}
+}
+
+// BenchmarkPickLive measures the live router's picks through a real Bound
+// whose engines have reported load signals: PickTwo for a keyless request
+// and PickRecent for a keyed one, on a table of n engines.
+func BenchmarkPickLive(b *testing.B) {
+	for _, n := range benchSizes {
+		r := rand.New(rand.NewPCG(uint64(n), 1))
+		tbl := mustTable(b, engineSet(randomWeights(r, n, 0.95)), TableOptions{})
+		set := NewLiveSet()
+		for i := 0; i < n; i++ {
+			set.ObserveSignal(&messages.EngineSignal{Engine: tbl.Engine(i).Name, Queue: r.IntN(8), Running: r.IntN(16), MaxRunning: 16})
+		}
+		g := set.Bind(tbl)
+		keys := keyHashes(8192)
+		b.Run(fmt.Sprintf("two/engines=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				if _, ok := tbl.PickTwo(SpreadKey(uint64(i)), g); !ok {
+					b.Fatal("no engine")
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("recent/engines=%d", n), func(b *testing.B) {
+			rk := mustRecent(b, DefaultRecentKeys)
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				if _, ok := tbl.PickRecent(keys[(i*4099)&8191], g, rk); !ok {
+					b.Fatal("no engine")
+				}
+			}
+		})
 	}
 }

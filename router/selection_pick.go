@@ -28,8 +28,9 @@ type LoadGuard interface {
 	// Load returns engine i's load as this router sees it, per batch slot
 	// (1 is as many requests as the engine runs in one batch): for example
 	// the requests queued and running in the engine's newest signal plus
-	// those this router sent it since, over its maximum batch. Like the
-	// other Guard methods it must be cheap and safe for concurrent use.
+	// those this router sent it since, over its maximum batch; NaN when
+	// unknown (a NaN load never wins PickTwo's comparison). Like the other
+	// Guard methods it must be cheap and safe for concurrent use.
 	Load(i int) float64
 }
 

@@ -30,11 +30,16 @@ func NewRecentKeys(size int) (*RecentKeys, error) {
 	if size < 1 || size > 1<<24 || size&(size-1) != 0 {
 		return nil, fmt.Errorf("router: recent keys: size %d is not a power of two in [1, %d]", size, 1<<24)
 	}
+	return newRecentKeys(size), nil
+}
+
+// newRecentKeys returns a RecentKeys of size entries, a valid size.
+func newRecentKeys(size int) *RecentKeys {
 	shift := uint(64)
 	for s := size; s > 1; s >>= 1 {
 		shift--
 	}
-	return &RecentKeys{entries: make([]atomic.Uint64, size), shift: shift}, nil
+	return &RecentKeys{entries: make([]atomic.Uint64, size), shift: shift}
 }
 
 // entry returns key's entry and the tag that marks it as key's.

@@ -137,9 +137,14 @@ func NewService(opts ServiceOptions) (*Service, error) {
 			s.handler.SetEngineDown(model, engine, down)
 		}
 	}
+	observe := func(sig *messages.EngineSignal) {
+		if s.handler != nil {
+			s.handler.ObserveSignal(sig)
+		}
+	}
 	var err error
 	s.signals, err = NewSignals(SignalOptions{Conn: opts.Conn, Names: opts.Names, DownAfter: opts.DownAfter,
-		OnDown: markDown, Logger: logger, Registry: opts.Registry, Now: opts.Now})
+		OnDown: markDown, OnSignal: observe, Logger: logger, Registry: opts.Registry, Now: opts.Now})
 	if err != nil {
 		return nil, err
 	}

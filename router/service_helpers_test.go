@@ -62,6 +62,8 @@ type fakeSignal struct {
 	capacity      float64
 	health        float64
 	url, subject  string
+	// queue, running and maxRunning are the engine's reported load.
+	queue, running, maxRunning int
 }
 
 // signalPublisher publishes signals for engines every interval over core
@@ -109,7 +111,8 @@ func (p *signalPublisher) publishAll(nc *nats.Conn, names streams.Names) {
 	for _, e := range p.engines {
 		p.seq++
 		sig := &messages.EngineSignal{Model: e.model, Engine: e.engine, Time: time.Now().UnixMilli(), Seq: p.seq,
-			CapacityRPS: e.capacity, Health: e.health, Replicas: 1}
+			CapacityRPS: e.capacity, Health: e.health, Replicas: 1,
+			Queue: e.queue, Running: e.running, MaxRunning: e.maxRunning}
 		if e.url != "" {
 			sig.Transports = append(sig.Transports, messages.Transport{Kind: messages.TransportHTTP, Address: e.url})
 		}

@@ -38,6 +38,10 @@ type SignalOptions struct {
 	// state changes, outside any lock; the service wires it to the
 	// handler's LiveSet so that Pick skips a down engine at once.
 	OnDown func(model, engine string, down bool)
+	// OnSignal, when set, is called with every signal accepted as the
+	// engine's newest, outside any lock; it must not keep sig. The service
+	// wires it to the handler's LiveSet for the engines' load (Bound.Load).
+	OnSignal func(sig *messages.EngineSignal)
 	// Logger receives the component's logs (component=router is added).
 	Logger zerolog.Logger
 	// Registry, when set, receives the component's metrics.
@@ -230,6 +234,9 @@ func (s *Signals) handle(m *nats.Msg) {
 
 	if changed || downChanged {
 		s.version.Add(1)
+	}
+	if s.opts.OnSignal != nil {
+		s.opts.OnSignal(&sig)
 	}
 	if downChanged {
 		if !first || e.view.Down {

@@ -19,6 +19,7 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/services/loadgen"
+	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/stack"
 	"github.com/switchyard-dev/switchyard/workload"
 )
@@ -497,8 +498,11 @@ func runLiveSide(ctx context.Context, sc *Scenario, file *stack.File, arrivals [
 		defer os.RemoveAll(d)
 		dir = d
 	}
+	// The optimizer plans to the switchyard policy's target utilisation, as
+	// the simulator's control loop does.
 	st, err := stack.Start(ctx, stack.Options{File: file, DataDir: dir, NATSPort: -1, RouterAddr: "127.0.0.1:0",
-		SignalInterval: time.Duration(sc.SignalPeriodMs * float64(time.Millisecond)), Logger: opts.Logger})
+		SignalInterval: time.Duration(sc.SignalPeriodMs * float64(time.Millisecond)), Logger: opts.Logger,
+		Optimizer: optimizersvc.Options{TargetUtilisation: sc.Policies.Switchyard.TargetUtilisation}})
 	if err != nil {
 		return nil, err
 	}

@@ -230,7 +230,7 @@ func TestSignalsFromLiveState(t *testing.T) {
 	}
 	testenv.WaitFor(t, 10*time.Second, "a signal showing a full batch, a queue and the failure", func() bool {
 		s, _ := latest()
-		return s.Running == 4 && s.Queue > 0 && s.KVUse > 0 && s.Health == 0.75 &&
+		return s.Running == 4 && s.MaxRunning == o.MaxBatch && s.Queue > 0 && s.KVUse > 0 && s.Health == 0.75 &&
 			math.Abs(s.CapacityRPS-enginesim.Capacity(o)*0.1) < 1e-9
 	})
 	lcancel()

@@ -134,6 +134,7 @@ func (e *Engine) signal() messages.EngineSignal {
 		TBTMs:         s.lastTBTMs,
 		Queue:         len(e.queue),
 		Running:       len(e.running),
+		MaxRunning:    e.opts.MaxBatch,
 		KVUse:         e.kvUseLocked(),
 		CapacityRPS:   capacity(e.opts, e.failure.factor()),
 		LoadRPS:       load,
