@@ -326,6 +326,15 @@ func (s *Solver) bid(i int, eps float64) {
 			step *= 4
 			hi = lo + step
 		}
+		// Engines whose next unit costs hi or more take nothing at levels up to hi.
+		n := 0
+		for c := range cands {
+			if s.unitCost(cands[c].k, kappa) < hi {
+				cands[n] = cands[c]
+				n++
+			}
+		}
+		cands = cands[:n]
 		_, hi = s.bracketRoot(i, cands, r, lo, hi, kappa)
 	}
 	// Keep the engines the bidder takes from at hi, with the other users' chunks.
