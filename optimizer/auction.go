@@ -141,18 +141,12 @@ func (s *Solver) nextShed(i int) float64 {
 	return math.Inf(1)
 }
 
-// bestOther returns cluster i's cheapest option other than engine jx.
-func (s *Solver) bestOther(i, jx int, kappa float64) float64 {
-	m := s.nextShed(i)
-	for k := s.start[i]; k < s.start[i+1]; k++ {
-		if j := int(s.eng[k]); j != jx && s.capv[j] > 0 {
-			m = math.Min(m, s.unitCost(k, kappa))
-		}
-	}
-	return m
-}
 
-// cacheBest records cluster i's cheapest option and its cheapest on another engine.
+// cacheBest records cluster i's cheapest option and its cheapest on another engine, counting
+// an engine below its hard limit at the cost of a unit it can supply without evicting anyone:
+// its right marginal cost (a points profile's loads sit at kinks, where the price paid is the
+// left one; counting them at it would make restore evict units that no bid can place more
+// cheaply, for ever). An engine at its limit counts at its price.
 func (s *Solver) cacheBest(i int) {
 	a := &s.auc
 	kappa := s.kappa(i)
@@ -162,7 +156,13 @@ func (s *Solver) cacheBest(i int) {
 		if s.capv[j] <= 0 {
 			continue
 		}
-		if c := s.unitCost(k, kappa); c < b1 {
+		c := s.unitCost(k, kappa)
+		if s.X[j] < s.capv[j]*(1-1e-12) {
+			if m := s.curves[j].Marginal(s.X[j]); m > a.price[j] {
+				c += m - a.price[j]
+			}
+		}
+		if c < b1 {
 			b1, b2, bj = c, b1, int32(j)
 		} else if c < b2 {
 			b2 = c
@@ -174,8 +174,15 @@ func (s *Solver) cacheBest(i int) {
 	a.best1[i], a.best2[i], a.bestJ[i] = b1, b2, bj
 }
 
-// level returns cluster i's cheapest option (its marginal-cost level).
-func (s *Solver) aucLevel(i int) float64 { return s.bestOther(i, -1, s.kappa(i)) }
+// otherOption returns cluster u's cached cheapest option other than engine j.
+func (s *Solver) otherOption(u, j int) float64 {
+	a := &s.auc
+	if a.bestJ[u] == int32(j) {
+		return a.best2[u]
+	}
+	return a.best1[u]
+}
+
 
 func (s *Solver) enqueue(i int) {
 	a := &s.auc
@@ -337,11 +344,13 @@ func (s *Solver) bid(i int, eps float64) {
 		cands = cands[:n]
 		_, hi = s.bracketRoot(i, cands, r, lo, hi, kappa)
 	}
-	// Keep the engines the bidder takes from at hi, with the other users' chunks.
+	// Keep the engines the bidder takes from at hi, and those whose price would rise by hi
+	// (an engine at its limit or at a kink supplies only by evicting), with the other users'
+	// chunks.
 	n := 0
 	for c := range cands {
 		t, p, _ := s.take(&cands[c], hi, kappa)
-		if t <= 0 {
+		if t <= 0 && !(p > a.price[cands[c].j]) {
 			continue
 		}
 		cd := cands[c]
@@ -355,12 +364,15 @@ func (s *Solver) bid(i int, eps float64) {
 			ku := s.kappa(u)
 			// u's best option other than j, from its cache: a lower bound, as prices only
 			// rise within a phase (less 2κ: an eviction can reopen u's cheaper anchored
-			// units). A low bound evicts early; u then bids again and may come back.
-			other := a.best1[u]
-			if a.bestJ[u] == int32(j) {
-				other = a.best2[u]
+			// units). Where the bound allows an eviction at p, it is refreshed: evicting on a
+			// stale bound would let two clusters take the same units from each other without
+			// a price rise, forever.
+			other := s.otherOption(u, j) - 2*ku
+			if other+eps-s.dist[k]-ku < p {
+				s.cacheBest(u)
+				other = s.otherOption(u, j)
 			}
-			other += eps - 2*ku
+			other += eps
 			keep := 0.0
 			if ku > 0 {
 				keep = math.Min(s.x[k], s.x0[k])
@@ -593,17 +605,19 @@ func (s *Solver) auctionFinish() {
 			s.X[s.eng[k]] += s.x[k]
 		}
 		s.shed[i] = math.Max(0, s.demand[i]-served)
-		switch {
-		case !(s.demand[i] > 0):
-			s.mu[i] = math.NaN()
-		default:
-			s.mu[i] = s.aucLevel(i)
-		}
+		s.mu[i] = math.NaN()
 	}
 	for j := range s.X {
 		s.X[j] = math.Min(s.X[j], s.capv[j])
 	}
-	_ = a
+	// A cluster's level is the cost of its next unit (measure reads the engines' subgradients
+	// at kinks and the capacity prices off the levels).
+	for i := range s.demand {
+		if s.demand[i] > 0 {
+			s.cacheBest(i)
+			s.mu[i] = a.best1[i]
+		}
+	}
 }
 
 // commonLevel returns the price at which all engines together supply the total demand (the
