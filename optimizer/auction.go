@@ -141,7 +141,6 @@ func (s *Solver) nextShed(i int) float64 {
 	return math.Inf(1)
 }
 
-
 // cacheBest records cluster i's cheapest option and its cheapest on another engine, counting
 // an engine below its hard limit at the cost of a unit it can supply without evicting anyone:
 // its right marginal cost (a points profile's loads sit at kinks, where the price paid is the
@@ -182,7 +181,6 @@ func (s *Solver) otherOption(u, j int) float64 {
 	}
 	return a.best1[u]
 }
-
 
 func (s *Solver) enqueue(i int) {
 	a := &s.auc
