@@ -39,6 +39,7 @@ type auctionState struct {
 	cand    []auctionCand
 	chunks  []auctionChunk
 	bids    int
+	saved   []float64 // auctionSave: flows, then shed and levels per cluster
 }
 
 // auctionCand is an engine that a bidding cluster may take traffic from.
@@ -182,6 +183,7 @@ func (s *Solver) otherOption(u, j int) float64 {
 	return a.best1[u]
 }
 
+// enqueue queues cluster i for a bid if it has surplus and is not queued yet.
 func (s *Solver) enqueue(i int) {
 	a := &s.auc
 	if !a.inQ[i] && a.surplus[i] > 1e-13*s.demand[i] {
@@ -647,4 +649,26 @@ func (s *Solver) commonLevel() float64 {
 		}
 	}
 	return hi
+}
+
+// auctionSave keeps the auction's routing (flows, shed, levels) for auctionRestore.
+func (s *Solver) auctionSave() {
+	a := &s.auc
+	a.saved = append(append(append(a.saved[:0], s.x...), s.shed...), s.mu...)
+}
+
+// auctionRestore brings back the routing kept by auctionSave and rebuilds the loads.
+func (s *Solver) auctionRestore() {
+	a := &s.auc
+	edges, nc := len(s.x), len(s.shed)
+	copy(s.x, a.saved[:edges])
+	copy(s.shed, a.saved[edges:edges+nc])
+	copy(s.mu, a.saved[edges+nc:])
+	clear(s.X)
+	for k, j := range s.eng {
+		s.X[j] += s.x[k]
+	}
+	for j := range s.X {
+		s.X[j] = math.Min(s.X[j], s.capv[j])
+	}
 }

@@ -152,23 +152,25 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 	if !s.equilibrium {
 		// The level solver from the previous levels (warm) or from a common level (cold)
 		// settles quickly on small problems; when it does not, the auction finds better
-		// starting levels and the level solver runs again from them.
+		// starting levels and the level solver runs again from them. If that fails too, the
+		// sweeps start from the auction's routing.
 		rounds, ok := s.dualSolve(s.dualRounds(p, prev != nil))
 		bids := 0
 		if !ok {
 			s.setup(p)
 			s.warm(p, prev)
 			if bids, ok = s.auctionSolve(); !ok {
+				s.auctionSave()
 				var r int
 				r, ok = s.dualSolve(s.dualRounds(p, true))
 				rounds += r
+				if !ok {
+					s.auctionRestore()
+				}
 			}
 		}
 		if !ok {
-			// Start the sweeps afresh rather than from an unbalanced point.
-			notes = append(notes, fmt.Sprintf("fast path (levels: %d rounds, auction: %d bids) did not balance; solved by sweeps", rounds, bids))
-			s.setup(p)
-			s.warm(p, prev)
+			notes = append(notes, fmt.Sprintf("fast path (levels: %d rounds, auction: %d bids) did not balance; solved by sweeps from the auction's routing", rounds, bids))
 		}
 	}
 	sweeps, m := s.iterate(p)
