@@ -26,6 +26,7 @@ type dualState struct {
 	tied         []bool    // engine shared by several clusters of its winner's component
 	tree         []bool    // CSR edge is in the spanning forest of ties
 	uf           []int32   // union-find parents over clusters
+	root         []int32   // every cluster's component root, during dualComponents
 	active       []bool    // cluster takes part (positive demand and links)
 	dem, need    []float64 // served demand at the current level; demand left after exclusive engines
 	f, up, down  []float64 // per component root: imbalance and admissible shifts
@@ -205,13 +206,18 @@ func (s *Solver) dualBids() {
 func (s *Solver) dualComponents() bool {
 	d := &s.dual
 	nc := len(s.demand)
+	// The components are fixed here (dualBids made the unions): look the roots up once.
+	d.root = grow(d.root, nc)
+	for i := 0; i < nc; i++ {
+		d.root[i] = d.find(int32(i))
+	}
 	for i := 0; i < nc; i++ {
 		d.f[i], d.up[i], d.down[i] = 0, math.Inf(1), math.Inf(-1)
 	}
 	for i := 0; i < nc; i++ {
 		if d.active[i] {
 			d.dem[i] = s.servedDemand(i, s.mu[i])
-			d.f[d.find(int32(i))] += d.dem[i]
+			d.f[d.root[i]] += d.dem[i]
 		}
 	}
 	for j := range d.b1 {
@@ -221,21 +227,21 @@ func (s *Solver) dualComponents() bool {
 			continue
 		}
 		d.sup[j], _ = s.curves[j].InverseMarginal(d.b1[j])
-		d.f[d.find(w)] -= d.sup[j]
+		d.f[d.root[w]] -= d.sup[j]
 	}
 	for j := range d.b1 {
 		w := d.w1[j]
 		if w < 0 {
 			continue
 		}
-		rw := d.find(w)
+		rw := d.root[w]
 		d.out[j] = math.Inf(-1)
 		for _, k := range d.ein[d.estart[j]:d.estart[j+1]] {
 			i := d.clOf[k]
 			if !d.active[i] {
 				continue
 			}
-			ri := d.find(i)
+			ri := d.root[i]
 			if ri == rw {
 				continue
 			}
@@ -263,7 +269,7 @@ func (s *Solver) dualComponents() bool {
 	}
 	balanced := true
 	for i := 0; i < nc; i++ {
-		if d.active[i] && d.find(int32(i)) == int32(i) {
+		if d.active[i] && d.root[i] == int32(i) {
 			if math.Abs(d.f[i]) > s.balTol(i) {
 				balanced = false
 			}
