@@ -26,6 +26,7 @@ type dualState struct {
 	tied         []bool    // engine shared by several clusters of its winner's component
 	tree         []bool    // CSR edge is in the spanning forest of ties
 	uf           []int32   // union-find parents over clusters
+	root         []int32   // every cluster's component root, during dualComponents
 	active       []bool    // cluster takes part (positive demand and links)
 	dem, need    []float64 // served demand at the current level; demand left after exclusive engines
 	f, up, down  []float64 // per component root: imbalance and admissible shifts
@@ -205,13 +206,18 @@ func (s *Solver) dualBids() {
 func (s *Solver) dualComponents() bool {
 	d := &s.dual
 	nc := len(s.demand)
+	// The components are fixed here (dualBids made the unions): look the roots up once.
+	d.root = grow(d.root, nc)
+	for i := 0; i < nc; i++ {
+		d.root[i] = d.find(int32(i))
+	}
 	for i := 0; i < nc; i++ {
 		d.f[i], d.up[i], d.down[i] = 0, math.Inf(1), math.Inf(-1)
 	}
 	for i := 0; i < nc; i++ {
 		if d.active[i] {
 			d.dem[i] = s.servedDemand(i, s.mu[i])
-			d.f[d.find(int32(i))] += d.dem[i]
+			d.f[d.root[i]] += d.dem[i]
 		}
 	}
 	for j := range d.b1 {
@@ -221,21 +227,21 @@ func (s *Solver) dualComponents() bool {
 			continue
 		}
 		d.sup[j], _ = s.curves[j].InverseMarginal(d.b1[j])
-		d.f[d.find(w)] -= d.sup[j]
+		d.f[d.root[w]] -= d.sup[j]
 	}
 	for j := range d.b1 {
 		w := d.w1[j]
 		if w < 0 {
 			continue
 		}
-		rw := d.find(w)
+		rw := d.root[w]
 		d.out[j] = math.Inf(-1)
 		for _, k := range d.ein[d.estart[j]:d.estart[j+1]] {
 			i := d.clOf[k]
 			if !d.active[i] {
 				continue
 			}
-			ri := d.find(i)
+			ri := d.root[i]
 			if ri == rw {
 				continue
 			}
@@ -263,7 +269,7 @@ func (s *Solver) dualComponents() bool {
 	}
 	balanced := true
 	for i := 0; i < nc; i++ {
-		if d.active[i] && d.find(int32(i)) == int32(i) {
+		if d.active[i] && d.root[i] == int32(i) {
 			if math.Abs(d.f[i]) > s.balTol(i) {
 				balanced = false
 			}
@@ -612,44 +618,12 @@ func (s *Solver) edgeOf(i, j int) int {
 	return lo
 }
 
-// useDual reports whether Solve starts with the dual solver.
-func (s *Solver) useDual(p *Problem) bool {
-	return !s.equilibrium && !s.noDual
-}
-
-// dualRounds bounds the rounds of the dual solver; past the bound Solve falls back to sweeps,
-// so the bound caps the time lost on problems where the dual rounds do not settle.
-func (s *Solver) dualRounds(p *Problem) int {
-	return min(40*len(p.Clusters)+200, 600)
-}
-
-// commonLevel returns the price at which all engines together supply the total demand (a
-// cold-start estimate of the clusters' levels, before network latency).
-func (s *Solver) commonLevel() float64 {
-	total := 0.0
-	for i := range s.demand {
-		total += s.demand[i]
+// dualRounds bounds the rounds of the dual solver; past the bound Solve tries the auction's
+// levels or falls back to sweeps, so the bound caps the time lost on problems where the rounds
+// do not settle. A first try from a common level gets fewer rounds than one from good levels.
+func (s *Solver) dualRounds(p *Problem, good bool) int {
+	if !good {
+		return min(10*len(p.Clusters)+100, 200)
 	}
-	supply := func(m float64) float64 {
-		v := 0.0
-		for j := range s.curves {
-			if s.capv[j] > 0 {
-				x, _ := s.curves[j].InverseMarginal(m)
-				v += x
-			}
-		}
-		return v
-	}
-	lo, hi := 0.0, 1.0
-	for supply(hi) < total && hi < 1e12 {
-		lo, hi = hi, hi*4
-	}
-	for it := 0; it < 60 && hi-lo > 1e-9*hi; it++ {
-		if m := 0.5 * (lo + hi); supply(m) < total {
-			lo = m
-		} else {
-			hi = m
-		}
-	}
-	return lo
+	return min(40*len(p.Clusters)+200, 1000)
 }

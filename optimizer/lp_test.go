@@ -159,12 +159,6 @@ func lpBounds(t testing.TB, p *Problem, price [NumPriorities]float64, sub int) (
 	return opt - slack, opt
 }
 
-// knownStalls lists instances (by index, with seed 42) on which the solver stalls at a
-// non-optimal point whose certificate does not close: hard capacity limits of points profiles
-// binding for several clusters at once. They are reported, not hidden; see the limitations in
-// docs/optimizer.md.
-var knownStalls = map[int]bool{48: true}
-
 func TestLPCrossCheck(t *testing.T) {
 	r := rand.New(rand.NewPCG(42, 1))
 	instances := 220
@@ -202,10 +196,6 @@ func TestLPCrossCheck(t *testing.T) {
 		relLower := math.Abs(got-lower) / math.Max(lower, 1)
 		certifiedOK := !sol.Diagnostics.Converged || got <= upper*(1+2e-4)+1e-6
 		if got < lower-1e-6*math.Abs(lower) || !certifiedOK || math.Min(rel, relLower) > 1e-3 {
-			if knownStalls[n] {
-				t.Logf("instance %d: KNOWN STALL (see docs/optimizer.md, limitations): objective %.6f, LP [%.6f, %.6f]", n, got, lower, upper)
-				continue
-			}
 			t.Errorf("instance %d: objective %.6f outside LP bounds [%.6f, %.6f] (rel %.2g); gap %.3g", n, got, lower, upper, rel, sol.Diagnostics.RelGap)
 		}
 	}

@@ -66,7 +66,6 @@ func (o Options) withDefaults() Options {
 type Solver struct {
 	opt         Options
 	equilibrium bool // least-latency: equalise average, not marginal, latency
-	noDual      bool // skip the dual solver (tests)
 
 	order [NumPriorities]int // priority classes by ascending shed price
 
@@ -87,6 +86,7 @@ type Solver struct {
 
 	offers []offer
 	p      *Problem
+	auc    auctionState
 	dual   dualState
 
 	bfDist         []float64
@@ -149,13 +149,28 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 			}
 		}
 	}
-	if s.useDual(p) {
-		rounds, ok := s.dualSolve(s.dualRounds(p))
+	if !s.equilibrium {
+		// The level solver from the previous levels (warm) or from a common level (cold)
+		// settles quickly on small problems; when it does not, the auction finds better
+		// starting levels and the level solver runs again from them. If that fails too, the
+		// sweeps start from the auction's routing.
+		rounds, ok := s.dualSolve(s.dualRounds(p, prev != nil))
+		bids := 0
 		if !ok {
-			// Start the sweeps afresh rather than from the unbalanced dual point.
-			notes = append(notes, fmt.Sprintf("dual solver did not balance in %d rounds; solved by sweeps", rounds))
 			s.setup(p)
 			s.warm(p, prev)
+			if bids, ok = s.auctionSolve(); !ok {
+				s.auctionSave()
+				var r int
+				r, ok = s.dualSolve(s.dualRounds(p, true))
+				rounds += r
+				if !ok {
+					s.auctionRestore()
+				}
+			}
+		}
+		if !ok {
+			notes = append(notes, fmt.Sprintf("fast path (levels: %d rounds, auction: %d bids) did not balance; solved by sweeps from the auction's routing", rounds, bids))
 		}
 	}
 	sweeps, m := s.iterate(p)
