@@ -128,6 +128,7 @@ type modelState struct {
 	bound    atomic.Pointer[Bound]
 	mix      priorityMix
 	admitted atomic.Int64 // admitted requests not yet answered
+	met      atomic.Pointer[modelMetrics]
 }
 
 // NewHandler returns a Handler for opts. It fails when Tables is nil or the
@@ -325,9 +326,9 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 	defer rt.release()
 	log := h.log.With().Str("model", req.Model).Str("request_id", reqID).Str("key", rt.src.String()).
 		Str("priority", prio.String()).Logger()
-	inFlight := h.metrics.inFlight.WithLabelValues(req.Model)
-	inFlight.Inc()
-	defer inFlight.Dec()
+	mm := h.modelMetrics(rt.ms, req.Model)
+	mm.inFlight.Inc()
+	defer mm.inFlight.Dec()
 
 	up := &UpstreamRequest{Endpoint: ep, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body,
 		Header: passHeaders(r.Header)}
@@ -344,8 +345,7 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 	defer at.finish()
 	resp := at.resp
 	log = log.With().Str("engine", at.engine.Name).Logger()
-	status := strconv.Itoa(resp.Status)
-	h.metrics.requests.WithLabelValues(req.Model, status).Inc()
+	h.countRequest(mm, req.Model, resp.Status)
 
 	hdr := w.Header()
 	copyResponseHeaders(hdr, resp.Header)
@@ -363,9 +363,9 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 	}
 	h.finishAttempt(r.Context(), at, err, ttftAt, end, log)
 	if !first.IsZero() {
-		h.metrics.ttft.WithLabelValues(req.Model).Observe(first.Sub(start).Seconds())
+		mm.ttft.Observe(first.Sub(start).Seconds())
 	}
-	h.metrics.duration.WithLabelValues(req.Model).Observe(end.Sub(start).Seconds())
+	mm.duration.Observe(end.Sub(start).Seconds())
 	ev := log.Debug()
 	if err != nil {
 		ev = log.Info().Err(err)

@@ -180,18 +180,27 @@ func (f *NATSFront) publish(subject string, hdr nats.Header, status int, last bo
 }
 
 // natsEndpoint tells chat from completions requests: a body with a
-// "messages" member is a chat request.
+// non-null "messages" member is a chat request. It only scans the body's
+// top level; a malformed body is classed as chat, and ParseRequest says
+// what is wrong with it.
 func natsEndpoint(body []byte) Endpoint {
-	var probe struct {
-		Messages json.RawMessage `json:"messages"`
-	}
-	if json.Unmarshal(body, &probe) == nil && len(probe.Messages) > 0 && string(probe.Messages) != "null" {
+	b := bytes.TrimSpace(body)
+	if len(b) == 0 || b[0] != '{' {
 		return EndpointChat
 	}
-	if json.Unmarshal(body, &struct{}{}) != nil {
-		return EndpointChat // malformed: the parser says why
+	ep := EndpointCompletions
+	for m := (members{b: b}); ; {
+		key, val, ok := m.next()
+		if !ok {
+			return ep
+		}
+		if keyIs(key, "messages") {
+			ep = EndpointCompletions
+			if !isAbsent(val) {
+				ep = EndpointChat
+			}
+		}
 	}
-	return EndpointCompletions
 }
 
 func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
@@ -262,9 +271,9 @@ func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 	defer rt.release()
 	log := f.log.With().Str("model", req.Model).Str("request_id", reqID).Str("key", rt.src.String()).
 		Str("priority", prio.String()).Str("front", "nats").Logger()
-	inFlight := h.metrics.inFlight.WithLabelValues(req.Model)
-	inFlight.Inc()
-	defer inFlight.Dec()
+	mm := h.modelMetrics(rt.ms, req.Model)
+	mm.inFlight.Inc()
+	defer mm.inFlight.Dec()
 
 	rctx, cancel := context.WithTimeout(ctx, f.opts.RequestTimeout)
 	defer cancel()
@@ -288,7 +297,7 @@ func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 	out.Set(natsHeaderEngine, at.engine.Name)
 	log = log.With().Str("engine", at.engine.Name).Logger()
 	status := resp.Status
-	h.metrics.requests.WithLabelValues(req.Model, strconv.Itoa(status)).Inc()
+	h.countRequest(mm, req.Model, status)
 
 	var first time.Time
 	send := func(last bool, data []byte) {
@@ -319,9 +328,9 @@ func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 	}
 	h.finishAttempt(rctx, at, err, ttftAt, end, log)
 	if !first.IsZero() {
-		h.metrics.ttft.WithLabelValues(req.Model).Observe(first.Sub(start).Seconds())
+		mm.ttft.Observe(first.Sub(start).Seconds())
 	}
-	h.metrics.duration.WithLabelValues(req.Model).Observe(end.Sub(start).Seconds())
+	mm.duration.Observe(end.Sub(start).Seconds())
 	if err != nil {
 		log.Info().Err(err).Msg("relay over NATS ended early")
 		return
