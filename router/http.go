@@ -344,7 +344,6 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 	}
 	defer at.finish()
 	resp := at.resp
-	log = log.With().Str("engine", at.engine.Name).Logger()
 	h.countRequest(mm, req.Model, resp.Status)
 
 	hdr := w.Header()
@@ -370,7 +369,7 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 	if err != nil {
 		ev = log.Info().Err(err)
 	}
-	ev.Int("status", resp.Status).Int64("bytes", n).Dur("duration", end.Sub(start)).Bool("stream", req.Stream).
+	ev.Str("engine", at.engine.Name).Int("status", resp.Status).Int64("bytes", n).Dur("duration", end.Sub(start)).Bool("stream", req.Stream).
 		Int("attempts", at.n).Msg("request done")
 }
 

@@ -295,7 +295,6 @@ func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 	defer at.finish()
 	resp := at.resp
 	out.Set(natsHeaderEngine, at.engine.Name)
-	log = log.With().Str("engine", at.engine.Name).Logger()
 	status := resp.Status
 	h.countRequest(mm, req.Model, status)
 
@@ -332,10 +331,10 @@ func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 	}
 	mm.duration.Observe(end.Sub(start).Seconds())
 	if err != nil {
-		log.Info().Err(err).Msg("relay over NATS ended early")
+		log.Info().Err(err).Str("engine", at.engine.Name).Msg("relay over NATS ended early")
 		return
 	}
-	log.Debug().Int("status", status).Dur("duration", end.Sub(start)).Bool("stream", req.Stream).
+	log.Debug().Str("engine", at.engine.Name).Int("status", status).Dur("duration", end.Sub(start)).Bool("stream", req.Stream).
 		Int("attempts", at.n).Msg("request done")
 }
 
