@@ -73,13 +73,32 @@ const (
 // natsHeader returns the value of key (lower-case) in h, also under its
 // canonical HTTP form, and whether it is present.
 func natsHeader(h nats.Header, key string) (string, bool) {
+	if len(h) == 0 {
+		return "", false
+	}
 	if vs, ok := h[key]; ok && len(vs) > 0 {
 		return vs[0], true
 	}
-	if vs, ok := h[http.CanonicalHeaderKey(key)]; ok && len(vs) > 0 {
+	if vs, ok := h[canonicalKey(key)]; ok && len(vs) > 0 {
 		return vs[0], true
 	}
 	return "", false
+}
+
+// canonicalKey is http.CanonicalHeaderKey(key), without its allocation for
+// the headers the NATS front reads.
+func canonicalKey(key string) string {
+	switch key {
+	case natsHeaderRequestID:
+		return headerRequestID
+	case natsHeaderSessionID:
+		return headerSessionID
+	case natsHeaderPriority:
+		return HeaderPriority
+	case natsHeaderEngine:
+		return headerEngine
+	}
+	return http.CanonicalHeaderKey(key)
 }
 
 // QueueGroup returns the queue group of cluster's routers.

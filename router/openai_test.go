@@ -199,3 +199,11 @@ func FuzzParseRequest(f *testing.F) {
 		}
 	})
 }
+
+func TestCanonicalKeyMatchesHTTP(t *testing.T) {
+	for _, k := range []string{natsHeaderRequestID, natsHeaderSessionID, natsHeaderPriority, natsHeaderEngine, "x-other-thing"} {
+		if got, want := canonicalKey(k), http.CanonicalHeaderKey(k); got != want {
+			t.Errorf("canonicalKey(%q) = %q, want %q", k, got, want)
+		}
+	}
+}
