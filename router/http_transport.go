@@ -106,8 +106,8 @@ func (t *HTTPTransport) pool(base string) *upstreamPool {
 		return p
 	}
 	var v any = errNotPlainHTTP
-	if u, err := url.Parse(base); err == nil && u.User == nil && u.RawQuery == "" && u.Fragment == "" {
-		if p, err := newUpstreamPool(u.Scheme, u.Host, u.EscapedPath()); err == nil {
+	if u, err := url.Parse(base); err == nil {
+		if p, err := newUpstreamPool(u); err == nil {
 			v = p
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/textproto"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,20 +58,20 @@ type upstreamConn struct {
 	reused    bool
 }
 
-// newUpstreamPool returns the pool of the engine base URL base (an http
-// URL), or an error saying why it cannot be used.
-func newUpstreamPool(scheme, host, path string) (*upstreamPool, error) {
-	if scheme != "http" {
-		return nil, fmt.Errorf("scheme %q is not http", scheme)
+// newUpstreamPool returns the pool of the engine base URL u, or an error
+// saying why it cannot be used (only plain http is).
+func newUpstreamPool(u *url.URL) (*upstreamPool, error) {
+	if u.Scheme != "http" {
+		return nil, fmt.Errorf("scheme %q is not http", u.Scheme)
 	}
-	if host == "" {
-		return nil, errors.New("no host")
+	if u.Hostname() == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("base URL %q is not http://host[:port][/path]", u.Redacted())
 	}
-	addr := host
-	if _, _, err := net.SplitHostPort(host); err != nil {
-		addr = net.JoinHostPort(host, "80")
+	port := u.Port()
+	if port == "" {
+		port = "80"
 	}
-	return &upstreamPool{addr: addr, host: host, prefix: trimSlash(path)}, nil
+	return &upstreamPool{addr: net.JoinHostPort(u.Hostname(), port), host: u.Host, prefix: trimSlash(u.EscapedPath())}, nil
 }
 
 func trimSlash(s string) string {

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -362,4 +363,49 @@ func FuzzResponseParse(f *testing.F) {
 			t.Fatalf("read %d body bytes past Content-Length %d", n, head.contentLength)
 		}
 	})
+}
+
+func TestUpstreamIdleTimeoutAndBasePath(t *testing.T) {
+	var mu sync.Mutex
+	var paths []string
+	cs := newCountingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		paths = append(paths, r.URL.Path)
+		mu.Unlock()
+		fmt.Fprint(w, "{}")
+	})
+	tr := NewHTTPTransport(HTTPTransportOptions{IdleConnTimeout: time.Minute})
+	t.Cleanup(tr.CloseIdleConnections)
+	now := time.Now()
+	tr.now = func() time.Time { return now }
+	e := Engine{Name: "e", URL: cs.srv.URL + "/base/"}
+	forwardAll(t, tr, context.Background(), e, upReq(`{}`))
+	now = now.Add(30 * time.Second)
+	forwardAll(t, tr, context.Background(), e, upReq(`{}`))
+	if n := cs.conns.Load(); n != 1 {
+		t.Fatalf("a connection idle 30 s of a 1 min timeout was not reused: %d connections", n)
+	}
+	now = now.Add(61 * time.Second)
+	forwardAll(t, tr, context.Background(), e, upReq(`{}`))
+	if n := cs.conns.Load(); n != 2 {
+		t.Fatalf("a connection idle past the timeout was reused: %d connections, want 2", n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, p := range paths {
+		if p != "/base/v1/chat/completions" {
+			t.Fatalf("engine got path %q, want the base URL's path prefix", p)
+		}
+	}
+	for _, bad := range []string{"https://h", "http://u:p@h", "http://h?q=1", "http://"} {
+		if u, err := url.Parse(bad); err == nil {
+			if _, err := newUpstreamPool(u); err == nil {
+				t.Errorf("newUpstreamPool(%q) accepted it", bad)
+			}
+		}
+	}
+	u, _ := url.Parse("http://[::1]/x")
+	if p, err := newUpstreamPool(u); err != nil || p.addr != "[::1]:80" || p.prefix != "/x" {
+		t.Fatalf("newUpstreamPool(%q) = %+v, %v", u, p, err)
+	}
 }
