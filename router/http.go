@@ -128,7 +128,8 @@ type modelState struct {
 	bound    atomic.Pointer[Bound]
 	mix      priorityMix
 	admitted atomic.Int64 // admitted requests not yet answered
-	met      atomic.Pointer[modelMetrics]
+	// met holds the model's metric children, made on first use.
+	met atomic.Pointer[modelMetrics]
 }
 
 // NewHandler returns a Handler for opts. It fails when Tables is nil or the
