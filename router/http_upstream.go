@@ -357,6 +357,7 @@ func readOneHead(r *bufio.Reader) (responseHead, error) {
 	}
 	h.status = code
 	h.header = make(http.Header, 8)
+	var slab []string // backing store of single header values, as textproto does
 	for lines := 0; ; lines++ {
 		line, err := readLine(r, &total)
 		if err != nil {
@@ -384,13 +385,80 @@ func readOneHead(r *bufio.Reader) (responseHead, error) {
 				return h, fmt.Errorf("engine response: control byte in header %q", clip(name))
 			}
 		}
-		key := textproto.CanonicalMIMEHeaderKey(string(name))
-		h.header[key] = append(h.header[key], string(value))
+		key := headerKey(name)
+		if vs, ok := h.header[key]; ok {
+			h.header[key] = append(vs, headerValue(value))
+			continue
+		}
+		if len(slab) == cap(slab) {
+			slab = make([]string, 0, 8)
+		}
+		slab = append(slab, headerValue(value))
+		h.header[key] = slab[len(slab)-1 : len(slab) : len(slab)]
 	}
 	if err := h.frame(); err != nil {
 		return h, err
 	}
 	return h, nil
+}
+
+// headerKey returns the canonical form of the header name b, without
+// allocating for the names engines usually send.
+func headerKey(b []byte) string {
+	var buf [32]byte
+	if len(b) <= len(buf) {
+		k := buf[:len(b)]
+		upper := true
+		for i, c := range b {
+			switch {
+			case upper && c >= 'a' && c <= 'z':
+				c -= 'a' - 'A'
+			case !upper && c >= 'A' && c <= 'Z':
+				c += 'a' - 'A'
+			}
+			k[i] = c
+			upper = c == '-'
+		}
+		switch string(k) {
+		case "Content-Type":
+			return "Content-Type"
+		case "Content-Length":
+			return "Content-Length"
+		case "Date":
+			return "Date"
+		case "Transfer-Encoding":
+			return "Transfer-Encoding"
+		case "Connection":
+			return "Connection"
+		case "Cache-Control":
+			return "Cache-Control"
+		case "X-Request-Id":
+			return headerRequestID
+		case "X-Switchyard-Engine":
+			return headerEngine
+		}
+	}
+	return textproto.CanonicalMIMEHeaderKey(string(b))
+}
+
+// headerValue returns the header value b as a string, without allocating
+// for the values engines usually send.
+func headerValue(b []byte) string {
+	switch string(b) {
+	case "application/json":
+		return "application/json"
+	case "text/event-stream":
+		return "text/event-stream"
+	case "no-cache":
+		return "no-cache"
+	case "chunked":
+		return "chunked"
+	case "keep-alive":
+		return "keep-alive"
+	case "close":
+		return "close"
+	}
+	return string(b)
 }
 
 // frame works out the body's framing and the connection's reuse from the

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
+	"net/textproto"
 	"net/url"
 	"strings"
 	"sync"
@@ -339,6 +340,7 @@ func FuzzResponseParse(f *testing.F) {
 	f.Add([]byte("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.0 204 No Content\r\n\r\n"))
 	f.Add([]byte("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nbody"))
 	f.Add([]byte("HTTP/1.1 503 x\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n"))
+	f.Add([]byte("HTTP/1.1 200 OK\r\ncontent-TYPE: text/event-stream\r\nx-request-ID: a\r\nX-Switchyard-Engine: e\r\nx-a-b-c: 1\r\nx-a-b-c: 2\r\nContent-Length: 0\r\n\r\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		br := bufio.NewReaderSize(bytes.NewReader(data), 4096)
 		head, err := readResponseHead(br)
@@ -353,6 +355,11 @@ func FuzzResponseParse(f *testing.F) {
 		}
 		if head.header.Get("Transfer-Encoding") != "" {
 			t.Fatal("Transfer-Encoding left in the header")
+		}
+		for k := range head.header {
+			if want := textproto.CanonicalMIMEHeaderKey(k); k != want {
+				t.Fatalf("header key %q, canonical %q", k, want)
+			}
 		}
 		b := &upstreamBody{c: &upstreamConn{br: br}, left: head.contentLength, done: head.noBody}
 		if head.chunked {
