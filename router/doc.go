@@ -26,6 +26,10 @@
 //     them), and it knows each engine's advertised endpoints.
 //   - TransportPolicy forwards over HTTP when the engine advertises a URL,
 //     else over NATS request-reply (NATSTransport); PreferNATS reverses it.
+//     HTTPTransport speaks HTTP/1.1 to plain-http engines with its own
+//     client: per-engine keep-alive pools, the request written and the
+//     response read in the handler's goroutine (no per-connection
+//     goroutines), a cancelled request closing its connection.
 //   - Reporter counts requests and per-engine outcomes and publishes a
 //     messages.RouterReport per model every interval, with RTT probes.
 package router

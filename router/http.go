@@ -129,6 +129,8 @@ type modelState struct {
 	bound    atomic.Pointer[Bound]
 	mix      priorityMix
 	admitted atomic.Int64 // admitted requests not yet answered
+	// met holds the model's metric children, made on first use.
+	met atomic.Pointer[modelMetrics]
 }
 
 // NewHandler returns a Handler for opts. It fails when Tables is nil or the
@@ -326,9 +328,9 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 	defer rt.release()
 	log := h.log.With().Str("model", req.Model).Str("request_id", reqID).Str("key", rt.src.String()).
 		Str("priority", prio.String()).Logger()
-	inFlight := h.metrics.inFlight.WithLabelValues(req.Model)
-	inFlight.Inc()
-	defer inFlight.Dec()
+	mm := h.modelMetrics(rt.ms, req.Model)
+	mm.inFlight.Inc()
+	defer mm.inFlight.Dec()
 
 	up := &UpstreamRequest{Endpoint: ep, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body,
 		Header: passHeaders(r.Header)}
@@ -344,9 +346,7 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 	}
 	defer at.finish()
 	resp := at.resp
-	log = log.With().Str("engine", at.engine.Name).Logger()
-	status := strconv.Itoa(resp.Status)
-	h.metrics.requests.WithLabelValues(req.Model, status).Inc()
+	h.countRequest(mm, req.Model, resp.Status)
 
 	hdr := w.Header()
 	copyResponseHeaders(hdr, resp.Header)
@@ -364,14 +364,14 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 	}
 	h.finishAttempt(r.Context(), at, err, ttftAt, end, log)
 	if !first.IsZero() {
-		h.metrics.ttft.WithLabelValues(req.Model).Observe(first.Sub(start).Seconds())
+		mm.ttft.Observe(first.Sub(start).Seconds())
 	}
-	h.metrics.duration.WithLabelValues(req.Model).Observe(end.Sub(start).Seconds())
+	mm.duration.Observe(end.Sub(start).Seconds())
 	ev := log.Debug()
 	if err != nil {
 		ev = log.Info().Err(err)
 	}
-	ev.Int("status", resp.Status).Int64("bytes", n).Dur("duration", end.Sub(start)).Bool("stream", req.Stream).
+	ev.Str("engine", at.engine.Name).Int("status", resp.Status).Int64("bytes", n).Dur("duration", end.Sub(start)).Bool("stream", req.Stream).
 		Int("attempts", at.n).Msg("request done")
 }
 

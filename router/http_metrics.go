@@ -1,6 +1,9 @@
 package router
 
 import (
+	"net/http"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -128,4 +131,52 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descAge, prometheus.GaugeValue, now.Sub(info.Created).Seconds(), model)
 		}
 	}
+}
+
+// modelMetrics are one model's metric children, looked up once instead of
+// on every request (a label lookup hashes the label values every time).
+type modelMetrics struct {
+	inFlight prometheus.Gauge
+	ttft     prometheus.Observer
+	duration prometheus.Observer
+	ok       prometheus.Counter // requests answered 200
+	engineOK sync.Map           // engine name → prometheus.Counter of its 200 answers
+}
+
+// modelMetrics returns the metric children of model, whose state is ms.
+func (h *Handler) modelMetrics(ms *modelState, model string) *modelMetrics {
+	if mm := ms.met.Load(); mm != nil {
+		return mm
+	}
+	ms.met.CompareAndSwap(nil, &modelMetrics{
+		inFlight: h.metrics.inFlight.WithLabelValues(model),
+		ttft:     h.metrics.ttft.WithLabelValues(model),
+		duration: h.metrics.duration.WithLabelValues(model),
+		ok:       h.metrics.requests.WithLabelValues(model, "200"),
+	})
+	return ms.met.Load()
+}
+
+// countRequest counts a request of model answered with status.
+func (h *Handler) countRequest(mm *modelMetrics, model string, status int) {
+	if status == http.StatusOK {
+		mm.ok.Inc()
+		return
+	}
+	h.metrics.requests.WithLabelValues(model, strconv.Itoa(status)).Inc()
+}
+
+// countEngine counts a request of model forwarded to engine and answered
+// with status.
+func (h *Handler) countEngine(rt *routed, engine string, status int) {
+	if status != http.StatusOK {
+		h.metrics.engineRequests.WithLabelValues(rt.model, engine, strconv.Itoa(status)).Inc()
+		return
+	}
+	mm := h.modelMetrics(rt.ms, rt.model)
+	c, ok := mm.engineOK.Load(engine)
+	if !ok {
+		c, _ = mm.engineOK.LoadOrStore(engine, h.metrics.engineRequests.WithLabelValues(rt.model, engine, "200"))
+	}
+	c.(prometheus.Counter).Inc()
 }

@@ -3,11 +3,15 @@ package router
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -60,10 +64,20 @@ type HTTPTransportOptions struct {
 	ResponseHeaderTimeout time.Duration
 }
 
-// HTTPTransport forwards over HTTP/1.1 with one tuned, pooled http.Transport:
-// keep-alive connections are pooled per engine (host:port).
+// bufSize is the read and write buffer size of a connection.
+func (HTTPTransportOptions) bufSize() int { return 32 << 10 }
+
+// HTTPTransport forwards over HTTP/1.1 with keep-alive connections pooled
+// per engine base URL. Plain-http engines are served by the router's own
+// client (http_upstream.go), which writes a request and reads its response
+// in the caller's goroutine; https engines by a tuned net/http Transport.
 type HTTPTransport struct {
-	rt *http.Transport
+	opts   HTTPTransportOptions
+	dialer *net.Dialer
+	now    func() time.Time
+	pools  sync.Map // engine base URL → *upstreamPool, or error when not plain http
+	sweep  atomic.Int64
+	std    atomic.Pointer[http.Transport] // https engines, made on first use
 }
 
 // NewHTTPTransport returns an HTTP transport with the given options.
@@ -77,24 +91,89 @@ func NewHTTPTransport(opts HTTPTransportOptions) *HTTPTransport {
 	if opts.DialTimeout <= 0 {
 		opts.DialTimeout = 3 * time.Second
 	}
-	dialer := &net.Dialer{Timeout: opts.DialTimeout, KeepAlive: 30 * time.Second}
-	return &HTTPTransport{rt: &http.Transport{
-		DialContext:           dialer.DialContext,
-		MaxIdleConns:          0, // no global cap; the per-engine cap applies
-		MaxIdleConnsPerHost:   opts.MaxIdleConnsPerEngine,
-		IdleConnTimeout:       opts.IdleConnTimeout,
-		ResponseHeaderTimeout: opts.ResponseHeaderTimeout,
-		DisableCompression:    true, // pass bodies through as the engine sends them
-		ForceAttemptHTTP2:     false,
-		WriteBufferSize:       32 << 10,
-		ReadBufferSize:        32 << 10,
-	}}
+	return &HTTPTransport{
+		opts:   opts,
+		dialer: &net.Dialer{Timeout: opts.DialTimeout, KeepAlive: 30 * time.Second},
+		now:    time.Now,
+	}
 }
+
+// pool returns the keep-alive pool of the engine base URL base, or nil
+// when base is not a plain-http URL.
+func (t *HTTPTransport) pool(base string) *upstreamPool {
+	if v, ok := t.pools.Load(base); ok {
+		p, _ := v.(*upstreamPool)
+		return p
+	}
+	var v any = errNotPlainHTTP
+	if u, err := url.Parse(base); err == nil {
+		if p, err := newUpstreamPool(u); err == nil {
+			v = p
+		}
+	}
+	v, _ = t.pools.LoadOrStore(base, v)
+	p, _ := v.(*upstreamPool)
+	return p
+}
+
+var errNotPlainHTTP = errors.New("not a plain http URL")
 
 // Forward posts req.Body to engine.URL + the endpoint's path.
 func (t *HTTPTransport) Forward(ctx context.Context, engine Engine, req *UpstreamRequest) (*UpstreamResponse, error) {
 	if engine.URL == "" {
 		return nil, fmt.Errorf("router: forward to engine %q: no HTTP URL", engine.Name)
+	}
+	t.maybeSweep()
+	p := t.pool(engine.URL)
+	if p == nil {
+		return t.forwardStd(ctx, engine, req)
+	}
+	resp, err := t.roundTrip(ctx, p, req)
+	if err != nil {
+		return nil, fmt.Errorf("router: forward to engine %q at %q: %w", engine.Name, engine.URL, err)
+	}
+	return resp, nil
+}
+
+// maybeSweep closes, at most every half IdleConnTimeout, the connections
+// idle longer than IdleConnTimeout in every pool, so that the pools of
+// engines no longer routed to do not keep connections open.
+func (t *HTTPTransport) maybeSweep() {
+	now := t.now()
+	last := t.sweep.Load()
+	if now.UnixNano()-last < int64(t.opts.IdleConnTimeout/2) || !t.sweep.CompareAndSwap(last, now.UnixNano()) {
+		return
+	}
+	if last == 0 {
+		return // first request: nothing idle yet
+	}
+	cutoff := now.Add(-t.opts.IdleConnTimeout)
+	t.pools.Range(func(_, v any) bool {
+		if p, ok := v.(*upstreamPool); ok {
+			p.closeIdle(cutoff)
+		}
+		return true
+	})
+}
+
+// forwardStd forwards over net/http's Transport (https engines).
+func (t *HTTPTransport) forwardStd(ctx context.Context, engine Engine, req *UpstreamRequest) (*UpstreamResponse, error) {
+	rt := t.std.Load()
+	if rt == nil {
+		rt = &http.Transport{
+			DialContext:           t.dialer.DialContext,
+			MaxIdleConns:          0, // no global cap; the per-engine cap applies
+			MaxIdleConnsPerHost:   t.opts.MaxIdleConnsPerEngine,
+			IdleConnTimeout:       t.opts.IdleConnTimeout,
+			ResponseHeaderTimeout: t.opts.ResponseHeaderTimeout,
+			DisableCompression:    true, // pass bodies through as the engine sends them
+			ForceAttemptHTTP2:     false,
+			WriteBufferSize:       t.opts.bufSize(),
+			ReadBufferSize:        t.opts.bufSize(),
+		}
+		if !t.std.CompareAndSwap(nil, rt) {
+			rt = t.std.Load()
+		}
 	}
 	url := strings.TrimSuffix(engine.URL, "/") + req.Endpoint.Path()
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(req.Body))
@@ -108,7 +187,7 @@ func (t *HTTPTransport) Forward(ctx context.Context, engine Engine, req *Upstrea
 	if req.RequestID != "" {
 		hreq.Header.Set(headerRequestID, req.RequestID)
 	}
-	resp, err := t.rt.RoundTrip(hreq)
+	resp, err := rt.RoundTrip(hreq)
 	if err != nil {
 		return nil, fmt.Errorf("router: forward to engine %q at %q: %w", engine.Name, url, err)
 	}
@@ -116,4 +195,14 @@ func (t *HTTPTransport) Forward(ctx context.Context, engine Engine, req *Upstrea
 }
 
 // CloseIdleConnections closes the pooled idle connections.
-func (t *HTTPTransport) CloseIdleConnections() { t.rt.CloseIdleConnections() }
+func (t *HTTPTransport) CloseIdleConnections() {
+	t.pools.Range(func(_, v any) bool {
+		if p, ok := v.(*upstreamPool); ok {
+			p.closeIdle(time.Time{})
+		}
+		return true
+	})
+	if rt := t.std.Load(); rt != nil {
+		rt.CloseIdleConnections()
+	}
+}

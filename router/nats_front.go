@@ -73,13 +73,32 @@ const (
 // natsHeader returns the value of key (lower-case) in h, also under its
 // canonical HTTP form, and whether it is present.
 func natsHeader(h nats.Header, key string) (string, bool) {
+	if len(h) == 0 {
+		return "", false
+	}
 	if vs, ok := h[key]; ok && len(vs) > 0 {
 		return vs[0], true
 	}
-	if vs, ok := h[http.CanonicalHeaderKey(key)]; ok && len(vs) > 0 {
+	if vs, ok := h[canonicalKey(key)]; ok && len(vs) > 0 {
 		return vs[0], true
 	}
 	return "", false
+}
+
+// canonicalKey is http.CanonicalHeaderKey(key), without its allocation for
+// the headers the NATS front reads.
+func canonicalKey(key string) string {
+	switch key {
+	case natsHeaderRequestID:
+		return headerRequestID
+	case natsHeaderSessionID:
+		return headerSessionID
+	case natsHeaderPriority:
+		return HeaderPriority
+	case natsHeaderEngine:
+		return headerEngine
+	}
+	return http.CanonicalHeaderKey(key)
 }
 
 // QueueGroup returns the queue group of cluster's routers.
@@ -180,18 +199,27 @@ func (f *NATSFront) publish(subject string, hdr nats.Header, status int, last bo
 }
 
 // natsEndpoint tells chat from completions requests: a body with a
-// "messages" member is a chat request.
+// non-null "messages" member is a chat request. It only scans the body's
+// top level; a malformed body is classed as chat, and ParseRequest says
+// what is wrong with it.
 func natsEndpoint(body []byte) Endpoint {
-	var probe struct {
-		Messages json.RawMessage `json:"messages"`
-	}
-	if json.Unmarshal(body, &probe) == nil && len(probe.Messages) > 0 && string(probe.Messages) != "null" {
+	b := bytes.TrimSpace(body)
+	if len(b) == 0 || b[0] != '{' {
 		return EndpointChat
 	}
-	if json.Unmarshal(body, &struct{}{}) != nil {
-		return EndpointChat // malformed: the parser says why
+	ep := EndpointCompletions
+	for m := (members{b: b}); ; {
+		key, val, ok := m.next()
+		if !ok {
+			return ep
+		}
+		if keyIs(key, "messages") {
+			ep = EndpointCompletions
+			if !isAbsent(val) {
+				ep = EndpointChat
+			}
+		}
 	}
-	return EndpointCompletions
 }
 
 func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
@@ -262,9 +290,9 @@ func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 	defer rt.release()
 	log := f.log.With().Str("model", req.Model).Str("request_id", reqID).Str("key", rt.src.String()).
 		Str("priority", prio.String()).Str("front", "nats").Logger()
-	inFlight := h.metrics.inFlight.WithLabelValues(req.Model)
-	inFlight.Inc()
-	defer inFlight.Dec()
+	mm := h.modelMetrics(rt.ms, req.Model)
+	mm.inFlight.Inc()
+	defer mm.inFlight.Dec()
 
 	rctx, cancel := context.WithTimeout(ctx, f.opts.RequestTimeout)
 	defer cancel()
@@ -286,9 +314,8 @@ func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 	defer at.finish()
 	resp := at.resp
 	out.Set(natsHeaderEngine, at.engine.Name)
-	log = log.With().Str("engine", at.engine.Name).Logger()
 	status := resp.Status
-	h.metrics.requests.WithLabelValues(req.Model, strconv.Itoa(status)).Inc()
+	h.countRequest(mm, req.Model, status)
 
 	var first time.Time
 	send := func(last bool, data []byte) {
@@ -319,14 +346,14 @@ func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 	}
 	h.finishAttempt(rctx, at, err, ttftAt, end, log)
 	if !first.IsZero() {
-		h.metrics.ttft.WithLabelValues(req.Model).Observe(first.Sub(start).Seconds())
+		mm.ttft.Observe(first.Sub(start).Seconds())
 	}
-	h.metrics.duration.WithLabelValues(req.Model).Observe(end.Sub(start).Seconds())
+	mm.duration.Observe(end.Sub(start).Seconds())
 	if err != nil {
-		log.Info().Err(err).Msg("relay over NATS ended early")
+		log.Info().Err(err).Str("engine", at.engine.Name).Msg("relay over NATS ended early")
 		return
 	}
-	log.Debug().Int("status", status).Dur("duration", end.Sub(start)).Bool("stream", req.Stream).
+	log.Debug().Str("engine", at.engine.Name).Int("status", status).Dur("duration", end.Sub(start)).Bool("stream", req.Stream).
 		Int("attempts", at.n).Msg("request done")
 }
 

@@ -61,22 +61,13 @@ type Message struct {
 	Text []string
 }
 
+// rawRequest holds the raw JSON values of the fields the router reads.
 type rawRequest struct {
-	Model    json.RawMessage `json:"model"`
-	Stream   json.RawMessage `json:"stream"`
-	User     json.RawMessage `json:"user"`
-	Messages json.RawMessage `json:"messages"`
-	Prompt   json.RawMessage `json:"prompt"`
-}
-
-type rawMessage struct {
-	Role    json.RawMessage `json:"role"`
-	Content json.RawMessage `json:"content"`
-}
-
-type rawPart struct {
-	Type json.RawMessage `json:"type"`
-	Text json.RawMessage `json:"text"`
+	Model    json.RawMessage
+	Stream   json.RawMessage
+	User     json.RawMessage
+	Messages json.RawMessage
+	Prompt   json.RawMessage
 }
 
 // ParseRequest parses body as a request to endpoint, strictly enough to
@@ -86,32 +77,63 @@ type rawPart struct {
 // objects with string, array-of-parts or null content, or a prompt that is
 // not a string, array of strings, array of integers or array of integer
 // arrays. Errors are *APIError with status 400. body is kept, not copied.
+//
+// The body is checked with json.Valid and then walked by a scanner
+// (openai_scan.go) that reads only the fields above and skips the rest
+// without decoding it. Field names match exactly (as engines match them);
+// of repeated fields the last counts.
 func ParseRequest(endpoint Endpoint, body []byte) (*Request, error) {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return nil, invalidRequest("", "request body must be a JSON object")
 	}
-	var raw rawRequest
-	if err := json.Unmarshal(trimmed, &raw); err != nil {
+	if !json.Valid(trimmed) {
+		var v json.RawMessage
+		err := json.Unmarshal(trimmed, &v) // only for the syntax error's detail
 		return nil, invalidRequest("", fmt.Sprintf("malformed JSON body: %v", err))
+	}
+	var raw rawRequest
+	for m := (members{b: trimmed}); ; {
+		key, val, ok := m.next()
+		if !ok {
+			break
+		}
+		switch {
+		case keyIs(key, "model"):
+			raw.Model = val
+		case keyIs(key, "stream"):
+			raw.Stream = val
+		case keyIs(key, "user"):
+			raw.User = val
+		case keyIs(key, "messages"):
+			raw.Messages = val
+		case keyIs(key, "prompt"):
+			raw.Prompt = val
+		}
 	}
 	req := &Request{Endpoint: endpoint, Body: body}
 	if isAbsent(raw.Model) {
 		return nil, invalidRequest("model", "missing required parameter: 'model'")
 	}
-	if err := json.Unmarshal(raw.Model, &req.Model); err != nil || !isString(raw.Model) {
+	model, ok := decodeString(raw.Model)
+	if !ok {
 		return nil, invalidRequest("model", "'model' must be a string")
 	}
+	req.Model = model
 	if req.Model == "" || len(req.Model) > maxModelLen {
 		return nil, invalidRequest("model", fmt.Sprintf("'model' must be 1 to %d characters", maxModelLen))
 	}
 	if !isAbsent(raw.Stream) {
-		if err := json.Unmarshal(raw.Stream, &req.Stream); err != nil {
+		switch string(raw.Stream) {
+		case "true":
+			req.Stream = true
+		case "false":
+		default:
 			return nil, invalidRequest("stream", "'stream' must be a boolean")
 		}
 	}
 	if !isAbsent(raw.User) {
-		if !isString(raw.User) || json.Unmarshal(raw.User, &req.User) != nil {
+		if req.User, ok = decodeString(raw.User); !ok {
 			return nil, invalidRequest("user", "'user' must be a string")
 		}
 	}
@@ -143,30 +165,45 @@ func isAbsent(raw json.RawMessage) bool {
 	return len(raw) == 0 || string(raw) == "null"
 }
 
-func isString(raw json.RawMessage) bool { return len(raw) > 0 && raw[0] == '"' }
-
 func parseMessages(raw json.RawMessage) ([]Message, error) {
 	if isAbsent(raw) {
 		return nil, invalidRequest("messages", "missing required parameter: 'messages'")
 	}
-	var items []json.RawMessage
-	if raw[0] != '[' || json.Unmarshal(raw, &items) != nil {
+	if raw[0] != '[' {
 		return nil, invalidRequest("messages", "'messages' must be an array of message objects")
 	}
-	if len(items) == 0 {
+	n := countElements(raw)
+	if n == 0 {
 		return nil, invalidRequest("messages", "'messages' must not be empty")
 	}
-	msgs := make([]Message, len(items))
-	for i, item := range items {
-		param := fmt.Sprintf("messages[%d]", i)
-		var rm rawMessage
-		if len(item) == 0 || item[0] != '{' || json.Unmarshal(item, &rm) != nil {
+	msgs := make([]Message, n)
+	items := elements{b: raw}
+	for i := range msgs {
+		item, _ := items.next()
+		if item[0] != '{' {
+			param := fmt.Sprintf("messages[%d]", i)
 			return nil, invalidRequest(param, fmt.Sprintf("'%s' must be an object", param))
 		}
-		if !isString(rm.Role) || json.Unmarshal(rm.Role, &msgs[i].Role) != nil || msgs[i].Role == "" {
+		var role, content json.RawMessage
+		for m := (members{b: item}); ; {
+			key, val, ok := m.next()
+			if !ok {
+				break
+			}
+			switch {
+			case keyIs(key, "role"):
+				role = val
+			case keyIs(key, "content"):
+				content = val
+			}
+		}
+		r, ok := decodeString(role)
+		if !ok || r == "" {
+			param := fmt.Sprintf("messages[%d]", i)
 			return nil, invalidRequest(param+".role", fmt.Sprintf("'%s.role' must be a non-empty string", param))
 		}
-		text, err := parseContent(rm.Content, param+".content")
+		msgs[i].Role = r
+		text, err := parseContent(content, i)
 		if err != nil {
 			return nil, err
 		}
@@ -175,43 +212,57 @@ func parseMessages(raw json.RawMessage) ([]Message, error) {
 	return msgs, nil
 }
 
-// parseContent accepts a string, an array of content parts, or null.
-func parseContent(raw json.RawMessage, param string) ([]string, error) {
+// parseContent accepts a string, an array of content parts, or null, as the
+// content of message i.
+func parseContent(raw json.RawMessage, i int) ([]string, error) {
 	if isAbsent(raw) {
 		return nil, nil
 	}
 	switch raw[0] {
 	case '"':
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return nil, invalidRequest(param, fmt.Sprintf("'%s' is not a valid string: %v", param, err))
-		}
+		s, _ := decodeString(raw)
 		return []string{s}, nil
 	case '[':
-		var parts []json.RawMessage
-		if err := json.Unmarshal(raw, &parts); err != nil {
-			return nil, invalidRequest(param, fmt.Sprintf("'%s' must be an array of content parts", param))
-		}
 		var text []string
-		for j, p := range parts {
-			pp := fmt.Sprintf("%s[%d]", param, j)
-			var rp rawPart
-			var typ string
-			if len(p) == 0 || p[0] != '{' || json.Unmarshal(p, &rp) != nil ||
-				!isString(rp.Type) || json.Unmarshal(rp.Type, &typ) != nil || typ == "" {
+		parts := elements{b: raw}
+		for j := 0; ; j++ {
+			p, ok := parts.next()
+			if !ok {
+				break
+			}
+			var typ, txt json.RawMessage
+			if p[0] == '{' {
+				for m := (members{b: p}); ; {
+					key, val, ok := m.next()
+					if !ok {
+						break
+					}
+					switch {
+					case keyIs(key, "type"):
+						typ = val
+					case keyIs(key, "text"):
+						txt = val
+					}
+				}
+			}
+			t, ok := decodeString(typ)
+			if !ok || t == "" {
+				pp := fmt.Sprintf("messages[%d].content[%d]", i, j)
 				return nil, invalidRequest(pp, fmt.Sprintf("'%s' must be an object with a string 'type'", pp))
 			}
-			if typ != "text" {
+			if t != "text" {
 				continue
 			}
-			var s string
-			if !isString(rp.Text) || json.Unmarshal(rp.Text, &s) != nil {
+			s, ok := decodeString(txt)
+			if !ok {
+				pp := fmt.Sprintf("messages[%d].content[%d]", i, j)
 				return nil, invalidRequest(pp+".text", fmt.Sprintf("'%s.text' must be a string", pp))
 			}
 			text = append(text, s)
 		}
 		return text, nil
 	default:
+		param := fmt.Sprintf("messages[%d].content", i)
 		return nil, invalidRequest(param, fmt.Sprintf("'%s' must be a string, an array of content parts or null", param))
 	}
 }
@@ -225,39 +276,38 @@ func parsePrompt(raw json.RawMessage, req *Request) error {
 	const msg = "'prompt' must be a string, an array of strings, an array of integers or an array of integer arrays"
 	switch raw[0] {
 	case '"':
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return invalidRequest("prompt", msg)
-		}
+		s, _ := decodeString(raw)
 		req.Prompts = []string{s}
 		return nil
 	case '[':
 	default:
 		return invalidRequest("prompt", msg)
 	}
-	var items []json.RawMessage
-	if err := json.Unmarshal(raw, &items); err != nil || len(items) == 0 {
+	n := countElements(raw)
+	if n == 0 {
 		return invalidRequest("prompt", msg)
 	}
-	switch items[0][0] {
+	items := elements{b: raw}
+	first, _ := items.next()
+	switch first[0] {
 	case '"':
-		req.Prompts = make([]string, len(items))
-		for i, it := range items {
-			if !isString(it) || json.Unmarshal(it, &req.Prompts[i]) != nil {
+		req.Prompts = make([]string, 0, n)
+		for it, ok := first, true; ok; it, ok = items.next() {
+			s, isStr := decodeString(it)
+			if !isStr {
 				return invalidRequest("prompt", msg)
 			}
+			req.Prompts = append(req.Prompts, s)
 		}
 	case '[':
-		for _, it := range items {
-			var toks []int64
-			if it[0] != '[' || json.Unmarshal(it, &toks) != nil || len(toks) == 0 {
+		for it, ok := first, true; ok; it, ok = items.next() {
+			if it[0] != '[' || !isTokenArray(it) {
 				return invalidRequest("prompt", msg)
 			}
 		}
-		req.PromptTokens = items[0]
+		req.PromptTokens = first
 	default:
-		var toks []int64
-		if err := json.Unmarshal(raw, &toks); err != nil {
+		if !isTokenArray(raw) {
 			return invalidRequest("prompt", msg)
 		}
 		req.PromptTokens = raw

@@ -177,9 +177,33 @@ func FuzzParseRequest(f *testing.F) {
 		if ep == EndpointChat && len(req.Messages) == 0 {
 			t.Fatalf("accepted chat body %q without messages", body)
 		}
+		// The scanner agrees with encoding/json on the fields it reads
+		// (a map keeps exact keys; the last of repeated keys counts).
+		var top map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(body), &top); err != nil {
+			t.Fatalf("accepted %q, which encoding/json rejects: %v", body, err)
+		}
+		var model string
+		if err := json.Unmarshal(top["model"], &model); err != nil || model != req.Model {
+			t.Fatalf("model %q, encoding/json reads %q (%v)", req.Model, model, err)
+		}
+		if wantStream := string(top["stream"]) == "true"; req.Stream != wantStream {
+			t.Fatalf("stream %v, body has %s", req.Stream, top["stream"])
+		}
+		if wantChat := !isAbsent(top["messages"]); (natsEndpoint([]byte(body)) == EndpointChat) != wantChat {
+			t.Fatalf("natsEndpoint(%q) misreads messages %s", body, top["messages"])
+		}
 		again, err := ParseRequest(ep, []byte(body))
 		if err != nil || again.Model != req.Model || again.Stream != req.Stream || again.User != req.User {
 			t.Fatalf("reparse differs: %+v vs %+v (%v)", again, req, err)
 		}
 	})
+}
+
+func TestCanonicalKeyMatchesHTTP(t *testing.T) {
+	for _, k := range []string{natsHeaderRequestID, natsHeaderSessionID, natsHeaderPriority, natsHeaderEngine, "x-other-thing"} {
+		if got, want := canonicalKey(k), http.CanonicalHeaderKey(k); got != want {
+			t.Errorf("canonicalKey(%q) = %q, want %q", k, got, want)
+		}
+	}
 }

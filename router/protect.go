@@ -303,7 +303,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 			res = ResultCanceled
 		}
 		if res == ResultOK {
-			h.metrics.engineRequests.WithLabelValues(rt.model, eng.Name, strconv.Itoa(resp.Status)).Inc()
+			h.countEngine(rt, eng.Name, resp.Status)
 			// A half-open probe succeeds as soon as the engine answers, not
 			// when a long stream ends; other attempts count at their end,
 			// a stream the engine breaks being a failure.
