@@ -333,12 +333,15 @@ func TestSlowHeaders(t *testing.T) {
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 
+	// The server's header deadline starts when it accepts the connection,
+	// so the clock starts before the dial (not after it: on a busy machine
+	// this goroutine may run again only long after the server accepted).
+	start := time.Now()
 	conn, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatalf("dial: %v", err)
 	}
 	defer conn.Close()
-	start := time.Now()
 	if _, err := io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Partial: "); err != nil {
 		t.Fatalf("write: %v", err)
 	}

@@ -546,8 +546,16 @@ func TestShedAnswerFast(t *testing.T) {
 	sort.Slice(durs, func(a, b int) bool { return durs[a] < durs[b] })
 	p99 := durs[len(durs)*99/100]
 	t.Logf("shed answers: p50 %v p99 %v", durs[len(durs)/2], p99)
-	if p99 > 5*time.Millisecond {
-		t.Fatalf("shed p99 %v, want < 5ms", p99)
+	// The goal is 5 ms at the p99 (measured on the real stack without the
+	// race detector by TestReliabilityOverload); under -race on a busy
+	// 2-core machine every request is several times slower, so the bound
+	// here only says that a shed answer waits on nothing.
+	limit := 5 * time.Millisecond
+	if raceEnabled {
+		limit = 25 * time.Millisecond
+	}
+	if p99 > limit {
+		t.Fatalf("shed p99 %v, want < %v", p99, limit)
 	}
 	if f.engines[0].count() != 0 {
 		t.Fatal("a shed request reached the engine")
