@@ -31,6 +31,7 @@ func optimizerCommand() command {
 			fs.DurationVar(&o.LeaseTTL, "lease-ttl", 3*time.Second, "leadership lease TTL (must match provisioning)")
 			fs.Float64Var(&o.Solver.ProximalMs, "proximal-ms", 1, "anti-churn price: ms per req/s of traffic moved")
 			fs.Float64Var(&o.Solver.DeadBand, "dead-band", 0.01, "keep a cluster's weights unless they move by at least this total-variation distance")
+			fs.Float64Var(&o.TargetUtilisation, "target-utilisation", 1, "plan engines up to this share of their effective capacity, in (0, 1] (headroom for bursts; below 1 sheds earlier)")
 			fs.BoolVar(&o.PreferConfiguredNetwork, "prefer-configured-network", false, "use the configured network latency even where RTTs are measured (for emulated networks on one host)")
 			metricsAddr := fs.String("metrics-addr", "127.0.0.1:9091", "serve the live dashboard (/) and /metrics on this `address` (empty: off)")
 			replicas := fs.Int("replicas", 1, "provision streams and buckets with this replica count before starting (0: do not provision)")
