@@ -20,8 +20,11 @@ type dualState struct {
 	estart       []int     // engine j's incoming links are ein[estart[j]:estart[j+1]]
 	ein          []int32   // CSR edge index of each incoming link
 	clOf         []int32   // cluster of each CSR edge
+	ecl          []int32   // cluster of each incoming link, in ein's (engine-major) order
+	lv           []float64 // level of each active cluster, -Inf for the others (dualBids)
+	edist        []float64 // network latency of each incoming link, in ein's order
 	m0           []float64 // marginal cost at zero load per engine
-	b1, out      []float64 // top bid and best bid from outside the winner's component
+	b1           []float64 // top bid per engine
 	w1           []int32   // top bidder (-1: none)
 	tied         []bool    // engine shared by several clusters of its winner's component
 	tree         []bool    // CSR edge is in the spanning forest of ties
@@ -104,6 +107,14 @@ func (s *Solver) dualSolve(maxRounds int) (rounds int, ok bool) {
 		}
 	}
 	d.mstart = fill[:0]
+	// Engine-major copies of the links' clusters and latencies: the per-engine scans of every
+	// round then read memory in order instead of striding over the cluster-major CSR arrays.
+	d.ecl = grow(d.ecl, edges)
+	d.edist = grow(d.edist, edges)
+	for e, k := range d.ein {
+		d.ecl[e] = d.clOf[k]
+		d.edist[e] = s.dist[k]
+	}
 	d.m0 = grow(d.m0, ne)
 	for j := 0; j < ne; j++ {
 		if s.capv[j] > 0 {
@@ -132,7 +143,6 @@ func (s *Solver) dualSolve(maxRounds int) (rounds int, ok bool) {
 		}
 	}
 	d.b1 = grow(d.b1, ne)
-	d.out = grow(d.out, ne)
 	d.w1 = grow(d.w1, ne)
 	d.tied = grow(d.tied, ne)
 	d.tree = grow(d.tree, edges)
@@ -148,8 +158,8 @@ func (s *Solver) dualSolve(maxRounds int) (rounds int, ok bool) {
 
 	for rounds = 0; rounds < maxRounds; rounds++ {
 		s.dualBids()
-		balanced := s.dualComponents()
 		phaseUp := rounds%2 == 0
+		balanced := s.dualComponents(phaseUp)
 		if balanced {
 			if !s.dualForest() {
 				return rounds + 1, true
@@ -159,7 +169,7 @@ func (s *Solver) dualSolve(maxRounds int) (rounds int, ok bool) {
 		s.dualMove(phaseUp)
 	}
 	s.dualBids()
-	s.dualComponents()
+	s.dualComponents(false)
 	s.dualForest()
 	return rounds, false
 }
@@ -171,39 +181,56 @@ func (s *Solver) dualBids() {
 		d.uf[i] = int32(i)
 	}
 	clear(d.tree)
+	d.lv = grow(d.lv, len(s.mu))
+	for i, a := range d.active {
+		d.lv[i] = math.Inf(-1)
+		if a {
+			d.lv[i] = s.mu[i]
+		}
+	}
+	lv := d.lv
 	for j := range d.b1 {
-		b1, w := math.Inf(-1), int32(-1)
-		for _, k := range d.ein[d.estart[j]:d.estart[j+1]] {
-			i := d.clOf[k]
-			if !d.active[i] {
-				continue
+		e0, e1 := d.estart[j], d.estart[j+1]
+		ecl, edist := d.ecl[e0:e1], d.edist[e0:e1]
+		// The top bid and the second one: when the second is below the tie threshold, the
+		// engine has no ties and the second pass is skipped.
+		b1, b2, w := math.Inf(-1), math.Inf(-1), int32(-1)
+		for e, i := range ecl {
+			b := lv[i] - edist[e]
+			if b > b1 {
+				b1, b2, w = b, b1, i
+			} else if b > b2 {
+				b2 = b
 			}
-			if b := s.mu[i] - s.dist[k]; b > b1 {
-				b1, w = b, i
-			}
+		}
+		if math.IsInf(b1, -1) {
+			w = -1
 		}
 		d.b1[j], d.w1[j], d.tied[j] = b1, w, false
 		if w < 0 || !(b1 > d.m0[j]) {
 			continue
 		}
 		thr := b1 - tieTol(b1)
-		for _, k := range d.ein[d.estart[j]:d.estart[j+1]] {
-			i := d.clOf[k]
-			if i == w || !d.active[i] || s.mu[i]-s.dist[k] < thr {
+		if b2 < thr {
+			continue
+		}
+		for e, i := range ecl {
+			if i == w || !d.active[i] || s.mu[i]-edist[e] < thr {
 				continue
 			}
 			d.tied[j] = true
 			if d.union(w, i) {
-				d.tree[k] = true
+				d.tree[d.ein[e0+e]] = true
 			}
 		}
 	}
 }
 
 // dualComponents groups clusters and won engines by component, computes every component's
-// imbalance (demand minus supply) and its admissible shifts, and reports whether every
-// component is balanced.
-func (s *Solver) dualComponents() bool {
+// imbalance (demand minus supply), reports whether every component is balanced and, when not,
+// computes the admissible shifts of the components that dualMove moves in the phase (up or
+// down).
+func (s *Solver) dualComponents(up bool) bool {
 	d := &s.dual
 	nc := len(s.demand)
 	// The components are fixed here (dualBids made the unions): look the roots up once.
@@ -229,53 +256,87 @@ func (s *Solver) dualComponents() bool {
 		d.sup[j], _ = s.curves[j].InverseMarginal(d.b1[j])
 		d.f[d.root[w]] -= d.sup[j]
 	}
+	balanced := true
+	for i := 0; i < nc; i++ {
+		if d.active[i] && d.root[i] == int32(i) && math.Abs(d.f[i]) > s.balTol(i) {
+			balanced = false
+		}
+	}
+	if balanced {
+		return true
+	}
+	// Admissible shifts, only for the components dualMove moves in this phase.
+	if up {
+		// A rising component ties with the winner of an engine it does not win: scan the
+		// rows of its members (contiguous in the CSR arrays).
+		for i := 0; i < nc; i++ {
+			ri := d.root[i]
+			if !d.active[i] || !s.dualMoves(int(ri), true) {
+				continue
+			}
+			for k := s.start[i]; k < s.start[i+1]; k++ {
+				j := s.eng[k]
+				w := d.w1[j]
+				if w < 0 {
+					continue
+				}
+				rw := d.root[w]
+				if rw == ri {
+					continue
+				}
+				top := d.b1[j]
+				if top < d.m0[j] {
+					// No supply at the top bid: only a rising winner can conflict, at m0.
+					if !(d.f[rw] > 0) {
+						continue
+					}
+					top = d.m0[j]
+				}
+				if g := top - (s.mu[i] - s.dist[k]); g < d.up[ri] {
+					d.up[ri] = math.Max(g, 0)
+				}
+			}
+		}
+		return false
+	}
+	// A falling component loses an engine it wins to the best bid from outside it.
 	for j := range d.b1 {
 		w := d.w1[j]
 		if w < 0 {
 			continue
 		}
 		rw := d.root[w]
-		d.out[j] = math.Inf(-1)
-		for _, k := range d.ein[d.estart[j]:d.estart[j+1]] {
-			i := d.clOf[k]
-			if !d.active[i] {
+		if !s.dualMoves(int(rw), false) {
+			continue
+		}
+		out := math.Inf(-1)
+		e0, e1 := d.estart[j], d.estart[j+1]
+		edist := d.edist[e0:e1]
+		for e, i := range d.ecl[e0:e1] {
+			if !d.active[i] || d.root[i] == rw {
 				continue
 			}
-			ri := d.root[i]
-			if ri == rw {
-				continue
-			}
-			b := s.mu[i] - s.dist[k]
-			if b > d.out[j] {
-				d.out[j] = b
-			}
-			top := d.b1[j]
-			if top < d.m0[j] {
-				// No supply at the top bid: only a rising winner can conflict, at m0.
-				if !(d.f[rw] > 0) {
-					continue
-				}
-				top = d.m0[j]
-			}
-			if g := top - b; g < d.up[ri] {
-				d.up[ri] = math.Max(g, 0)
+			if b := s.mu[i] - edist[e]; b > out {
+				out = b
 			}
 		}
-		if d.out[j] >= d.m0[j] {
-			if g := d.out[j] - d.b1[j]; g > d.down[rw] {
+		if out >= d.m0[j] {
+			if g := out - d.b1[j]; g > d.down[rw] {
 				d.down[rw] = math.Min(g, 0)
 			}
 		}
 	}
-	balanced := true
-	for i := 0; i < nc; i++ {
-		if d.active[i] && d.root[i] == int32(i) {
-			if math.Abs(d.f[i]) > s.balTol(i) {
-				balanced = false
-			}
-		}
+	return false
+}
+
+// dualMoves reports whether dualMove shifts the component rooted at r in the given phase: up
+// when it has unmet demand, down when it has surplus.
+func (s *Solver) dualMoves(r int, up bool) bool {
+	tol := s.balTol(r)
+	if up {
+		return s.dual.f[r] > tol
 	}
-	return balanced
+	return s.dual.f[r] < -tol
 }
 
 func (s *Solver) balTol(root int) float64 {
@@ -337,8 +398,7 @@ func (s *Solver) dualMove(up bool) {
 		if !d.active[r] || d.find(int32(r)) != int32(r) {
 			continue
 		}
-		tol := s.balTol(r)
-		if up && !(d.f[r] > tol) || !up && !(d.f[r] < -tol) {
+		if !s.dualMoves(r, up) {
 			continue
 		}
 		mem := d.mem[d.mstart[r]:d.mstart[r+1]]
