@@ -156,20 +156,27 @@ func (s *Solver) dualSolve(maxRounds int) (rounds int, ok bool) {
 	d.par = grow(d.par, nc+ne)
 	d.nodeIsActive = grow(d.nodeIsActive, nc)
 
+	phaseUp := true
 	for rounds = 0; rounds < maxRounds; rounds++ {
 		s.dualBids()
-		phaseUp := rounds%2 == 0
-		balanced := s.dualComponents(phaseUp)
-		if balanced {
+		if s.dualComponents() {
 			if !s.dualForest() {
 				return rounds + 1, true
 			}
+			phaseUp = !phaseUp
 			continue
 		}
+		// Phases alternate; a phase in which no component would move is skipped rather than
+		// spending a round on it.
+		if !s.dualAnyMoves(phaseUp) {
+			phaseUp = !phaseUp
+		}
+		s.dualLimits(phaseUp)
 		s.dualMove(phaseUp)
+		phaseUp = !phaseUp
 	}
 	s.dualBids()
-	s.dualComponents(false)
+	s.dualComponents()
 	s.dualForest()
 	return rounds, false
 }
@@ -227,10 +234,8 @@ func (s *Solver) dualBids() {
 }
 
 // dualComponents groups clusters and won engines by component, computes every component's
-// imbalance (demand minus supply), reports whether every component is balanced and, when not,
-// computes the admissible shifts of the components that dualMove moves in the phase (up or
-// down).
-func (s *Solver) dualComponents(up bool) bool {
+// imbalance (demand minus supply) and reports whether every component is balanced.
+func (s *Solver) dualComponents() bool {
 	d := &s.dual
 	nc := len(s.demand)
 	// The components are fixed here (dualBids made the unions): look the roots up once.
@@ -262,10 +267,25 @@ func (s *Solver) dualComponents(up bool) bool {
 			balanced = false
 		}
 	}
-	if balanced {
-		return true
+	return balanced
+}
+
+// dualAnyMoves reports whether dualMove would shift any component in the phase.
+func (s *Solver) dualAnyMoves(up bool) bool {
+	d := &s.dual
+	for i := range s.demand {
+		if d.active[i] && d.root[i] == int32(i) && s.dualMoves(i, up) {
+			return true
+		}
 	}
-	// Admissible shifts, only for the components dualMove moves in this phase.
+	return false
+}
+
+// dualLimits computes the admissible shifts of the components that dualMove shifts in the
+// phase (up or down): how far each may move before it ties with another component.
+func (s *Solver) dualLimits(up bool) {
+	d := &s.dual
+	nc := len(s.demand)
 	if up {
 		// A rising component ties with the winner of an engine it does not win: scan the
 		// rows of its members (contiguous in the CSR arrays).
@@ -297,7 +317,7 @@ func (s *Solver) dualComponents(up bool) bool {
 				}
 			}
 		}
-		return false
+		return
 	}
 	// A falling component loses an engine it wins to the best bid from outside it.
 	for j := range d.b1 {
@@ -326,7 +346,6 @@ func (s *Solver) dualComponents(up bool) bool {
 			}
 		}
 	}
-	return false
 }
 
 // dualMoves reports whether dualMove shifts the component rooted at r in the given phase: up
