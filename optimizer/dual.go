@@ -30,6 +30,8 @@ type dualState struct {
 	tree         []bool    // CSR edge is in the spanning forest of ties
 	uf           []int32   // union-find parents over clusters
 	root         []int32   // every cluster's component root, during dualComponents
+	wroot        []int32   // component root of each engine's winner (-1: none), in dualLimits
+	wtop         []float64 // bid that ties with each engine's winner (+Inf: none), in dualLimits
 	active       []bool    // cluster takes part (positive demand and links)
 	dem, need    []float64 // served demand at the current level; demand left after exclusive engines
 	f, up, down  []float64 // per component root: imbalance and admissible shifts
@@ -287,35 +289,46 @@ func (s *Solver) dualLimits(up bool) {
 	d := &s.dual
 	nc := len(s.demand)
 	if up {
-		// A rising component ties with the winner of an engine it does not win: scan the
-		// rows of its members (contiguous in the CSR arrays).
+		// A rising component ties with the winner of an engine it does not win. Per engine:
+		// the winner's component and the bid that ties with it (+Inf: none); then scan the
+		// rows of the rising components' members (contiguous in the CSR arrays).
+		d.wroot = grow(d.wroot, len(d.b1))
+		d.wtop = grow(d.wtop, len(d.b1))
+		for j := range d.b1 {
+			d.wroot[j], d.wtop[j] = -1, math.Inf(1)
+			w := d.w1[j]
+			if w < 0 {
+				continue
+			}
+			rw := d.root[w]
+			d.wroot[j] = rw
+			top := d.b1[j]
+			if top < d.m0[j] {
+				// No supply at the top bid: only a rising winner can conflict, at m0.
+				if !(d.f[rw] > 0) {
+					continue
+				}
+				top = d.m0[j]
+			}
+			d.wtop[j] = top
+		}
 		for i := 0; i < nc; i++ {
 			ri := d.root[i]
 			if !d.active[i] || !s.dualMoves(int(ri), true) {
 				continue
 			}
-			for k := s.start[i]; k < s.start[i+1]; k++ {
-				j := s.eng[k]
-				w := d.w1[j]
-				if w < 0 {
+			mu, lim := s.mu[i], d.up[ri]
+			e0, e1 := s.start[i], s.start[i+1]
+			dist := s.dist[e0:e1]
+			for e, j := range s.eng[e0:e1] {
+				if d.wroot[j] == ri {
 					continue
 				}
-				rw := d.root[w]
-				if rw == ri {
-					continue
-				}
-				top := d.b1[j]
-				if top < d.m0[j] {
-					// No supply at the top bid: only a rising winner can conflict, at m0.
-					if !(d.f[rw] > 0) {
-						continue
-					}
-					top = d.m0[j]
-				}
-				if g := top - (s.mu[i] - s.dist[k]); g < d.up[ri] {
-					d.up[ri] = math.Max(g, 0)
+				if g := d.wtop[j] - (mu - dist[e]); g < lim {
+					lim = g
 				}
 			}
+			d.up[ri] = math.Max(lim, 0)
 		}
 		return
 	}
