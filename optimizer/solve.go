@@ -177,6 +177,7 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 	if m.relGap > s.opt.Tolerance {
 		notes = append(notes, fmt.Sprintf("relative gap %.3g above tolerance %.3g after %d sweeps", m.relGap, s.opt.Tolerance, sweeps))
 	}
+	solveRelGap := m.relGap
 	kept := s.deadBand(p, prev)
 	if kept > 0 {
 		m = s.measure(false)
@@ -186,6 +187,7 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 	sol.Diagnostics.Objective = m.objective
 	sol.Diagnostics.Gap = m.gap
 	sol.Diagnostics.RelGap = m.relGap
+	sol.Diagnostics.SolveRelGap = solveRelGap
 	sol.Diagnostics.Iterations = sweeps
 	sol.Diagnostics.Converged = m.relGap <= s.opt.Tolerance
 	sol.Diagnostics.Duration = time.Since(t0)
