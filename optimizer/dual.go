@@ -89,7 +89,7 @@ func (s *Solver) dualSolve(maxRounds int) (rounds int, ok bool) {
 	nc, ne := len(s.demand), len(s.X)
 	d := &s.dual
 	edges := len(s.eng)
-	d.estart = growInt(d.estart, ne+1)
+	d.estart = growRaw(d.estart, ne+1)
 	clear(d.estart)
 	for _, j := range s.eng {
 		d.estart[j+1]++
@@ -97,8 +97,8 @@ func (s *Solver) dualSolve(maxRounds int) (rounds int, ok bool) {
 	for j := 0; j < ne; j++ {
 		d.estart[j+1] += d.estart[j]
 	}
-	d.ein = grow(d.ein, edges)
-	d.clOf = grow(d.clOf, edges)
+	d.ein = growRaw(d.ein, edges)
+	d.clOf = growRaw(d.clOf, edges)
 	fill := append(d.mstart[:0], d.estart...)
 	for i := 0; i < nc; i++ {
 		for k := s.start[i]; k < s.start[i+1]; k++ {
@@ -111,8 +111,8 @@ func (s *Solver) dualSolve(maxRounds int) (rounds int, ok bool) {
 	d.mstart = fill[:0]
 	// Engine-major copies of the links' clusters and latencies: the per-engine scans of every
 	// round then read memory in order instead of striding over the cluster-major CSR arrays.
-	d.ecl = grow(d.ecl, edges)
-	d.edist = grow(d.edist, edges)
+	d.ecl = growRaw(d.ecl, edges)
+	d.edist = growRaw(d.edist, edges)
 	for e, k := range d.ein {
 		d.ecl[e] = d.clOf[k]
 		d.edist[e] = s.dist[k]
@@ -147,7 +147,7 @@ func (s *Solver) dualSolve(maxRounds int) (rounds int, ok bool) {
 	d.b1 = grow(d.b1, ne)
 	d.w1 = grow(d.w1, ne)
 	d.tied = grow(d.tied, ne)
-	d.tree = grow(d.tree, edges)
+	d.tree = growRaw(d.tree, edges) // cleared by dualBids
 	d.uf = grow(d.uf, nc)
 	d.f = grow(d.f, nc)
 	d.up = grow(d.up, nc)
@@ -382,7 +382,7 @@ func (s *Solver) dualMove(up bool) {
 	d := &s.dual
 	nc := len(s.demand)
 	// Members and won engines per root (counting sort).
-	d.mstart = growInt(d.mstart, nc+1)
+	d.mstart = growRaw(d.mstart, nc+1)
 	clear(d.mstart)
 	for i := 0; i < nc; i++ {
 		if d.active[i] {
@@ -404,7 +404,7 @@ func (s *Solver) dualMove(up bool) {
 			pos[r]++
 		}
 	}
-	d.jstart = growInt(d.jstart, nc+1)
+	d.jstart = growRaw(d.jstart, nc+1)
 	clear(d.jstart)
 	for j := range d.w1 {
 		if d.w1[j] >= 0 {

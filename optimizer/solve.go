@@ -108,6 +108,16 @@ func NewSolver(opt Options) *Solver {
 // Options returns the solver's effective options.
 func (s *Solver) Options() Options { return s.opt }
 
+// growRaw returns b resized to n elements without clearing them, reallocating when its
+// capacity is short; for buffers that the caller overwrites entirely.
+func growRaw[T any](b []T, n int) []T {
+	if cap(b) < n {
+		return make([]T, n)
+	}
+	return b[:n]
+}
+
+// grow returns b resized to n zeroed elements, reallocating when its capacity is short.
 func grow[T any](b []T, n int) []T {
 	if cap(b) < n {
 		return make([]T, n)
@@ -223,8 +233,8 @@ func (s *Solver) setup(p *Problem) {
 		s.demand[i] = p.Clusters[i].TotalDemand()
 		s.mu[i] = math.NaN()
 	}
-	s.eng = grow(s.eng, edges)
-	s.dist = grow(s.dist, edges)
+	s.eng = growRaw(s.eng, edges)
+	s.dist = growRaw(s.dist, edges)
 	s.x = grow(s.x, edges)
 	s.x0 = grow(s.x0, edges)
 	s.xo = grow(s.xo, edges)
@@ -678,8 +688,11 @@ func (s *Solver) measure(updatePrices bool) measures {
 				s.lamHi[j] = s.bidHi[j]
 			}
 		}
-		mHi := s.gapWith(s.lamHi)
 		mLo := s.gapWith(s.lam)
+		if slices.Equal(s.lam, s.lamHi) {
+			return mLo // no engine at its limit, or users that agree: one certificate
+		}
+		mHi := s.gapWith(s.lamHi)
 		if mHi.gap < mLo.gap {
 			copy(s.lam, s.lamHi)
 			return mHi
