@@ -1,6 +1,9 @@
 package optimizer
 
-import "math"
+import (
+	"math"
+	"slices"
+)
 
 // The dual solver works on the clusters' marginal-cost levels μ_i. Given the levels, cluster i
 // bids μ_i − d_ij for engine j; every engine goes to its highest bidder at the price of that
@@ -44,6 +47,10 @@ type dualState struct {
 	par          []int32   // parent edge of each node (CSR edge, -1 for roots), clusters then engines
 	req, shift   []float64 // per node
 	nodeIsActive []bool
+	// The network rows dualLinks built the engine-major view from.
+	keyStart []int
+	keyEng   []int32
+	keyDist  []float64
 }
 
 func (d *dualState) find(i int32) int32 {
@@ -88,35 +95,7 @@ func (s *Solver) servedDemand(i int, mu float64) float64 {
 func (s *Solver) dualSolve(maxRounds int) (rounds int, ok bool) {
 	nc, ne := len(s.demand), len(s.X)
 	d := &s.dual
-	edges := len(s.eng)
-	d.estart = growRaw(d.estart, ne+1)
-	clear(d.estart)
-	for _, j := range s.eng {
-		d.estart[j+1]++
-	}
-	for j := 0; j < ne; j++ {
-		d.estart[j+1] += d.estart[j]
-	}
-	d.ein = growRaw(d.ein, edges)
-	d.clOf = growRaw(d.clOf, edges)
-	fill := append(d.mstart[:0], d.estart...)
-	for i := 0; i < nc; i++ {
-		for k := s.start[i]; k < s.start[i+1]; k++ {
-			j := s.eng[k]
-			d.ein[fill[j]] = int32(k)
-			fill[j]++
-			d.clOf[k] = int32(i)
-		}
-	}
-	d.mstart = fill[:0]
-	// Engine-major copies of the links' clusters and latencies: the per-engine scans of every
-	// round then read memory in order instead of striding over the cluster-major CSR arrays.
-	d.ecl = growRaw(d.ecl, edges)
-	d.edist = growRaw(d.edist, edges)
-	for e, k := range d.ein {
-		d.ecl[e] = d.clOf[k]
-		d.edist[e] = s.dist[k]
-	}
+	s.dualLinks()
 	d.m0 = grow(d.m0, ne)
 	for j := 0; j < ne; j++ {
 		if s.capv[j] > 0 {
@@ -147,7 +126,7 @@ func (s *Solver) dualSolve(maxRounds int) (rounds int, ok bool) {
 	d.b1 = grow(d.b1, ne)
 	d.w1 = grow(d.w1, ne)
 	d.tied = grow(d.tied, ne)
-	d.tree = growRaw(d.tree, edges) // cleared by dualBids
+	d.tree = growRaw(d.tree, len(s.eng)) // cleared by dualBids
 	d.uf = grow(d.uf, nc)
 	d.f = grow(d.f, nc)
 	d.up = grow(d.up, nc)
@@ -181,6 +160,49 @@ func (s *Solver) dualSolve(maxRounds int) (rounds int, ok bool) {
 	s.dualComponents()
 	s.dualForest()
 	return rounds, false
+}
+
+// dualLinks builds the engine-major view of the links (estart, ein, clOf, ecl, edist). It is
+// kept between solves while the network rows (cluster starts, engines and latencies) are the
+// same, as on warm re-solves of one deployment and on the second run of a cold solve.
+func (s *Solver) dualLinks() {
+	d := &s.dual
+	nc, ne := len(s.demand), len(s.X)
+	if len(d.estart) == ne+1 && slices.Equal(d.keyStart, s.start) && slices.Equal(d.keyEng, s.eng) && slices.Equal(d.keyDist, s.dist) {
+		return
+	}
+	edges := len(s.eng)
+	d.estart = growRaw(d.estart, ne+1)
+	clear(d.estart)
+	for _, j := range s.eng {
+		d.estart[j+1]++
+	}
+	for j := 0; j < ne; j++ {
+		d.estart[j+1] += d.estart[j]
+	}
+	d.ein = growRaw(d.ein, edges)
+	d.clOf = growRaw(d.clOf, edges)
+	fill := append(d.mstart[:0], d.estart...)
+	for i := 0; i < nc; i++ {
+		for k := s.start[i]; k < s.start[i+1]; k++ {
+			j := s.eng[k]
+			d.ein[fill[j]] = int32(k)
+			fill[j]++
+			d.clOf[k] = int32(i)
+		}
+	}
+	d.mstart = fill[:0]
+	// Engine-major copies of the links' clusters and latencies: the per-engine scans of every
+	// round then read memory in order instead of striding over the cluster-major CSR arrays.
+	d.ecl = growRaw(d.ecl, edges)
+	d.edist = growRaw(d.edist, edges)
+	for e, k := range d.ein {
+		d.ecl[e] = d.clOf[k]
+		d.edist[e] = s.dist[k]
+	}
+	d.keyStart = append(d.keyStart[:0], s.start...)
+	d.keyEng = append(d.keyEng[:0], s.eng...)
+	d.keyDist = append(d.keyDist[:0], s.dist...)
 }
 
 // dualBids computes every engine's top bid and bidder, the ties and the components.

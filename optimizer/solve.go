@@ -237,10 +237,11 @@ func (s *Solver) setup(p *Problem) {
 	s.dist = growRaw(s.dist, edges)
 	s.x = grow(s.x, edges)
 	s.x0 = grow(s.x0, edges)
-	s.xo = grow(s.xo, edges)
-	s.room = grow(s.room, edges)
-	s.thr = grow(s.thr, edges)
-	s.dx = grow(s.dx, edges)
+	// Scratch per edge, written by updateCluster before it is read (deadBand clears dx).
+	s.xo = growRaw(s.xo, edges)
+	s.room = growRaw(s.room, edges)
+	s.thr = growRaw(s.thr, edges)
+	s.dx = growRaw(s.dx, edges)
 	for i, row := range p.Network {
 		k := s.start[i]
 		for _, l := range row {
