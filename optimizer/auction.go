@@ -64,7 +64,7 @@ func (s *Solver) auctionSetup() {
 	nc, ne := len(s.demand), len(s.X)
 	a := &s.auc
 	edges := len(s.eng)
-	a.estart = growInt(a.estart, ne+1)
+	a.estart = growRaw(a.estart, ne+1)
 	clear(a.estart)
 	for _, j := range s.eng {
 		a.estart[j+1]++
@@ -74,7 +74,7 @@ func (s *Solver) auctionSetup() {
 	}
 	a.ein = grow(a.ein, edges)
 	a.clOf = grow(a.clOf, edges)
-	fill := growInt(nil, ne)
+	fill := make([]int, ne)
 	copy(fill, a.estart[:ne])
 	for i := 0; i < nc; i++ {
 		for k := s.start[i]; k < s.start[i+1]; k++ {

@@ -16,8 +16,8 @@ func (s *Solver) cancelCycles(maxRounds int) int {
 	ne := len(s.X)
 	nv := nc + ne
 	s.bfDist = grow(s.bfDist, nv)
-	s.bfPred = growInt(s.bfPred, nv)
-	s.bfMark = growInt(s.bfMark, nv)
+	s.bfPred = growRaw(s.bfPred, nv)
+	s.bfMark = growRaw(s.bfMark, nv)
 	dist, pred := s.bfDist, s.bfPred
 	for v := range pred {
 		pred[v] = -1
@@ -179,13 +179,6 @@ func (s *Solver) cancel() bool {
 		}
 	}
 	return true
-}
-
-func growInt(b []int, n int) []int {
-	if cap(b) < n {
-		return make([]int, n)
-	}
-	return b[:n]
 }
 
 // exchange moves capacity of engines at their hard limit from the cluster that values it least

@@ -1,6 +1,9 @@
 package optimizer
 
-import "math"
+import (
+	"math"
+	"slices"
+)
 
 // The dual solver works on the clusters' marginal-cost levels μ_i. Given the levels, cluster i
 // bids μ_i − d_ij for engine j; every engine goes to its highest bidder at the price of that
@@ -20,13 +23,18 @@ type dualState struct {
 	estart       []int     // engine j's incoming links are ein[estart[j]:estart[j+1]]
 	ein          []int32   // CSR edge index of each incoming link
 	clOf         []int32   // cluster of each CSR edge
+	ecl          []int32   // cluster of each incoming link, in ein's (engine-major) order
+	lv           []float64 // level of each active cluster, -Inf for the others (dualBids)
+	edist        []float64 // network latency of each incoming link, in ein's order
 	m0           []float64 // marginal cost at zero load per engine
-	b1, out      []float64 // top bid and best bid from outside the winner's component
+	b1           []float64 // top bid per engine
 	w1           []int32   // top bidder (-1: none)
 	tied         []bool    // engine shared by several clusters of its winner's component
 	tree         []bool    // CSR edge is in the spanning forest of ties
 	uf           []int32   // union-find parents over clusters
 	root         []int32   // every cluster's component root, during dualComponents
+	wroot        []int32   // component root of each engine's winner (-1: none), in dualLimits
+	wtop         []float64 // bid that ties with each engine's winner (+Inf: none), in dualLimits
 	active       []bool    // cluster takes part (positive demand and links)
 	dem, need    []float64 // served demand at the current level; demand left after exclusive engines
 	f, up, down  []float64 // per component root: imbalance and admissible shifts
@@ -39,6 +47,10 @@ type dualState struct {
 	par          []int32   // parent edge of each node (CSR edge, -1 for roots), clusters then engines
 	req, shift   []float64 // per node
 	nodeIsActive []bool
+	// The network rows dualLinks built the engine-major view from.
+	keyStart []int
+	keyEng   []int32
+	keyDist  []float64
 }
 
 func (d *dualState) find(i int32) int32 {
@@ -83,27 +95,7 @@ func (s *Solver) servedDemand(i int, mu float64) float64 {
 func (s *Solver) dualSolve(maxRounds int) (rounds int, ok bool) {
 	nc, ne := len(s.demand), len(s.X)
 	d := &s.dual
-	edges := len(s.eng)
-	d.estart = growInt(d.estart, ne+1)
-	clear(d.estart)
-	for _, j := range s.eng {
-		d.estart[j+1]++
-	}
-	for j := 0; j < ne; j++ {
-		d.estart[j+1] += d.estart[j]
-	}
-	d.ein = grow(d.ein, edges)
-	d.clOf = grow(d.clOf, edges)
-	fill := append(d.mstart[:0], d.estart...)
-	for i := 0; i < nc; i++ {
-		for k := s.start[i]; k < s.start[i+1]; k++ {
-			j := s.eng[k]
-			d.ein[fill[j]] = int32(k)
-			fill[j]++
-			d.clOf[k] = int32(i)
-		}
-	}
-	d.mstart = fill[:0]
+	s.dualLinks()
 	d.m0 = grow(d.m0, ne)
 	for j := 0; j < ne; j++ {
 		if s.capv[j] > 0 {
@@ -132,10 +124,9 @@ func (s *Solver) dualSolve(maxRounds int) (rounds int, ok bool) {
 		}
 	}
 	d.b1 = grow(d.b1, ne)
-	d.out = grow(d.out, ne)
 	d.w1 = grow(d.w1, ne)
 	d.tied = grow(d.tied, ne)
-	d.tree = grow(d.tree, edges)
+	d.tree = growRaw(d.tree, len(s.eng)) // cleared by dualBids
 	d.uf = grow(d.uf, nc)
 	d.f = grow(d.f, nc)
 	d.up = grow(d.up, nc)
@@ -146,22 +137,72 @@ func (s *Solver) dualSolve(maxRounds int) (rounds int, ok bool) {
 	d.par = grow(d.par, nc+ne)
 	d.nodeIsActive = grow(d.nodeIsActive, nc)
 
+	phaseUp := true
 	for rounds = 0; rounds < maxRounds; rounds++ {
 		s.dualBids()
-		balanced := s.dualComponents()
-		phaseUp := rounds%2 == 0
-		if balanced {
+		if s.dualComponents() {
 			if !s.dualForest() {
 				return rounds + 1, true
 			}
+			phaseUp = !phaseUp
 			continue
 		}
+		// Phases alternate; a phase in which no component would move is skipped rather than
+		// spending a round on it.
+		if !s.dualAnyMoves(phaseUp) {
+			phaseUp = !phaseUp
+		}
+		s.dualLimits(phaseUp)
 		s.dualMove(phaseUp)
+		phaseUp = !phaseUp
 	}
 	s.dualBids()
 	s.dualComponents()
 	s.dualForest()
 	return rounds, false
+}
+
+// dualLinks builds the engine-major view of the links (estart, ein, clOf, ecl, edist). It is
+// kept between solves while the network rows (cluster starts, engines and latencies) are the
+// same, as on warm re-solves of one deployment and on the second run of a cold solve.
+func (s *Solver) dualLinks() {
+	d := &s.dual
+	nc, ne := len(s.demand), len(s.X)
+	if len(d.estart) == ne+1 && slices.Equal(d.keyStart, s.start) && slices.Equal(d.keyEng, s.eng) && slices.Equal(d.keyDist, s.dist) {
+		return
+	}
+	edges := len(s.eng)
+	d.estart = growRaw(d.estart, ne+1)
+	clear(d.estart)
+	for _, j := range s.eng {
+		d.estart[j+1]++
+	}
+	for j := 0; j < ne; j++ {
+		d.estart[j+1] += d.estart[j]
+	}
+	d.ein = growRaw(d.ein, edges)
+	d.clOf = growRaw(d.clOf, edges)
+	fill := append(d.mstart[:0], d.estart...)
+	for i := 0; i < nc; i++ {
+		for k := s.start[i]; k < s.start[i+1]; k++ {
+			j := s.eng[k]
+			d.ein[fill[j]] = int32(k)
+			fill[j]++
+			d.clOf[k] = int32(i)
+		}
+	}
+	d.mstart = fill[:0]
+	// Engine-major copies of the links' clusters and latencies: the per-engine scans of every
+	// round then read memory in order instead of striding over the cluster-major CSR arrays.
+	d.ecl = growRaw(d.ecl, edges)
+	d.edist = growRaw(d.edist, edges)
+	for e, k := range d.ein {
+		d.ecl[e] = d.clOf[k]
+		d.edist[e] = s.dist[k]
+	}
+	d.keyStart = append(d.keyStart[:0], s.start...)
+	d.keyEng = append(d.keyEng[:0], s.eng...)
+	d.keyDist = append(d.keyDist[:0], s.dist...)
 }
 
 // dualBids computes every engine's top bid and bidder, the ties and the components.
@@ -171,38 +212,53 @@ func (s *Solver) dualBids() {
 		d.uf[i] = int32(i)
 	}
 	clear(d.tree)
+	d.lv = grow(d.lv, len(s.mu))
+	for i, a := range d.active {
+		d.lv[i] = math.Inf(-1)
+		if a {
+			d.lv[i] = s.mu[i]
+		}
+	}
+	lv := d.lv
 	for j := range d.b1 {
-		b1, w := math.Inf(-1), int32(-1)
-		for _, k := range d.ein[d.estart[j]:d.estart[j+1]] {
-			i := d.clOf[k]
-			if !d.active[i] {
-				continue
+		e0, e1 := d.estart[j], d.estart[j+1]
+		ecl, edist := d.ecl[e0:e1], d.edist[e0:e1]
+		// The top bid and the second one: when the second is below the tie threshold, the
+		// engine has no ties and the second pass is skipped.
+		b1, b2, w := math.Inf(-1), math.Inf(-1), int32(-1)
+		for e, i := range ecl {
+			b := lv[i] - edist[e]
+			if b > b1 {
+				b1, b2, w = b, b1, i
+			} else if b > b2 {
+				b2 = b
 			}
-			if b := s.mu[i] - s.dist[k]; b > b1 {
-				b1, w = b, i
-			}
+		}
+		if math.IsInf(b1, -1) {
+			w = -1
 		}
 		d.b1[j], d.w1[j], d.tied[j] = b1, w, false
 		if w < 0 || !(b1 > d.m0[j]) {
 			continue
 		}
 		thr := b1 - tieTol(b1)
-		for _, k := range d.ein[d.estart[j]:d.estart[j+1]] {
-			i := d.clOf[k]
-			if i == w || !d.active[i] || s.mu[i]-s.dist[k] < thr {
+		if b2 < thr {
+			continue
+		}
+		for e, i := range ecl {
+			if i == w || !d.active[i] || s.mu[i]-edist[e] < thr {
 				continue
 			}
 			d.tied[j] = true
 			if d.union(w, i) {
-				d.tree[k] = true
+				d.tree[d.ein[e0+e]] = true
 			}
 		}
 	}
 }
 
 // dualComponents groups clusters and won engines by component, computes every component's
-// imbalance (demand minus supply) and its admissible shifts, and reports whether every
-// component is balanced.
+// imbalance (demand minus supply) and reports whether every component is balanced.
 func (s *Solver) dualComponents() bool {
 	d := &s.dual
 	nc := len(s.demand)
@@ -229,26 +285,45 @@ func (s *Solver) dualComponents() bool {
 		d.sup[j], _ = s.curves[j].InverseMarginal(d.b1[j])
 		d.f[d.root[w]] -= d.sup[j]
 	}
-	for j := range d.b1 {
-		w := d.w1[j]
-		if w < 0 {
-			continue
+	balanced := true
+	for i := 0; i < nc; i++ {
+		if d.active[i] && d.root[i] == int32(i) && math.Abs(d.f[i]) > s.balTol(i) {
+			balanced = false
 		}
-		rw := d.root[w]
-		d.out[j] = math.Inf(-1)
-		for _, k := range d.ein[d.estart[j]:d.estart[j+1]] {
-			i := d.clOf[k]
-			if !d.active[i] {
+	}
+	return balanced
+}
+
+// dualAnyMoves reports whether dualMove would shift any component in the phase.
+func (s *Solver) dualAnyMoves(up bool) bool {
+	d := &s.dual
+	for i := range s.demand {
+		if d.active[i] && d.root[i] == int32(i) && s.dualMoves(i, up) {
+			return true
+		}
+	}
+	return false
+}
+
+// dualLimits computes the admissible shifts of the components that dualMove shifts in the
+// phase (up or down): how far each may move before it ties with another component.
+func (s *Solver) dualLimits(up bool) {
+	d := &s.dual
+	nc := len(s.demand)
+	if up {
+		// A rising component ties with the winner of an engine it does not win. Per engine:
+		// the winner's component and the bid that ties with it (+Inf: none); then scan the
+		// rows of the rising components' members (contiguous in the CSR arrays).
+		d.wroot = grow(d.wroot, len(d.b1))
+		d.wtop = grow(d.wtop, len(d.b1))
+		for j := range d.b1 {
+			d.wroot[j], d.wtop[j] = -1, math.Inf(1)
+			w := d.w1[j]
+			if w < 0 {
 				continue
 			}
-			ri := d.root[i]
-			if ri == rw {
-				continue
-			}
-			b := s.mu[i] - s.dist[k]
-			if b > d.out[j] {
-				d.out[j] = b
-			}
+			rw := d.root[w]
+			d.wroot[j] = rw
 			top := d.b1[j]
 			if top < d.m0[j] {
 				// No supply at the top bid: only a rising winner can conflict, at m0.
@@ -257,25 +332,65 @@ func (s *Solver) dualComponents() bool {
 				}
 				top = d.m0[j]
 			}
-			if g := top - b; g < d.up[ri] {
-				d.up[ri] = math.Max(g, 0)
+			d.wtop[j] = top
+		}
+		for i := 0; i < nc; i++ {
+			ri := d.root[i]
+			if !d.active[i] || !s.dualMoves(int(ri), true) {
+				continue
+			}
+			mu, lim := s.mu[i], d.up[ri]
+			e0, e1 := s.start[i], s.start[i+1]
+			dist := s.dist[e0:e1]
+			for e, j := range s.eng[e0:e1] {
+				if d.wroot[j] == ri {
+					continue
+				}
+				if g := d.wtop[j] - (mu - dist[e]); g < lim {
+					lim = g
+				}
+			}
+			d.up[ri] = math.Max(lim, 0)
+		}
+		return
+	}
+	// A falling component loses an engine it wins to the best bid from outside it.
+	for j := range d.b1 {
+		w := d.w1[j]
+		if w < 0 {
+			continue
+		}
+		rw := d.root[w]
+		if !s.dualMoves(int(rw), false) {
+			continue
+		}
+		out := math.Inf(-1)
+		e0, e1 := d.estart[j], d.estart[j+1]
+		edist := d.edist[e0:e1]
+		for e, i := range d.ecl[e0:e1] {
+			if !d.active[i] || d.root[i] == rw {
+				continue
+			}
+			if b := s.mu[i] - edist[e]; b > out {
+				out = b
 			}
 		}
-		if d.out[j] >= d.m0[j] {
-			if g := d.out[j] - d.b1[j]; g > d.down[rw] {
+		if out >= d.m0[j] {
+			if g := out - d.b1[j]; g > d.down[rw] {
 				d.down[rw] = math.Min(g, 0)
 			}
 		}
 	}
-	balanced := true
-	for i := 0; i < nc; i++ {
-		if d.active[i] && d.root[i] == int32(i) {
-			if math.Abs(d.f[i]) > s.balTol(i) {
-				balanced = false
-			}
-		}
+}
+
+// dualMoves reports whether dualMove shifts the component rooted at r in the given phase: up
+// when it has unmet demand, down when it has surplus.
+func (s *Solver) dualMoves(r int, up bool) bool {
+	tol := s.balTol(r)
+	if up {
+		return s.dual.f[r] > tol
 	}
-	return balanced
+	return s.dual.f[r] < -tol
 }
 
 func (s *Solver) balTol(root int) float64 {
@@ -289,7 +404,7 @@ func (s *Solver) dualMove(up bool) {
 	d := &s.dual
 	nc := len(s.demand)
 	// Members and won engines per root (counting sort).
-	d.mstart = growInt(d.mstart, nc+1)
+	d.mstart = growRaw(d.mstart, nc+1)
 	clear(d.mstart)
 	for i := 0; i < nc; i++ {
 		if d.active[i] {
@@ -311,7 +426,7 @@ func (s *Solver) dualMove(up bool) {
 			pos[r]++
 		}
 	}
-	d.jstart = growInt(d.jstart, nc+1)
+	d.jstart = growRaw(d.jstart, nc+1)
 	clear(d.jstart)
 	for j := range d.w1 {
 		if d.w1[j] >= 0 {
@@ -337,8 +452,7 @@ func (s *Solver) dualMove(up bool) {
 		if !d.active[r] || d.find(int32(r)) != int32(r) {
 			continue
 		}
-		tol := s.balTol(r)
-		if up && !(d.f[r] > tol) || !up && !(d.f[r] < -tol) {
+		if !s.dualMoves(r, up) {
 			continue
 		}
 		mem := d.mem[d.mstart[r]:d.mstart[r+1]]

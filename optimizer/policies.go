@@ -64,6 +64,7 @@ func (o *optimalPolicy) Solve(p *Problem, prev *Solution) (*Solution, error) {
 		m := o.s.measure(false)
 		o.s.equilibrium = true
 		sol.Diagnostics.Objective, sol.Diagnostics.Gap, sol.Diagnostics.RelGap = m.objective, m.gap, m.relGap
+		sol.Diagnostics.SolveRelGap = m.relGap
 		sol.Diagnostics.Notes = append(sol.Diagnostics.Notes, "least-latency equalises average latency; gap is relative to the optimum")
 	}
 	return sol, nil
@@ -156,6 +157,7 @@ func (b *baseline) Solve(p *Problem, _ *Solution) (*Solution, error) {
 		m := s.measure(false)
 		sol.Diagnostics.Objective, sol.Diagnostics.Gap, sol.Diagnostics.RelGap = m.objective, m.gap, m.relGap
 	}
+	sol.Diagnostics.SolveRelGap = sol.Diagnostics.RelGap
 	sol.Diagnostics.Duration = time.Since(t0)
 	return sol, nil
 }

@@ -87,6 +87,11 @@ type Diagnostics struct {
 	// left out of the denominator so that the gap measures how well served traffic is routed.
 	// NaN for baseline policies that leave engines over capacity.
 	RelGap float64
+	// SolveRelGap is the relative gap the solve certified before the dead band restored
+	// previous weights (see Options.DeadBand); it equals RelGap when the dead band kept none.
+	// RelGap is that of the weights returned, and is usually far above the tolerance when the
+	// dead band kept some clusters' stale weights. Baseline policies set it to RelGap.
+	SolveRelGap float64
 	// Converged reports RelGap ≤ the tolerance.
 	Converged bool
 	// Iterations is the number of sweeps over the clusters.

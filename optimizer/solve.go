@@ -108,6 +108,16 @@ func NewSolver(opt Options) *Solver {
 // Options returns the solver's effective options.
 func (s *Solver) Options() Options { return s.opt }
 
+// growRaw returns b resized to n elements without clearing them, reallocating when its
+// capacity is short; for buffers that the caller overwrites entirely.
+func growRaw[T any](b []T, n int) []T {
+	if cap(b) < n {
+		return make([]T, n)
+	}
+	return b[:n]
+}
+
+// grow returns b resized to n zeroed elements, reallocating when its capacity is short.
 func grow[T any](b []T, n int) []T {
 	if cap(b) < n {
 		return make([]T, n)
@@ -177,6 +187,7 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 	if m.relGap > s.opt.Tolerance {
 		notes = append(notes, fmt.Sprintf("relative gap %.3g above tolerance %.3g after %d sweeps", m.relGap, s.opt.Tolerance, sweeps))
 	}
+	solveRelGap := m.relGap
 	kept := s.deadBand(p, prev)
 	if kept > 0 {
 		m = s.measure(false)
@@ -186,6 +197,7 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 	sol.Diagnostics.Objective = m.objective
 	sol.Diagnostics.Gap = m.gap
 	sol.Diagnostics.RelGap = m.relGap
+	sol.Diagnostics.SolveRelGap = solveRelGap
 	sol.Diagnostics.Iterations = sweeps
 	sol.Diagnostics.Converged = m.relGap <= s.opt.Tolerance
 	sol.Diagnostics.Duration = time.Since(t0)
@@ -221,14 +233,15 @@ func (s *Solver) setup(p *Problem) {
 		s.demand[i] = p.Clusters[i].TotalDemand()
 		s.mu[i] = math.NaN()
 	}
-	s.eng = grow(s.eng, edges)
-	s.dist = grow(s.dist, edges)
+	s.eng = growRaw(s.eng, edges)
+	s.dist = growRaw(s.dist, edges)
 	s.x = grow(s.x, edges)
 	s.x0 = grow(s.x0, edges)
-	s.xo = grow(s.xo, edges)
-	s.room = grow(s.room, edges)
-	s.thr = grow(s.thr, edges)
-	s.dx = grow(s.dx, edges)
+	// Scratch per edge, written by updateCluster before it is read (deadBand clears dx).
+	s.xo = growRaw(s.xo, edges)
+	s.room = growRaw(s.room, edges)
+	s.thr = growRaw(s.thr, edges)
+	s.dx = growRaw(s.dx, edges)
 	for i, row := range p.Network {
 		k := s.start[i]
 		for _, l := range row {
@@ -676,8 +689,11 @@ func (s *Solver) measure(updatePrices bool) measures {
 				s.lamHi[j] = s.bidHi[j]
 			}
 		}
-		mHi := s.gapWith(s.lamHi)
 		mLo := s.gapWith(s.lam)
+		if slices.Equal(s.lam, s.lamHi) {
+			return mLo // no engine at its limit, or users that agree: one certificate
+		}
+		mHi := s.gapWith(s.lamHi)
 		if mHi.gap < mLo.gap {
 			copy(s.lam, s.lamHi)
 			return mHi
