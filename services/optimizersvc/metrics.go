@@ -27,7 +27,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		solveErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_optimizer_solve_errors_total", Help: "Solves that failed (invalid problem)."}),
 		gap: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "switchyard_optimizer_relative_gap_ratio", Help: "Relative optimality gap of the newest solution, by model."},
+			Name: "switchyard_optimizer_relative_gap_ratio", Help: "Relative optimality gap the newest solve certified (before the dead band kept previous weights), by model."},
 			[]string{"model"}),
 		generations: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_optimizer_generations_written_total", Help: "Weight snapshots written."}),

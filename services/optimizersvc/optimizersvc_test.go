@@ -523,7 +523,17 @@ func TestServerRestart(t *testing.T) {
 	env.StartServer(t)
 	testenv.WaitFor(t, 10*time.Second, "the client reconnects", func() bool { return env.Conn.IsConnected() && in.conn.IsConnected() })
 	t.Logf("reconnected %s after the server stopped", time.Since(t0))
-	putEngine(t, kv(t, env.JS, env.Names.EnginesBucket), "engine-b", 100, 0.5)
+	// JetStream answers only once the restarted server has recovered its
+	// streams, which can take a moment after the client reconnects.
+	var engines jetstream.KeyValue
+	testenv.WaitFor(t, 10*time.Second, "the engines bucket opens after the restart", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		b, err := env.JS.KeyValue(ctx, env.Names.EnginesBucket)
+		engines = b
+		return err == nil
+	})
+	putEngine(t, engines, "engine-b", 100, 0.5)
 	t.Logf("new state written %s after the server stopped", time.Since(t0))
 	testenv.WaitFor(t, 10*time.Second, "a solution with engine-b at half health", func() bool {
 		sol := in.svc.LastSolution(model)
