@@ -44,6 +44,15 @@ type LoadGuard interface {
 // 0.005 in one of three seeds).
 const TwoChoiceMargin = 0.05
 
+// TwoChoiceSaturated is the Load (batch slots in use or waiting, per slot)
+// from which PickTwo looks at a second candidate at all: a first choice with
+// a free batch slot is kept. Below it the traffic follows the optimizer's
+// weights — which load nearby engines more than far ones on purpose, so a
+// comparison of raw load would undo the plan and pull traffic across
+// regions — and above it a request would wait for a slot, which a lighter
+// candidate spares it.
+const TwoChoiceSaturated = 1.0
+
 // within reports whether engine i, with load of this router's total
 // in-flight requests, is within its bounded load.
 func (t *Table) within(i int, load int64, total float64) bool {
@@ -130,10 +139,11 @@ func (t *Table) Pick(key uint64, g Guard) (int, bool) {
 
 // PickTwo is Pick for a request without affinity (key from SpreadKey or a
 // random hash): the power of two choices among weighted candidates. It takes
-// Pick's engine for key and the key's next distinct candidate that is live
-// and within its bounded load — each candidate is drawn by weight — and
-// returns the second only when its Load is lower by more than
-// TwoChoiceMargin, else the first. The weights still decide which engines a
+// Pick's engine for key and, only when that engine is saturated (Load at
+// least TwoChoiceSaturated: no free batch slot), the key's next distinct
+// candidate that is live and within its bounded load — each candidate is
+// drawn by weight — and returns the second only when its Load is lower by
+// more than TwoChoiceMargin, else the first. The weights still decide which engines a
 // cluster's traffic may reach and in which proportion it is offered to them;
 // the engines' load signals correct, request by request, the bursts that a
 // weight snapshot computed a control period ago cannot follow. A request
@@ -149,6 +159,9 @@ func (t *Table) PickTwo(key uint64, g LoadGuard) (int, bool) {
 	i, ok := t.Pick(key, g)
 	if !ok {
 		return i, false
+	}
+	if !(g.Load(i) >= TwoChoiceSaturated) {
+		return i, true // a free slot, or load unknown: the weights decide
 	}
 	total := float64(g.TotalInFlight())
 	s := key >> t.shift

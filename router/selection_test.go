@@ -456,12 +456,14 @@ func TestPickTwoTakesLessLoadedCandidate(t *testing.T) {
 	}
 	for s := uint64(0); s < 2000; s++ {
 		for j := range g.load {
-			g.load[j] = float64(r.IntN(4)) * TwoChoiceMargin * 0.75 // some differences within the margin, some beyond
+			// around saturation: some first choices with a free slot, some
+			// without; some differences within the margin, some beyond
+			g.load[j] = TwoChoiceSaturated - 0.1 + float64(r.IntN(4))*TwoChoiceMargin*0.75
 		}
 		key := SpreadKey(s)
 		c := tbl.Candidates(key, make([]int, 0, 2))
 		want := c[0]
-		if g.load[c[1]]+TwoChoiceMargin < g.load[c[0]] {
+		if g.load[c[0]] >= TwoChoiceSaturated && g.load[c[1]]+TwoChoiceMargin < g.load[c[0]] {
 			want = c[1]
 		}
 		if i, ok := tbl.PickTwo(key, g); !ok || i != want {
