@@ -360,8 +360,14 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 		rt.bound.Release(idx)
 		log.Warn().Err(err).Str("reason", retryReason(res)).Int("attempts", n).Str("no_retry", cause).Msg("forward failed")
 		if res == ResultTimeout {
-			return nil, newAPIError(http.StatusGatewayTimeout, ErrTypeServer, "upstream_timeout", "",
-				fmt.Sprintf("engine %q for model %q sent nothing within %v (%d attempts)", eng.Name, rt.model, timeout, n))
+			msg := fmt.Sprintf("engine %q for model %q sent nothing within %v (%d attempts)", eng.Name, rt.model, timeout, n)
+			if !fired.Load() {
+				// A timeout below the attempt's deadline: connecting, or a
+				// network deadline; say which rather than the deadline.
+				msg = fmt.Sprintf("engine %q for model %q timed out after %v: %v (%d attempts)", eng.Name, rt.model,
+					lat.Round(time.Millisecond), errString(err, resp), n)
+			}
+			return nil, newAPIError(http.StatusGatewayTimeout, ErrTypeServer, "upstream_timeout", "", msg)
 		}
 		return nil, newAPIError(http.StatusBadGateway, ErrTypeServer, "upstream_error", "",
 			fmt.Sprintf("engine %q for model %q failed: %v (%d attempts)", eng.Name, rt.model, errString(err, resp), n))
