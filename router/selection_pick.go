@@ -160,7 +160,8 @@ func (t *Table) PickTwo(key uint64, g LoadGuard) (int, bool) {
 	if !ok {
 		return i, false
 	}
-	if !(g.Load(i) >= TwoChoiceSaturated) {
+	li := g.Load(i)
+	if !(li >= TwoChoiceSaturated) {
 		return i, true // a free slot, or load unknown: the weights decide
 	}
 	total := float64(g.TotalInFlight())
@@ -172,7 +173,7 @@ func (t *Table) PickTwo(key uint64, g LoadGuard) (int, bool) {
 		if j == i || g.Down(j) || !t.within(j, g.InFlight(j), total) {
 			continue
 		}
-		if g.Load(j)+TwoChoiceMargin < g.Load(i) {
+		if g.Load(j)+TwoChoiceMargin < li {
 			return j, true
 		}
 		return i, true

@@ -257,6 +257,9 @@ func (o *Options) setDefaults() {
 	if o.Solver == (optimizer.Options{}) {
 		o.Solver = optimizer.DefaultOptions()
 	}
+	if !(o.Solver.Tolerance > 0) {
+		o.Solver.Tolerance = optimizer.DefaultOptions().Tolerance // what the solver takes 0 to mean
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}

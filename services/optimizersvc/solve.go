@@ -167,11 +167,7 @@ func (s *Service) solveAll(ctx context.Context, weights, enginesKV jetstream.Key
 		s.mu.Unlock()
 		// The solve's own certificate, not that of the weights the dead band
 		// kept (which is loose by design, see docs/optimizer.md).
-		tol := s.opts.Solver.Tolerance
-		if !(tol > 0) {
-			tol = optimizer.DefaultOptions().Tolerance
-		}
-		if !(sol.Diagnostics.SolveRelGap <= tol) {
+		if !(sol.Diagnostics.SolveRelGap <= s.opts.Solver.Tolerance) {
 			s.log.Debug().Str("model", b.model).Float64("rel_gap", sol.Diagnostics.SolveRelGap).Strs("notes", sol.Diagnostics.Notes).Msg("solve did not converge")
 		}
 		if s.Leader() {
