@@ -71,6 +71,16 @@ func (c *checker) name(field, v string, optional bool) {
 	}
 }
 
+func (c *checker) model(v string, optional bool) {
+	if optional && v == "" {
+		return
+	}
+	c.name("model", v, false)
+	if ValidName(v) && !ValidModelName(v) {
+		c.fail("model", "is %q, a reserved word (operator, penalty and rtt prefix other records in the KV buckets)", v)
+	}
+}
+
 func (c *checker) time(field string, ms int64, now time.Time) {
 	if ms <= 0 {
 		c.fail(field, "is %d, want a positive Unix time in ms", ms)
@@ -110,7 +120,7 @@ func (c *checker) transports(field string, ts []Transport) {
 // Validate checks every field of the signal.
 func (m *EngineSignal) Validate(now time.Time) error {
 	c := checker{kind: KindSignal}
-	c.name("model", m.Model, false)
+	c.model(m.Model, false)
 	c.name("engine", m.Engine, false)
 	c.name("region", m.Region, true)
 	c.time("time_ms", m.Time, now)
@@ -133,7 +143,7 @@ func (m *EngineSignal) Validate(now time.Time) error {
 // Validate checks every field of the report.
 func (m *RouterReport) Validate(now time.Time) error {
 	c := checker{kind: KindReport}
-	c.name("model", m.Model, false)
+	c.model(m.Model, false)
 	c.name("cluster", m.Cluster, false)
 	c.name("router", m.Router, false)
 	c.time("time_ms", m.Time, now)
@@ -178,7 +188,7 @@ func (m *RouterReport) Validate(now time.Time) error {
 // Validate checks every field of the engine state.
 func (m *EngineState) Validate(now time.Time) error {
 	c := checker{kind: KindEngineState}
-	c.name("model", m.Model, false)
+	c.model(m.Model, false)
 	c.name("engine", m.Engine, false)
 	c.name("region", m.Region, true)
 	switch m.Status {
@@ -230,7 +240,7 @@ func (c *checker) text(field, v string) {
 // Validate checks every field of the penalty.
 func (m *Penalty) Validate(now time.Time) error {
 	c := checker{kind: KindPenalty}
-	c.name("model", m.Model, false)
+	c.model(m.Model, false)
 	c.name("engine", m.Engine, false)
 	c.time("time_ms", m.Time, now)
 	switch m.Phase {
@@ -256,7 +266,7 @@ func (m *Penalty) Validate(now time.Time) error {
 func (m *Operator) Validate(now time.Time) error {
 	c := checker{kind: KindOperator}
 	c.name("engine", m.Engine, false)
-	c.name("model", m.Model, true)
+	c.model(m.Model, true)
 	c.time("time_ms", m.Time, now)
 	switch m.Action {
 	case ActionDrain, ActionCordon:
@@ -276,7 +286,7 @@ func (m *Operator) Validate(now time.Time) error {
 // Validate checks every field of the demand state.
 func (m *DemandState) Validate(now time.Time) error {
 	c := checker{kind: KindDemandState}
-	c.name("model", m.Model, false)
+	c.model(m.Model, false)
 	c.name("cluster", m.Cluster, false)
 	c.time("time_ms", m.Time, now)
 	if m.LastReport != 0 {
@@ -323,7 +333,7 @@ func (m *RTTState) Validate(now time.Time) error {
 // must sum to 1 within 1e-6 unless the snapshot has no weights at all.
 func (m *WeightSnapshot) Validate(now time.Time) error {
 	c := checker{kind: KindWeights}
-	c.name("model", m.Model, false)
+	c.model(m.Model, false)
 	c.name("cluster", m.Cluster, false)
 	c.name("writer", m.Writer, true)
 	c.time("time_ms", m.Time, now)

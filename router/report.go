@@ -390,7 +390,7 @@ func (r *Reporter) Collect() []*messages.RouterReport {
 	}
 	var out []*messages.RouterReport
 	for model := range models {
-		if !messages.ValidName(model) {
+		if !messages.ValidModelName(model) {
 			continue
 		}
 		rep := &messages.RouterReport{Model: model, Cluster: r.opts.Cluster, Router: r.opts.Router,

@@ -346,7 +346,7 @@ func (s *SnapshotStore) Install(snap *messages.WeightSnapshot) (bool, error) {
 		s.rejected.WithLabelValues(rejectKey).Inc()
 		return false, fmt.Errorf("snapshot for cluster %q, this router serves %q", snap.Cluster, s.opts.Cluster)
 	}
-	if err := messages.CheckName("model", snap.Model); err != nil {
+	if err := messages.CheckModelName(snap.Model); err != nil {
 		s.rejected.WithLabelValues(rejectKey).Inc()
 		return false, err
 	}

@@ -116,8 +116,8 @@ func Parse(name string, data []byte) (*File, error) {
 
 // Validate checks names, numbers and references, naming the field at fault.
 func (f *File) Validate() error {
-	if !messages.ValidName(f.Model) {
-		return fmt.Errorf("model: %q is not a valid name (A-Z a-z 0-9 _ -)", f.Model)
+	if err := messages.CheckModelName(f.Model); err != nil {
+		return fmt.Errorf("model: %w", err)
 	}
 	for field, v := range map[string]float64{"network.intra_region_ms": f.Network.IntraRegionMs, "network.inter_region_ms": f.Network.InterRegionMs} {
 		if math.IsNaN(v) || v < 0 || v > 10000 {

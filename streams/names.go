@@ -89,10 +89,10 @@ func (n Names) InferSubject(model, engine string) (string, error) {
 }
 
 // EngineKey is the sy_engines key of an engine's state: <model>.<engine>.
-func EngineKey(model, engine string) (string, error) { return joinKey(model, engine) }
+func EngineKey(model, engine string) (string, error) { return modelKey(model, engine) }
 
 // DemandKey is the sy_demand key of a cluster's demand: <model>.<cluster>.
-func DemandKey(model, cluster string) (string, error) { return joinKey(model, cluster) }
+func DemandKey(model, cluster string) (string, error) { return modelKey(model, cluster) }
 
 // RTTKey is the sy_demand key of the RTT from a cluster to an engine: rtt.<cluster>.<engine>.
 func RTTKey(cluster, engine string) (string, error) {
@@ -101,7 +101,17 @@ func RTTKey(cluster, engine string) (string, error) {
 }
 
 // WeightsKey is the sy_weights key of a snapshot: <model>.<cluster>.
-func WeightsKey(model, cluster string) (string, error) { return joinKey(model, cluster) }
+func WeightsKey(model, cluster string) (string, error) { return modelKey(model, cluster) }
+
+// modelKey is joinKey for keys led by a model name, which may not be one of
+// the reserved words that prefix the buckets' other records
+// (messages.ValidModelName).
+func modelKey(model, b string) (string, error) {
+	if err := messages.CheckModelName(model); err != nil {
+		return "", err
+	}
+	return joinKey(model, b)
+}
 
 func joinKey(a, b string) (string, error) {
 	for _, t := range []string{a, b} {

@@ -39,6 +39,13 @@ func TestSubjects(t *testing.T) {
 			t.Errorf("SignalSubject(llama, %q) = %v, want ErrInvalid", bad, err)
 		}
 	}
+	// A model may not take a word that prefixes the buckets' other records:
+	// EngineKey("operator", e) would be OperatorKey(e).
+	for _, reserved := range []string{"operator", "penalty", "rtt"} {
+		if k, err := streams.EngineKey(reserved, "engine-a"); !errors.Is(err, messages.ErrInvalid) {
+			t.Errorf("EngineKey(%q, engine-a) = %q, %v; want ErrInvalid", reserved, k, err)
+		}
+	}
 	toks, ok := n.ParseSubject("sy.report.llama.A.r1", "report", 3)
 	if !ok || toks[0] != "llama" || toks[1] != "A" || toks[2] != "r1" {
 		t.Errorf("ParseSubject = %v %v", toks, ok)

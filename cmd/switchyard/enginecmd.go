@@ -76,7 +76,7 @@ engine simulator over NATS (subject <prefix>.ctl.engine.NAME).`,
 					return usagef("unexpected arguments %q", fs.Args())
 				}
 				if *model != "" {
-					if err := messages.CheckName("model", *model); err != nil {
+					if err := messages.CheckModelName(*model); err != nil {
 						return usageError{err}
 					}
 				}

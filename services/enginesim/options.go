@@ -189,6 +189,9 @@ func (o Options) validate() error {
 			return fmt.Errorf("enginesim: %w", err)
 		}
 	}
+	if err := messages.CheckModelName(o.Model); err != nil {
+		return fmt.Errorf("enginesim: Options.Model: %w", err)
+	}
 	finitePos := func(field string, v float64) error {
 		if math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 {
 			return fmt.Errorf("enginesim: %s is %v, want a finite number > 0", field, v)

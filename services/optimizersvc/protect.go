@@ -13,7 +13,7 @@ import (
 // PenaltyKey is the sy_engines key of an engine's penalty record:
 // penalty.<model>.<engine>.
 func PenaltyKey(model, engine string) (string, error) {
-	if err := messages.CheckName("model", model); err != nil {
+	if err := messages.CheckModelName(model); err != nil {
 		return "", err
 	}
 	if err := messages.CheckName("engine", engine); err != nil {
