@@ -128,12 +128,16 @@ func New(opts Options) (*Dashboard, error) {
 // history until ctx ends; it returns nil then. Watchers that fail are
 // re-created with backoff, so Run does not return on NATS trouble.
 func (d *Dashboard) Run(ctx context.Context) error {
+	js, err := jetstream.New(d.opts.Conn)
+	if err != nil {
+		return fmt.Errorf("dashboard: %w", err)
+	}
 	var wg sync.WaitGroup
 	for _, b := range []string{d.opts.Names.WeightsBucket, d.opts.Names.EnginesBucket, d.opts.Names.DemandBucket} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			d.watchLoop(ctx, b)
+			d.watch(ctx, js, b)
 		}()
 	}
 	d.sample()
@@ -150,90 +154,21 @@ func (d *Dashboard) Run(ctx context.Context) error {
 	}
 }
 
-// errReconnected ends a watch after a NATS reconnect, so it is re-created.
-var errReconnected = errors.New("NATS reconnected")
-
-func (d *Dashboard) watchLoop(ctx context.Context, bucket string) {
-	const minBackoff, maxBackoff = 100 * time.Millisecond, 5 * time.Second
-	backoff := minBackoff
-	for {
-		start := time.Now()
-		err := d.watchOnce(ctx, bucket)
-		d.setWatching(bucket, false)
-		if ctx.Err() != nil {
-			return
-		}
-		if time.Since(start) > 10*time.Second || errors.Is(err, errReconnected) {
-			backoff = minBackoff
-		}
-		d.log.Debug().Err(err).Str("bucket", bucket).Dur("retry_in", backoff).Msg("watch interrupted; re-creating")
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		backoff = min(2*backoff, maxBackoff)
+// watch keeps the view of bucket current until ctx ends (streams.BucketWatch
+// re-creates its watcher after NATS trouble).
+func (d *Dashboard) watch(ctx context.Context, js jetstream.JetStream, bucket string) {
+	w := &streams.BucketWatch{
+		Conn: d.opts.Conn, JS: js, Bucket: bucket, Logger: d.log,
+		Entry: func(e jetstream.KeyValueEntry) { d.apply(bucket, e) },
+		Current: func(seen map[string]bool) {
+			d.sweep(bucket, seen)
+			d.setWatching(bucket, true)
+		},
+		Down:       func(error) { d.setWatching(bucket, false) },
+		MinBackoff: 100 * time.Millisecond, MaxBackoff: 5 * time.Second,
 	}
-}
-
-// watchOnce watches bucket until the watcher closes, NATS reconnects or ctx
-// ends.
-func (d *Dashboard) watchOnce(ctx context.Context, bucket string) error {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	reconnects := d.opts.Conn.Stats().Reconnects
-	js, err := jetstream.New(d.opts.Conn)
-	if err != nil {
-		return err
-	}
-	lctx, lcancel := context.WithTimeout(wctx, 5*time.Second)
-	kv, err := js.KeyValue(lctx, bucket)
-	if err == nil {
-		var w jetstream.KeyWatcher
-		w, err = kv.WatchAll(wctx)
-		lcancel()
-		if err != nil {
-			return fmt.Errorf("watch %s: %w", bucket, err)
-		}
-		defer func() { _ = w.Stop() }()
-		return d.consume(wctx, bucket, w, reconnects)
-	}
-	lcancel()
-	return fmt.Errorf("open bucket %s: %w", bucket, err)
-}
-
-func (d *Dashboard) consume(ctx context.Context, bucket string, w jetstream.KeyWatcher, reconnects uint64) error {
-	check := time.NewTicker(500 * time.Millisecond)
-	defer check.Stop()
-	seen := map[string]bool{} // keys delivered before the initial-values marker
-	initial := true
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-check.C:
-			if d.opts.Conn.Stats().Reconnects != reconnects {
-				return errReconnected
-			}
-		case e, ok := <-w.Updates():
-			if !ok {
-				return errors.New("watcher closed")
-			}
-			if e == nil { // every current value delivered
-				if initial {
-					d.sweep(bucket, seen)
-					initial, seen = false, nil
-					d.setWatching(bucket, true)
-				}
-				continue
-			}
-			if initial {
-				seen[e.Key()] = true
-			}
-			d.apply(bucket, e)
-		}
+	if err := w.Run(ctx); err != nil {
+		d.log.Error().Err(err).Msg("cannot watch")
 	}
 }
 

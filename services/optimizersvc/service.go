@@ -459,17 +459,31 @@ func (s *Service) Run(ctx context.Context) error {
 
 	loaded := make(chan struct{}, 2)
 	for _, b := range []struct {
-		kv     jetstream.KeyValue
-		handle func(jetstream.KeyValueEntry, map[string]bool)
+		bucket string
+		handle func(jetstream.KeyValueEntry)
 		sweep  func(map[string]bool)
 	}{
-		{buckets[s.opts.Names.EnginesBucket], s.handleEngine, s.sweepEngines},
-		{buckets[s.opts.Names.DemandBucket], s.handleDemand, s.sweepDemand},
+		{s.opts.Names.EnginesBucket, s.handleEngine, s.sweepEngines},
+		{s.opts.Names.DemandBucket, s.handleDemand, s.sweepDemand},
 	} {
+		first := true
+		w := &streams.BucketWatch{
+			Conn: s.opts.Conn, JS: s.js, Bucket: b.bucket, Entry: b.handle, Logger: s.log,
+			Current: func(seen map[string]bool) {
+				// A new watcher delivered the current values: drop the keys
+				// deleted while nobody watched.
+				b.sweep(seen)
+				if first {
+					first = false
+					loaded <- struct{}{}
+				}
+				s.notify()
+			},
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s.watch(ctx, b.kv, b.handle, b.sweep, loaded)
+			_ = w.Run(ctx)
 		}()
 	}
 	for range 2 {

@@ -1,7 +1,6 @@
 package optimizersvc
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -11,88 +10,6 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/streams"
 )
-
-// reconnectCheck is how often a watcher checks whether the connection has
-// reconnected since it started.
-const reconnectCheck = 250 * time.Millisecond
-
-// watch keeps the in-memory state of one bucket current: it watches every key
-// and hands each entry to handle. When the watcher ends while ctx is live (the
-// connection went away), it starts a new one after a short pause; once the new
-// watcher has delivered the current values, sweep drops the keys that were not
-// among them (deleted while nobody watched). It signals loaded once, after the
-// first watcher's initial values.
-func (s *Service) watch(ctx context.Context, kv jetstream.KeyValue, handle func(jetstream.KeyValueEntry, map[string]bool),
-	sweep func(map[string]bool), loaded chan<- struct{}) {
-	first := true
-	backoff := 50 * time.Millisecond
-	for ctx.Err() == nil {
-		w, err := kv.WatchAll(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			s.log.Warn().Err(err).Str("bucket", kv.Bucket()).Dur("retry_in", backoff).Msg("cannot watch bucket; retrying")
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(backoff):
-			}
-			backoff = min(2*backoff, 2*time.Second)
-			continue
-		}
-		seen := make(map[string]bool)
-		initial := true
-		reconnects := s.opts.Conn.Stats().Reconnects
-		check := time.NewTicker(reconnectCheck)
-	updates:
-		for {
-			var e jetstream.KeyValueEntry
-			var ok bool
-			select {
-			case <-ctx.Done():
-				break updates
-			case <-check.C:
-				// After a reconnect the server may have lost the watcher's
-				// consumer (a restart): start a new watcher to be sure.
-				if n := s.opts.Conn.Stats().Reconnects; n != reconnects {
-					s.log.Info().Str("bucket", kv.Bucket()).Msg("reconnected to NATS; restarting the bucket watcher")
-					break updates
-				}
-				continue
-			case e, ok = <-w.Updates():
-				if !ok {
-					break updates
-				}
-			}
-			if e == nil {
-				if initial {
-					initial = false
-					sweep(seen)
-					seen = nil
-					if first {
-						first = false
-						loaded <- struct{}{}
-					}
-					s.notify()
-				}
-				continue
-			}
-			backoff = 50 * time.Millisecond
-			handle(e, seen)
-		}
-		check.Stop()
-		if err := w.Stop(); err != nil && ctx.Err() == nil {
-			s.log.Debug().Err(err).Str("bucket", kv.Bucket()).Msg("stop watcher")
-		}
-		if ctx.Err() == nil {
-			select {
-			case <-ctx.Done():
-			case <-time.After(backoff):
-			}
-		}
-	}
-}
 
 // bad counts and logs (at a limited rate, per key) a state value that failed to decode.
 func (s *Service) bad(bucket, key string, err error) {
@@ -119,7 +36,7 @@ func deleted(e jetstream.KeyValueEntry) bool {
 }
 
 // handleEngine folds one sy_engines entry into the state.
-func (s *Service) handleEngine(e jetstream.KeyValueEntry, seen map[string]bool) {
+func (s *Service) handleEngine(e jetstream.KeyValueEntry) {
 	key := e.Key()
 	if deleted(e) {
 		if s.forgetOther(key) {
@@ -134,9 +51,6 @@ func (s *Service) handleEngine(e jetstream.KeyValueEntry, seen map[string]bool) 
 			s.notify()
 		}
 		return
-	}
-	if seen != nil {
-		seen[key] = true
 	}
 	if s.handleOther(key, e.Value()) {
 		return
@@ -163,7 +77,7 @@ func (s *Service) handleEngine(e jetstream.KeyValueEntry, seen map[string]bool) 
 }
 
 // handleDemand folds one sy_demand entry (demand or RTT) into the state.
-func (s *Service) handleDemand(e jetstream.KeyValueEntry, seen map[string]bool) {
+func (s *Service) handleDemand(e jetstream.KeyValueEntry) {
 	key := e.Key()
 	rttKey, isRTT := strings.CutPrefix(key, "rtt.")
 	isRTT = isRTT && strings.Count(key, ".") == 2
@@ -177,9 +91,6 @@ func (s *Service) handleDemand(e jetstream.KeyValueEntry, seen map[string]bool) 
 		s.mu.Unlock()
 		s.notify()
 		return
-	}
-	if seen != nil {
-		seen[key] = true
 	}
 	now := s.opts.Now()
 	if isRTT {
