@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -54,31 +53,13 @@ type NATSFrontOptions struct {
 // without the closing [DONE]); errors are one OpenAI error JSON message
 // (404 unknown model, 400 malformed, 413 too large, 503 no engine, 502
 // engine failure, 429 router overloaded).
-//
-// Requests are taken off the connection by a pool of worker goroutines, each
-// serving the request it took to its end: nats.go's read loop hands a
-// request straight to a waiting worker, rather than to the subscription's
-// delivery goroutine and from there to a goroutine per request. The pool
-// grows so that a worker is always waiting and shrinks back when requests
-// end.
 type NATSFront struct {
-	opts    NATSFrontOptions
-	h       *Handler
-	log     zerolog.Logger
-	wg      sync.WaitGroup
-	idle    atomic.Int64 // workers waiting for a request
-	serving atomic.Int64 // requests being served
+	opts NATSFrontOptions
+	h    *Handler
+	log  zerolog.Logger
+	sem  chan struct{}
+	wg   sync.WaitGroup
 }
-
-// Bounds of the NATS front's worker pool.
-const (
-	// natsFrontQueue is how many requests may wait for a worker; beyond it
-	// nats.go drops them as a slow consumer (the async subscription it
-	// replaces held at most 65,536 by default, too).
-	natsFrontQueue = 65536
-	// natsFrontIdle is how many idle workers are kept after a burst.
-	natsFrontIdle = 16
-)
 
 // Header names on NATS messages. NATS headers are case-sensitive; the
 // router writes these lower-case forms (as engines do) and reads either the
@@ -144,6 +125,7 @@ func NewNATSFront(opts NATSFrontOptions) (*NATSFront, error) {
 		opts: opts,
 		h:    opts.Handler,
 		log:  opts.Logger.With().Str("component", "router").Str("cluster", opts.Cluster).Logger(),
+		sem:  make(chan struct{}, opts.MaxConcurrent),
 	}, nil
 }
 
@@ -153,63 +135,39 @@ func (f *NATSFront) Subject() string { return f.opts.Names.Prefix + ".req." + f.
 // Run serves requests until ctx ends, then unsubscribes and waits for the
 // requests in progress, which are cancelled.
 func (f *NATSFront) Run(ctx context.Context) error {
-	ch := make(chan *nats.Msg, natsFrontQueue)
-	sub, err := f.opts.Conn.ChanQueueSubscribe(f.Subject(), QueueGroup(f.opts.Cluster), ch)
+	sub, err := f.opts.Conn.QueueSubscribe(f.Subject(), QueueGroup(f.opts.Cluster), func(m *nats.Msg) {
+		f.accept(ctx, m)
+	})
 	if err != nil {
 		return fmt.Errorf("router: NATS front: subscribe to %s: %w", f.Subject(), err)
 	}
-	f.startWorker(ctx, ch)
 	<-ctx.Done()
 	_ = sub.Unsubscribe()
 	f.wg.Wait()
 	return nil
 }
 
-func (f *NATSFront) startWorker(ctx context.Context, ch <-chan *nats.Msg) {
-	f.wg.Add(1)
-	go f.worker(ctx, ch)
-}
-
-// worker takes requests off ch and serves each to its end. Taking the last
-// idle place, it starts another worker first, so that one always waits; it
-// ends when ctx ends, or after a request when natsFrontIdle others wait.
-func (f *NATSFront) worker(ctx context.Context, ch <-chan *nats.Msg) {
-	defer f.wg.Done()
-	for {
-		f.idle.Add(1)
-		var m *nats.Msg
-		select {
-		case m = <-ch:
-		case <-ctx.Done():
-			f.idle.Add(-1)
-			return
-		}
-		if f.idle.Add(-1) == 0 {
-			f.startWorker(ctx, ch)
-		}
-		f.accept(ctx, m)
-		if f.idle.Load() >= natsFrontIdle {
-			return
-		}
-	}
-}
-
-// accept serves a request, or answers 429 at once when MaxConcurrent
-// requests are in progress.
+// accept hands a request to its own goroutine, or answers 429 at once when
+// MaxConcurrent requests are in progress.
 func (f *NATSFront) accept(ctx context.Context, m *nats.Msg) {
-	if m == nil || m.Reply == "" || ctx.Err() != nil {
+	if m.Reply == "" || ctx.Err() != nil {
 		return // a publish, not a request: nobody to answer
 	}
-	if f.serving.Add(1) > int64(f.opts.MaxConcurrent) {
-		f.serving.Add(-1)
+	select {
+	case f.sem <- struct{}{}:
+	default:
 		hdr := nats.Header{}
 		hdr.Set("Retry-After", "1")
 		f.replyError(m, hdr, newAPIError(http.StatusTooManyRequests, ErrTypeUnavailable, "router_overloaded", "",
 			fmt.Sprintf("the router is serving %d NATS requests, its limit", f.opts.MaxConcurrent)), "")
 		return
 	}
-	defer f.serving.Add(-1)
-	f.serve(ctx, m)
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		defer func() { <-f.sem }()
+		f.serve(ctx, m)
+	}()
 }
 
 // replyError answers e as one final OpenAI error message.

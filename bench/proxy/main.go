@@ -85,7 +85,7 @@ func main() {
 	flag.BoolVar(&c.verbose, "v", false, "print every run's table too")
 	flag.BoolVar(&c.keep, "keep", false, "keep the temp dir with the servers' logs")
 	flag.IntVar(&c.syncQueue, "router-sync-queue", 0, "experiment: nats.SyncQueueLen of the NATS router's connection (0: default)")
-	flag.StringVar(&c.routerRT, "router-runtime", "", "runtime settings of the router processes, e.g. gomaxprocs=1,gogc=400 (empty: the router command's defaults)")
+	flag.StringVar(&c.routerRT, "router-runtime", "", "runtime settings of the router processes, e.g. gomaxprocs=1,gogc=100 (empty: the router command's defaults)")
 	flag.StringVar(&c.variant, "variant", "", "also measure, in the same run, a second pair of routers with these runtime settings (as -router-runtime), named router′ and NATS via router′")
 	flag.StringVar(&c.variantExe, "variant-exe", "", "run the -variant routers from this build of bench/proxy (e.g. one built from another commit), for a same-run A/B of router code; implies -variant")
 	flag.Parse()
