@@ -27,6 +27,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -51,6 +52,9 @@ type config struct {
 	verbose    bool
 	keep       bool
 	syncQueue  int
+	routerRT   string
+	variant    string
+	variantExe string
 }
 
 func main() {
@@ -81,7 +85,13 @@ func main() {
 	flag.BoolVar(&c.verbose, "v", false, "print every run's table too")
 	flag.BoolVar(&c.keep, "keep", false, "keep the temp dir with the servers' logs")
 	flag.IntVar(&c.syncQueue, "router-sync-queue", 0, "experiment: nats.SyncQueueLen of the NATS router's connection (0: default)")
+	flag.StringVar(&c.routerRT, "router-runtime", "", "runtime settings of the router processes, e.g. gomaxprocs=1,gogc=100 (empty: the router command's defaults)")
+	flag.StringVar(&c.variant, "variant", "", "also measure, in the same run, a second pair of routers with these runtime settings (as -router-runtime), named router′ and NATS via router′")
+	flag.StringVar(&c.variantExe, "variant-exe", "", "run the -variant routers from this build of bench/proxy (e.g. one built from another commit), for a same-run A/B of router code; implies -variant")
 	flag.Parse()
+	if c.variantExe != "" && c.variant == "" {
+		c.variant = " "
+	}
 	if err := run(c); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/proxy:", err)
 		os.Exit(1)
@@ -102,6 +112,7 @@ type target struct {
 type sample struct {
 	lat, peak result
 	proxyCPU  time.Duration // during the peak phase
+	proxyCS   int64         // the proxy's context switches during the latency phase
 	engineCPU time.Duration
 	serverCPU time.Duration // NATS server
 }
@@ -159,16 +170,41 @@ func run(c config) error {
 		}
 	}
 	rep := fmt.Sprintf("-reporter=%t", c.reporter)
-	rh, err := start("router-http", append([]string{"-nats", natsURL, "-engine-url", engineURL, rep}, prof("router-http.pprof")...)...)
+	mainRT, err := runtimeArgs(c.routerRT)
 	if err != nil {
 		return err
 	}
-	rn, err := start("router-nats", append([]string{"-nats", natsURL, "-subject", engineSubject, rep,
-		fmt.Sprintf("-sync-queue=%d", c.syncQueue)}, prof("router-nats.pprof")...)...)
+	rh, err := start("router-http", append(append([]string{"-nats", natsURL, "-engine-url", engineURL, rep}, mainRT...), prof("router-http.pprof")...)...)
+	if err != nil {
+		return err
+	}
+	rn, err := start("router-nats", append(append([]string{"-nats", natsURL, "-subject", engineSubject, rep,
+		fmt.Sprintf("-sync-queue=%d", c.syncQueue)}, mainRT...), prof("router-nats.pprof")...)...)
 	if err != nil {
 		return err
 	}
 	routerSubject := rn.fields[0]
+	var vh, vn *child
+	if c.variant != "" {
+		vrt, err := runtimeArgs(c.variant)
+		if err != nil {
+			return err
+		}
+		named := func(name, role string, args ...string) (*child, error) {
+			ch, err := startNamedChild(ctx, c.variantExe, dir, name, role, args...)
+			if err == nil {
+				children = append(children, ch)
+			}
+			return ch, err
+		}
+		if vh, err = named("router-http-variant", "router-http", append([]string{"-nats", natsURL, "-engine-url", engineURL, rep}, vrt...)...); err != nil {
+			return err
+		}
+		if vn, err = named("router-nats-variant", "router-nats", append([]string{"-nats", natsURL, "-subject", engineSubject, rep,
+			fmt.Sprintf("-sync-queue=%d", c.syncQueue), "-cluster", "B"}, vrt...)...); err != nil {
+			return err
+		}
+	}
 
 	var ngx *nginx
 	nginxNote := ""
@@ -204,6 +240,9 @@ func run(c config) error {
 		httpTargets = append(httpTargets, mk("nginx", ngx.url, ngx.pid(), true))
 	}
 	httpTargets = append(httpTargets, mk("router", rh.fields[0], rh.pid(), false))
+	if vh != nil {
+		httpTargets = append(httpTargets, mk(variantName, vh.fields[0], vh.pid(), false))
+	}
 	defer func() {
 		for _, t := range httpTargets {
 			t.closer()
@@ -219,12 +258,25 @@ func run(c config) error {
 		{name: "NATS raw", do: natsDoer(nc, engineSubject), server: natsC.pid()},
 		{name: "NATS via router", do: natsDoer(nc, routerSubject), pid: rn.pid(), server: natsC.pid()},
 	}
+	if vn != nil {
+		natsTargets = append(natsTargets, target{name: "NATS via " + variantName, do: natsDoer(nc, vn.fields[0]), pid: vn.pid(), server: natsC.pid()})
+	}
 	for _, t := range append(slices.Clone(httpTargets), natsTargets...) {
 		if err := waitServing(ctx, t); err != nil {
 			return err
 		}
 	}
 
+	if c.routerRT != "" {
+		fmt.Printf("router runtime: %s\n", c.routerRT)
+	}
+	if c.variant != "" {
+		fmt.Printf("%s: the router with runtime %q", variantName, strings.TrimSpace(c.variant))
+		if c.variantExe != "" {
+			fmt.Printf(", run from %s", c.variantExe)
+		}
+		fmt.Println()
+	}
 	fmt.Printf("engine %s; open loop %.0f req/s × %d requests (pool %d); peak: closed loop, %d clients, %s; %d runs\n",
 		c.engine, c.rate, c.latN, c.workers, c.peakConc, c.peakDur, c.runs)
 	if nginxNote != "" {
@@ -285,7 +337,14 @@ func waitServing(ctx context.Context, t target) error {
 func measure(ctx context.Context, c config, t target, enginePID int) sample {
 	closedLoop(ctx, t.do, c.peakConc, c.warmup, 5*time.Second)
 	var s sample
+	var cs0 int64
+	if t.pid != 0 {
+		cs0 = ctxSwitches(t.pid, t.tree)
+	}
 	s.lat = openLoop(ctx, t.do, c.rate, c.workers, c.latN, c.latMax)
+	if t.pid != 0 {
+		s.proxyCS = ctxSwitches(t.pid, t.tree) - cs0
+	}
 	closedLoop(ctx, t.do, c.peakConc, c.warmup, 5*time.Second)
 	var p0 time.Duration
 	if t.pid != 0 {
@@ -348,16 +407,26 @@ func cpuPerReq(cpu time.Duration, r result) float64 {
 	return us(cpu) / float64(r.n)
 }
 
+// csPerReq is the proxy's context switches per request of the latency
+// phase: how many times its threads went to sleep and were woken.
+func csPerReq(s sample) float64 {
+	if s.lat.n == 0 {
+		return 0
+	}
+	return float64(s.proxyCS) / float64(s.lat.n)
+}
+
 func report(samples map[string][]sample, httpTargets, natsTargets []target) {
 	direct := samples["direct"]
 	ngx, haveNginx := samples["nginx"]
 	fmt.Println()
-	fmt.Println("| path | p50 µs | p99 µs | added p50 µs | added p99 µs | peak req/s | peak vs nginx | proxy CPU µs/req | errors |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|")
+	fmt.Println("| path | p50 µs | p99 µs | added p50 µs | added p99 µs | peak req/s | peak vs nginx | proxy CPU µs/req | proxy ctx switches/req | errors |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
 	for _, t := range httpTargets {
 		ss := samples[t.name]
-		added50, added99, vsNginx, cpu := "—", "—", "—", "—"
+		added50, added99, vsNginx, cpu, cs := "—", "—", "—", "—", "—"
 		if t.name != "direct" {
+			cs = fmt.Sprintf("%.2f", median(ss, csPerReq))
 			added50 = fmt.Sprintf("%.1f", medianPaired(ss, direct, func(a, b sample) float64 { return us(a.lat.pct(0.5) - b.lat.pct(0.5)) }))
 			added99 = fmt.Sprintf("%.1f", medianPaired(ss, direct, func(a, b sample) float64 { return us(a.lat.pct(0.99) - b.lat.pct(0.99)) }))
 			cpu = fmt.Sprintf("%.1f", median(ss, func(s sample) float64 { return cpuPerReq(s.proxyCPU, s.peak) }))
@@ -370,24 +439,25 @@ func report(samples map[string][]sample, httpTargets, natsTargets []target) {
 			errs += s.lat.errs + s.peak.errs
 			total += s.lat.n + s.peak.n + s.lat.errs + s.peak.errs
 		}
-		fmt.Printf("| %s | %.1f | %.1f | %s | %s | %.0f | %s | %s | %d/%d |\n", t.name,
+		fmt.Printf("| %s | %.1f | %.1f | %s | %s | %.0f | %s | %s | %s | %d/%d |\n", t.name,
 			median(ss, func(s sample) float64 { return us(s.lat.pct(0.5)) }),
 			median(ss, func(s sample) float64 { return us(s.lat.pct(0.99)) }),
 			added50, added99,
 			median(ss, func(s sample) float64 { return s.peak.rps() }),
-			vsNginx, cpu, errs, total)
+			vsNginx, cpu, cs, errs, total)
 	}
 	engCPU := median(direct, func(s sample) float64 { return cpuPerReq(s.engineCPU, s.peak) })
 	fmt.Printf("\nengine CPU per request (direct, peak phase): %.1f µs\n", engCPU)
 
 	raw := samples["NATS raw"]
 	fmt.Println()
-	fmt.Println("| path | p50 µs | p99 µs | p50 ratio | p99 ratio | peak req/s | router CPU µs/req | NATS server CPU µs/req | errors |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|")
+	fmt.Println("| path | p50 µs | p99 µs | p50 ratio | p99 ratio | peak req/s | router CPU µs/req | router ctx switches/req | NATS server CPU µs/req | errors |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
 	for _, t := range natsTargets {
 		ss := samples[t.name]
-		r50, r99, cpu := "—", "—", "—"
+		r50, r99, cpu, cs := "—", "—", "—", "—"
 		if t.name != "NATS raw" {
+			cs = fmt.Sprintf("%.2f", median(ss, csPerReq))
 			r50 = fmt.Sprintf("%.2f×", medianPaired(ss, raw, func(a, b sample) float64 { return float64(a.lat.pct(0.5)) / float64(b.lat.pct(0.5)) }))
 			r99 = fmt.Sprintf("%.2f×", medianPaired(ss, raw, func(a, b sample) float64 { return float64(a.lat.pct(0.99)) / float64(b.lat.pct(0.99)) }))
 			cpu = fmt.Sprintf("%.1f", median(ss, func(s sample) float64 { return cpuPerReq(s.proxyCPU, s.peak) }))
@@ -397,24 +467,44 @@ func report(samples map[string][]sample, httpTargets, natsTargets []target) {
 			errs += s.lat.errs + s.peak.errs
 			total += s.lat.n + s.peak.n + s.lat.errs + s.peak.errs
 		}
-		fmt.Printf("| %s | %.1f | %.1f | %s | %s | %.0f | %s | %.1f | %d/%d |\n", t.name,
+		fmt.Printf("| %s | %.1f | %.1f | %s | %s | %.0f | %s | %s | %.1f | %d/%d |\n", t.name,
 			median(ss, func(s sample) float64 { return us(s.lat.pct(0.5)) }),
 			median(ss, func(s sample) float64 { return us(s.lat.pct(0.99)) }),
-			r50, r99, median(ss, func(s sample) float64 { return s.peak.rps() }), cpu,
+			r50, r99, median(ss, func(s sample) float64 { return s.peak.rps() }), cpu, cs,
 			median(ss, func(s sample) float64 { return cpuPerReq(s.serverCPU, s.peak) }), errs, total)
 	}
 
 	fmt.Println()
-	rt := samples["router"]
-	if haveNginx {
-		ra := medianPaired(rt, direct, func(a, b sample) float64 { return us(a.lat.pct(0.5) - b.lat.pct(0.5)) })
-		na := medianPaired(ngx, direct, func(a, b sample) float64 { return us(a.lat.pct(0.5) - b.lat.pct(0.5)) })
-		tr := medianPaired(rt, ngx, func(a, b sample) float64 { return a.peak.rps() / b.peak.rps() })
-		fmt.Printf("goal: router added p50 ≤ nginx's: %.1f µs vs %.1f µs: %s\n", ra, na, verdict(ra <= na))
-		fmt.Printf("goal: router peak ≥ 0.8 × nginx's: %.2f×: %s\n", tr, verdict(tr >= 0.8))
+	for _, name := range []string{"router", variantName} {
+		rt, ok := samples[name]
+		if !ok {
+			continue
+		}
+		if haveNginx {
+			ra := medianPaired(rt, direct, func(a, b sample) float64 { return us(a.lat.pct(0.5) - b.lat.pct(0.5)) })
+			na := medianPaired(ngx, direct, func(a, b sample) float64 { return us(a.lat.pct(0.5) - b.lat.pct(0.5)) })
+			tr := medianPaired(rt, ngx, func(a, b sample) float64 { return a.peak.rps() / b.peak.rps() })
+			fmt.Printf("goal: %s added p50 ≤ nginx's: %.1f µs vs %.1f µs: %s\n", name, ra, na, verdict(ra <= na))
+			fmt.Printf("goal: %s peak ≥ 0.8 × nginx's: %.2f×: %s\n", name, tr, verdict(tr >= 0.8))
+		}
+		nr := medianPaired(samples["NATS via "+name], raw, func(a, b sample) float64 { return float64(a.lat.pct(0.5)) / float64(b.lat.pct(0.5)) })
+		fmt.Printf("goal: NATS via %s p50 ≤ 1.5 × raw: %.2f×: %s\n", name, nr, verdict(nr <= 1.5))
 	}
-	nr := medianPaired(samples["NATS via router"], raw, func(a, b sample) float64 { return float64(a.lat.pct(0.5)) / float64(b.lat.pct(0.5)) })
-	fmt.Printf("goal: NATS via router p50 ≤ 1.5 × raw: %.2f×: %s\n", nr, verdict(nr <= 1.5))
+	if v, ok := samples[variantName]; ok {
+		rt, direct := samples["router"], samples["direct"]
+		n := min(len(v), len(rt), len(direct))
+		var added, peak, cpu []float64
+		for i := range n {
+			added = append(added, us(v[i].lat.pct(0.5)-direct[i].lat.pct(0.5))/us(rt[i].lat.pct(0.5)-direct[i].lat.pct(0.5)))
+			peak = append(peak, v[i].peak.rps()/rt[i].peak.rps())
+			cpu = append(cpu, cpuPerReq(v[i].proxyCPU, v[i].peak)/cpuPerReq(rt[i].proxyCPU, rt[i].peak))
+		}
+		fmt.Printf("%s vs router, within each run (medians): added p50 %.2f×, peak %.2f×, CPU/req %.2f×; NATS p50 %.2f×\n", variantName,
+			medianOf(added), medianOf(peak), medianOf(cpu),
+			medianPaired(samples["NATS via "+variantName], samples["NATS via router"], func(a, b sample) float64 {
+				return float64(a.lat.pct(0.5)) / float64(b.lat.pct(0.5))
+			}))
+	}
 	var late []string
 	for _, t := range append(slices.Clone(httpTargets), natsTargets...) {
 		n := 0
@@ -428,6 +518,29 @@ func report(samples map[string][]sample, httpTargets, natsTargets []target) {
 	if len(late) > 0 {
 		fmt.Printf("note: open-loop requests that found the worker pool busy (the rate is not moderate for them): %s\n", strings.Join(late, ", "))
 	}
+}
+
+// variantName names the routers started by -variant.
+const variantName = "router′"
+
+// runtimeArgs turns "gomaxprocs=1,gogc=400" into the router roles' flags.
+func runtimeArgs(spec string) ([]string, error) {
+	var args []string
+	for f := range strings.SplitSeq(spec, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(f, "=")
+		if !ok || (k != "gomaxprocs" && k != "gogc" && k != "natswbuf") {
+			return nil, fmt.Errorf("runtime setting %q is not gomaxprocs=N, gogc=N or natswbuf=N", f)
+		}
+		if _, err := strconv.Atoi(v); err != nil {
+			return nil, fmt.Errorf("runtime setting %q: %w", f, err)
+		}
+		args = append(args, "-"+k+"="+v)
+	}
+	return args, nil
 }
 
 func verdict(ok bool) string {

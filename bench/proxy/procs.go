@@ -27,13 +27,21 @@ type child struct {
 
 // startChild re-executes this binary with -role and waits for its ready line.
 func startChild(ctx context.Context, logDir, role string, args ...string) (*child, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, err
+	return startNamedChild(ctx, "", logDir, role, role, args...)
+}
+
+// startNamedChild is startChild with the log file named after name, running
+// exe (a build of this benchmark; empty: this binary).
+func startNamedChild(ctx context.Context, exe, logDir, name, role string, args ...string) (*child, error) {
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return nil, err
+		}
 	}
 	cmd := exec.Command(exe, append([]string{"-role", role}, args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	logf, err := os.Create(filepath.Join(logDir, role+".log"))
+	logf, err := os.Create(filepath.Join(logDir, name+".log"))
 	if err != nil {
 		return nil, err
 	}
@@ -49,7 +57,7 @@ func startChild(ctx context.Context, logDir, role string, args ...string) (*chil
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", role, err)
 	}
-	c := &child{name: role, cmd: cmd, stdin: stdin, done: make(chan error, 1)}
+	c := &child{name: name, cmd: cmd, stdin: stdin, done: make(chan error, 1)}
 	lines := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -271,4 +279,43 @@ func procCPU(pid int) time.Duration {
 	u, _ := strconv.ParseInt(f[11], 10, 64)
 	s, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(u+s) * time.Second / clockTick
+}
+
+// ctxSwitches returns the context switches (voluntary and not) of all the
+// threads of pid so far and, when withChildren, of its child processes'.
+func ctxSwitches(pid int, withChildren bool) int64 {
+	total := procCtxSwitches(pid)
+	if !withChildren {
+		return total
+	}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil || p == pid {
+			continue
+		}
+		if ppid, ok := procPPID(p); ok && ppid == pid {
+			total += procCtxSwitches(p)
+		}
+	}
+	return total
+}
+
+func procCtxSwitches(pid int) int64 {
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	var total int64
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name()))
+		if err != nil {
+			continue
+		}
+		for line := range strings.Lines(string(b)) {
+			k, v, ok := strings.Cut(line, ":")
+			if ok && (k == "voluntary_ctxt_switches" || k == "nonvoluntary_ctxt_switches") {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				total += n
+			}
+		}
+	}
+	return total
 }

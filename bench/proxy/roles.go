@@ -49,6 +49,9 @@ type roleFlags struct {
 	reporter   bool
 	dataDir    string
 	syncQueue  int
+	runtime    router.RuntimeOptions
+	cluster    string
+	writeBuf   int
 }
 
 func runRole(role string, args []string) error {
@@ -62,8 +65,15 @@ func runRole(role string, args []string) error {
 	fs.BoolVar(&rf.reporter, "reporter", true, "router: report to NATS as the router service does")
 	fs.StringVar(&rf.dataDir, "data", "", "NATS data directory")
 	fs.IntVar(&rf.syncQueue, "sync-queue", 0, "router-nats: nats.SyncQueueLen of the router's connection (0: the nats.go default, 65536)")
+	fs.StringVar(&rf.cluster, "cluster", benchCluster, "router: frontend cluster (the NATS front's subject and queue group)")
+	fs.IntVar(&rf.writeBuf, "natswbuf", 0, "router-nats: nats.WriteBufferSize of the router's connection, the size at which a publish flushes in the publisher's goroutine (0: the nats.go default)")
+	fs.IntVar(&rf.runtime.MaxProcs, "gomaxprocs", 0, "router: GOMAXPROCS (0: the runtime's default)")
+	fs.IntVar(&rf.runtime.GCPercent, "gogc", router.DefaultGCPercent, "router: GOGC, as the router command's --gogc (0: the runtime's default)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if role == "router-http" || role == "router-nats" {
+		rf.runtime.Apply()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -277,9 +287,10 @@ func routerParts(ctx context.Context, rf roleFlags, engine router.Engine, tr rou
 	}
 	tables := router.NewStaticTables()
 	tables.Set(benchModel, table, router.Info{Generation: 1, Mode: router.ModeSnapshot, Created: time.Now()})
-	opts := router.Options{Tables: tables, Transport: tr, Cluster: benchCluster, Router: "A-bench"}
+	name := rf.cluster + "-bench"
+	opts := router.Options{Tables: tables, Transport: tr, Cluster: rf.cluster, Router: name}
 	if rf.reporter {
-		rep, err := router.NewReporter(router.ReporterOptions{Conn: nc, Cluster: benchCluster, Router: "A-bench", Tables: tables})
+		rep, err := router.NewReporter(router.ReporterOptions{Conn: nc, Cluster: rf.cluster, Router: name, Tables: tables})
 		if err != nil {
 			return nil, err
 		}
@@ -309,10 +320,19 @@ func roleRouterHTTP(ctx context.Context, rf roleFlags) error {
 func roleRouterNATS(ctx context.Context, rf roleFlags) error {
 	var nc *nats.Conn
 	var err error
-	if rf.syncQueue > 0 {
-		// Experiment: every forwarded request makes a SubscribeSync, whose
-		// channel nats.go allocates with SyncQueueLen slots.
-		nc, err = nats.Connect(rf.natsURL, nats.Name("bench-router-nats"), nats.SyncQueueLen(rf.syncQueue))
+	if rf.syncQueue > 0 || rf.writeBuf > 0 {
+		// Experiments: nats.SyncQueueLen sizes the channels of synchronous
+		// subscriptions; nats.WriteBufferSize is the buffered size at which
+		// a publish writes to the socket itself rather than waking the
+		// connection's flusher goroutine.
+		opts := []nats.Option{nats.Name("bench-router-nats")}
+		if rf.syncQueue > 0 {
+			opts = append(opts, nats.SyncQueueLen(rf.syncQueue))
+		}
+		if rf.writeBuf > 0 {
+			opts = append(opts, nats.WriteBufferSize(rf.writeBuf))
+		}
+		nc, err = nats.Connect(rf.natsURL, opts...)
 	} else {
 		nc, err = connect(ctx, rf.natsURL, "bench-router-nats")
 	}
@@ -328,13 +348,13 @@ func roleRouterNATS(ctx context.Context, rf roleFlags) error {
 	if err != nil {
 		return err
 	}
-	front, err := router.NewNATSFront(router.NATSFrontOptions{Conn: nc, Cluster: benchCluster, Handler: h})
+	front, err := router.NewNATSFront(router.NATSFrontOptions{Conn: nc, Cluster: rf.cluster, Handler: h})
 	if err != nil {
 		return err
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- front.Run(ctx) }()
-	subj, err := streams.DefaultNames().RequestSubject(benchCluster, benchModel)
+	subj, err := streams.DefaultNames().RequestSubject(rf.cluster, benchModel)
 	if err != nil {
 		return err
 	}

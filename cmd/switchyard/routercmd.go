@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"flag"
+	"os"
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
@@ -26,6 +27,10 @@ func routerCommand() command {
 			fs.BoolVar(&o.PreferNATS, "prefer-nats", false, "forward over NATS to engines that offer both HTTP and NATS")
 			fs.DurationVar(&o.StaleAfter, "stale-after", router.DefaultStaleAfter, "snapshot age past which the local policy takes over")
 			fs.DurationVar(&o.ReportInterval, "report-interval", time.Second, "how often to publish reports")
+			var rt router.RuntimeOptions
+			fs.IntVar(&rt.GCPercent, "gogc", router.DefaultGCPercent, "garbage collector target percentage, as GOGC (0: keep GOGC from the environment or Go's 100; negative: off up to --memlimit)")
+			memLimit := fs.String("memlimit", "", "soft memory limit, as GOMEMLIMIT, e.g. 512MiB (empty: keep GOMEMLIMIT from the environment, or none)")
+			fs.IntVar(&rt.MaxProcs, "gomaxprocs", 0, "OS threads running Go code at once, as GOMAXPROCS (0: keep GOMAXPROCS from the environment or Go's default, the CPUs available)")
 			emulate := fs.String("emulate-network", "", "emulate the network latency of this stack `file` (one-way, per engine region, from this router's cluster region)")
 			mkLog := logFlags(fs, e)
 			return func(ctx context.Context, args []string) error {
@@ -39,6 +44,15 @@ func routerCommand() command {
 				if err != nil {
 					return err
 				}
+				if *memLimit != "" {
+					if rt.MemoryLimit, err = router.ParseMemoryLimit(*memLimit); err != nil {
+						return usagef("--memlimit %q: %v", *memLimit, err)
+					}
+				}
+				if !flagSet(fs, "gogc") && os.Getenv("GOGC") != "" {
+					rt.GCPercent = 0 // the environment's GOGC wins over the default
+				}
+				rt.Apply()
 				if *emulate != "" {
 					f, err := stack.Load(*emulate)
 					if err != nil {
@@ -63,4 +77,15 @@ func routerCommand() command {
 			}
 		},
 	}
+}
+
+// flagSet reports whether the flag name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == name {
+			set = true
+		}
+	})
+	return set
 }
