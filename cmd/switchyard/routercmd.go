@@ -49,6 +49,9 @@ func routerCommand() command {
 						return usagef("--memlimit %q: %v", *memLimit, err)
 					}
 				}
+				if rt.GCPercent < 0 && rt.MemoryLimit == 0 && os.Getenv("GOMEMLIMIT") == "" {
+					return usagef("--gogc %d turns the garbage collector off: it needs --memlimit (or GOMEMLIMIT) to bound the heap", rt.GCPercent)
+				}
 				if !flagSet(fs, "gogc") && os.Getenv("GOGC") != "" {
 					rt.GCPercent = 0 // the environment's GOGC wins over the default
 				}
