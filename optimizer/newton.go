@@ -46,8 +46,12 @@ type newtonState struct {
 	mat          []float64 // dense Hessian blocks of the components
 	rhs          []float64
 	steps, evals int
-	theta        float64  // the θ of the last successful solve
-	m            measures // the certificate of its point
+	croot        []int32   // component root of each cluster, for the line search
+	tc           []float64 // step length per component root
+	nold, nnew   []float64 // squared unmet demand per component root
+	cdone        []bool    // component's step length settled
+	theta        float64   // the θ of the last successful solve
+	m            measures  // the certificate of its point
 }
 
 func (n *newtonState) find(i int32) int32 {
@@ -488,16 +492,17 @@ func (s *Solver) newtonStep() bool {
 			// A cluster with no engine above its price: raise its level to where its cheapest
 			// engine starts to take traffic.
 			i := int(mem[0])
-			lo := math.Inf(1)
+			lo, best := math.Inf(1), -1
 			for k := s.start[i]; k < s.start[i+1]; k++ {
 				j := s.eng[k]
 				if pj := math.Max(n.p[j], n.m0[j]); pj+s.dist[k] < lo {
-					lo = pj + s.dist[k]
+					lo, best = pj+s.dist[k], int(j)
 				}
 			}
 			n.step[i] = 0
-			if !math.IsInf(lo, 0) {
-				n.step[i] = lo - n.mu[i] + 1e-9*(math.Abs(lo)+1)
+			if best >= 0 && !math.IsInf(lo, 0) {
+				// Enter it by as much as its unmet demand needs at the current price.
+				n.step[i] = lo - n.mu[i] + n.eps[best]*math.Max(n.r[i], 0) + 1e-9*(math.Abs(lo)+1)
 			}
 			continue
 		}
