@@ -36,6 +36,7 @@ type newtonState struct {
 	ax           []float64 // its flow
 	served, r    []float64 // per cluster served traffic and unmet demand
 	mu, trial    []float64 // levels and trial levels
+	saved        []float64 // levels of the last settled stage
 	lv           []float64 // levels of the clusters that take part, -Inf for the others
 	step         []float64 // Newton step
 	uf           []int32   // union-find over clusters (components of the Hessian)
@@ -45,13 +46,10 @@ type newtonState struct {
 	boff         []int     // offset of each component root's block in mat
 	mat          []float64 // dense Hessian blocks of the components
 	rhs          []float64
+	first        []int // envelope of each row, for cholSolve
 	steps, evals int
-	croot        []int32   // component root of each cluster, for the line search
-	tc           []float64 // step length per component root
-	nold, nnew   []float64 // squared unmet demand per component root
-	cdone        []bool    // component's step length settled
-	theta        float64   // the θ of the last successful solve
-	m            measures  // the certificate of its point
+	theta        float64  // the θ of the last successful solve
+	m            measures // the certificate of its point
 }
 
 func (n *newtonState) find(i int32) int32 {
@@ -134,15 +132,19 @@ func (s *Solver) newtonSolve() bool {
 		return false
 	}
 	// Continuation: θ falls ten-fold per stage to the tolerance, then four-fold while the
-	// certificate is above it (at most three times).
+	// certificate is above it (at most three times). A stage that does not settle within its
+	// step budget is retried from the last settled levels with a smaller fall (the square
+	// root of the last), as on problems with many small overlapping regions where a ten-fold
+	// fall re-splits too many shared engines at once.
 	thetaEnd := s.opt.Tolerance
-	theta := 1e-2
+	theta, fall := 1e-1, 10.0
 	if warm {
 		theta = thetaEnd
 		if n.theta > 0 && n.theta < theta {
 			theta = n.theta // the previous solve needed a finer split
 		}
 	}
+	settled := math.NaN() // θ of the last settled stage
 	extra := 0
 	for {
 		for j := 0; j < ne; j++ {
@@ -150,12 +152,19 @@ func (s *Solver) newtonSolve() bool {
 				n.eps[j] = theta * M / s.capv[j]
 			}
 		}
-		ok := s.newtonStage(100)
-		if !ok {
-			return false
+		if !s.newtonStage(newtonStageSteps) {
+			if math.IsNaN(settled) || fall < 1.1 {
+				return false
+			}
+			copy(n.mu, n.saved)
+			fall = math.Sqrt(fall)
+			theta = settled / fall
+			continue
 		}
-		if theta > thetaEnd {
-			theta = math.Max(theta/10, thetaEnd)
+		settled = theta
+		n.saved = append(n.saved[:0], n.mu...)
+		if theta > thetaEnd*(1+1e-9) {
+			theta = math.Max(theta/fall, thetaEnd)
 			continue
 		}
 		if !s.newtonSheds() {
@@ -191,6 +200,9 @@ func (s *Solver) newtonSheds() bool {
 	}
 	return true
 }
+
+// newtonStageSteps is the step budget of one continuation stage.
+const newtonStageSteps = 15
 
 // newtonStage runs Newton steps at the current ε until the unmet demand of every cluster is
 // within a relative 1e-10.
@@ -520,7 +532,8 @@ func (s *Solver) newtonStep() bool {
 			// without an engine above its price) solvable; the step cap bounds them.
 			blk[l*m+l] += 1e-12 * maxd
 		}
-		if !cholSolve(blk, rhs, m) {
+		n.first = growRaw(n.first, m)
+		if !cholSolve(blk, rhs, m, n.first) {
 			return false
 		}
 		for l, i := range mem {
@@ -531,13 +544,23 @@ func (s *Solver) newtonStep() bool {
 }
 
 // cholSolve solves A·x = b in place (b becomes x) for a symmetric positive definite m×m
-// matrix A (row-major; overwritten by its Cholesky factor). It reports false when A is not
-// positive definite.
-func cholSolve(A, b []float64, m int) bool {
+// matrix A (row-major; overwritten by its Cholesky factor), using first (scratch of m ints)
+// for the rows' envelopes: the factor has no entries left of a row's first non-zero, so a
+// banded A (clusters of a component that share engines with their neighbours in index order)
+// costs m·band² instead of m³. It reports false when A is not positive definite.
+func cholSolve(A, b []float64, m int, first []int) bool {
+	for i := 0; i < m; i++ {
+		ri := A[i*m : i*m+m]
+		f := 0
+		for f < i && ri[f] == 0 {
+			f++
+		}
+		first[i] = f
+	}
 	for k := 0; k < m; k++ {
 		rk := A[k*m : k*m+m]
 		v := rk[k]
-		for t := 0; t < k; t++ {
+		for t := first[k]; t < k; t++ {
 			v -= rk[t] * rk[t]
 		}
 		if !(v > 0) {
@@ -546,9 +569,12 @@ func cholSolve(A, b []float64, m int) bool {
 		v = math.Sqrt(v)
 		rk[k] = v
 		for i := k + 1; i < m; i++ {
+			if first[i] > k {
+				continue
+			}
 			ri := A[i*m : i*m+m]
 			w := ri[k]
-			for t := 0; t < k; t++ {
+			for t := max(first[i], first[k]); t < k; t++ {
 				w -= ri[t] * rk[t]
 			}
 			ri[k] = w / v
@@ -557,7 +583,7 @@ func cholSolve(A, b []float64, m int) bool {
 	for i := 0; i < m; i++ {
 		ri := A[i*m : i*m+m]
 		v := b[i]
-		for t := 0; t < i; t++ {
+		for t := first[i]; t < i; t++ {
 			v -= ri[t] * b[t]
 		}
 		b[i] = v / ri[i]
@@ -565,7 +591,9 @@ func cholSolve(A, b []float64, m int) bool {
 	for i := m - 1; i >= 0; i-- {
 		v := b[i]
 		for t := i + 1; t < m; t++ {
-			v -= A[t*m+i] * b[t]
+			if first[t] <= i {
+				v -= A[t*m+i] * b[t]
+			}
 		}
 		b[i] = v / A[i*m+i]
 	}
