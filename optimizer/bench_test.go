@@ -57,6 +57,7 @@ func BenchmarkSolve(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(sol.Diagnostics.Iterations), "sweeps")
+			b.ReportMetric(float64(s.newt.steps), "newton-steps")
 			b.ReportMetric(sol.Diagnostics.RelGap, "relgap")
 			if !sol.Diagnostics.Converged {
 				b.Fatalf("%s cold: relative gap %.3g above the tolerance", sz.name, sol.Diagnostics.RelGap)
@@ -78,6 +79,7 @@ func BenchmarkSolve(b *testing.B) {
 			// relgap is the gap of the weights returned, after the dead band kept some
 			// clusters' previous weights; solve-relgap is what the solve itself certified.
 			b.ReportMetric(float64(sol.Diagnostics.Iterations), "sweeps")
+			b.ReportMetric(float64(s.newt.steps), "newton-steps")
 			b.ReportMetric(sol.Diagnostics.RelGap, "relgap")
 			b.ReportMetric(sol.Diagnostics.SolveRelGap, "solve-relgap")
 			if g := sol.Diagnostics.SolveRelGap; !(g <= s.Options().Tolerance) {

@@ -46,8 +46,8 @@ type newtonState struct {
 	boff         []int     // offset of each component root's block in mat
 	mat          []float64 // dense Hessian blocks of the components
 	rhs          []float64
-	first        []int // envelope of each row, for cholSolve
-	steps, evals int
+	first        []int    // envelope of each row, for cholSolve
+	steps, evals int      // Newton steps and evaluations of the last solve
 	theta        float64  // the θ of the last successful solve
 	m            measures // the certificate of its point
 }
@@ -82,6 +82,7 @@ func (s *Solver) newtonSolve() bool {
 	n.p = grow(n.p, ne)
 	n.sl = grow(n.sl, ne)
 	n.astart = grow(n.astart, ne+1)
+	n.steps, n.evals = 0, 0
 	warm := true
 	some := false
 	for i := 0; i < nc; i++ {

@@ -689,27 +689,47 @@ func (s *Solver) measure(updatePrices bool) measures {
 	// fp is a subgradient of each engine's cost at its load. At a kink of the profile any
 	// value between the left and right derivative is valid; the one nearest the valuation
 	// (level minus network latency) of the engine's users makes the certificate tight.
+	// The users' pass is needed only when some engine sits at a kink (left and right
+	// derivatives apart by more than rounding), as at the corners of points profiles.
+	kinks, full := false, false
 	for j := range s.X {
-		s.fp[j] = math.Inf(1)
 		s.lat[j] = s.curves[j].Latency(s.X[j])
-	}
-	for i := range s.demand {
-		if math.IsNaN(s.mu[i]) || math.IsInf(s.mu[i], 0) {
-			continue
-		}
-		for k := s.start[i]; k < s.start[i+1]; k++ {
-			if j := s.eng[k]; s.x[k] > 0 && s.mu[i]-s.dist[k] < s.fp[j] {
-				s.fp[j] = s.mu[i] - s.dist[k]
-			}
-		}
-	}
-	for j := range s.X {
 		right := s.cost(j, s.X[j])
 		left := right
 		if s.X[j] > 0 {
 			left = s.cost(j, s.X[j]*(1-1e-12))
 		}
-		s.fp[j] = math.Min(math.Max(s.fp[j], left), right)
+		s.fp[j], s.bidv[j] = right, left // bidv: scratch for the left derivative
+		if left < right*(1-1e-9) {
+			kinks = true
+		}
+		if s.capv[j] > 0 && s.X[j] >= s.capv[j]*(1-1e-9) {
+			full = true
+		}
+	}
+	if kinks {
+		for j := range s.X {
+			s.fp[j] = math.Inf(1)
+		}
+		for i := range s.demand {
+			if math.IsNaN(s.mu[i]) || math.IsInf(s.mu[i], 0) {
+				continue
+			}
+			for k := s.start[i]; k < s.start[i+1]; k++ {
+				if j := s.eng[k]; s.x[k] > 0 && s.mu[i]-s.dist[k] < s.fp[j] {
+					s.fp[j] = s.mu[i] - s.dist[k]
+				}
+			}
+		}
+		for j := range s.X {
+			right := s.cost(j, s.X[j])
+			s.fp[j] = math.Min(math.Max(s.fp[j], s.bidv[j]), right)
+		}
+	}
+	if updatePrices && !full {
+		// No engine at its hard limit: no capacity prices.
+		clear(s.lam)
+		return s.gapWith(s.lam)
 	}
 	if updatePrices {
 		// The capacity price of an engine at its limit is what its users value it at beyond
