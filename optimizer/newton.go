@@ -132,13 +132,14 @@ func (s *Solver) newtonSolve() bool {
 	if !(M > 0) || math.IsInf(M, 0) {
 		return false
 	}
-	// Continuation: θ falls ten-fold per stage to the tolerance, then four-fold while the
-	// certificate is above it (at most three times). A stage that does not settle within its
-	// step budget is retried from the last settled levels with a smaller fall (the square
-	// root of the last), as on problems with many small overlapping regions where a ten-fold
-	// fall re-splits too many shared engines at once.
+	// Continuation: θ falls ten-fold per stage from 0.01 (cold) to the tolerance, then
+	// four-fold while the certificate is above it (at most three times). A stage that does not
+	// settle within its step budget is retried from the last settled levels with a smaller
+	// fall (the square root of the last), as on problems with many small overlapping regions
+	// where a ten-fold fall re-splits too many shared engines at once; when the first stage
+	// does not settle, the solve starts again at θ = 0.1.
 	thetaEnd := s.opt.Tolerance
-	theta, fall := 1e-1, 10.0
+	theta, fall := 1e-2, 10.0
 	if warm {
 		theta = thetaEnd
 		if n.theta > 0 && n.theta < theta {
@@ -146,6 +147,7 @@ func (s *Solver) newtonSolve() bool {
 		}
 	}
 	settled := math.NaN() // θ of the last settled stage
+	n.saved = append(n.saved[:0], n.mu...)
 	extra := 0
 	for {
 		for j := 0; j < ne; j++ {
@@ -154,6 +156,12 @@ func (s *Solver) newtonSolve() bool {
 			}
 		}
 		if !s.newtonStage(newtonStageSteps) {
+			if math.IsNaN(settled) && !warm && theta < 0.1 {
+				// The first stage did not settle: start again from a coarser split.
+				copy(n.mu, n.saved)
+				theta = 0.1
+				continue
+			}
 			if math.IsNaN(settled) || fall < 1.1 {
 				return false
 			}
