@@ -155,7 +155,11 @@ func (s *Solver) newtonSolve() bool {
 				n.eps[j] = theta * M / s.capv[j]
 			}
 		}
-		if !s.newtonStage(newtonStageSteps) {
+		tol := 1e-8
+		if theta > thetaEnd*(1+1e-9) {
+			tol = newtonStageTol // an intermediate stage only provides a start
+		}
+		if !s.newtonStage(newtonStageSteps, tol) {
 			if math.IsNaN(settled) && !warm && theta < 0.1 {
 				// The first stage did not settle: start again from a coarser split.
 				copy(n.mu, n.saved)
@@ -213,16 +217,19 @@ func (s *Solver) newtonSheds() bool {
 // newtonStageSteps is the step budget of one continuation stage.
 const newtonStageSteps = 15
 
+// newtonStageTol is the relative unmet demand at which an intermediate stage stops.
+const newtonStageTol = 1e-2
+
 // newtonStage runs Newton steps at the current ε until the unmet demand of every cluster is
-// within a relative 1e-10.
-func (s *Solver) newtonStage(maxSteps int) bool {
+// within tol of its demand.
+func (s *Solver) newtonStage(maxSteps int, tol float64) bool {
 	n := &s.newt
 	nc := len(s.demand)
 	q := s.newtonEval(n.mu)
 	tLast := 1.0
 	for it := 0; it < maxSteps; it++ {
 		res := s.newtonResidual()
-		if res <= 1e-8 {
+		if res <= tol {
 			return true
 		}
 		n.steps++
