@@ -2,6 +2,7 @@ package optimizer
 
 import (
 	"math"
+	"slices"
 )
 
 // The Newton path solves a regularised version of the problem on the clusters' levels. Adding
@@ -46,10 +47,15 @@ type newtonState struct {
 	boff         []int     // offset of each component root's block in mat
 	mat          []float64 // dense Hessian blocks of the components
 	rhs          []float64
-	first        []int    // envelope of each row, for cholSolve
-	steps, evals int      // Newton steps and evaluations of the last solve
-	theta        float64  // the θ of the last successful solve
-	m            measures // the certificate of its point
+	first        []int   // envelope of each row, for cholSolve
+	perm, rank   []int   // reverse Cuthill-McKee order of a block and its inverse
+	deg          []int   // degree of each row of a block
+	adj          []int32 // adjacency lists of a block: adj[adjStart[l]:adjStart[l+1]]
+	adjStart     []int
+	pmat, prhs   []float64 // the permuted block and right-hand side
+	steps, evals int       // Newton steps and evaluations of the last solve
+	theta        float64   // the θ of the last successful solve
+	m            measures  // the certificate of its point
 }
 
 func (n *newtonState) find(i int32) int32 {
@@ -548,8 +554,7 @@ func (s *Solver) newtonStep() bool {
 			// without an engine above its price) solvable; the step cap bounds them.
 			blk[l*m+l] += 1e-12 * maxd
 		}
-		n.first = growRaw(n.first, m)
-		if !cholSolve(blk, rhs, m, n.first) {
+		if !n.orderedSolve(blk, rhs, m) {
 			return false
 		}
 		for l, i := range mem {
@@ -655,4 +660,88 @@ func (s *Solver) newtonFlows() {
 	for j := range s.X {
 		s.X[j] = math.Min(s.X[j], s.capv[j])
 	}
+}
+
+// orderedSolve solves the m×m block A·x = b (b becomes x) after reordering it by reverse
+// Cuthill-McKee, which keeps the envelope of a block whose clusters share engines with a few
+// neighbours narrow whatever the clusters' indices. It reports false when A is not positive
+// definite.
+func (n *newtonState) orderedSolve(A, b []float64, m int) bool {
+	n.first = growRaw(n.first, m)
+	if m <= 2 {
+		return cholSolve(A, b, m, n.first)
+	}
+	// Adjacency from the non-zeros.
+	n.adjStart = growRaw(n.adjStart, m+1)
+	n.adj = n.adj[:0]
+	n.deg = growRaw(n.deg, m)
+	for l := 0; l < m; l++ {
+		n.adjStart[l] = len(n.adj)
+		row := A[l*m : l*m+m]
+		for c, v := range row {
+			if v != 0 && c != l {
+				n.adj = append(n.adj, int32(c))
+			}
+		}
+		n.deg[l] = len(n.adj) - n.adjStart[l]
+	}
+	n.adjStart[m] = len(n.adj)
+	// Cuthill-McKee: breadth-first from a node of least degree in each connected part,
+	// neighbours by ascending degree (ties by index); then reversed.
+	n.perm = n.perm[:0]
+	n.rank = growRaw(n.rank, m)
+	for l := range n.rank {
+		n.rank[l] = -1
+	}
+	for len(n.perm) < m {
+		start := -1
+		for l := 0; l < m; l++ {
+			if n.rank[l] < 0 && (start < 0 || n.deg[l] < n.deg[start]) {
+				start = l
+			}
+		}
+		n.rank[start] = len(n.perm)
+		n.perm = append(n.perm, start)
+		for h := len(n.perm) - 1; h < len(n.perm); h++ {
+			v := n.perm[h]
+			from := len(n.perm)
+			for _, c := range n.adj[n.adjStart[v]:n.adjStart[v+1]] {
+				if n.rank[c] < 0 {
+					n.rank[c] = len(n.perm)
+					n.perm = append(n.perm, int(c))
+				}
+			}
+			added := n.perm[from:]
+			// Insertion sort by degree, then index: the lists are short.
+			for a := 1; a < len(added); a++ {
+				for q := a; q > 0 && (n.deg[added[q]] < n.deg[added[q-1]] || n.deg[added[q]] == n.deg[added[q-1]] && added[q] < added[q-1]); q-- {
+					added[q], added[q-1] = added[q-1], added[q]
+				}
+			}
+			for q, c := range added {
+				n.rank[c] = from + q
+			}
+		}
+	}
+	slices.Reverse(n.perm)
+	for pos, l := range n.perm {
+		n.rank[l] = pos
+	}
+	n.pmat = growRaw(n.pmat, m*m)
+	n.prhs = growRaw(n.prhs, m)
+	for pa, la := range n.perm {
+		src := A[la*m : la*m+m]
+		dst := n.pmat[pa*m : pa*m+m]
+		for lb, v := range src {
+			dst[n.rank[lb]] = v
+		}
+		n.prhs[pa] = b[la]
+	}
+	if !cholSolve(n.pmat, n.prhs, m, n.first) {
+		return false
+	}
+	for pa, la := range n.perm {
+		b[la] = n.prhs[pa]
+	}
+	return true
 }
