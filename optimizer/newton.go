@@ -335,26 +335,38 @@ func (s *Solver) newtonEval(mu []float64) float64 {
 			continue
 		}
 		ecl, edist := d.ecl[e0:e1], d.edist[e0:e1]
-		bmax := math.Inf(-1)
+		eps, c := n.eps[j], s.capv[j]
+		// One pass: the top bid, and the candidates above the running threshold (the top bid
+		// so far minus ε·C, and at least m0), filtered again once the top bid is known. Nobody
+		// below bmax − ε·C can be above the price.
+		cs := len(n.alink)
+		bmax, thr := math.Inf(-1), n.m0[j]
 		for e, i := range ecl {
-			if b := lv[i] - edist[e]; b > bmax {
-				bmax = b
+			b := lv[i] - edist[e]
+			if b <= thr {
+				continue
 			}
+			if b > bmax {
+				bmax = b
+				thr = math.Max(n.m0[j], b-eps*c)
+			}
+			n.alink = append(n.alink, int32(e0+e))
+			n.ax = append(n.ax, b)
 		}
 		if !(bmax > n.m0[j]) {
 			n.p[j] = bmax
+			n.alink, n.ax = n.alink[:cs], n.ax[:cs]
 			continue
 		}
-		eps, c := n.eps[j], s.capv[j]
-		lo := math.Max(n.m0[j], bmax-eps*c)
-		// Candidates: bidders above lo (nobody below can be above the price).
-		cs := len(n.alink)
-		for e, i := range ecl {
-			if b := lv[i] - edist[e]; b > lo {
-				n.alink = append(n.alink, int32(e0+e))
-				n.ax = append(n.ax, b)
+		lo := thr
+		w := cs
+		for q := cs; q < len(n.ax); q++ {
+			if n.ax[q] > lo {
+				n.alink[w], n.ax[w] = n.alink[q], n.ax[q]
+				w++
 			}
 		}
+		n.alink, n.ax = n.alink[:w], n.ax[:w]
 		bids := n.ax[cs:]
 		// G(p) = Σ (b − p)+/ε − X(p), decreasing; G(lo) ≥ 0 > G(bmax).
 		a, b := lo, bmax
@@ -394,7 +406,7 @@ func (s *Solver) newtonEval(mu []float64) float64 {
 		}
 		n.p[j], n.sl[j] = pr, sl
 		// Keep the bidders above the price, with their flows.
-		w := cs
+		w = cs
 		X, bx, xx := 0.0, 0.0, 0.0
 		for q, v := range bids {
 			if v > pr {
