@@ -103,6 +103,25 @@ func (s *Solver) newtonSolve() bool {
 	if !some {
 		return false
 	}
+	// Demand beyond the capacity of every engine the clusters may use is shed: leave it to the
+	// other paths at once (a regional overload shows as levels at shed prices later).
+	total, reach := 0.0, 0.0
+	for i, a := range n.act {
+		if a {
+			total += s.demand[i]
+		}
+	}
+	for j := 0; j < ne; j++ {
+		for _, i := range s.dual.ecl[s.dual.estart[j]:s.dual.estart[j+1]] {
+			if n.act[i] {
+				reach += s.capv[j]
+				break
+			}
+		}
+	}
+	if total >= reach {
+		return false
+	}
 	for j := 0; j < ne; j++ {
 		n.m0[j] = math.Inf(1)
 		if s.capv[j] > 0 {
@@ -166,6 +185,9 @@ func (s *Solver) newtonSolve() bool {
 			tol = newtonStageTol // an intermediate stage only provides a start
 		}
 		if !s.newtonStage(newtonStageSteps, tol) {
+			if !s.newtonSheds() {
+				return false // levels at shed prices: the optimum sheds
+			}
 			if math.IsNaN(settled) && !warm && theta < 0.1 {
 				// The first stage did not settle: start again from a coarser split.
 				copy(n.mu, n.saved)
