@@ -50,13 +50,17 @@ func BenchmarkSolve(b *testing.B) {
 		b.Run(sz.name+"/cold", func(b *testing.B) {
 			s := NewSolver(DefaultOptions())
 			var sol *Solution
+			c0, n := cpuTime(), 0
 			for b.Loop() {
 				var err error
 				if sol, err = s.Solve(p, nil); err != nil {
 					b.Fatal(err)
 				}
+				n++
 			}
+			b.ReportMetric(float64((cpuTime()-c0).Microseconds())/1000/float64(n), "cpu-ms/op")
 			b.ReportMetric(float64(sol.Diagnostics.Iterations), "sweeps")
+			b.ReportMetric(float64(s.newt.steps), "newton-steps")
 			b.ReportMetric(sol.Diagnostics.RelGap, "relgap")
 			if !sol.Diagnostics.Converged {
 				b.Fatalf("%s cold: relative gap %.3g above the tolerance", sz.name, sol.Diagnostics.RelGap)
@@ -70,14 +74,18 @@ func BenchmarkSolve(b *testing.B) {
 			}
 			q := perturb(p)
 			var sol *Solution
+			c0, n := cpuTime(), 0
 			for b.Loop() {
 				if sol, err = s.Solve(q, prev); err != nil {
 					b.Fatal(err)
 				}
+				n++
 			}
+			b.ReportMetric(float64((cpuTime()-c0).Microseconds())/1000/float64(n), "cpu-ms/op")
 			// relgap is the gap of the weights returned, after the dead band kept some
 			// clusters' previous weights; solve-relgap is what the solve itself certified.
 			b.ReportMetric(float64(sol.Diagnostics.Iterations), "sweeps")
+			b.ReportMetric(float64(s.newt.steps), "newton-steps")
 			b.ReportMetric(sol.Diagnostics.RelGap, "relgap")
 			b.ReportMetric(sol.Diagnostics.SolveRelGap, "solve-relgap")
 			if g := sol.Diagnostics.SolveRelGap; !(g <= s.Options().Tolerance) {

@@ -1,0 +1,781 @@
+package optimizer
+
+import (
+	"math"
+	"slices"
+)
+
+// The Newton path solves a regularised version of the problem on the clusters' levels. Adding
+// (ε_j/2)·Σ_i x_ij² to every engine's cost makes the split of an engine among the clusters that
+// bid for it unique and continuous in the levels: at levels μ, engine j's price p_j solves
+//
+//	Σ_i max(0, μ_i − d_ij − p_j) / ε_j = X_j(p_j)      (X_j = F_j'^{-1}, the engine's supply)
+//
+// and cluster i gets x_ij = max(0, μ_i − d_ij − p_j)/ε_j. The dual function of the regularised
+// problem, q(μ) = Σ_i μ_i D_i − Σ_j h_j(μ), is concave and continuously differentiable, its
+// gradient is the clusters' unmet demand r_i = D_i − Σ_j x_ij, and its Hessian is, per engine
+// with bidders A (those above the price), −(1/ε_j)(I_A − 1_A 1_Aᵀ/(|A| + ε_j X_j'(p_j))). It
+// has as many variables as clusters and decomposes over the components of clusters linked by
+// shared engines, so a Newton step costs one pass over the links plus a dense factorisation per
+// component. Newton steps with a line search on q solve it; ε is lowered in stages
+// (continuation) from a coarse split that links many clusters to a fine one.
+//
+// At the regularised optimum the marginal cost d_ij + F_j'(X_j) of every engine a cluster uses
+// is within ε_j·x_ij of its level and no unused engine is cheaper than the level, so the duality
+// gap of the unregularised problem is at most Σ_i D_i·max_j ε_j x_ij: with ε_j = θ·M/C_j (M the
+// market-clearing marginal cost, C_j the capacity) the relative gap is of the order of θ. The
+// certificate is computed afterwards by the same code as for every other path.
+
+// newtonState holds the buffers of the Newton path.
+type newtonState struct {
+	act          []bool    // cluster takes part: positive demand and links
+	eps          []float64 // per engine regularisation
+	m0           []float64 // marginal cost at zero load per engine (+Inf: no capacity)
+	p, sl        []float64 // per engine price and supply slope X'(p)
+	astart       []int     // engine j's bidders above its price: alink/ax[astart[j]:astart[j+1]]
+	alink        []int32   // engine-major link index of each bidder
+	ax           []float64 // its flow
+	served, r    []float64 // per cluster served traffic and unmet demand
+	mu, trial    []float64 // levels and trial levels
+	saved        []float64 // levels of the last settled stage
+	lv           []float64 // levels of the clusters that take part, -Inf for the others
+	step         []float64 // Newton step
+	uf           []int32   // union-find over clusters (components of the Hessian)
+	loc          []int32   // index of a cluster within its component
+	cstart       []int     // members of component roots, by counting sort
+	cmem         []int32
+	boff         []int     // offset of each component root's block in mat
+	mat          []float64 // dense Hessian blocks of the components
+	rhs          []float64
+	first        []int   // envelope of each row, for cholSolve
+	perm, rank   []int   // reverse Cuthill-McKee order of a block and its inverse
+	deg          []int   // degree of each row of a block
+	adj          []int32 // adjacency lists of a block: adj[adjStart[l]:adjStart[l+1]]
+	adjStart     []int
+	pmat, prhs   []float64 // the permuted block and right-hand side
+	steps, evals int       // Newton steps and evaluations of the last solve
+	theta        float64   // the θ of the last successful solve
+	m            measures  // the certificate of its point
+}
+
+func (n *newtonState) find(i int32) int32 {
+	for n.uf[i] != i {
+		n.uf[i] = n.uf[n.uf[i]]
+		i = n.uf[i]
+	}
+	return i
+}
+
+// newtonSolve runs the Newton path. It starts from the levels in s.mu (warm, when every
+// cluster that takes part has one) or from a common level, and on success leaves flows, loads,
+// shed and levels in the solver's buffers. It fails (reports false) when the optimum sheds
+// demand, when a problem has hard limits that bind, or when the steps do not converge; the
+// caller then takes the other paths from a fresh setup.
+func (s *Solver) newtonSolve() bool {
+	n := &s.newt
+	nc, ne := len(s.demand), len(s.X)
+	s.dualLinks()
+	n.act = grow(n.act, nc)
+	n.served = grow(n.served, nc)
+	n.r = grow(n.r, nc)
+	n.mu = grow(n.mu, nc)
+	n.trial = grow(n.trial, nc)
+	n.step = grow(n.step, nc)
+	n.uf = grow(n.uf, nc)
+	n.loc = grow(n.loc, nc)
+	n.eps = grow(n.eps, ne)
+	n.m0 = grow(n.m0, ne)
+	n.p = grow(n.p, ne)
+	n.sl = grow(n.sl, ne)
+	n.astart = grow(n.astart, ne+1)
+	n.steps, n.evals = 0, 0
+	warm := true
+	some := false
+	for i := 0; i < nc; i++ {
+		if s.demand[i] > 0 && s.start[i+1] > s.start[i] {
+			n.act[i] = true
+			some = true
+			if math.IsNaN(s.mu[i]) || math.IsInf(s.mu[i], 0) {
+				warm = false
+			}
+		}
+	}
+	if !some {
+		return false
+	}
+	// Demand beyond the capacity of every engine the clusters may use is shed: leave it to the
+	// other paths at once (a regional overload shows as levels at shed prices later).
+	total, reach := 0.0, 0.0
+	for i, a := range n.act {
+		if a {
+			total += s.demand[i]
+		}
+	}
+	for j := 0; j < ne; j++ {
+		for _, i := range s.dual.ecl[s.dual.estart[j]:s.dual.estart[j+1]] {
+			if n.act[i] {
+				reach += s.capv[j]
+				break
+			}
+		}
+	}
+	if total >= reach {
+		return false
+	}
+	for j := 0; j < ne; j++ {
+		n.m0[j] = math.Inf(1)
+		if s.capv[j] > 0 {
+			n.m0[j] = s.curves[j].Marginal(0)
+		}
+		n.p[j] = math.NaN()
+	}
+	var M float64
+	if warm {
+		sum, w := 0.0, 0.0
+		for i := 0; i < nc; i++ {
+			if n.act[i] {
+				n.mu[i] = s.mu[i]
+				sum += s.mu[i] * s.demand[i]
+				w += s.demand[i]
+			}
+		}
+		M = sum / w
+	} else {
+		common := s.commonLevel()
+		M = common
+		for i := 0; i < nc; i++ {
+			if !n.act[i] {
+				continue
+			}
+			lo := math.Inf(1)
+			for k := s.start[i]; k < s.start[i+1]; k++ {
+				lo = math.Min(lo, s.dist[k])
+			}
+			n.mu[i] = common + lo
+		}
+	}
+	if !(M > 0) || math.IsInf(M, 0) {
+		return false
+	}
+	// Continuation: θ falls ten-fold per stage from 0.01 (cold) to the tolerance, then
+	// four-fold while the certificate is above it (at most three times). A stage that does not
+	// settle within its step budget is retried from the last settled levels with a smaller
+	// fall (the square root of the last), as on problems with many small overlapping regions
+	// where a ten-fold fall re-splits too many shared engines at once; when the first stage
+	// does not settle, the solve starts again at θ = 0.1.
+	thetaEnd := s.opt.Tolerance
+	theta, fall := 1e-2, 10.0
+	if warm {
+		theta = thetaEnd
+		if n.theta > 0 && n.theta < theta {
+			theta = n.theta // the previous solve needed a finer split
+		}
+	}
+	settled := math.NaN() // θ of the last settled stage
+	n.saved = append(n.saved[:0], n.mu...)
+	extra := 0
+	for {
+		for j := 0; j < ne; j++ {
+			if s.capv[j] > 0 {
+				n.eps[j] = theta * M / s.capv[j]
+			}
+		}
+		tol := 1e-8
+		if theta > thetaEnd*(1+1e-9) {
+			tol = newtonStageTol // an intermediate stage only provides a start
+		}
+		if !s.newtonStage(newtonStageSteps, tol) {
+			if !s.newtonSheds() {
+				return false // levels at shed prices: the optimum sheds
+			}
+			if math.IsNaN(settled) && !warm && theta < 0.1 {
+				// The first stage did not settle: start again from a coarser split.
+				copy(n.mu, n.saved)
+				theta = 0.1
+				continue
+			}
+			if math.IsNaN(settled) || fall < 1.1 {
+				return false
+			}
+			copy(n.mu, n.saved)
+			fall = math.Sqrt(fall)
+			theta = settled / fall
+			continue
+		}
+		settled = theta
+		n.saved = append(n.saved[:0], n.mu...)
+		if theta > thetaEnd*(1+1e-9) {
+			theta = math.Max(theta/fall, thetaEnd)
+			continue
+		}
+		if !s.newtonSheds() {
+			return false
+		}
+		s.newtonFlows()
+		if n.m = s.measure(true); n.m.relGap <= s.opt.Tolerance {
+			n.theta = theta
+			return true
+		}
+		if extra++; extra > 3 {
+			return false
+		}
+		theta /= 4
+	}
+}
+
+// newtonSheds reports whether the levels are below the shed prices of every class with
+// demand: the Newton path does not model shedding, so an optimum that sheds is left to the
+// other paths.
+func (s *Solver) newtonSheds() bool {
+	n := &s.newt
+	for i := range n.act {
+		if !n.act[i] {
+			continue
+		}
+		dem := &s.p.Clusters[i].Demand
+		for q := range dem {
+			if dem[q] > 0 && !(n.mu[i] < s.opt.ShedPriceMs[q]) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// newtonStageSteps is the step budget of one continuation stage.
+const newtonStageSteps = 15
+
+// newtonStageTol is the relative unmet demand at which an intermediate stage stops.
+const newtonStageTol = 1e-2
+
+// newtonStage runs Newton steps at the current ε until the unmet demand of every cluster is
+// within tol of its demand.
+func (s *Solver) newtonStage(maxSteps int, tol float64) bool {
+	n := &s.newt
+	nc := len(s.demand)
+	q := s.newtonEval(n.mu)
+	tLast := 1.0
+	for it := 0; it < maxSteps; it++ {
+		res := s.newtonResidual()
+		if res <= tol {
+			return true
+		}
+		n.steps++
+		if !s.newtonStep() {
+			return false
+		}
+		// Cap the step so that a cluster with no engine above its price (a flat direction)
+		// does not jump far.
+		big, slope := 0.0, 0.0
+		for i := 0; i < nc; i++ {
+			if n.act[i] {
+				big = math.Max(big, math.Abs(n.step[i]))
+				slope += n.r[i] * n.step[i]
+			}
+		}
+		maxStep := 0.5 * math.Abs(s.newtonScale())
+		// Start the line search from 8 times the last accepted step length: after a step that
+		// needed halving, the next full step usually does too.
+		t := min(1, 8*tLast)
+		if big*t > maxStep {
+			t = maxStep / big
+		}
+		accepted := false
+		for ls := 0; ls < 40; ls++ {
+			for i := 0; i < nc; i++ {
+				n.trial[i] = n.mu[i]
+				if n.act[i] {
+					n.trial[i] += t * n.step[i]
+				}
+			}
+			qt := s.newtonEval(n.trial)
+			n.evals++
+			if qt >= q+1e-4*t*slope || s.newtonResidual() < 0.9*res {
+				q = qt
+				tLast = t
+				accepted = true
+				break
+			}
+			t *= 0.5
+		}
+		if !accepted {
+			return false
+		}
+		n.mu, n.trial = n.trial, n.mu
+	}
+	return false
+}
+
+// newtonScale returns the mean level (a scale for step caps).
+func (s *Solver) newtonScale() float64 {
+	n := &s.newt
+	sum, w := 0.0, 0.0
+	for i, a := range n.act {
+		if a {
+			sum += math.Abs(n.mu[i])
+			w++
+		}
+	}
+	return sum / w
+}
+
+// newtonResidual returns the largest unmet demand relative to the cluster's demand.
+func (s *Solver) newtonResidual() float64 {
+	n := &s.newt
+	res := 0.0
+	for i, a := range n.act {
+		if a {
+			res = math.Max(res, math.Abs(n.r[i])/s.demand[i])
+		}
+	}
+	return res
+}
+
+// newtonEval computes, at levels mu, every engine's price, its bidders and their flows, the
+// clusters' unmet demand (n.r) and the regularised dual function, which it returns.
+func (s *Solver) newtonEval(mu []float64) float64 {
+	n := &s.newt
+	d := &s.dual
+	ne := len(s.X)
+	clear(n.served)
+	n.alink = n.alink[:0]
+	n.ax = n.ax[:0]
+	// Levels with -Inf for the clusters that do not take part: they never bid.
+	n.lv = growRaw(n.lv, len(mu))
+	lv := n.lv
+	for i, a := range n.act {
+		lv[i] = math.Inf(-1)
+		if a {
+			lv[i] = mu[i]
+		}
+	}
+	h := 0.0
+	for j := 0; j < ne; j++ {
+		n.astart[j] = len(n.alink)
+		e0, e1 := d.estart[j], d.estart[j+1]
+		if e0 == e1 || math.IsInf(n.m0[j], 1) {
+			continue
+		}
+		ecl, edist := d.ecl[e0:e1], d.edist[e0:e1]
+		eps, c := n.eps[j], s.capv[j]
+		// One pass: the top bid, and the candidates above the running threshold (the top bid
+		// so far minus ε·C, and at least m0), filtered again once the top bid is known. Nobody
+		// below bmax − ε·C can be above the price.
+		cs := len(n.alink)
+		bmax, thr := math.Inf(-1), n.m0[j]
+		for e, i := range ecl {
+			b := lv[i] - edist[e]
+			if b <= thr {
+				continue
+			}
+			if b > bmax {
+				bmax = b
+				thr = math.Max(n.m0[j], b-eps*c)
+			}
+			n.alink = append(n.alink, int32(e0+e))
+			n.ax = append(n.ax, b)
+		}
+		if !(bmax > n.m0[j]) {
+			n.p[j] = bmax
+			n.alink, n.ax = n.alink[:cs], n.ax[:cs]
+			continue
+		}
+		lo := thr
+		w := cs
+		for q := cs; q < len(n.ax); q++ {
+			if n.ax[q] > lo {
+				n.alink[w], n.ax[w] = n.alink[q], n.ax[q]
+				w++
+			}
+		}
+		n.alink, n.ax = n.alink[:w], n.ax[:w]
+		bids := n.ax[cs:]
+		// G(p) = Σ (b − p)+/ε − X(p), decreasing; G(lo) ≥ 0 > G(bmax).
+		a, b := lo, bmax
+		pr := n.p[j]
+		if !(pr > a && pr < b) {
+			pr = b - 0.5*math.Min(b-a, eps*c)
+		}
+		var sl float64
+		for it := 0; it < 100; it++ {
+			sum, cnt := 0.0, 0
+			for _, v := range bids {
+				if v > pr {
+					sum += v - pr
+					cnt++
+				}
+			}
+			x, dx := s.curves[j].InverseMarginal(pr)
+			sl = dx
+			g := sum/eps - x
+			// The bids are exact only to their rounding: stop at a residual of that order.
+			if math.Abs(g) <= 1e-13*(c+x)+4e-16*float64(cnt+1)*math.Abs(pr)/eps {
+				break
+			}
+			if g > 0 {
+				a = pr
+			} else {
+				b = pr
+			}
+			if b-a <= 1e-15*(math.Abs(a)+math.Abs(b)) {
+				break
+			}
+			next := pr - g/(-float64(cnt)/eps-dx)
+			if !(next > a && next < b) {
+				next = 0.5 * (a + b)
+			}
+			pr = next
+		}
+		n.p[j], n.sl[j] = pr, sl
+		// Keep the bidders above the price, with their flows.
+		w = cs
+		X, bx, xx := 0.0, 0.0, 0.0
+		for q, v := range bids {
+			if v > pr {
+				x := (v - pr) / eps
+				n.alink[w] = n.alink[cs+q]
+				n.ax[w] = x
+				w++
+				X += x
+				bx += v * x
+				xx += x * x
+				n.served[d.ecl[n.alink[w-1]]] += x
+			}
+		}
+		n.alink, n.ax = n.alink[:w], n.ax[:w]
+		h += bx - X*s.curves[j].Latency(X) - 0.5*eps*xx
+	}
+	n.astart[ne] = len(n.alink)
+	q := -h
+	for i, a := range n.act {
+		n.r[i] = 0
+		if a {
+			n.r[i] = s.demand[i] - n.served[i]
+			q += mu[i] * s.demand[i]
+		}
+	}
+	return q
+}
+
+// newtonStep computes the Newton step (n.step) from the last evaluation: it solves
+// J·step = r per component of the Hessian J.
+func (s *Solver) newtonStep() bool {
+	n := &s.newt
+	d := &s.dual
+	nc, ne := len(s.demand), len(s.X)
+	for i := range n.uf {
+		n.uf[i] = int32(i)
+	}
+	for j := 0; j < ne; j++ {
+		a0, a1 := n.astart[j], n.astart[j+1]
+		if a1-a0 < 2 {
+			continue
+		}
+		r0 := n.find(d.ecl[n.alink[a0]])
+		for _, e := range n.alink[a0+1 : a1] {
+			r1 := n.find(d.ecl[e])
+			if r0 != r1 {
+				if r1 < r0 {
+					r0, r1 = r1, r0
+				}
+				n.uf[r1] = r0
+			}
+		}
+	}
+	n.cstart = grow(n.cstart, nc+1)
+	for i := 0; i < nc; i++ {
+		if n.act[i] {
+			n.cstart[n.find(int32(i))+1]++
+		}
+	}
+	for i := 0; i < nc; i++ {
+		n.cstart[i+1] += n.cstart[i]
+	}
+	n.cmem = grow(n.cmem, n.cstart[nc])
+	fill := n.loc // scratch, overwritten below
+	for i := 0; i < nc; i++ {
+		fill[i] = int32(n.cstart[i])
+	}
+	for i := 0; i < nc; i++ {
+		if n.act[i] {
+			r := n.find(int32(i))
+			n.cmem[fill[r]] = int32(i)
+			fill[r]++
+		}
+	}
+	for r := 0; r < nc; r++ {
+		mem := n.cmem[n.cstart[r]:n.cstart[r+1]]
+		for l, i := range mem {
+			n.loc[i] = int32(l)
+		}
+	}
+	// An engine belongs to the component of its bidders: assemble every component's dense
+	// block in one pass over the engines, each block at its offset in one buffer.
+	n.boff = growRaw(n.boff, nc)
+	total := 0
+	for r := 0; r < nc; r++ {
+		n.boff[r] = total
+		m := n.cstart[r+1] - n.cstart[r]
+		total += m * m
+	}
+	boff := n.boff
+	n.mat = grow(n.mat, total)
+	n.rhs = grow(n.rhs, nc)
+	for j := 0; j < ne; j++ {
+		a0, a1 := n.astart[j], n.astart[j+1]
+		if a0 == a1 {
+			continue
+		}
+		eps, sl := n.eps[j], n.sl[j]
+		if a1-a0 == 1 {
+			i := d.ecl[n.alink[a0]]
+			r := n.find(i)
+			m := n.cstart[r+1] - n.cstart[r]
+			l := int(n.loc[i])
+			n.mat[boff[r]+l*m+l] += sl / (1 + eps*sl)
+			continue
+		}
+		cnt := float64(a1 - a0)
+		c := 1 / (cnt + eps*sl)
+		r := n.find(d.ecl[n.alink[a0]])
+		m := n.cstart[r+1] - n.cstart[r]
+		blk := n.mat[boff[r] : boff[r]+m*m]
+		for _, e := range n.alink[a0:a1] {
+			la := int(n.loc[d.ecl[e]])
+			blk[la*m+la] += 1 / eps
+			for _, f := range n.alink[a0:a1] {
+				lb := int(n.loc[d.ecl[f]])
+				blk[la*m+lb] -= c / eps
+			}
+		}
+	}
+	for r := 0; r < nc; r++ {
+		mem := n.cmem[n.cstart[r]:n.cstart[r+1]]
+		m := len(mem)
+		if m == 0 {
+			continue
+		}
+		blk := n.mat[boff[r] : boff[r]+m*m]
+		if m == 1 && !(blk[0] > 0) {
+			// A cluster with no engine above its price: raise its level to where its cheapest
+			// engine starts to take traffic.
+			i := int(mem[0])
+			lo, best := math.Inf(1), -1
+			for k := s.start[i]; k < s.start[i+1]; k++ {
+				j := s.eng[k]
+				if pj := math.Max(n.p[j], n.m0[j]); pj+s.dist[k] < lo {
+					lo, best = pj+s.dist[k], int(j)
+				}
+			}
+			n.step[i] = 0
+			if best >= 0 && !math.IsInf(lo, 0) {
+				// Enter it by as much as its unmet demand needs at the current price.
+				n.step[i] = lo - n.mu[i] + n.eps[best]*math.Max(n.r[i], 0) + 1e-9*(math.Abs(lo)+1)
+			}
+			continue
+		}
+		rhs := n.rhs[:m]
+		maxd := 0.0
+		for l := 0; l < m; l++ {
+			maxd = math.Max(maxd, blk[l*m+l])
+		}
+		if !(maxd > 0) {
+			maxd = 1
+		}
+		for l, i := range mem {
+			rhs[l] = n.r[i]
+			// Damping: a tiny multiple of the largest diagonal keeps flat directions (a cluster
+			// without an engine above its price) solvable; the step cap bounds them.
+			blk[l*m+l] += 1e-12 * maxd
+		}
+		if !n.orderedSolve(blk, rhs, m) {
+			return false
+		}
+		for l, i := range mem {
+			n.step[i] = rhs[l]
+		}
+	}
+	return true
+}
+
+// cholSolve solves A·x = b in place (b becomes x) for a symmetric positive definite m×m
+// matrix A (row-major; overwritten by its Cholesky factor), using first (scratch of m ints)
+// for the rows' envelopes: the factor has no entries left of a row's first non-zero, so a
+// banded A (clusters of a component that share engines with their neighbours in index order)
+// costs m·band² instead of m³. It reports false when A is not positive definite.
+func cholSolve(A, b []float64, m int, first []int) bool {
+	for i := 0; i < m; i++ {
+		ri := A[i*m : i*m+m]
+		f := 0
+		for f < i && ri[f] == 0 {
+			f++
+		}
+		first[i] = f
+	}
+	for k := 0; k < m; k++ {
+		rk := A[k*m : k*m+m]
+		v := rk[k]
+		for t := first[k]; t < k; t++ {
+			v -= rk[t] * rk[t]
+		}
+		if !(v > 0) {
+			return false
+		}
+		v = math.Sqrt(v)
+		rk[k] = v
+		for i := k + 1; i < m; i++ {
+			if first[i] > k {
+				continue
+			}
+			ri := A[i*m : i*m+m]
+			w := ri[k]
+			for t := max(first[i], first[k]); t < k; t++ {
+				w -= ri[t] * rk[t]
+			}
+			ri[k] = w / v
+		}
+	}
+	for i := 0; i < m; i++ {
+		ri := A[i*m : i*m+m]
+		v := b[i]
+		for t := first[i]; t < i; t++ {
+			v -= ri[t] * b[t]
+		}
+		b[i] = v / ri[i]
+	}
+	for i := m - 1; i >= 0; i-- {
+		v := b[i]
+		for t := i + 1; t < m; t++ {
+			if first[t] <= i {
+				v -= A[t*m+i] * b[t]
+			}
+		}
+		b[i] = v / A[i*m+i]
+	}
+	return true
+}
+
+// newtonFlows writes the flows of the last evaluation into the solver's buffers, scaled so
+// that every cluster serves its demand exactly.
+func (s *Solver) newtonFlows() {
+	n := &s.newt
+	d := &s.dual
+	nc, ne := len(s.demand), len(s.X)
+	clear(s.x)
+	for j := 0; j < ne; j++ {
+		for a := n.astart[j]; a < n.astart[j+1]; a++ {
+			e := n.alink[a]
+			s.x[d.ein[e]] = n.ax[a]
+		}
+	}
+	clear(s.X)
+	for i := 0; i < nc; i++ {
+		e0, e1 := s.start[i], s.start[i+1]
+		switch {
+		case n.act[i]:
+			if f := s.demand[i] / n.served[i]; n.served[i] > 0 {
+				for k := e0; k < e1; k++ {
+					s.x[k] *= f
+				}
+			}
+			s.shed[i] = 0
+			s.mu[i] = n.mu[i]
+		case s.demand[i] > 0:
+			s.shed[i] = s.demand[i]
+			s.mu[i] = math.Inf(1)
+		default:
+			s.shed[i] = 0
+			s.mu[i] = math.NaN()
+		}
+		for k := e0; k < e1; k++ {
+			s.X[s.eng[k]] += s.x[k]
+		}
+	}
+	for j := range s.X {
+		s.X[j] = math.Min(s.X[j], s.capv[j])
+	}
+}
+
+// orderedSolve solves the m×m block A·x = b (b becomes x) after reordering it by reverse
+// Cuthill-McKee, which keeps the envelope of a block whose clusters share engines with a few
+// neighbours narrow whatever the clusters' indices. It reports false when A is not positive
+// definite.
+func (n *newtonState) orderedSolve(A, b []float64, m int) bool {
+	n.first = growRaw(n.first, m)
+	if m <= 2 {
+		return cholSolve(A, b, m, n.first)
+	}
+	// Adjacency from the non-zeros.
+	n.adjStart = growRaw(n.adjStart, m+1)
+	n.adj = n.adj[:0]
+	n.deg = growRaw(n.deg, m)
+	for l := 0; l < m; l++ {
+		n.adjStart[l] = len(n.adj)
+		row := A[l*m : l*m+m]
+		for c, v := range row {
+			if v != 0 && c != l {
+				n.adj = append(n.adj, int32(c))
+			}
+		}
+		n.deg[l] = len(n.adj) - n.adjStart[l]
+	}
+	n.adjStart[m] = len(n.adj)
+	// Cuthill-McKee: breadth-first from a node of least degree in each connected part,
+	// neighbours by ascending degree (ties by index); then reversed.
+	n.perm = n.perm[:0]
+	n.rank = growRaw(n.rank, m)
+	for l := range n.rank {
+		n.rank[l] = -1
+	}
+	for len(n.perm) < m {
+		start := -1
+		for l := 0; l < m; l++ {
+			if n.rank[l] < 0 && (start < 0 || n.deg[l] < n.deg[start]) {
+				start = l
+			}
+		}
+		n.rank[start] = len(n.perm)
+		n.perm = append(n.perm, start)
+		for h := len(n.perm) - 1; h < len(n.perm); h++ {
+			v := n.perm[h]
+			from := len(n.perm)
+			for _, c := range n.adj[n.adjStart[v]:n.adjStart[v+1]] {
+				if n.rank[c] < 0 {
+					n.rank[c] = len(n.perm)
+					n.perm = append(n.perm, int(c))
+				}
+			}
+			added := n.perm[from:]
+			// Insertion sort by degree, then index: the lists are short.
+			for a := 1; a < len(added); a++ {
+				for q := a; q > 0 && (n.deg[added[q]] < n.deg[added[q-1]] || n.deg[added[q]] == n.deg[added[q-1]] && added[q] < added[q-1]); q-- {
+					added[q], added[q-1] = added[q-1], added[q]
+				}
+			}
+			for q, c := range added {
+				n.rank[c] = from + q
+			}
+		}
+	}
+	slices.Reverse(n.perm)
+	for pos, l := range n.perm {
+		n.rank[l] = pos
+	}
+	n.pmat = growRaw(n.pmat, m*m)
+	n.prhs = growRaw(n.prhs, m)
+	for pa, la := range n.perm {
+		src := A[la*m : la*m+m]
+		dst := n.pmat[pa*m : pa*m+m]
+		for lb, v := range src {
+			dst[n.rank[lb]] = v
+		}
+		n.prhs[pa] = b[la]
+	}
+	if !cholSolve(n.pmat, n.prhs, m, n.first) {
+		return false
+	}
+	for pa, la := range n.perm {
+		b[la] = n.prhs[pa]
+	}
+	return true
+}
