@@ -394,7 +394,7 @@ func (s *SnapshotStore) buildSnapshotTable(snap *messages.WeightSnapshot) (*Tabl
 		scale = 1 / sum
 	}
 	engine := func(name string) Engine {
-		e := Engine{Name: name, Weight: math.Min(1, snap.Weights[name]*scale)}
+		e := Engine{Name: name, Weight: math.Min(1, snap.Weights[name]*scale), Utilisation: snap.Utilisation[name]}
 		if s.opts.Signals != nil {
 			if ep, ok := s.opts.Signals.Endpoints(snap.Model, name); ok {
 				e.URL, e.Subject = ep.URL, ep.Subject
