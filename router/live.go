@@ -109,7 +109,6 @@ func (b *Bound) TotalInFlight() int64 { return b.set.total.Load() }
 // Release on the same Bound.
 func (b *Bound) Acquire(i int) {
 	b.engines[i].inflight.Add(1)
-	b.engines[i].load.sent.Add(1)
 	b.set.total.Add(1)
 }
 

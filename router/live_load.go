@@ -8,28 +8,32 @@ import (
 )
 
 // engineLoad is what a router knows of one engine's load: the requests
-// queued and running in the engine's newest signal plus those this router
-// has sent the engine since, and the engine's batch slots. It is blind to
-// the completions between two signals, like any view built on them.
+// queued and running in the engine's newest signal that other routers sent
+// (the signal's count minus this router's in-flight requests when it
+// arrived), and the engine's batch slots. The router's own share is its
+// in-flight count now, exact; only the other routers' share is up to a
+// signal period old. (Counting this router's sends since the signal
+// instead, blind to their completions, overstates most the engines this
+// router loads most, and so pulls its traffic off the weights.)
 type engineLoad struct {
-	sent  atomic.Int64  // requests this router has sent the engine, ever
-	base  atomic.Int64  // sent when the newest signal arrived, minus its queued and running
-	slots atomic.Uint64 // math.Float64bits of the engine's batch slots; 0 before any signal
+	others atomic.Int64  // outstanding at the newest signal that are not this router's
+	slots  atomic.Uint64 // math.Float64bits of the engine's batch slots; 0 before any signal
 }
 
-// load returns the load per batch slot, NaN when unknown.
-func (l *engineLoad) load() float64 {
+// load returns the load per batch slot given this router's in-flight
+// requests on the engine now, NaN when unknown.
+func (l *engineLoad) load(inflight int64) float64 {
 	slots := math.Float64frombits(l.slots.Load())
 	if slots <= 0 {
 		return math.NaN()
 	}
-	return float64(max(0, l.sent.Load()-l.base.Load())) / slots
+	return float64(l.others.Load()+max(0, inflight)) / slots
 }
 
-// observe folds in a signal: the outstanding requests it reports become the
-// base that this router's later sends add to.
-func (l *engineLoad) observe(sig *messages.EngineSignal) {
-	l.base.Store(l.sent.Load() - int64(sig.Queue) - int64(sig.Running))
+// observe folds in a signal, given this router's in-flight requests on the
+// engine as it arrives.
+func (l *engineLoad) observe(sig *messages.EngineSignal, inflight int64) {
+	l.others.Store(max(0, int64(sig.Queue)+int64(sig.Running)-max(0, inflight)))
 	l.slots.Store(math.Float64bits(BatchSlots(sig)))
 }
 
@@ -51,19 +55,23 @@ func BatchSlots(sig *messages.EngineSignal) float64 {
 // ObserveSignal folds an engine's newest signal into the live state of the
 // engine it names, for Bound.Load. The caller keeps ownership of sig.
 func (s *LiveSet) ObserveSignal(sig *messages.EngineSignal) {
-	s.Engine(sig.Engine).load.observe(sig)
+	e := s.Engine(sig.Engine)
+	e.load.observe(sig, e.inflight.Load())
 }
 
 // Load returns engine i's load per batch slot as this router sees it: the
-// requests queued and running in the engine's newest signal plus the
-// requests this router has sent it since, over the engine's batch slots
-// (BatchSlots). It is NaN while the load is unknown — before the engine's
-// first signal, or when its signal gives no batch size — and a NaN load
-// never wins a comparison, so PickTwo keeps its first, weighted candidate:
+// requests queued and running in the engine's newest signal that other
+// routers sent, plus this router's in-flight requests on it now, over the
+// engine's batch slots (BatchSlots). It is NaN while the load is unknown —
+// before the engine's first signal, or when its signal gives no batch size
+// — and a NaN load never wins a comparison, so PickTwo keeps its first, weighted candidate:
 // without load signals the weights alone decide. Load makes a Bound a
 // LoadGuard for Table.PickTwo and Table.PickRecent; it takes no lock and
 // does not allocate.
-func (b *Bound) Load(i int) float64 { return b.engines[i].load.load() }
+func (b *Bound) Load(i int) float64 {
+	e := b.engines[i]
+	return e.load.load(e.inflight.Load())
+}
 
 // ObserveSignal folds an engine's signal into the live state of its model
 // (see LiveSet.ObserveSignal); the router service calls it for every signal

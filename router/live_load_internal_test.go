@@ -45,19 +45,26 @@ func TestBoundLoad(t *testing.T) {
 	set.ObserveSignal(&messages.EngineSignal{Model: "m", Engine: "a", Queue: 3, Running: 5, CapacityRPS: 10})
 	check("signal without a batch size", math.NaN())
 	set.ObserveSignal(&messages.EngineSignal{Model: "m", Engine: "a", Queue: 3, Running: 5, MaxRunning: 16})
-	check("signal of 8 outstanding in 16 slots", 0.5)
+	check("signal of 8 outstanding in 16 slots", 0.5) // 7 of other routers and this router's one
 	b.Acquire(a)
 	b.Acquire(a)
-	check("two sent since the signal", 10.0/16) // the one in flight before it is in the signal's 8
+	check("two sent since the signal", 10.0/16)
 	b.Release(a)
-	check("a completion between signals is not seen", 10.0/16)
+	b.Release(a)
+	check("this router's completions between signals are seen", 8.0/16)
 	set.ObserveSignal(&messages.EngineSignal{Model: "m", Engine: "a", Running: 4, MaxRunning: 16})
-	check("newer signal", 4.0/16)
+	check("newer signal", 4.0/16) // 3 of other routers and this router's one
+	b.Release(a)
+	check("this router's last request done", 3.0/16)
+	b.Acquire(a)
+	b.Acquire(a)
+	set.ObserveSignal(&messages.EngineSignal{Model: "m", Engine: "a", Running: 1, MaxRunning: 16})
+	check("a signal that has not seen all of this router's requests yet", 2.0/16)
 	// A table installed later binds the same engine state.
 	tbl2 := mustTable(t, []Engine{{Name: "b", Weight: 0.3}, {Name: "a", Weight: 0.7}}, TableOptions{})
 	a2, _ := tbl2.Index("a")
-	if got := set.Bind(tbl2).Load(a2); got != 4.0/16 {
-		t.Fatalf("Load through a new table's Bound = %v, want %v", got, 4.0/16)
+	if got := set.Bind(tbl2).Load(a2); got != 2.0/16 {
+		t.Fatalf("Load through a new table's Bound = %v, want %v", got, 2.0/16)
 	}
 	if got := b.Load(bi); !math.IsNaN(got) {
 		t.Fatalf("Load of an engine without signal = %v, want NaN", got)

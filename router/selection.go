@@ -39,6 +39,13 @@ type Engine struct {
 	Subject string
 	// Weight is the fraction of demand for this engine, in [0, 1].
 	Weight float64
+	// Utilisation is the engine's planned utilisation: the load that the
+	// optimizer's plan puts on it, from every cluster, over its capacity
+	// (messages.WeightSnapshot.Utilisation). PickTwo and PickRecent weigh
+	// an engine's live load against it. Zero, negative or not finite means
+	// unknown; when any engine with positive weight lacks it, the table
+	// uses the engines' weight shares instead (see Table.Planned).
+	Utilisation float64
 }
 
 // TableOptions tunes NewTable. The zero value selects the defaults.
@@ -92,6 +99,7 @@ type Table struct {
 	weight  float64          // W = Σ w_i
 	active  []int32          // engines with positive weight, by index
 	share   []float64        // fraction of slots owned, by index
+	perPlan []float64        // 1/planned load (Planned), by index; +Inf at zero weight
 	ids     map[uint32]int32 // engineID → index; -1 when two names share an id
 	// unbounded is set when bounded load is off (a negative epsilon).
 	unbounded bool
@@ -169,6 +177,7 @@ func newTableBase(engines []Engine, opts TableOptions) (*Table, error) {
 			t.limit[i] = (1 + eps) * e.Weight / t.weight
 		}
 	}
+	t.setPlan()
 	t.share = make([]float64, len(t.engines))
 	t.ids = make(map[uint32]int32, len(t.engines))
 	for i, e := range t.engines {
@@ -180,6 +189,48 @@ func newTableBase(engines []Engine, opts TableOptions) (*Table, error) {
 		t.ids[id] = int32(i)
 	}
 	return t, nil
+}
+
+// MinPlanned is the least planned load Table.Planned returns for an engine
+// with positive weight, so that an engine planned nearly idle compares as
+// lightly planned rather than dividing by zero.
+const MinPlanned = 1e-3
+
+// setPlan fills perPlan: every weighted engine's planned utilisation when
+// all of them have one, else their weight shares.
+func (t *Table) setPlan() {
+	t.perPlan = make([]float64, len(t.engines))
+	known := true
+	for _, i := range t.active {
+		u := t.engines[i].Utilisation
+		if !(u > 0) || math.IsInf(u, 1) {
+			known = false
+			break
+		}
+	}
+	for i, e := range t.engines {
+		t.perPlan[i] = math.Inf(1)
+		if e.Weight <= 0 {
+			continue
+		}
+		p := e.Weight / t.weight
+		if known {
+			p = e.Utilisation
+		}
+		t.perPlan[i] = 1 / max(p, MinPlanned)
+	}
+}
+
+// Planned returns the load the table plans for engine i, against which
+// PickTwo and PickRecent weigh its live load: the engine's Utilisation when
+// every engine with positive weight has one, else its weight share
+// Weight/Weight(); at least MinPlanned; 0 for an engine of zero weight.
+// Only the ratios between engines matter.
+func (t *Table) Planned(i int) float64 {
+	if math.IsInf(t.perPlan[i], 1) {
+		return 0
+	}
+	return 1 / t.perPlan[i]
 }
 
 // finishSlots sets the key → slot mapping and the shares once t.slots (a

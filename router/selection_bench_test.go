@@ -154,8 +154,9 @@ func BenchmarkAffinityKey(b *testing.B) {
 }
 
 // BenchmarkPickLive measures the live router's picks through a real Bound
-// whose engines have reported load signals: PickTwo for a keyless request
-// and PickRecent for a keyed one, on a table of n engines.
+// whose engines have reported load signals: PickTwo for a keyless request,
+// PickRecent for a keyed one (mostly seen before) and for keys never seen,
+// on a table of n engines.
 func BenchmarkPickLive(b *testing.B) {
 	for _, n := range benchSizes {
 		r := rand.New(rand.NewPCG(uint64(n), 1))
@@ -179,6 +180,17 @@ func BenchmarkPickLive(b *testing.B) {
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
 				if _, ok := tbl.PickRecent(keys[(i*4099)&8191], g, rk); !ok {
+					b.Fatal("no engine")
+				}
+			}
+		})
+		// Keys never seen before: PickRecent places each among
+		// NewKeyChoices weighted candidates, its slowest path.
+		b.Run(fmt.Sprintf("newkey/engines=%d", n), func(b *testing.B) {
+			rk := mustRecent(b, DefaultRecentKeys)
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				if _, ok := tbl.PickRecent(mix64(uint64(i)+0x5eed), g, rk); !ok {
 					b.Fatal("no engine")
 				}
 			}

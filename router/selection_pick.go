@@ -22,36 +22,34 @@ type Guard interface {
 }
 
 // LoadGuard is a Guard that also knows how loaded each engine is, from the
-// engines' own signals, so that PickTwo can compare two candidates.
+// engines' own signals, so that PickTwo can compare candidates.
 type LoadGuard interface {
 	Guard
 	// Load returns engine i's load as this router sees it, per batch slot
 	// (1 is as many requests as the engine runs in one batch): for example
-	// the requests queued and running in the engine's newest signal plus
-	// those this router sent it since, over its maximum batch; NaN when
-	// unknown (a NaN load never wins PickTwo's comparison). Like the other
-	// Guard methods it must be cheap and safe for concurrent use.
+	// the requests queued and running in the engine's newest signal that
+	// other routers sent, plus this router's own in-flight requests on it
+	// now, over its maximum batch; NaN when unknown (a NaN load never wins
+	// PickTwo's comparison). Like the other Guard methods it must be cheap
+	// and safe for concurrent use.
 	Load(i int) float64
 }
 
-// TwoChoiceMargin is how much lighter, in LoadGuard.Load units (batch
-// slots), PickTwo's second candidate must be to win over the first: 5% of a
-// batch. A router's view of an engine's load is a signal up to a period old
-// plus its own requests since, blind to the completions in between, so
-// smaller differences are mostly noise; following them spreads the traffic
-// shares without balancing anything (on the simulator's mixed fleet they
-// raised the shares' standard deviation beyond sampling noise from 0.0005 to
-// 0.005 in one of three seeds).
+// TwoChoiceMargin is how much lower, relative to its planned load, a later
+// candidate's load must be for PickTwo to prefer it to the weighted first
+// choice: 5% of the planned load (Load(i)/Planned(i) is 1 for an engine
+// that runs exactly as planned). Smaller differences are mostly the noise
+// of a view that is up to a signal period old for other routers' requests;
+// following them spreads the traffic shares without balancing anything,
+// and ties keep the weighted first choice.
 const TwoChoiceMargin = 0.05
 
-// TwoChoiceSaturated is the Load (batch slots in use or waiting, per slot)
-// from which PickTwo looks at a second candidate at all: a first choice with
-// a free batch slot is kept. Below it the traffic follows the optimizer's
-// weights — which load nearby engines more than far ones on purpose, so a
-// comparison of raw load would undo the plan and pull traffic across
-// regions — and above it a request would wait for a slot, which a lighter
-// candidate spares it.
-const TwoChoiceSaturated = 1.0
+// NewKeyChoices is how many weighted candidates PickRecent compares for an
+// affinity key it has not seen. Where such a key lands it stays, with the
+// prefix it caches there, for the key's lifetime, so a wider choice pays:
+// on the simulator's Mooncake trace 8 candidates against 2 raise the KV hit
+// rate and lower the TTFT tail (see BENCHMARKS.md).
+const NewKeyChoices = 8
 
 // within reports whether engine i, with load of this router's total
 // in-flight requests, is within its bounded load.
@@ -138,21 +136,38 @@ func (t *Table) Pick(key uint64, g Guard) (int, bool) {
 }
 
 // PickTwo is Pick for a request without affinity (key from SpreadKey or a
-// random hash): the power of two choices among weighted candidates. It takes
-// Pick's engine for key and, only when that engine is saturated (Load at
-// least TwoChoiceSaturated: no free batch slot), the key's next distinct
-// candidate that is live and within its bounded load — each candidate is
-// drawn by weight — and returns the second only when its Load is lower by
-// more than TwoChoiceMargin, else the first. The weights still decide which engines a
-// cluster's traffic may reach and in which proportion it is offered to them;
-// the engines' load signals correct, request by request, the bursts that a
-// weight snapshot computed a control period ago cannot follow. A request
-// with affinity should use Pick or PickRecent: a second choice on every
-// request would split its prefix across engines.
+// random hash): the power of two choices among weighted candidates, each
+// weighed against its plan. It takes Pick's engine for key and the key's
+// next distinct candidate that is live and within its bounded load — both
+// drawn by weight — and returns the one whose load relative to its planned
+// load, Load(i)/Planned(i), is lower, the second only when lower by more
+// than TwoChoiceMargin.
+//
+// Comparing load with the plan, not raw load, is what keeps the optimizer's
+// weights in force: the plan loads nearby engines more than far ones on
+// purpose, and while every engine runs as planned the relative loads are
+// equal up to noise, the comparison is a fair coin, and each engine gets
+// its weight — it is the first choice with probability w and the second
+// with probability w, and wins half of those. Only an engine loaded beyond
+// its plan (a burst a snapshot computed a control period ago cannot follow,
+// or sticky affinity keys piling up) loses comparisons, and only until it
+// is back on its plan. A request with affinity should use Pick or
+// PickRecent: a second choice on every request would split its prefix
+// across engines.
 //
 // With a nil guard PickTwo returns Primary(key). It examines at most
 // maxProbes slots beyond Pick's and does not allocate.
 func (t *Table) PickTwo(key uint64, g LoadGuard) (int, bool) {
+	return t.pickLeast(key, g, 2)
+}
+
+// pickLeast is PickTwo with d candidates: Pick's engine and the engines of
+// the key's next probes other than it until d-1 of them are counted (one
+// drawn twice counts twice, as weighted sampling with replacement does; one
+// that is down or over its bounded load is passed over, and counted only if
+// it would not have won anyway), and the one whose relative load is
+// lowest, the first unless another is lower by more than TwoChoiceMargin.
+func (t *Table) pickLeast(key uint64, g LoadGuard, d int) (int, bool) {
 	if g == nil {
 		return t.Primary(key)
 	}
@@ -160,25 +175,33 @@ func (t *Table) PickTwo(key uint64, g LoadGuard) (int, bool) {
 	if !ok {
 		return i, false
 	}
-	li := g.Load(i)
-	if !(li >= TwoChoiceSaturated) {
-		return i, true // a free slot, or load unknown: the weights decide
+	ri := g.Load(i) * t.perPlan[i]
+	if math.IsNaN(ri) {
+		return i, true // load unknown: the weights decide
 	}
+	best, br := i, ri-TwoChoiceMargin
 	total := float64(g.TotalInFlight())
 	s := key >> t.shift
 	step := mix64(key)>>t.shift | 1
-	for k := 1; k < maxProbes; k++ {
+	for k, n := 1, 1; k < maxProbes && n < d; k++ {
 		s = (s + step) & t.mask
 		j := int(t.slots[s])
-		if j == i || g.Down(j) || !t.within(j, g.InFlight(j), total) {
+		if j == i {
 			continue
 		}
-		if g.Load(j)+TwoChoiceMargin < li {
-			return j, true
+		// Health and bounded load are checked only for a candidate that
+		// would win: most do not, and each check is a memory access that,
+		// at 10,000 engines, misses the cache.
+		r := g.Load(j) * t.perPlan[j]
+		if r < br {
+			if g.Down(j) || !t.within(j, g.InFlight(j), total) {
+				continue
+			}
+			best, br = j, r
 		}
-		return i, true
+		n++
 	}
-	return i, true
+	return best, true
 }
 
 // Candidates appends to dst, in order, up to cap(dst)-len(dst) distinct

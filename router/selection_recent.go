@@ -80,8 +80,9 @@ func engineID(name string) uint32 { return uint32(HashString(name)) }
 //     the prefix cached for it;
 //   - a remembered key whose engine cannot take it goes where Pick sends it;
 //   - a key rk does not remember has, as far as this router knows, no
-//     prefix cached anywhere, so PickTwo places it on the less loaded of
-//     its two first weighted candidates.
+//     prefix cached anywhere, so it is placed as PickTwo places a keyless
+//     request, but among NewKeyChoices weighted candidates: on the one
+//     whose load is lowest relative to its planned load.
 //
 // The weights still decide where new keys go and, through the bounded load,
 // how far a remembered key may overload its engine. With a nil rk it is Pick.
@@ -99,7 +100,7 @@ func (t *Table) PickRecent(key uint64, g LoadGuard, rk *RecentKeys) (int, bool) 
 		}
 		i, ok = t.Pick(key, g)
 	} else {
-		i, ok = t.PickTwo(key, g)
+		i, ok = t.pickLeast(key, g, NewKeyChoices)
 	}
 	if ok {
 		rk.remember(key, engineID(t.engines[i].Name))

@@ -33,11 +33,25 @@ func TestPickRecentKeepsKeysAcrossTables(t *testing.T) {
 	keys := keyHashes(200)
 	first := make([]int, len(keys))
 	for k, key := range keys {
-		// An unseen key is placed like PickTwo.
-		want, _ := old.PickTwo(key, g)
+		// An unseen key goes to the least loaded, relative to its plan, of
+		// NewKeyChoices weighted candidates: the key's p0 slot's engine
+		// and the next probes' other than it, the p0 kept unless another
+		// is lighter by more than the margin.
+		p0 := int(old.slots[old.probe(key, 0)])
+		want, best := p0, g.load[p0]/old.Planned(p0)-TwoChoiceMargin
+		for k, n := 1, 1; k < maxProbes && n < NewKeyChoices; k++ {
+			j := int(old.slots[old.probe(key, k)])
+			if j == p0 {
+				continue
+			}
+			n++
+			if r := g.load[j] / old.Planned(j); r < best {
+				want, best = j, r
+			}
+		}
 		i, ok := old.PickRecent(key, g, rk)
 		if !ok || i != want {
-			t.Fatalf("key %x unseen: PickRecent = %d, %v, want PickTwo's %d", key, i, ok, want)
+			t.Fatalf("key %x unseen: PickRecent = %d, %v, want %d with loads %v", key, i, ok, want, g.load)
 		}
 		first[k] = i
 	}

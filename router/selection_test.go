@@ -454,21 +454,32 @@ func TestPickTwoTakesLessLoadedCandidate(t *testing.T) {
 	} else if p, _ := tbl.Primary(SpreadKey(1)); i != p {
 		t.Fatalf("PickTwo with a nil guard = %d, want primary %d", i, p)
 	}
+	// Without utilisations the plan is the weight share.
+	for i := 0; i < tbl.Len(); i++ {
+		if got, want := tbl.Planned(i), tbl.Engine(i).Weight; math.Abs(got-want) > 1e-12 {
+			t.Fatalf("Planned(%d) = %v, want the weight share %v", i, got, want)
+		}
+	}
+	taken := 0
 	for s := uint64(0); s < 2000; s++ {
 		for j := range g.load {
-			// around saturation: some first choices with a free slot, some
-			// without; some differences within the margin, some beyond
-			g.load[j] = TwoChoiceSaturated - 0.1 + float64(r.IntN(4))*TwoChoiceMargin*0.75
+			// around the plan: relative loads 0.8..1.2 in steps within and
+			// beyond the margin
+			g.load[j] = tbl.Planned(j) * (0.8 + float64(r.IntN(6))*TwoChoiceMargin*0.75)
 		}
 		key := SpreadKey(s)
 		c := tbl.Candidates(key, make([]int, 0, 2))
 		want := c[0]
-		if g.load[c[0]] >= TwoChoiceSaturated && g.load[c[1]]+TwoChoiceMargin < g.load[c[0]] {
+		if g.load[c[1]]/tbl.Planned(c[1])+TwoChoiceMargin < g.load[c[0]]/tbl.Planned(c[0]) {
 			want = c[1]
+			taken++
 		}
 		if i, ok := tbl.PickTwo(key, g); !ok || i != want {
 			t.Fatalf("key %d: PickTwo = %d, %v; candidates %v with loads %v, want %d", s, i, ok, c, g.load, want)
 		}
+	}
+	if taken < 200 || taken > 1800 {
+		t.Fatalf("the second candidate won %d of 2000 comparisons: the test shows nothing", taken)
 	}
 	// A down or overloaded second candidate is passed over, never taken.
 	g.load = []float64{5, 0, 0, 0}
@@ -482,9 +493,31 @@ func TestPickTwoTakesLessLoadedCandidate(t *testing.T) {
 	}
 }
 
-// TestPickTwoShares: with equal loads PickTwo follows the weights like
-// Pick; with one engine loaded it moves most of that engine's traffic to
-// the others, in proportion to their weights.
+// TestTablePlanned: a table plans with the engines' utilisations when every
+// weighted engine has one, else with the weight shares.
+func TestTablePlanned(t *testing.T) {
+	es := engineSet([]float64{0.5, 0.3, 0.2, 0})
+	for i, u := range []float64{0.9, 0.6, 0.0001, 0} {
+		es[i].Utilisation = u
+	}
+	tbl := mustTable(t, es, TableOptions{})
+	for i, want := range []float64{0.9, 0.6, MinPlanned, 0} {
+		if got := tbl.Planned(i); math.Abs(got-want) > 1e-12 {
+			t.Errorf("Planned(%d) = %v, want %v", i, got, want)
+		}
+	}
+	es[1].Utilisation = math.NaN()
+	tbl = mustTable(t, es, TableOptions{})
+	for i, want := range []float64{0.5, 0.3, 0.2, 0} {
+		if got := tbl.Planned(i); math.Abs(got-want) > 1e-12 {
+			t.Errorf("one utilisation unknown: Planned(%d) = %v, want the weight share %v", i, got, want)
+		}
+	}
+}
+
+// TestPickTwoShares: with every engine loaded as planned PickTwo follows the
+// weights like Pick; with one engine loaded beyond its plan it moves most
+// of that engine's traffic to the others, in proportion to their weights.
 func TestPickTwoShares(t *testing.T) {
 	weights := []float64{0.4, 0.3, 0.2, 0.1}
 	tbl := mustTable(t, engineSet(weights), TableOptions{})
@@ -501,12 +534,15 @@ func TestPickTwoShares(t *testing.T) {
 		}
 		return counts
 	}
+	for i := range g.load {
+		g.load[i] = 2 * tbl.Planned(i) // every engine at twice its plan
+	}
 	for i, got := range shares() {
 		if want := tbl.Engine(i).Weight; math.Abs(got-want) > 0.02 {
-			t.Errorf("equal loads: engine %s share %.3f, want %.3f ± 0.02", tbl.Engine(i).Name, got, want)
+			t.Errorf("loads as planned: engine %s share %.3f, want %.3f ± 0.02", tbl.Engine(i).Name, got, want)
 		}
 	}
-	g.load[0] = 1
+	g.load[0] = 4 * tbl.Planned(0)
 	got := shares()
 	// Engine 0 keeps only the keys whose two candidates are both engine 0
 	// (or whose other candidates lie beyond the probes): about 0.4², far
@@ -518,6 +554,103 @@ func TestPickTwoShares(t *testing.T) {
 		if got[i] < weights[i] || got[i] > 2*weights[i]+0.02 {
 			t.Errorf("engine %d: share %.3f with engine 0 loaded, want between its weight %.2f and twice it", i, got[i], weights[i])
 		}
+	}
+}
+
+// closedLoopGuard is a router's view of engines whose load is the router's
+// own in-flight requests: each pick adds one, and each in-flight request
+// ends after a fixed number of later picks (the same service time on
+// every engine).
+type closedLoopGuard struct {
+	*fakeGuard
+	slots []float64
+	ends  [][]int // per engine, the pick count at which each request ends
+}
+
+func (g *closedLoopGuard) Load(i int) float64 { return float64(g.inflight[i]) / g.slots[i] }
+
+func (g *closedLoopGuard) step(now int, i, service int) {
+	for j := range g.ends {
+		k := 0
+		for _, e := range g.ends[j] {
+			if e > now {
+				g.ends[j][k] = e
+				k++
+			} else {
+				g.inflight[j]--
+				g.total--
+			}
+		}
+		g.ends[j] = g.ends[j][:k]
+	}
+	g.inflight[i]++
+	g.total++
+	g.ends[i] = append(g.ends[i], now+service)
+}
+
+// TestPickTwoFollowsWeightsInClosedLoop: when the loads PickTwo compares
+// are the ones its own picks create (engines of different sizes, planned
+// at the utilisations the weights imply, requests taking equally long
+// everywhere), its long-run shares are the weights, and PickRecent's
+// placement of new keys among NewKeyChoices candidates too; comparing raw
+// loads per slot instead would move traffic onto the larger engines.
+func TestPickTwoFollowsWeightsInClosedLoop(t *testing.T) {
+	weights := []float64{0.5, 0.3, 0.15, 0.05}
+	slots := []float64{16, 64, 8, 32}
+	es := engineSet(weights)
+	for i := range es {
+		es[i].Utilisation = weights[i] * 40 / slots[i] // 40 requests in flight, split by weight
+	}
+	tbl := mustTable(t, es, TableOptions{})
+	for name, pick := range map[string]func(uint64, LoadGuard) (int, bool){
+		"PickTwo":               tbl.PickTwo,
+		"new keys (PickRecent)": func(k uint64, g LoadGuard) (int, bool) { return tbl.pickLeast(k, g, NewKeyChoices) },
+	} {
+		g := &closedLoopGuard{fakeGuard: newFakeGuard(tbl.Len()), slots: slots, ends: make([][]int, tbl.Len())}
+		const n, service = 40000, 40 // 40 in flight
+		counts := make([]float64, tbl.Len())
+		moved := 0
+		for s := 0; s < n; s++ {
+			key := SpreadKey(uint64(s))
+			i, ok := pick(key, g)
+			if !ok {
+				t.Fatalf("%s: pick %d failed", name, s)
+			}
+			if p, _ := tbl.Pick(key, g); p != i {
+				moved++
+			}
+			counts[i]++
+			g.step(s, i, service)
+		}
+		for i := range counts {
+			if got := counts[i] / n; math.Abs(got-weights[i]) > 0.015 {
+				t.Errorf("%s: engine %d share %.3f, want its weight %.2f ± 0.015", name, i, got, weights[i])
+			}
+		}
+		if moved < n/20 {
+			t.Errorf("%s: only %d of %d picks differ from Pick's: the loads decided nothing", name, moved, n)
+		}
+		t.Logf("%s: shares %.3f %.3f %.3f %.3f; %d of %d picks moved off the weighted first choice", name,
+			counts[0]/n, counts[1]/n, counts[2]/n, counts[3]/n, moved, n)
+	}
+	// The same loop planned with equal utilisations compares raw load per
+	// slot: the 64-slot engine draws far more than its weight.
+	for i := range es {
+		es[i].Utilisation = 0.5
+	}
+	raw := mustTable(t, es, TableOptions{})
+	g := &closedLoopGuard{fakeGuard: newFakeGuard(raw.Len()), slots: slots, ends: make([][]int, raw.Len())}
+	const n = 40000
+	big := 0
+	for s := 0; s < n; s++ {
+		i, _ := raw.PickTwo(SpreadKey(uint64(s)), g)
+		if i == 1 {
+			big++
+		}
+		g.step(s, i, 40)
+	}
+	if got := float64(big) / n; got < weights[1]+0.05 {
+		t.Errorf("raw loads: the 64-slot engine's share %.3f, want well above its weight %.2f (the test shows nothing)", got, weights[1])
 	}
 }
 

@@ -378,7 +378,8 @@ func (s *SnapshotStore) Install(snap *messages.WeightSnapshot) (bool, error) {
 }
 
 // buildSnapshotTable turns a snapshot into a selection table, with the
-// engines' live endpoints and weights scaled down when rounding makes them
+// engines' live endpoints, their planned utilisation (which PickTwo weighs
+// their load against) and weights scaled down when rounding makes them
 // sum to more than 1. A snapshot that carries a slot table is installed
 // with it (NewTableFromSlots), so that every router maps keys alike; the
 // slots spread keys over the weighted engines only, the shed fraction being
@@ -394,7 +395,7 @@ func (s *SnapshotStore) buildSnapshotTable(snap *messages.WeightSnapshot) (*Tabl
 		scale = 1 / sum
 	}
 	engine := func(name string) Engine {
-		e := Engine{Name: name, Weight: math.Min(1, snap.Weights[name]*scale)}
+		e := Engine{Name: name, Weight: math.Min(1, snap.Weights[name]*scale), Utilisation: snap.Utilisation[name]}
 		if s.opts.Signals != nil {
 			if ep, ok := s.opts.Signals.Endpoints(snap.Model, name); ok {
 				e.URL, e.Subject = ep.URL, ep.Subject

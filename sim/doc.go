@@ -55,5 +55,6 @@
 // Table.PickRecent and the router's RecentKeys when it has an affinity key
 // (session, else the hash of its first prompt blocks), else with
 // Table.PickTwo on a spread key, which compares the two candidates' load as
-// the router sees it (last signal plus what it sent since).
+// the router sees it (other routers' requests in the last signal plus its
+// own in flight) relative to their planned utilisation in the solve.
 package sim

@@ -215,7 +215,9 @@ type run struct {
 	totalIn   []int32   // [cluster]
 	localDown [][]bool  // [cluster][engine] learnt from a refusal
 	sentSince [][]int32 // [cluster][engine] dispatched since the last signal
-	spreadSeq []uint64  // [cluster] keyless request counter
+	// inflightAtSig is [cluster][engine] in flight when the last signal arrived
+	inflightAtSig [][]int32
+	spreadSeq     []uint64 // [cluster] keyless request counter
 
 	// aggregator
 	sig       []engineSignal
@@ -245,6 +247,7 @@ func newRun(f *fleet, arrivals []Arrival, pol policy, seed uint64) *run {
 	nc, ne := len(f.clusters), len(f.engines)
 	r.inflight = grid[int32](nc, ne)
 	r.sentSince = grid[int32](nc, ne)
+	r.inflightAtSig = grid[int32](nc, ne)
 	r.localDown = grid[bool](nc, ne)
 	r.totalIn = make([]int32, nc)
 	r.spreadSeq = make([]uint64, nc)
@@ -575,6 +578,7 @@ func (r *run) signal() {
 		e.sArrived, e.sDone, e.sTTFT, e.sTBT, e.sOut, e.sTBTn = 0, 0, 0, 0, 0, 0
 		for c := range r.f.clusters {
 			r.sentSince[c][j] = 0
+			r.inflightAtSig[c][j] = int32(r.inflight[c][j])
 			if e.up {
 				r.localDown[c][j] = false
 			}

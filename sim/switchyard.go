@@ -41,10 +41,11 @@ func (g *guard) Down(i int) bool      { return g.r.down(g.c, g.toSim[i]) }
 func (g *guard) InFlight(i int) int64 { return int64(g.r.inflight[g.c][g.toSim[i]]) }
 func (g *guard) TotalInFlight() int64 { return int64(g.r.totalIn[g.c]) }
 
-// Load is the router's lagged view of the engine's load, the one p2c
-// compares: outstanding requests in the engine's last signal plus those this
-// router sent it since, per batch slot.
-func (g *guard) Load(i int) float64 { return g.r.viewLoad(g.c, g.toSim[i]) }
+// Load is the router's view of the engine's load as router.Bound.Load
+// computes it: the outstanding requests in the engine's last signal that
+// other routers sent, plus this router's in-flight requests now, per batch
+// slot.
+func (g *guard) Load(i int) float64 { return g.r.routerLoad(g.c, g.toSim[i]) }
 
 // tables is the weighted-table machinery shared by switchyard and the
 // feedback loop: one router.Table per cluster, rebuilt when weights change.
@@ -67,9 +68,10 @@ func (ts *tables) setup(r *run, slots int, epsilon float64) {
 	}
 }
 
-// install builds cluster c's table from weights (by engine index) and shed
+// install builds cluster c's table from weights (by engine index), planned
+// utilisations (by engine index; nil when there is no plan) and shed
 // fraction, records key movement and weight reversals, and installs it.
-func (ts *tables) install(r *run, c int, weights []float64, shed float64) {
+func (ts *tables) install(r *run, c int, weights, util []float64, shed float64) {
 	entries := make([]router.Engine, 0, len(weights))
 	sum := 0.0
 	for j, w := range weights {
@@ -86,7 +88,11 @@ func (ts *tables) install(r *run, c int, weights []float64, shed float64) {
 		}
 	}
 	for j, w := range weights {
-		entries = append(entries, router.Engine{Name: r.f.engines[j].name, Weight: w})
+		e := router.Engine{Name: r.f.engines[j].name, Weight: w}
+		if util != nil {
+			e.Utilisation = util[j]
+		}
+		entries = append(entries, e)
 	}
 	t, err := router.NewTable(entries, router.TableOptions{Slots: ts.slots, Epsilon: ts.epsilon})
 	if err != nil {
@@ -289,7 +295,7 @@ func (p *switchyard) solve(r *run, fit bool) {
 	if len(idx) == 0 {
 		for c := range f.clusters {
 			if ct := p.cur[c]; ct == nil || ct.shed < 1 {
-				p.install(r, c, make([]float64, len(f.engines)), 1)
+				p.install(r, c, make([]float64, len(f.engines)), nil, 1)
 			}
 		}
 		return
@@ -305,6 +311,12 @@ func (p *switchyard) solve(r *run, fit bool) {
 		}
 		r.m.targetUtilN++
 	}
+	util := make([]float64, len(f.engines)) // planned, as the snapshot's Utilisation
+	for k, j := range idx {
+		if u := sol.Engines[k].Utilisation; u >= 0 && !math.IsInf(u, 0) {
+			util[j] = math.Min(u, 1e6)
+		}
+	}
 	dead := p.solver.Options().DeadBand
 	for c := range f.clusters {
 		cr := &sol.Clusters[c]
@@ -315,7 +327,7 @@ func (p *switchyard) solve(r *run, fit bool) {
 		shed := math.Max(0, math.Min(1, cr.ShedFraction))
 		old := p.cur[c]
 		if old == nil || tvDistance(w, old.weights, shed, old.shed) >= dead || (shed > 1e-9) != (old.shed > 1e-9) {
-			p.install(r, c, w, shed)
+			p.install(r, c, w, util, shed)
 		}
 	}
 }
@@ -348,7 +360,7 @@ func (p *feedbackLoop) init(r *run) {
 		for j := range p.w[c] {
 			p.w[c][j] = r.sig[j].capacity / total // operators start from capacity weights
 		}
-		p.install(r, c, slices.Clone(p.w[c]), 0)
+		p.install(r, c, slices.Clone(p.w[c]), nil, 0)
 	}
 }
 
@@ -407,7 +419,7 @@ func (p *feedbackLoop) control(r *run) {
 			w[j] /= sum
 		}
 		if tvDistance(w, p.cur[c].weights, 0, 0) > 1e-3 {
-			p.install(r, c, slices.Clone(w), 0)
+			p.install(r, c, slices.Clone(w), nil, 0)
 		}
 	}
 }
