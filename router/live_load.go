@@ -51,7 +51,9 @@ func BatchSlots(sig *messages.EngineSignal) float64 {
 // ObserveSignal folds an engine's newest signal into the live state of the
 // engine it names, for Bound.Load. The caller keeps ownership of sig.
 func (s *LiveSet) ObserveSignal(sig *messages.EngineSignal) {
-	s.Engine(sig.Engine).load.observe(sig)
+	e := s.Engine(sig.Engine)
+	e.load.observe(sig)
+	e.slot.observe(sig, s.now())
 }
 
 // Load returns engine i's load per batch slot as this router sees it: the
