@@ -258,14 +258,24 @@ func TestReliabilityOverload(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	f := relFile([]stack.Cluster{{Name: "A", Region: "r1"}}, relEngines(4, "r1", 20))
+	// Engines that run about 20 requests at once for 20 req/s, as a large
+	// model's engine does (decode memory-bound: 60 ms a step, barely longer
+	// with a fuller batch), rather than the 4 of the other scenarios'
+	// 10 ms-step engines: with 4 slots a router that keeps engines from
+	// queueing must shed a quarter of the traffic they could serve (a
+	// request that finds the slots taken has nowhere to go), and one that
+	// lets them queue adds a 40 ms completion interval per queued request
+	// to the time to first token.
+	f.Sim.BaseTBTMs, f.Sim.TBTGrowthMs = 60, 0.2
 	s := relStart(t, ctx, f, optimizersvc.Options{}, false)
 	capacity := relCapacity(s)
 	url := "http://" + s.Routers()[0].Addr()
 	client := relClient()
 
-	// Unloaded: 25% of capacity, after a warm-up at the same rate.
+	// Unloaded: 25% of capacity, after a warm-up at the same rate; 8 s, so
+	// that its p99 rests on ~160 requests rather than ~80.
 	relWarm(t, ctx, s, client, 3*time.Second, relLoad{URL: url, Rate: 0.25 * capacity, Seed: 30})
-	base := relRun(ctx, client, time.Now(), relLoad{URL: url, Rate: 0.25 * capacity, To: 4 * time.Second, Seed: 31})
+	base := relRun(ctx, client, time.Now(), relLoad{URL: url, Rate: 0.25 * capacity, To: 8 * time.Second, Seed: 31})
 	var baseTTFT []time.Duration
 	for _, r := range base {
 		if r.ok() {
