@@ -59,7 +59,8 @@ func RelaxedShed(s, headroom float64) float64 {
 }
 
 // slotOverloadShare is the share of a model's requests, over the last
-// windows, that found every candidate engine's slots taken from which the
+// windows, that found every candidate engine's slots taken, and every one
+// queueing requests by its newest signal, from which the
 // router enforces the slot bound although the snapshot sheds nothing: a
 // share no burst at a fleet below its capacity reaches (requests find
 // every candidate full a few percent of the time at 90% utilisation with
@@ -80,6 +81,7 @@ type slotHold struct {
 	held   atomic.Int64  // this router's admitted requests whose first engine this is, not yet released
 	others atomic.Int64  // requests queued or running on the engine that are not this router's, at its newest signal
 	slots  atomic.Uint64 // math.Float64bits of BatchSlots; 0 while unknown
+	queued atomic.Bool   // the engine's newest signal shows requests waiting for a slot
 }
 
 // slotSignalFresh is how old an engine's signal may be, when it arrives,
@@ -93,6 +95,7 @@ const slotSignalFresh = 30 * time.Millisecond
 // what this router holds is all it counts.
 func (s *slotHold) observe(sig *messages.EngineSignal, now time.Time) {
 	s.slots.Store(math.Float64bits(BatchSlots(sig)))
+	s.queued.Store(sig.Queue > 0)
 	others := int64(0)
 	if age := now.UnixMilli() - sig.Time; sig.Time > 0 && age <= slotSignalFresh.Milliseconds() {
 		others = max(0, int64(sig.Queue)+int64(sig.Running)-s.held.Load())
@@ -328,7 +331,15 @@ func (h *Handler) admitSlot(ctx context.Context, rt *routed, idx int, f *Figures
 			return j, nil
 		}
 	}
-	if !slotsEnforced(f, rt.ms.slotq.count(now, true)) {
+	// Local evidence of overload: every candidate is full for this router
+	// and queues requests by its newest signal (with several routers
+	// sharing small engines, one router's share is often full while the
+	// engines keep up).
+	engineFull := true
+	for _, j := range cands {
+		engineFull = engineFull && rt.bound.Live(j).slot.queued.Load()
+	}
+	if !slotsEnforced(f, rt.ms.slotq.count(now, engineFull)) {
 		return h.forceSlot(rt, idx), nil
 	}
 	if limit := h.prot.slotWait(rt.prio); limit > 0 {
