@@ -11,22 +11,27 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 )
 
-// Slot admission: a router holds at most its share of an engine's batch
-// slots, so that under overload no request waits in an engine's queue
+// Slot admission: while the fleet is past its capacity (see slotsEnforced)
+// a router holds at most its share of an engine's batch slots plus one
+// (slotAllowance), so that no request waits long in an engine's queue
 // (where a backlog, once built, does not drain while the snapshot sheds
 // down to capacity). A request is admitted where a slot is free: on the
 // key's first engine or one of its other candidates. When every one is
 // taken it waits in a small router-side queue — by priority, then arrival —
 // for the next slot freed on one of its candidates, but only when the wait
 // this router predicts for it is short (ProtectionOptions.SlotQueueWait);
-// otherwise it is shed at once, so a shed answer stays fast and an admitted
-// request's time to first token stays near the unloaded one.
+// otherwise a sheddable or standard request is shed at once, so a shed
+// answer stays fast and an admitted request's time to first token stays
+// near the unloaded one. Critical requests, and requests whose wait ran
+// out, are not shed by the bound but sent to their engine, which queues
+// them.
 //
 // The router's share of an engine is its batch slots (BatchSlots, from the
 // engine's newest signal) minus what others hold there: the requests queued
 // and running in that signal that are not this router's own. It is live for
 // this router's own requests (counted on admission and release) and as
-// stale as the signal for the others'.
+// stale as the signal for the others' (a signal older than slotSignalFresh
+// counts none).
 
 // Defaults of ProtectionOptions' slot admission.
 const (
