@@ -11,7 +11,8 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 )
 
-// Slot admission: while the fleet is past its capacity (see slotsEnforced)
+// Slot admission (ProtectionOptions.SlotAdmission, off by default): while
+// the fleet is past its capacity (see slotsEnforced)
 // a router holds at most its share of an engine's batch slots plus one
 // (slotAllowance), so that no request waits long in an engine's queue
 // (where a backlog, once built, does not drain while the snapshot sheds
@@ -44,7 +45,7 @@ const (
 )
 
 // slotTimeoutFactor is how many times its class's predicted-wait bound a
-// queued request waits at most before it is shed.
+// queued request waits at most before it is sent to its engine anyway.
 const slotTimeoutFactor = 2
 
 // RelaxedShed returns the shed fraction a router enforces for a snapshot's
@@ -308,7 +309,7 @@ func slotsEnforced(f *Figures, localOverload bool) bool {
 // enforced the request holds a slot on idx anyway (the engine queues it).
 // It returns the engine to send the request to.
 func (h *Handler) admitSlot(ctx context.Context, rt *routed, idx int, f *Figures) (int, *APIError) {
-	if h.prot.NoSlotAdmission {
+	if !h.prot.SlotAdmission {
 		return idx, nil
 	}
 	share := h.prot.SlotReserve

@@ -42,7 +42,7 @@ func (f *pfront) observeSlots(maxRunning int) {
 // and a critical one is not shed but sent to its engine.
 func TestSlotBoundSheds(t *testing.T) {
 	figs := &Figures{ShedFraction: 0.01} // sheds: the bound is on; no demand: the allotment sets no limit
-	f := newPFront(t, []int32{modeHold, modeHold}, []float64{0.5, 0.5}, figs, Options{})
+	f := newPFront(t, []int32{modeHold, modeHold}, []float64{0.5, 0.5}, figs, Options{Protection: ProtectionOptions{SlotAdmission: true}})
 	f.observeSlots(2)
 	limit := 2 * (2 + slotAllowance)
 	inflight := func() int64 { return f.engines[0].inflight.Load() + f.engines[1].inflight.Load() }
@@ -97,7 +97,7 @@ func TestSlotBoundSheds(t *testing.T) {
 // still sent to its engine (the engine's queue absorbs a burst).
 func TestSlotBoundNotEnforcedWithHeadroom(t *testing.T) {
 	figs := &Figures{Utilisation: 0.5}
-	f := newPFront(t, []int32{modeHold}, []float64{1}, figs, Options{})
+	f := newPFront(t, []int32{modeHold}, []float64{1}, figs, Options{Protection: ProtectionOptions{SlotAdmission: true}})
 	f.observeSlots(1)
 	n := 1 + slotAllowance + 2 // two over the bound: fewer than slotOverloadMin
 	var wg sync.WaitGroup

@@ -58,9 +58,12 @@ type ProtectionOptions struct {
 	// RetryAfter is the Retry-After of shed answers (default
 	// DefaultRetryAfter, rounded up to whole seconds).
 	RetryAfter time.Duration
-	// NoSlotAdmission turns off the bound of this router's requests per
-	// engine to its share of the engine's batch slots (see admission.go).
-	NoSlotAdmission bool
+	// SlotAdmission turns on the bound of this router's requests per engine
+	// to its share of the engine's batch slots while the fleet is past its
+	// capacity (see admission.go). It is off by default: with engines of a
+	// few slots, or engines slowed down (as under the race detector), it
+	// sheds requests the default router queues at the engines.
+	SlotAdmission bool
 	// SlotQueueWait bounds the predicted wait of a request that finds
 	// every candidate engine's batch slots taken: a standard request whose
 	// predicted wait for a freed slot is within it waits for one, a
@@ -230,7 +233,7 @@ func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, k
 	if f != nil && !h.prot.NoSnapshotShed && (f.ShedFraction > 0 || f.HasShedByPriority) {
 		fr := f.ShedByPriority
 		switch {
-		case !h.prot.NoSlotAdmission && h.prot.SlotHeadroom > 0 && bound.slotsKnown():
+		case h.prot.SlotAdmission && h.prot.SlotHeadroom > 0 && bound.slotsKnown():
 			// The slot bound sheds what the engines cannot take at once;
 			// the snapshot's shed, relaxed, keeps the order of classes
 			// and of keys (see ProtectionOptions.SlotHeadroom).

@@ -168,7 +168,7 @@ const (
 	// ShedAdmission: the router's in-flight requests are over its allotment.
 	ShedAdmission ShedReason = "admission"
 	// ShedSlots: every candidate engine's batch slots are taken (see
-	// ProtectionOptions.NoSlotAdmission).
+	// ProtectionOptions.SlotAdmission).
 	ShedSlots ShedReason = "slots"
 )
 
