@@ -129,6 +129,7 @@ type modelState struct {
 	bound    atomic.Pointer[Bound]
 	mix      priorityMix
 	admitted atomic.Int64 // admitted requests not yet answered
+	slotq    slotQueue    // requests waiting for a batch slot (admitSlot)
 	// met holds the model's metric children, made on first use.
 	met atomic.Pointer[modelMetrics]
 }
@@ -310,7 +311,7 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 			fmt.Sprintf("header %s must be critical, standard or sheddable", HeaderPriority)))
 		return
 	}
-	rt, apiErr := h.route(req, session, prio)
+	rt, apiErr := h.route(r.Context(), req, session, prio)
 	if apiErr != nil {
 		switch apiErr.Status {
 		case http.StatusServiceUnavailable:
@@ -387,7 +388,7 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 // credits the retry budget. Errors: 404 for an unknown model, 429 when
 // shed, 503 when no engine is available. The caller must release an
 // admitted request.
-func (h *Handler) route(req *Request, session string, prio Priority) (*routed, *APIError) {
+func (h *Handler) route(ctx context.Context, req *Request, session string, prio Priority) (*routed, *APIError) {
 	table, info, ok := h.opts.Tables.Table(req.Model)
 	if !ok {
 		return nil, newAPIError(http.StatusNotFound, ErrTypeNotFound, "model_not_found", "model",
@@ -407,7 +408,7 @@ func (h *Handler) route(req *Request, session string, prio Priority) (*routed, *
 	if apiErr != nil {
 		return nil, apiErr
 	}
-	rt := &routed{model: req.Model, table: table, bound: bound, ms: ms, key: key, src: src, prio: prio}
+	rt := &routed{model: req.Model, table: table, bound: bound, ms: ms, key: key, src: src, prio: prio, now: h.opts.Now}
 	if info.Figures != nil {
 		rt.spare = info.Figures.Spare
 	}
@@ -428,6 +429,10 @@ func (h *Handler) route(req *Request, session string, prio Priority) (*routed, *
 		rt.release()
 		return nil, newAPIError(http.StatusServiceUnavailable, ErrTypeUnavailable, "no_engine_available", "",
 			fmt.Sprintf("no engine is available for model %q", req.Model))
+	}
+	if idx, apiErr = h.admitSlot(ctx, rt, idx, info.Figures); apiErr != nil {
+		rt.release()
+		return nil, apiErr
 	}
 	rt.idx = idx
 	h.budget.Earn(u)

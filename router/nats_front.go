@@ -270,7 +270,7 @@ func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 			fmt.Sprintf("header %s must be critical, standard or sheddable", natsHeaderPriority)), reqID)
 		return
 	}
-	rt, apiErr := h.route(req, session, prio)
+	rt, apiErr := h.route(ctx, req, session, prio)
 	if apiErr != nil {
 		label := req.Model
 		if apiErr.Status == http.StatusNotFound {

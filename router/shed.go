@@ -167,6 +167,9 @@ const (
 	ShedSnapshot ShedReason = "snapshot"
 	// ShedAdmission: the router's in-flight requests are over its allotment.
 	ShedAdmission ShedReason = "admission"
+	// ShedSlots: every candidate engine's batch slots are taken (see
+	// ProtectionOptions.SlotAdmission).
+	ShedSlots ShedReason = "slots"
 )
 
 // admissionFactor scales the allotment per class: sheddable requests are
