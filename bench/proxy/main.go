@@ -8,7 +8,11 @@
 //     loop), plus each proxy's CPU time per request;
 //   - NATS: a raw request-reply to the engine's sy.infer.<model>.<engine>
 //     subject against the same request through the router's NATS front
-//     (sy.req.<cluster>.<model>) forwarding over NATS to the engine.
+//     (sy.req.<cluster>.<model>) forwarding over NATS to the engine, in two
+//     topologies: the router and the NATS server as separate processes, and
+//     the router co-located with its NATS server (one process, the router
+//     connected in-process), each against a raw request-reply through the
+//     same server.
 //
 // Every server runs in its own process (this binary re-executed with
 // -role, and nginx); the parent is the load generator. Targets are measured
@@ -55,6 +59,7 @@ type config struct {
 	routerRT   string
 	variant    string
 	variantExe string
+	coloc      bool
 }
 
 func main() {
@@ -88,6 +93,7 @@ func main() {
 	flag.StringVar(&c.routerRT, "router-runtime", "", "runtime settings of the router processes, e.g. gomaxprocs=1,gogc=100 (empty: the router command's defaults)")
 	flag.StringVar(&c.variant, "variant", "", "also measure, in the same run, a second pair of routers with these runtime settings (as -router-runtime), named router′ and NATS via router′")
 	flag.StringVar(&c.variantExe, "variant-exe", "", "run the -variant routers from this build of bench/proxy (e.g. one built from another commit), for a same-run A/B of router code; implies -variant")
+	flag.BoolVar(&c.coloc, "coloc", true, "also measure the router co-located with its NATS server (one process, connected in-process), against raw NATS through that server")
 	flag.Parse()
 	if c.variantExe != "" && c.variant == "" {
 		c.variant = " "
@@ -103,9 +109,11 @@ type target struct {
 	name   string
 	do     doer
 	closer func()
-	pid    int  // the proxy's process (0: none)
-	tree   bool // count the proxy's child processes too (nginx workers)
-	server int  // the NATS server's process (NATS targets)
+	pid    int    // the proxy's process (0: none)
+	tree   bool   // count the proxy's child processes too (nginx workers)
+	server int    // the NATS server's process (NATS targets)
+	engine int    // the engine's process (0: the shared engine)
+	base   string // NATS targets: the raw path the p50 ratio is taken against
 }
 
 // sample is one run's measurement of one target.
@@ -184,6 +192,21 @@ func run(c config) error {
 		return err
 	}
 	routerSubject := rn.fields[0]
+	// Co-located topology: the router and its NATS server in one process
+	// (the router connected in-process), and an engine of its own connected
+	// to that server over TCP, as the load generator is.
+	var co, coEng *child
+	if c.coloc {
+		if co, err = start("router-nats-coloc", append(append([]string{"-data", filepath.Join(dir, "nats-coloc"), "-subject", engineSubject, rep}, mainRT...), prof("router-nats-coloc.pprof")...)...); err != nil {
+			return err
+		}
+		ch, err := startNamedChild(ctx, "", dir, "engine-coloc", "engine", "-nats", co.fields[0], "-engine", c.engine)
+		if err != nil {
+			return err
+		}
+		children = append(children, ch)
+		coEng = ch
+	}
 	var vh, vn *child
 	if c.variant != "" {
 		vrt, err := runtimeArgs(c.variant)
@@ -256,10 +279,22 @@ func run(c config) error {
 	defer nc.Close()
 	natsTargets := []target{
 		{name: "NATS raw", do: natsDoer(nc, engineSubject), server: natsC.pid()},
-		{name: "NATS via router", do: natsDoer(nc, routerSubject), pid: rn.pid(), server: natsC.pid()},
+		{name: "NATS via router", do: natsDoer(nc, routerSubject), pid: rn.pid(), server: natsC.pid(), base: "NATS raw"},
 	}
 	if vn != nil {
-		natsTargets = append(natsTargets, target{name: "NATS via " + variantName, do: natsDoer(nc, vn.fields[0]), pid: vn.pid(), server: natsC.pid()})
+		natsTargets = append(natsTargets, target{name: "NATS via " + variantName, do: natsDoer(nc, vn.fields[0]), pid: vn.pid(), server: natsC.pid(), base: "NATS raw"})
+	}
+	if co != nil {
+		cnc, err := connect(ctx, co.fields[0], "bench-load-coloc")
+		if err != nil {
+			return err
+		}
+		defer cnc.Close()
+		// The router's process is the server's: its CPU and context
+		// switches are the server's and the router's together.
+		natsTargets = append(natsTargets,
+			target{name: colocRaw, do: natsDoer(cnc, engineSubject), server: co.pid(), engine: coEng.pid()},
+			target{name: colocRouter, do: natsDoer(cnc, co.fields[1]), pid: co.pid(), server: co.pid(), engine: coEng.pid(), base: colocRaw})
 	}
 	for _, t := range append(slices.Clone(httpTargets), natsTargets...) {
 		if err := waitServing(ctx, t); err != nil {
@@ -293,7 +328,11 @@ func run(c config) error {
 				if err := ctx.Err(); err != nil {
 					return err
 				}
-				s := measure(ctx, c, t, eng.pid())
+				ep := eng.pid()
+				if t.engine != 0 {
+					ep = t.engine
+				}
+				s := measure(ctx, c, t, ep)
 				samples[t.name] = append(samples[t.name], s)
 				fmt.Fprintf(os.Stderr, "run %d %-16s p50 %7.1f µs  p99 %7.1f µs  peak %7.0f req/s  errors %d/%d\n",
 					r+1, t.name, us(s.lat.pct(0.5)), us(s.lat.pct(0.99)), s.peak.rps(), s.lat.errs, s.peak.errs)
@@ -449,17 +488,19 @@ func report(samples map[string][]sample, httpTargets, natsTargets []target) {
 	engCPU := median(direct, func(s sample) float64 { return cpuPerReq(s.engineCPU, s.peak) })
 	fmt.Printf("\nengine CPU per request (direct, peak phase): %.1f µs\n", engCPU)
 
-	raw := samples["NATS raw"]
 	fmt.Println()
 	fmt.Println("| path | p50 µs | p99 µs | p50 ratio | p99 ratio | peak req/s | router CPU µs/req | router ctx switches/req | NATS server CPU µs/req | errors |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
 	for _, t := range natsTargets {
 		ss := samples[t.name]
 		r50, r99, cpu, cs := "—", "—", "—", "—"
-		if t.name != "NATS raw" {
-			cs = fmt.Sprintf("%.2f", median(ss, csPerReq))
+		if t.base != "" {
+			raw := samples[t.base]
 			r50 = fmt.Sprintf("%.2f×", medianPaired(ss, raw, func(a, b sample) float64 { return float64(a.lat.pct(0.5)) / float64(b.lat.pct(0.5)) }))
 			r99 = fmt.Sprintf("%.2f×", medianPaired(ss, raw, func(a, b sample) float64 { return float64(a.lat.pct(0.99)) / float64(b.lat.pct(0.99)) }))
+		}
+		if t.pid != 0 {
+			cs = fmt.Sprintf("%.2f", median(ss, csPerReq))
 			cpu = fmt.Sprintf("%.1f", median(ss, func(s sample) float64 { return cpuPerReq(s.proxyCPU, s.peak) }))
 		}
 		errs, total := 0, 0
@@ -487,8 +528,13 @@ func report(samples map[string][]sample, httpTargets, natsTargets []target) {
 			fmt.Printf("goal: %s added p50 ≤ nginx's: %.1f µs vs %.1f µs: %s\n", name, ra, na, verdict(ra <= na))
 			fmt.Printf("goal: %s peak ≥ 0.8 × nginx's: %.2f×: %s\n", name, tr, verdict(tr >= 0.8))
 		}
-		nr := medianPaired(samples["NATS via "+name], raw, func(a, b sample) float64 { return float64(a.lat.pct(0.5)) / float64(b.lat.pct(0.5)) })
+		nr := medianPaired(samples["NATS via "+name], samples["NATS raw"], func(a, b sample) float64 { return float64(a.lat.pct(0.5)) / float64(b.lat.pct(0.5)) })
 		fmt.Printf("goal: NATS via %s p50 ≤ 1.5 × raw: %.2f×: %s\n", name, nr, verdict(nr <= 1.5))
+	}
+	if cr, ok := samples[colocRouter]; ok {
+		nr := medianPaired(cr, samples[colocRaw], func(a, b sample) float64 { return float64(a.lat.pct(0.5)) / float64(b.lat.pct(0.5)) })
+		fmt.Printf("goal: %s p50 ≤ 1.5 × raw through that server: %.2f×: %s\n", colocRouter, nr, verdict(nr <= 1.5))
+		fmt.Println("(co-located router: its process is the NATS server's, so its router CPU, context switches and NATS server CPU are all that one process's: server and router together)")
 	}
 	if v, ok := samples[variantName]; ok {
 		rt, direct := samples["router"], samples["direct"]
@@ -519,6 +565,12 @@ func report(samples map[string][]sample, httpTargets, natsTargets []target) {
 		fmt.Printf("note: open-loop requests that found the worker pool busy (the rate is not moderate for them): %s\n", strings.Join(late, ", "))
 	}
 }
+
+// Names of the co-located topology's targets.
+const (
+	colocRaw    = "NATS raw, co-located server"
+	colocRouter = "NATS via co-located router"
+)
 
 // variantName names the routers started by -variant.
 const variantName = "router′"
