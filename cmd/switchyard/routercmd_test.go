@@ -182,7 +182,8 @@ func TestRouterEmbedNATSStandalone(t *testing.T) {
 
 // TestRouterEmbedNATSLeaf runs `switchyard router --embed-nats` as a leaf
 // node of a hub, with no client listener at all (the router can only reach
-// its server in-process): the engine and the client are on the hub;
+// its server in-process), started before the hub: the engine and the client
+// are on the hub;
 // requests cross hub → leaf → router → leaf → hub → engine and back;
 // snapshots written into the hub's sy_weights are installed through the
 // leaf; and after the hub restarts, the router installs newer ones without
@@ -198,6 +199,9 @@ func TestRouterEmbedNATSLeaf(t *testing.T) {
 		}
 		return hub
 	}
+	// The router starts first: its leaf node joins the hub when it comes.
+	routerCmd(t, "--cluster", "A", "--name", "A-1", "--embed-nats", "--embed-nats-listen", "", "--embed-nats-leaf", fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort),
+		"--listen", fmt.Sprintf("127.0.0.1:%d", httpPort), "--report-interval", "200ms", "--log-level", "warn")
 	hub := startHub()
 	t.Cleanup(func() { hub.Shutdown() })
 	if got, want := hub.LeafURL(), fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort); got != want {
@@ -219,8 +223,6 @@ func TestRouterEmbedNATSLeaf(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	routerCmd(t, "--cluster", "A", "--name", "A-1", "--embed-nats", "--embed-nats-listen", "", "--embed-nats-leaf", hub.LeafURL(),
-		"--listen", fmt.Sprintf("127.0.0.1:%d", httpPort), "--report-interval", "200ms", "--log-level", "warn")
 	var lastErr error
 	testenv.WaitFor(t, 15*time.Second, "a NATS request on the hub is served by the leaf's router and answered by e1", func() bool {
 		eng, err := natsAsk(client, "A", "llama")
