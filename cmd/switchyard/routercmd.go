@@ -84,7 +84,14 @@ func routerCommand() command {
 					if em.dataDir == "" {
 						em.dataDir = defaultDataDir("router-" + o.Cluster)
 					}
-					srv, err := startEmbeddedNATS(ctx, em, "switchyard-router-"+o.Cluster, log)
+					// The server is named after the router when it has a name
+					// (nats-server's random ID otherwise): the leaf nodes of one
+					// hub need distinct names.
+					serverName := ""
+					if o.Router != "" {
+						serverName = "switchyard-router-" + o.Router
+					}
+					srv, err := startEmbeddedNATS(ctx, em, serverName, log)
 					if err != nil {
 						return err
 					}
@@ -123,12 +130,15 @@ type embedOptions struct {
 	dataDir string
 }
 
-// startEmbeddedNATS starts the router's own NATS server: a leaf node of the
-// main NATS without JetStream when em.leaf is set (it starts while the hub
-// is down and joins it when it comes), else a standalone server with
-// JetStream whose layout it provisions.
+// startEmbeddedNATS starts the router's own NATS server (named name, if
+// any): a leaf node of the main NATS without JetStream when em.leaf is set
+// (it starts while the hub is down and joins it when it comes), else a
+// standalone server with JetStream whose layout it provisions.
 func startEmbeddedNATS(ctx context.Context, em embedOptions, name string, log zerolog.Logger) (*streams.Embedded, error) {
 	so := streams.EmbeddedOptions{Port: 0, ServerName: name}
+	if name == "" {
+		name = "switchyard-router"
+	}
 	if em.listen != "" {
 		host, port, err := net.SplitHostPort(em.listen)
 		if err != nil {
