@@ -13,10 +13,15 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// EmbeddedOptions configures an embedded NATS server with JetStream.
+// EmbeddedOptions configures an embedded NATS server, with JetStream unless
+// NoJetStream is set.
 type EmbeddedOptions struct {
-	// DataDir holds the JetStream file store. Required.
+	// DataDir holds the JetStream file store. Required unless NoJetStream.
 	DataDir string
+	// NoJetStream runs the server without JetStream of its own. As a leaf
+	// node (LeafRemotes) such a server passes JetStream requests, KV
+	// buckets included, on to the hub's JetStream.
+	NoJetStream bool
 	// Host is the client listen address. Empty means 127.0.0.1.
 	Host string
 	// Port is the client port: 0 means no client listener at all (in-process
@@ -30,6 +35,16 @@ type EmbeddedOptions struct {
 	ClusterHost string
 	ClusterPort int
 	Routes      []string
+	// LeafHost and LeafPort, when LeafPort is non-zero, accept leaf-node
+	// connections from other servers (-1 picks a random port; the host
+	// defaults to Host).
+	LeafHost string
+	LeafPort int
+	// LeafRemotes makes this server a leaf node of the servers listening
+	// for leaf nodes at these URLs (nats-leaf://host:7422), all of them one
+	// hub: it connects to one and fails over to the next, retrying forever
+	// in the background, so the server starts even while the hub is down.
+	LeafRemotes []string
 	// HTTPPort, when non-zero, serves the NATS monitoring endpoints (-1 random).
 	HTTPPort int
 	// Logger, when set, receives the server's log at debug level (warnings and
@@ -47,14 +62,16 @@ type Embedded struct {
 	srv *server.Server
 }
 
-// StartEmbedded starts an embedded NATS server with JetStream on and waits
-// until it accepts connections.
+// StartEmbedded starts an embedded NATS server (with JetStream unless
+// opts.NoJetStream) and waits until it accepts connections.
 func StartEmbedded(opts EmbeddedOptions) (*Embedded, error) {
-	if opts.DataDir == "" {
-		return nil, errors.New("streams: embedded server needs a data directory")
-	}
-	if err := os.MkdirAll(opts.DataDir, 0o755); err != nil {
-		return nil, fmt.Errorf("streams: create data directory %s: %w", opts.DataDir, err)
+	if !opts.NoJetStream {
+		if opts.DataDir == "" {
+			return nil, errors.New("streams: embedded server needs a data directory")
+		}
+		if err := os.MkdirAll(opts.DataDir, 0o755); err != nil {
+			return nil, fmt.Errorf("streams: create data directory %s: %w", opts.DataDir, err)
+		}
 	}
 	host := opts.Host
 	if host == "" {
@@ -64,7 +81,7 @@ func StartEmbedded(opts EmbeddedOptions) (*Embedded, error) {
 		ServerName: opts.ServerName,
 		Host:       host,
 		Port:       opts.Port,
-		JetStream:  true,
+		JetStream:  !opts.NoJetStream,
 		StoreDir:   opts.DataDir,
 		NoSigs:     true,
 		MaxPayload: 8 << 20,
@@ -98,6 +115,39 @@ func StartEmbedded(opts EmbeddedOptions) (*Embedded, error) {
 			}
 			so.Routes = append(so.Routes, u)
 		}
+	}
+	if opts.LeafPort != 0 {
+		lh := opts.LeafHost
+		if lh == "" {
+			lh = host
+		}
+		if opts.LeafPort > 0 {
+			if err := checkFree(lh, opts.LeafPort); err != nil {
+				return nil, err
+			}
+		}
+		so.LeafNode.Host, so.LeafNode.Port = lh, opts.LeafPort
+	}
+	if len(opts.LeafRemotes) > 0 {
+		remote := &server.RemoteLeafOpts{}
+		for _, r := range opts.LeafRemotes {
+			u, err := url.Parse(r)
+			if err != nil || u.Host == "" {
+				return nil, fmt.Errorf("streams: leaf-node remote %q is not a URL like nats-leaf://host:7422", r)
+			}
+			remote.URLs = append(remote.URLs, u)
+		}
+		so.LeafNode.Remotes = []*server.RemoteLeafOpts{remote}
+		so.LeafNode.ReconnectInterval = time.Second
+	}
+	if opts.LeafPort != 0 || len(opts.LeafRemotes) > 0 {
+		// Let JetStream requests of the default account cross leaf-node
+		// connections, on both ends: a leaf node without JetStream then
+		// reaches its hub's streams and buckets under the usual $JS.API
+		// subjects, with no JetStream domain to configure. (nats-server
+		// otherwise denies them there, so that a leaf with JetStream of
+		// its own cannot answer for the hub.)
+		so.JsAccDefaultDomain = map[string]string{server.DEFAULT_GLOBAL_ACCOUNT: ""}
 	}
 	srv, err := server.NewServer(so)
 	if err != nil {
@@ -146,6 +196,19 @@ func (e *Embedded) ClusterURL() string {
 	}
 	return "nats-route://" + a.String()
 }
+
+// LeafURL returns the nats-leaf:// URL of this server's leaf-node listener, or "".
+func (e *Embedded) LeafURL() string {
+	v, err := e.srv.Varz(nil)
+	if err != nil || v.LeafNode.Port <= 0 {
+		return ""
+	}
+	return "nats-leaf://" + net.JoinHostPort(v.LeafNode.Host, strconv.Itoa(v.LeafNode.Port))
+}
+
+// LeafConnected reports whether this server has a leaf-node connection up
+// (to its hub, or from a leaf node).
+func (e *Embedded) LeafConnected() bool { return e.srv.NumLeafNodes() > 0 }
 
 // Shutdown stops the server and waits until it has stopped.
 func (e *Embedded) Shutdown() {

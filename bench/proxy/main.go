@@ -8,7 +8,11 @@
 //     loop), plus each proxy's CPU time per request;
 //   - NATS: a raw request-reply to the engine's sy.infer.<model>.<engine>
 //     subject against the same request through the router's NATS front
-//     (sy.req.<cluster>.<model>) forwarding over NATS to the engine.
+//     (sy.req.<cluster>.<model>) forwarding over NATS to the engine, in two
+//     topologies: the router and the NATS server as separate processes, and
+//     the router co-located with its NATS server (one process, the router
+//     connected in-process), each against a raw request-reply through the
+//     same server.
 //
 // Every server runs in its own process (this binary re-executed with
 // -role, and nginx); the parent is the load generator. Targets are measured
@@ -55,6 +59,8 @@ type config struct {
 	routerRT   string
 	variant    string
 	variantExe string
+	coloc      bool
+	groups     string
 }
 
 func main() {
@@ -88,6 +94,8 @@ func main() {
 	flag.StringVar(&c.routerRT, "router-runtime", "", "runtime settings of the router processes, e.g. gomaxprocs=1,gogc=100 (empty: the router command's defaults)")
 	flag.StringVar(&c.variant, "variant", "", "also measure, in the same run, a second pair of routers with these runtime settings (as -router-runtime), named router′ and NATS via router′")
 	flag.StringVar(&c.variantExe, "variant-exe", "", "run the -variant routers from this build of bench/proxy (e.g. one built from another commit), for a same-run A/B of router code; implies -variant")
+	flag.BoolVar(&c.coloc, "coloc", true, "also measure the router co-located with its NATS server (one process, connected in-process), against raw NATS through that server")
+	flag.StringVar(&c.groups, "groups", "http,nats", "which tables to measure: http, nats or both (comma-separated); the servers all start either way")
 	flag.Parse()
 	if c.variantExe != "" && c.variant == "" {
 		c.variant = " "
@@ -103,9 +111,11 @@ type target struct {
 	name   string
 	do     doer
 	closer func()
-	pid    int  // the proxy's process (0: none)
-	tree   bool // count the proxy's child processes too (nginx workers)
-	server int  // the NATS server's process (NATS targets)
+	pid    int    // the proxy's process (0: none)
+	tree   bool   // count the proxy's child processes too (nginx workers)
+	server int    // the NATS server's process (NATS targets)
+	engine int    // the engine's process (0: the shared engine)
+	base   string // NATS targets: the raw path the p50 ratio is taken against
 }
 
 // sample is one run's measurement of one target.
@@ -184,6 +194,21 @@ func run(c config) error {
 		return err
 	}
 	routerSubject := rn.fields[0]
+	// Co-located topology: the router and its NATS server in one process
+	// (the router connected in-process), and an engine of its own connected
+	// to that server over TCP, as the load generator is.
+	var co, coEng *child
+	if c.coloc {
+		if co, err = start("router-nats-coloc", append(append([]string{"-data", filepath.Join(dir, "nats-coloc"), "-subject", engineSubject, rep}, mainRT...), prof("router-nats-coloc.pprof")...)...); err != nil {
+			return err
+		}
+		ch, err := startNamedChild(ctx, "", dir, "engine-coloc", "engine", "-nats", co.fields[0], "-engine", c.engine)
+		if err != nil {
+			return err
+		}
+		children = append(children, ch)
+		coEng = ch
+	}
 	var vh, vn *child
 	if c.variant != "" {
 		vrt, err := runtimeArgs(c.variant)
@@ -256,10 +281,22 @@ func run(c config) error {
 	defer nc.Close()
 	natsTargets := []target{
 		{name: "NATS raw", do: natsDoer(nc, engineSubject), server: natsC.pid()},
-		{name: "NATS via router", do: natsDoer(nc, routerSubject), pid: rn.pid(), server: natsC.pid()},
+		{name: "NATS via router", do: natsDoer(nc, routerSubject), pid: rn.pid(), server: natsC.pid(), base: "NATS raw"},
 	}
 	if vn != nil {
-		natsTargets = append(natsTargets, target{name: "NATS via " + variantName, do: natsDoer(nc, vn.fields[0]), pid: vn.pid(), server: natsC.pid()})
+		natsTargets = append(natsTargets, target{name: "NATS via " + variantName, do: natsDoer(nc, vn.fields[0]), pid: vn.pid(), server: natsC.pid(), base: "NATS raw"})
+	}
+	if co != nil {
+		cnc, err := connect(ctx, co.fields[0], "bench-load-coloc")
+		if err != nil {
+			return err
+		}
+		defer cnc.Close()
+		// The router's process is the server's: its CPU and context
+		// switches are the server's and the router's together.
+		natsTargets = append(natsTargets,
+			target{name: colocRaw, do: natsDoer(cnc, engineSubject), server: co.pid(), engine: coEng.pid()},
+			target{name: colocRouter, do: natsDoer(cnc, co.fields[1]), pid: co.pid(), server: co.pid(), engine: coEng.pid(), base: colocRaw})
 	}
 	for _, t := range append(slices.Clone(httpTargets), natsTargets...) {
 		if err := waitServing(ctx, t); err != nil {
@@ -284,8 +321,19 @@ func run(c config) error {
 	}
 	all := append(slices.Clone(httpTargets), natsTargets...)
 	samples := make(map[string][]sample)
+	var groups [][]target
+	for g := range strings.SplitSeq(c.groups, ",") {
+		switch strings.TrimSpace(g) {
+		case "http":
+			groups = append(groups, httpTargets)
+		case "nats":
+			groups = append(groups, natsTargets)
+		default:
+			return fmt.Errorf("-groups: %q is not http or nats", g)
+		}
+	}
 	for r := range c.runs {
-		for _, group := range [][]target{httpTargets, natsTargets} {
+		for _, group := range groups {
 			order := slices.Clone(group)
 			k := r % len(order) // rotate: no target is always first or last
 			order = append(order[k:], order[:k]...)
@@ -293,7 +341,11 @@ func run(c config) error {
 				if err := ctx.Err(); err != nil {
 					return err
 				}
-				s := measure(ctx, c, t, eng.pid())
+				ep := eng.pid()
+				if t.engine != 0 {
+					ep = t.engine
+				}
+				s := measure(ctx, c, t, ep)
 				samples[t.name] = append(samples[t.name], s)
 				fmt.Fprintf(os.Stderr, "run %d %-16s p50 %7.1f µs  p99 %7.1f µs  peak %7.0f req/s  errors %d/%d\n",
 					r+1, t.name, us(s.lat.pct(0.5)), us(s.lat.pct(0.99)), s.peak.rps(), s.lat.errs, s.peak.errs)
@@ -419,6 +471,59 @@ func csPerReq(s sample) float64 {
 func report(samples map[string][]sample, httpTargets, natsTargets []target) {
 	direct := samples["direct"]
 	ngx, haveNginx := samples["nginx"]
+	if len(direct) > 0 {
+		reportHTTP(samples, httpTargets)
+	}
+	if len(samples["NATS raw"]) > 0 {
+		reportNATS(samples, natsTargets)
+	}
+	fmt.Println()
+	for _, name := range []string{"router", variantName} {
+		if rt, ok := samples[name]; ok && haveNginx {
+			ra := medianPaired(rt, direct, func(a, b sample) float64 { return us(a.lat.pct(0.5) - b.lat.pct(0.5)) })
+			na := medianPaired(ngx, direct, func(a, b sample) float64 { return us(a.lat.pct(0.5) - b.lat.pct(0.5)) })
+			tr := medianPaired(rt, ngx, func(a, b sample) float64 { return a.peak.rps() / b.peak.rps() })
+			fmt.Printf("goal: %s added p50 ≤ nginx's: %.1f µs vs %.1f µs: %s\n", name, ra, na, verdict(ra <= na))
+			fmt.Printf("goal: %s peak ≥ 0.8 × nginx's: %.2f×: %s\n", name, tr, verdict(tr >= 0.8))
+		}
+		if rn, ok := samples["NATS via "+name]; ok {
+			nr := medianPaired(rn, samples["NATS raw"], p50Ratio)
+			fmt.Printf("goal: NATS via %s p50 ≤ 1.5 × raw: %.2f×: %s\n", name, nr, verdict(nr <= 1.5))
+		}
+	}
+	if cr, ok := samples[colocRouter]; ok {
+		nr := medianPaired(cr, samples[colocRaw], p50Ratio)
+		fmt.Printf("goal: %s p50 ≤ 1.5 × raw through that server: %.2f×: %s\n", colocRouter, nr, verdict(nr <= 1.5))
+		fmt.Println("(co-located router: its process is the NATS server's, so its router CPU, context switches and NATS server CPU are all that one process's: server and router together)")
+		sep, sepRaw, coRaw := samples["NATS via router"], samples["NATS raw"], samples[colocRaw]
+		n := min(len(cr), len(coRaw), len(sep), len(sepRaw))
+		var rel []float64
+		var perRun []string
+		metSep, metCo := 0, 0
+		for i := range n {
+			a, b := p50Ratio(sep[i], sepRaw[i]), p50Ratio(cr[i], coRaw[i])
+			rel = append(rel, b/a)
+			perRun = append(perRun, fmt.Sprintf("%.2f/%.2f", a, b))
+			if a <= 1.5 {
+				metSep++
+			}
+			if b <= 1.5 {
+				metCo++
+			}
+		}
+		fmt.Printf("p50 ratio to raw per run, separate/co-located: %s; ≤ 1.5× in %d/%d runs separate, %d/%d co-located; co-located ratio ÷ separate ratio, median over runs: %.2f\n",
+			strings.Join(perRun, " "), metSep, n, metCo, n, medianOf(rel))
+	}
+	reportVariant(samples)
+	reportLate(samples, append(slices.Clone(httpTargets), natsTargets...))
+}
+
+// p50Ratio is a's latency-phase p50 over b's.
+func p50Ratio(a, b sample) float64 { return float64(a.lat.pct(0.5)) / float64(b.lat.pct(0.5)) }
+
+func reportHTTP(samples map[string][]sample, httpTargets []target) {
+	direct := samples["direct"]
+	ngx, haveNginx := samples["nginx"]
 	fmt.Println()
 	fmt.Println("| path | p50 µs | p99 µs | added p50 µs | added p99 µs | peak req/s | peak vs nginx | proxy CPU µs/req | proxy ctx switches/req | errors |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
@@ -448,18 +553,22 @@ func report(samples map[string][]sample, httpTargets, natsTargets []target) {
 	}
 	engCPU := median(direct, func(s sample) float64 { return cpuPerReq(s.engineCPU, s.peak) })
 	fmt.Printf("\nengine CPU per request (direct, peak phase): %.1f µs\n", engCPU)
+}
 
-	raw := samples["NATS raw"]
+func reportNATS(samples map[string][]sample, natsTargets []target) {
 	fmt.Println()
 	fmt.Println("| path | p50 µs | p99 µs | p50 ratio | p99 ratio | peak req/s | router CPU µs/req | router ctx switches/req | NATS server CPU µs/req | errors |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
 	for _, t := range natsTargets {
 		ss := samples[t.name]
 		r50, r99, cpu, cs := "—", "—", "—", "—"
-		if t.name != "NATS raw" {
-			cs = fmt.Sprintf("%.2f", median(ss, csPerReq))
+		if t.base != "" {
+			raw := samples[t.base]
 			r50 = fmt.Sprintf("%.2f×", medianPaired(ss, raw, func(a, b sample) float64 { return float64(a.lat.pct(0.5)) / float64(b.lat.pct(0.5)) }))
 			r99 = fmt.Sprintf("%.2f×", medianPaired(ss, raw, func(a, b sample) float64 { return float64(a.lat.pct(0.99)) / float64(b.lat.pct(0.99)) }))
+		}
+		if t.pid != 0 {
+			cs = fmt.Sprintf("%.2f", median(ss, csPerReq))
 			cpu = fmt.Sprintf("%.1f", median(ss, func(s sample) float64 { return cpuPerReq(s.proxyCPU, s.peak) }))
 		}
 		errs, total := 0, 0
@@ -473,23 +582,10 @@ func report(samples map[string][]sample, httpTargets, natsTargets []target) {
 			r50, r99, median(ss, func(s sample) float64 { return s.peak.rps() }), cpu, cs,
 			median(ss, func(s sample) float64 { return cpuPerReq(s.serverCPU, s.peak) }), errs, total)
 	}
+}
 
-	fmt.Println()
-	for _, name := range []string{"router", variantName} {
-		rt, ok := samples[name]
-		if !ok {
-			continue
-		}
-		if haveNginx {
-			ra := medianPaired(rt, direct, func(a, b sample) float64 { return us(a.lat.pct(0.5) - b.lat.pct(0.5)) })
-			na := medianPaired(ngx, direct, func(a, b sample) float64 { return us(a.lat.pct(0.5) - b.lat.pct(0.5)) })
-			tr := medianPaired(rt, ngx, func(a, b sample) float64 { return a.peak.rps() / b.peak.rps() })
-			fmt.Printf("goal: %s added p50 ≤ nginx's: %.1f µs vs %.1f µs: %s\n", name, ra, na, verdict(ra <= na))
-			fmt.Printf("goal: %s peak ≥ 0.8 × nginx's: %.2f×: %s\n", name, tr, verdict(tr >= 0.8))
-		}
-		nr := medianPaired(samples["NATS via "+name], raw, func(a, b sample) float64 { return float64(a.lat.pct(0.5)) / float64(b.lat.pct(0.5)) })
-		fmt.Printf("goal: NATS via %s p50 ≤ 1.5 × raw: %.2f×: %s\n", name, nr, verdict(nr <= 1.5))
-	}
+// reportVariant compares the -variant routers with the main ones.
+func reportVariant(samples map[string][]sample) {
 	if v, ok := samples[variantName]; ok {
 		rt, direct := samples["router"], samples["direct"]
 		n := min(len(v), len(rt), len(direct))
@@ -505,8 +601,12 @@ func report(samples map[string][]sample, httpTargets, natsTargets []target) {
 				return float64(a.lat.pct(0.5)) / float64(b.lat.pct(0.5))
 			}))
 	}
+}
+
+// reportLate notes the open-loop requests that had to wait for a sender.
+func reportLate(samples map[string][]sample, targets []target) {
 	var late []string
-	for _, t := range append(slices.Clone(httpTargets), natsTargets...) {
+	for _, t := range targets {
 		n := 0
 		for _, s := range samples[t.name] {
 			n += s.lat.late
@@ -519,6 +619,12 @@ func report(samples map[string][]sample, httpTargets, natsTargets []target) {
 		fmt.Printf("note: open-loop requests that found the worker pool busy (the rate is not moderate for them): %s\n", strings.Join(late, ", "))
 	}
 }
+
+// Names of the co-located topology's targets.
+const (
+	colocRaw    = "NATS raw, co-located server"
+	colocRouter = "NATS via co-located router"
+)
 
 // variantName names the routers started by -variant.
 const variantName = "router′"

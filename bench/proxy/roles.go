@@ -72,7 +72,7 @@ func runRole(role string, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if role == "router-http" || role == "router-nats" {
+	if role == "router-http" || role == "router-nats" || role == "router-nats-coloc" {
 		rf.runtime.Apply()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -107,6 +107,8 @@ func runRole(role string, args []string) error {
 		return roleRouterHTTP(ctx, rf)
 	case "router-nats":
 		return roleRouterNATS(ctx, rf)
+	case "router-nats-coloc":
+		return roleRouterNATSColoc(ctx, rf)
 	}
 	return fmt.Errorf("unknown role %q", role)
 }
@@ -340,6 +342,13 @@ func roleRouterNATS(ctx context.Context, rf roleFlags) error {
 		return err
 	}
 	defer nc.Close()
+	return serveNATSFront(ctx, rf, nc)
+}
+
+// serveNATSFront runs the router's NATS front on nc (sy.req.<cluster>.bench)
+// forwarding over nc to the engine's subject, and prints the ready line
+// with the front's subject after extra.
+func serveNATSFront(ctx context.Context, rf roleFlags, nc *nats.Conn, extra ...string) error {
 	nt, err := router.NewNATSTransport(router.NATSTransportOptions{Conn: nc})
 	if err != nil {
 		return err
@@ -358,6 +367,46 @@ func roleRouterNATS(ctx context.Context, rf roleFlags) error {
 	if err != nil {
 		return err
 	}
-	ready(subj)
+	// The front subscribes in Run: wait until the server has that interest,
+	// so that the parent's first request finds it.
+	if err := nc.Flush(); err != nil {
+		return err
+	}
+	ready(append(extra, subj)...)
 	return <-errc
+}
+
+// roleRouterNATSColoc is the router co-located with its NATS server, as
+// `switchyard router --embed-nats` runs it: an embedded NATS server (its
+// own JetStream in memory, provisioned, with a client listener for the
+// engine and the load generator) in the router's process, the router
+// connected to it in-process (nats.InProcessServer: no socket between
+// server and router). Ready line: the server's client URL and the front's
+// subject. The engine connects to that URL over TCP as to any server.
+func roleRouterNATSColoc(ctx context.Context, rf roleFlags) error {
+	srv, err := streams.StartEmbedded(streams.EmbeddedOptions{DataDir: rf.dataDir, Port: -1})
+	if err != nil {
+		return err
+	}
+	defer srv.Shutdown()
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	nc, err := streams.Connect(cctx, streams.ConnectOptions{InProcess: srv.Server(), Name: "bench-router-nats-coloc", Logger: zerolog.Nop()})
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	if err := streams.Provision(cctx, js, streams.DefaultNames(), streams.ProvisionOptions{Memory: true}); err != nil {
+		return err
+	}
+	if rf.subject == "" {
+		if rf.subject, err = streams.DefaultNames().InferSubject(benchModel, benchEngine); err != nil {
+			return err
+		}
+	}
+	return serveNATSFront(ctx, rf, nc, srv.ClientURL())
 }

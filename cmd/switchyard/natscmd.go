@@ -35,6 +35,7 @@ func natsCommand() command {
 			clusterHost := fs.String("cluster-host", "", "cluster listen address (default: --host)")
 			clusterPort := fs.Int("cluster-port", 6222, "cluster port (with --cluster-name)")
 			routes := fs.String("routes", "", "other nodes' cluster `URLs`, comma-separated (nats-route://host:6222)")
+			leafPort := fs.Int("leaf-port", 0, "accept leaf-node connections on this port (0: off), e.g. from routers run with --embed-nats --embed-nats-leaf nats-leaf://<host>:<port>")
 			httpPort := fs.Int("http-port", 0, "NATS monitoring port (0: off); /healthz there serves health checks")
 			provision := fs.Bool("provision", true, "create or update Switchyard's streams and buckets once JetStream is ready")
 			replicas := fs.Int("replicas", 1, "replica count for provisioned streams and buckets (3 in a cluster)")
@@ -48,7 +49,10 @@ func natsCommand() command {
 					return err
 				}
 				log = log.With().Str("component", "nats").Logger()
-				opts := streams.EmbeddedOptions{DataDir: *dataDir, Host: *host, Port: *port, ServerName: *name, HTTPPort: *httpPort, Logger: &log}
+				opts := streams.EmbeddedOptions{DataDir: *dataDir, Host: *host, Port: *port, ServerName: *name, HTTPPort: *httpPort, LeafPort: *leafPort, Logger: &log}
+				if *leafPort < 0 || *leafPort > 65535 {
+					return usagef("--leaf-port %d: the port must be 0 (off) to 65535", *leafPort)
+				}
 				if *cluster != "" {
 					if *name == "" {
 						return usagef("--server-name is required with --cluster-name")
@@ -65,7 +69,7 @@ func natsCommand() command {
 					return err
 				}
 				defer srv.Shutdown()
-				log.Info().Str("url", srv.ClientURL()).Str("data_dir", *dataDir).Str("cluster", *cluster).Msg("NATS server running")
+				log.Info().Str("url", srv.ClientURL()).Str("data_dir", *dataDir).Str("cluster", *cluster).Str("leaf_url", srv.LeafURL()).Msg("NATS server running")
 				if *provision {
 					go provisionWhenReady(ctx, srv.ClientURL(), *replicas, e)
 				}

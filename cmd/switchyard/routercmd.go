@@ -3,8 +3,17 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
+	"net"
+	neturl "net/url"
 	"os"
+	"strconv"
+	"strings"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
@@ -32,6 +41,11 @@ func routerCommand() command {
 			memLimit := fs.String("memlimit", "", "soft memory limit, as GOMEMLIMIT, e.g. 512MiB (empty: keep GOMEMLIMIT from the environment, or none)")
 			fs.IntVar(&rt.MaxProcs, "gomaxprocs", 0, "OS threads running Go code at once, as GOMAXPROCS (0: keep GOMAXPROCS from the environment or Go's default, the CPUs available)")
 			emulate := fs.String("emulate-network", "", "emulate the network latency of this stack `file` (one-way, per engine region, from this router's cluster region)")
+			var em embedOptions
+			fs.BoolVar(&em.on, "embed-nats", false, "run a NATS server inside this process and connect the router to it in-process (no socket between them); clients and engines connect to --embed-nats-listen. Excludes --nats-url")
+			fs.StringVar(&em.listen, "embed-nats-listen", "127.0.0.1:4222", "with --embed-nats: the embedded server's client listen `address` (empty: in-process only)")
+			fs.StringVar(&em.leaf, "embed-nats-leaf", "", "with --embed-nats: join the main NATS as a leaf node at these leaf-node `URLs`, comma-separated (nats-leaf://host:7422, see `switchyard nats --leaf-port`); the embedded server then has no JetStream and reads weights, and writes reports, through the main NATS. Empty: a standalone server with its own JetStream")
+			fs.StringVar(&em.dataDir, "embed-nats-data-dir", "", "with --embed-nats and no --embed-nats-leaf: the JetStream store `directory` (default: the user cache dir's switchyard/router-<cluster>)")
 			mkLog := logFlags(fs, e)
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
@@ -65,10 +79,39 @@ func routerCommand() command {
 						return usagef("--emulate-network %s: cluster %q is not in the stack file", *emulate, o.Cluster)
 					}
 				}
-				// Routers never wait on the control plane: start even if NATS is not up yet.
-				nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{*url}, Name: "switchyard-router-" + o.Cluster, Logger: log, WaitForServer: true})
-				if err != nil {
-					return err
+				var nc *nats.Conn
+				if em.on {
+					if flagSet(fs, "nats-url") {
+						return usagef("--nats-url and --embed-nats exclude each other: with --embed-nats the router connects to its own server (use --embed-nats-leaf to join the main NATS)")
+					}
+					if em.dataDir == "" {
+						em.dataDir = defaultDataDir("router-" + o.Cluster)
+					}
+					// The server is named after the router when it has a name
+					// (nats-server's random ID otherwise): the leaf nodes of one
+					// hub need distinct names.
+					serverName := ""
+					if o.Router != "" {
+						serverName = "switchyard-router-" + o.Router
+					}
+					srv, err := startEmbeddedNATS(ctx, em, serverName, log)
+					if err != nil {
+						return err
+					}
+					defer srv.Shutdown()
+					if nc, err = streams.Connect(ctx, streams.ConnectOptions{InProcess: srv.Server(), Name: "switchyard-router-" + o.Cluster, Logger: log}); err != nil {
+						return err
+					}
+				} else {
+					for _, f := range []string{"embed-nats-listen", "embed-nats-leaf", "embed-nats-data-dir"} {
+						if flagSet(fs, f) {
+							return usagef("--%s needs --embed-nats", f)
+						}
+					}
+					// Routers never wait on the control plane: start even if NATS is not up yet.
+					if nc, err = streams.Connect(ctx, streams.ConnectOptions{URLs: []string{*url}, Name: "switchyard-router-" + o.Cluster, Logger: log, WaitForServer: true}); err != nil {
+						return err
+					}
 				}
 				defer nc.Close()
 				o.Conn, o.Logger = nc, log.With().Str("cluster", o.Cluster).Logger()
@@ -80,6 +123,84 @@ func routerCommand() command {
 			}
 		},
 	}
+}
+
+// embedOptions are the router command's --embed-nats flags.
+type embedOptions struct {
+	on      bool
+	listen  string // host:port, or "" for in-process only
+	leaf    string // comma-separated leaf-node URLs of the main NATS
+	dataDir string
+}
+
+// startEmbeddedNATS starts the router's own NATS server (named name, if
+// any): a leaf node of the main NATS without JetStream when em.leaf is set
+// (it starts while the hub is down and joins it when it comes), else a
+// standalone server with JetStream whose layout it provisions.
+func startEmbeddedNATS(ctx context.Context, em embedOptions, name string, log zerolog.Logger) (*streams.Embedded, error) {
+	so := streams.EmbeddedOptions{Port: 0, ServerName: name}
+	if name == "" {
+		name = "switchyard-router"
+	}
+	if em.listen != "" {
+		host, port, err := net.SplitHostPort(em.listen)
+		if err != nil {
+			return nil, usagef("--embed-nats-listen %q: %v", em.listen, err)
+		}
+		p, err := strconv.Atoi(port)
+		if err != nil || p < 1 || p > 65535 {
+			return nil, usagef("--embed-nats-listen %q: the port must be 1 to 65535", em.listen)
+		}
+		if host == "" {
+			return nil, usagef("--embed-nats-listen %q: give the host (e.g. 127.0.0.1)", em.listen)
+		}
+		so.Host, so.Port = host, p
+	}
+	for _, u := range strings.Split(em.leaf, ",") {
+		if u = strings.TrimSpace(u); u == "" {
+			continue
+		}
+		if pu, err := neturl.Parse(u); err != nil || pu.Host == "" || (pu.Scheme != "nats-leaf" && pu.Scheme != "nats") {
+			return nil, usagef("--embed-nats-leaf %q is not a URL like nats-leaf://host:7422", u)
+		}
+		so.LeafRemotes = append(so.LeafRemotes, u)
+	}
+	if len(so.LeafRemotes) > 0 {
+		so.NoJetStream = true
+	} else {
+		so.DataDir = em.dataDir
+	}
+	slog := log.With().Str("component", "nats").Logger()
+	so.Logger = &slog
+	srv, err := streams.StartEmbedded(so)
+	if err != nil {
+		return nil, err
+	}
+	ev := log.Info().Str("url", srv.ClientURL()).Bool("in_process", true)
+	if so.NoJetStream {
+		ev = ev.Strs("leaf_of", so.LeafRemotes)
+	} else {
+		ev = ev.Str("data_dir", so.DataDir)
+	}
+	ev.Msg("embedded NATS server running; the router is connected to it in-process")
+	if so.NoJetStream {
+		return srv, nil
+	}
+	nc, err := streams.Connect(ctx, streams.ConnectOptions{InProcess: srv.Server(), Name: name + "-provision", Logger: log})
+	if err == nil {
+		var js jetstream.JetStream
+		if js, err = jetstream.New(nc); err == nil {
+			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			err = streams.Provision(pctx, js, streams.DefaultNames(), streams.ProvisionOptions{})
+			cancel()
+		}
+		nc.Close()
+	}
+	if err != nil {
+		srv.Shutdown()
+		return nil, fmt.Errorf("embedded NATS server: provision: %w", err)
+	}
+	return srv, nil
 }
 
 // flagSet reports whether the flag name was given on the command line.

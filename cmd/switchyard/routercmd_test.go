@@ -1,0 +1,288 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/services/enginesim"
+	"github.com/switchyard-dev/switchyard/streams"
+	"github.com/switchyard-dev/switchyard/testenv"
+)
+
+// routerCmd runs `switchyard router args...` until the test ends and
+// checks that it then stops cleanly.
+func routerCmd(t *testing.T, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var stdout, stderr syncBuffer
+	done := make(chan int, 1)
+	go func() { done <- run(ctx, append([]string{"router"}, args...), strings.NewReader(""), &stdout, &stderr) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case code := <-done:
+			if code != exitOK {
+				t.Errorf("router exited %d", code)
+			}
+		case <-time.After(15 * time.Second):
+			t.Errorf("router did not stop within 15 s")
+		}
+		if t.Failed() {
+			t.Logf("router's stderr:\n%s", stderr.String())
+		}
+	})
+	// Fail fast when the command ends on its own (a flag error, a port taken).
+	select {
+	case code := <-done:
+		done <- code
+		t.Fatalf("router exited %d at start:\n%s", code, stderr.String())
+	case <-time.After(50 * time.Millisecond):
+	}
+}
+
+// simEngine starts a simulated engine of model on nc (NATS inference and
+// signals every 100 ms, HTTP on a free loopback port).
+func simEngine(t *testing.T, nc *nats.Conn, model, name string) *enginesim.Engine {
+	t.Helper()
+	e, err := enginesim.New(enginesim.Options{Name: name, Model: model, MaxBatch: 64, PrefillMsPerToken: 0.001, BaseTBTMs: 0.01,
+		TBTGrowthMs: 0.001, OutputTokens: 2, PromptTokens: 4, Conn: nc, SignalInterval: 100 * time.Millisecond, Seed: 1,
+		Listen: "127.0.0.1:0", Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	return e
+}
+
+func dial(t *testing.T, url string) *nats.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{url}, Name: t.Name()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// natsAsk sends a chat request for model to cluster's routers over NATS and
+// returns the engine that answered it, or an error.
+func natsAsk(nc *nats.Conn, cluster, model string) (string, error) {
+	m := nats.NewMsg(fmt.Sprintf("sy.req.%s.%s", cluster, model))
+	m.Data = fmt.Appendf(nil, `{"model":%q,"messages":[{"role":"user","content":"hi"}],"max_tokens":2}`, model)
+	r, err := nc.RequestMsg(m, 2*time.Second)
+	if err != nil {
+		return "", err
+	}
+	if s := r.Header.Get(router.HeaderStatus); s != "200" || r.Header.Get(router.HeaderLast) != "true" {
+		return "", fmt.Errorf("status %q, last %q: %s", s, r.Header.Get(router.HeaderLast), r.Data)
+	}
+	return r.Header.Get("x-switchyard-engine"), nil
+}
+
+// putWeights writes a snapshot giving engine all of model's weight in
+// cluster, at generation gen.
+func putWeights(t *testing.T, nc *nats.Conn, model, cluster, engine string, gen uint64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(ctx, streams.DefaultNames().WeightsBucket)
+	if err != nil {
+		t.Fatalf("weights bucket: %v", err)
+	}
+	data, err := messages.Encode(&messages.WeightSnapshot{Model: model, Cluster: cluster, Generation: gen,
+		Time: time.Now().UnixMilli(), Weights: map[string]float64{engine: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _ := streams.WeightsKey(model, cluster)
+	if _, err := kv.Put(ctx, key, data); err != nil {
+		t.Fatalf("put snapshot: %v", err)
+	}
+}
+
+// readyGeneration returns the generation and mode of model in the router's
+// /readyz detail at base ("", 0 on any failure).
+func readyGeneration(base, model string) (router.Mode, uint64) {
+	resp, err := http.Get(base + "/readyz")
+	if err != nil {
+		return "", 0
+	}
+	defer resp.Body.Close()
+	var rd router.Readiness
+	if err := json.NewDecoder(resp.Body).Decode(&rd); err != nil {
+		return "", 0
+	}
+	m := rd.Models[model]
+	return m.Mode, m.Generation
+}
+
+// TestRouterEmbedNATSStandalone runs `switchyard router --embed-nats` with a
+// server of its own: it provisions the layout, an engine and a client
+// connect to it over TCP, requests on the NATS front reach the engine, and
+// a snapshot written into its sy_weights is installed.
+func TestRouterEmbedNATSStandalone(t *testing.T) {
+	natsPort, httpPort := freePort(t), freePort(t)
+	routerCmd(t, "--cluster", "A", "--name", "A-1", "--embed-nats", "--embed-nats-listen", fmt.Sprintf("127.0.0.1:%d", natsPort),
+		"--embed-nats-data-dir", t.TempDir(), "--listen", fmt.Sprintf("127.0.0.1:%d", httpPort), "--log-level", "warn")
+	url := fmt.Sprintf("nats://127.0.0.1:%d", natsPort)
+	var client *nats.Conn
+	testenv.WaitFor(t, 10*time.Second, "the embedded server accepts clients", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{url}})
+		if err != nil {
+			return false
+		}
+		client = nc
+		return true
+	})
+	t.Cleanup(client.Close)
+	simEngine(t, dial(t, url), "llama", "e1")
+
+	var lastErr error
+	testenv.WaitFor(t, 10*time.Second, "a NATS request through the co-located router is answered by e1", func() bool {
+		eng, err := natsAsk(client, "A", "llama")
+		lastErr = err
+		return err == nil && eng == "e1"
+	})
+	if lastErr != nil {
+		t.Fatal(lastErr)
+	}
+	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
+	putWeights(t, client, "llama", "A", "e1", 7)
+	testenv.WaitFor(t, 10*time.Second, "the router installs generation 7 from its own server's sy_weights", func() bool {
+		mode, gen := readyGeneration(base, "llama")
+		return mode == router.ModeSnapshot && gen == 7
+	})
+	if eng, err := natsAsk(client, "A", "llama"); err != nil || eng != "e1" {
+		t.Fatalf("after the snapshot: engine %q, %v", eng, err)
+	}
+}
+
+// TestRouterEmbedNATSLeaf runs `switchyard router --embed-nats` as a leaf
+// node of a hub, with no client listener at all (the router can only reach
+// its server in-process), started before the hub: the engine and the client
+// are on the hub;
+// requests cross hub → leaf → router → leaf → hub → engine and back;
+// snapshots written into the hub's sy_weights are installed through the
+// leaf; and after the hub restarts, the router installs newer ones without
+// a restart of its own.
+func TestRouterEmbedNATSLeaf(t *testing.T) {
+	hubPort, leafPort, httpPort := freePort(t), freePort(t), freePort(t)
+	dataDir := t.TempDir()
+	startHub := func() *streams.Embedded {
+		t.Helper()
+		hub, err := streams.StartEmbedded(streams.EmbeddedOptions{DataDir: dataDir, Port: hubPort, LeafPort: leafPort, ServerName: "hub"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return hub
+	}
+	// The router starts first: its leaf node joins the hub when it comes.
+	routerCmd(t, "--cluster", "A", "--name", "A-1", "--embed-nats", "--embed-nats-listen", "", "--embed-nats-leaf", fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort),
+		"--listen", fmt.Sprintf("127.0.0.1:%d", httpPort), "--report-interval", "200ms", "--log-level", "warn")
+	hub := startHub()
+	t.Cleanup(func() { hub.Shutdown() })
+	if got, want := hub.LeafURL(), fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort); got != want {
+		t.Fatalf("hub's LeafURL %q, want %q", got, want)
+	}
+	client := dial(t, hub.ClientURL())
+	js, err := jetstream.New(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := streams.Provision(ctx, js, streams.DefaultNames(), streams.ProvisionOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	simEngine(t, dial(t, hub.ClientURL()), "llama", "e1")
+	reports, err := client.SubscribeSync(streams.DefaultNames().ReportFilter())
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var lastErr error
+	testenv.WaitFor(t, 15*time.Second, "a NATS request on the hub is served by the leaf's router and answered by e1", func() bool {
+		eng, err := natsAsk(client, "A", "llama")
+		lastErr = err
+		return err == nil && eng == "e1"
+	})
+	if lastErr != nil {
+		t.Fatal(lastErr)
+	}
+	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
+	putWeights(t, client, "llama", "A", "e1", 1)
+	testenv.WaitFor(t, 10*time.Second, "the router installs generation 1 from the hub's sy_weights", func() bool {
+		mode, gen := readyGeneration(base, "llama")
+		return mode == router.ModeSnapshot && gen == 1
+	})
+	if _, err := reports.NextMsg(5 * time.Second); err != nil {
+		t.Fatalf("no router report reached the hub: %v", err)
+	}
+
+	hub.Shutdown()
+	hub = startHub()
+	client = dial(t, hub.ClientURL())
+	testenv.WaitFor(t, 20*time.Second, "after the hub's restart, the router installs generation 2 written there", func() bool {
+		putWeights(t, client, "llama", "A", "e1", 2)
+		mode, gen := readyGeneration(base, "llama")
+		return mode == router.ModeSnapshot && gen == 2
+	})
+	testenv.WaitFor(t, 10*time.Second, "requests flow again after the hub's restart", func() bool {
+		eng, err := natsAsk(client, "A", "llama")
+		lastErr = err
+		return err == nil && eng == "e1"
+	})
+}
+
+// TestRouterEmbedNATSFlags checks that the --embed-nats flags are validated
+// before anything starts.
+func TestRouterEmbedNATSFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"nats-url with embed", []string{"--embed-nats", "--nats-url", "nats://127.0.0.1:4222"}, "exclude each other"},
+		{"leaf without embed", []string{"--embed-nats-leaf", "nats-leaf://127.0.0.1:7422"}, "needs --embed-nats"},
+		{"listen without embed", []string{"--embed-nats-listen", "127.0.0.1:4223"}, "needs --embed-nats"},
+		{"listen without port", []string{"--embed-nats", "--embed-nats-listen", "127.0.0.1"}, "--embed-nats-listen"},
+		{"listen port out of range", []string{"--embed-nats", "--embed-nats-listen", "127.0.0.1:70000"}, "1 to 65535"},
+		{"leaf not a URL", []string{"--embed-nats", "--embed-nats-listen", "", "--embed-nats-leaf", "127.0.0.1:7422"}, "nats-leaf://host:7422"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr syncBuffer
+			args := append([]string{"router", "--cluster", "A", "--listen", "", "--log-level", "warn"}, tc.args...)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if code := run(ctx, args, strings.NewReader(""), &stdout, &stderr); code != exitUsage {
+				t.Fatalf("exit %d, want %d (usage); stderr:\n%s", code, exitUsage, stderr.String())
+			}
+			if !strings.Contains(stderr.String(), tc.want) {
+				t.Fatalf("stderr does not say %q:\n%s", tc.want, stderr.String())
+			}
+		})
+	}
+}
