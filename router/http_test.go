@@ -406,19 +406,34 @@ func TestStatusEndpoints(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.path, func(t *testing.T) {
-			resp, err := f.srv.Client().Get(f.srv.URL + c.path)
-			if err != nil {
-				t.Fatalf("GET %s: %v", c.path, err)
-			}
-			defer resp.Body.Close()
-			body, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode != c.status {
-				t.Fatalf("status %d, want %d", resp.StatusCode, c.status)
-			}
-			for _, w := range c.want {
-				if !strings.Contains(string(body), w) {
-					t.Errorf("body lacks %q:\n%s", w, body)
+			// Poll: the handler lowers the in-flight gauge after the answer
+			// reached the client, so the first scrape may still count it.
+			var body []byte
+			var missing []string
+			deadline := time.Now().Add(2 * time.Second)
+			for {
+				resp, err := f.srv.Client().Get(f.srv.URL + c.path)
+				if err != nil {
+					t.Fatalf("GET %s: %v", c.path, err)
 				}
+				body, _ = io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != c.status {
+					t.Fatalf("status %d, want %d", resp.StatusCode, c.status)
+				}
+				missing = missing[:0]
+				for _, w := range c.want {
+					if !strings.Contains(string(body), w) {
+						missing = append(missing, w)
+					}
+				}
+				if len(missing) == 0 || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			for _, w := range missing {
+				t.Errorf("body lacks %q:\n%s", w, body)
 			}
 		})
 	}
