@@ -202,45 +202,47 @@ func (p *Problem) Validate() error {
 	clusterSeen := make(map[string]int, len(p.Clusters))
 	for i := range p.Clusters {
 		c := &p.Clusters[i]
-		f := "clusters[" + strconv.Itoa(i) + "]"
+		// The field's path is built only for an error: building it for every cluster and
+		// engine was a third of the validation's time on large problems.
+		f := func() string { return "clusters[" + strconv.Itoa(i) + "]" }
 		if !ValidName(c.Name) {
-			return fieldErr(f+".name", fmt.Sprintf("%q", c.Name), ErrInvalidName, "want a NATS token without dots, spaces or wildcards")
+			return fieldErr(f()+".name", fmt.Sprintf("%q", c.Name), ErrInvalidName, "want a NATS token without dots, spaces or wildcards")
 		}
 		if k, dup := clusterSeen[c.Name]; dup {
-			return fieldErr(f+".name", c.Name, ErrDuplicateName, "also clusters[%d]", k)
+			return fieldErr(f()+".name", c.Name, ErrDuplicateName, "also clusters[%d]", k)
 		}
 		clusterSeen[c.Name] = i
 		for q := range c.Demand {
 			if err := numberErr(c.Demand[q]); err != nil {
-				return fieldErr(fmt.Sprintf("%s.demand_by_priority.%s", f, Priority(q)), c.Demand[q], err, "")
+				return fieldErr(fmt.Sprintf("%s.demand_by_priority.%s", f(), Priority(q)), c.Demand[q], err, "")
 			}
 		}
 	}
 	engineSeen := make(map[string]int, len(p.Engines))
 	for j := range p.Engines {
 		e := &p.Engines[j]
-		f := "engines[" + strconv.Itoa(j) + "]"
+		f := func() string { return "engines[" + strconv.Itoa(j) + "]" }
 		if !ValidName(e.Name) {
-			return fieldErr(f+".name", fmt.Sprintf("%q", e.Name), ErrInvalidName, "want a NATS token without dots, spaces or wildcards")
+			return fieldErr(f()+".name", fmt.Sprintf("%q", e.Name), ErrInvalidName, "want a NATS token without dots, spaces or wildcards")
 		}
 		if k, dup := engineSeen[e.Name]; dup {
-			return fieldErr(f+".name", e.Name, ErrDuplicateName, "also engines[%d]", k)
+			return fieldErr(f()+".name", e.Name, ErrDuplicateName, "also engines[%d]", k)
 		}
 		engineSeen[e.Name] = j
-		if err := checkNumber(f+".capacity_rps", e.CapacityRPS); err != nil {
-			return err
+		if err := numberErr(e.CapacityRPS); err != nil {
+			return fieldErr(f()+".capacity_rps", e.CapacityRPS, err, "")
 		}
-		if err := checkNumber(f+".health", e.Health); err != nil {
-			return err
+		if err := numberErr(e.Health); err != nil {
+			return fieldErr(f()+".health", e.Health, err, "")
 		}
 		if e.Health > 1 {
-			return fieldErr(f+".health", e.Health, ErrOutOfRange, "want 0..1")
+			return fieldErr(f()+".health", e.Health, ErrOutOfRange, "want 0..1")
 		}
 		if e.Profile == nil {
-			return fieldErr(f+".profile", nil, ErrBadProfile, "missing")
+			return fieldErr(f()+".profile", nil, ErrBadProfile, "missing")
 		}
 		if err := e.Profile.Validate(); err != nil {
-			return &FieldError{Field: f + ".profile", Err: err}
+			return &FieldError{Field: f() + ".profile", Err: err}
 		}
 	}
 	if len(p.Network) != len(p.Clusters) {

@@ -31,7 +31,8 @@ type ClusterResult struct {
 	// DemandRPS is the cluster's total demand.
 	DemandRPS float64
 	// Engines lists the eligible engines (indices into Solution.Engines), like the cluster's
-	// network row.
+	// network row. Solutions from one Solver share these lists while the network rows stay
+	// the same: they are read-only.
 	Engines []int
 	// Weights[k] is the fraction of the cluster's demand sent to Engines[k]; the weights sum to
 	// 1 - ShedFraction.
@@ -108,8 +109,17 @@ func (s *Solver) solution(p *Problem, policy string, notes []string) *Solution {
 	sol := &Solution{Policy: policy, Clusters: make([]ClusterResult, nc), Engines: make([]EngineResult, len(p.Engines))}
 	edges := len(s.eng)
 	flat := make([]float64, 2*edges)
-	idx := make([]int, edges)
 	weights, flows := flat[:edges], flat[edges:]
+	// The engine lists are the network rows: solutions share them while the rows stay the
+	// same (they are read-only), so that a warm start recognises its rows without comparing.
+	if s.rowsLinks != s.links || len(s.rows) != edges {
+		s.rows = make([]int, edges)
+		for k, j := range s.eng {
+			s.rows[k] = int(j)
+		}
+		s.rowsLinks = s.links
+	}
+	idx := s.rows
 	for j := range p.Engines {
 		e := &sol.Engines[j]
 		e.Name = p.Engines[j].Name
@@ -138,7 +148,6 @@ func (s *Solver) solution(p *Problem, policy string, notes []string) *Solution {
 		served, cost := 0.0, 0.0
 		for k := e0; k < e1; k++ {
 			j := int(s.eng[k])
-			c.Engines[k-e0] = j
 			c.FlowsRPS[k-e0] = s.x[k]
 			if s.demand[i] > 0 {
 				c.Weights[k-e0] = s.x[k] / s.demand[i]
