@@ -362,7 +362,8 @@ func (s *Solver) newtonEval(mu []float64) float64 {
 		// so far minus ε·C, and at least m0), filtered again once the top bid is known. Nobody
 		// below bmax − ε·C can be above the price.
 		cs := len(n.alink)
-		bmax, thr := math.Inf(-1), n.m0[j]
+		m0, band := n.m0[j], eps*c
+		bmax, thr := math.Inf(-1), m0
 		for e, i := range ecl {
 			b := lv[i] - edist[e]
 			if b <= thr {
@@ -370,7 +371,9 @@ func (s *Solver) newtonEval(mu []float64) float64 {
 			}
 			if b > bmax {
 				bmax = b
-				thr = math.Max(n.m0[j], b-eps*c)
+				if thr = b - band; thr < m0 { // m0 and the bids are finite
+					thr = m0
+				}
 			}
 			n.alink = append(n.alink, int32(e0+e))
 			n.ax = append(n.ax, b)
@@ -656,43 +659,42 @@ func cholSolve(A, b []float64, m int, first []int) bool {
 }
 
 // newtonFlows writes the flows of the last evaluation into the solver's buffers, scaled so
-// that every cluster serves its demand exactly.
+// that every cluster serves its demand exactly. Only the links above their engine's price
+// carry flow: the loads are summed over those, engine by engine.
 func (s *Solver) newtonFlows() {
 	n := &s.newt
 	d := &s.dual
 	nc, ne := len(s.demand), len(s.X)
-	clear(s.x)
-	for j := 0; j < ne; j++ {
-		for a := n.astart[j]; a < n.astart[j+1]; a++ {
-			e := n.alink[a]
-			s.x[d.ein[e]] = n.ax[a]
-		}
-	}
-	clear(s.X)
 	for i := 0; i < nc; i++ {
-		e0, e1 := s.start[i], s.start[i+1]
-		switch {
+		// n.served becomes the factor of cluster i's flows.
+		switch f := 1.0; {
 		case n.act[i]:
-			if f := s.demand[i] / n.served[i]; n.served[i] > 0 {
-				for k := e0; k < e1; k++ {
-					s.x[k] *= f
-				}
+			if n.served[i] > 0 {
+				f = s.demand[i] / n.served[i]
 			}
+			n.served[i] = f
 			s.shed[i] = 0
 			s.mu[i] = n.mu[i]
 		case s.demand[i] > 0:
+			n.served[i] = f
 			s.shed[i] = s.demand[i]
 			s.mu[i] = math.Inf(1)
 		default:
+			n.served[i] = f
 			s.shed[i] = 0
 			s.mu[i] = math.NaN()
 		}
-		for k := e0; k < e1; k++ {
-			s.X[s.eng[k]] += s.x[k]
-		}
 	}
-	for j := range s.X {
-		s.X[j] = math.Min(s.X[j], s.capv[j])
+	clear(s.x)
+	for j := 0; j < ne; j++ {
+		X := 0.0
+		for a := n.astart[j]; a < n.astart[j+1]; a++ {
+			e := n.alink[a]
+			v := n.ax[a] * n.served[d.ecl[e]]
+			s.x[d.ein[e]] = v
+			X += v
+		}
+		s.X[j] = math.Min(X, s.capv[j])
 	}
 }
 

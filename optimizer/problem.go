@@ -248,21 +248,18 @@ func (p *Problem) Validate() error {
 	if len(p.Network) != len(p.Clusters) {
 		return fieldErr("network_ms", len(p.Network), ErrBadNetwork, "%d rows for %d clusters", len(p.Network), len(p.Clusters))
 	}
+	ne := len(p.Engines)
 	for i, row := range p.Network {
 		prev := -1
 		usable := false
 		for k, l := range row {
-			if l.Engine < 0 || l.Engine >= len(p.Engines) {
-				return fieldErr(fmt.Sprintf("network_ms.%s[%d]", p.Clusters[i].Name, k), l.Engine, ErrUnknownEngine, "engine index out of range")
-			}
-			if l.Engine <= prev {
-				return fieldErr("network_ms."+p.Clusters[i].Name+"."+p.Engines[l.Engine].Name, l.Engine, ErrBadNetwork, "row not sorted by engine index or engine listed twice")
+			// One test for the usual case (an engine in range, after the previous one, at a
+			// finite latency ≥ 0); the error is worked out only for a bad link.
+			if uint(l.Engine) >= uint(ne) || l.Engine <= prev || !(l.Ms >= 0 && l.Ms <= math.MaxFloat64) {
+				return p.linkErr(i, k, prev)
 			}
 			prev = l.Engine
-			if err := numberErr(l.Ms); err != nil {
-				return fieldErr("network_ms."+p.Clusters[i].Name+"."+p.Engines[l.Engine].Name, l.Ms, err, "")
-			}
-			if p.Engines[l.Engine].CapacityRPS > 0 {
+			if !usable && p.Engines[l.Engine].CapacityRPS > 0 {
 				usable = true
 			}
 		}
@@ -272,4 +269,17 @@ func (p *Problem) Validate() error {
 		}
 	}
 	return nil
+}
+
+// linkErr returns the error of link k of cluster i's network row, which follows the engine
+// prev (-1 for the first link).
+func (p *Problem) linkErr(i, k, prev int) error {
+	l := p.Network[i][k]
+	if l.Engine < 0 || l.Engine >= len(p.Engines) {
+		return fieldErr(fmt.Sprintf("network_ms.%s[%d]", p.Clusters[i].Name, k), l.Engine, ErrUnknownEngine, "engine index out of range")
+	}
+	if l.Engine <= prev {
+		return fieldErr("network_ms."+p.Clusters[i].Name+"."+p.Engines[l.Engine].Name, l.Engine, ErrBadNetwork, "row not sorted by engine index or engine listed twice")
+	}
+	return fieldErr("network_ms."+p.Clusters[i].Name+"."+p.Engines[l.Engine].Name, l.Ms, numberErr(l.Ms), "")
 }

@@ -105,6 +105,17 @@ type Diagnostics struct {
 
 // solution builds a Solution from the solver's flows.
 func (s *Solver) solution(p *Problem, policy string, notes []string) *Solution {
+	sol := s.newSolution(p, policy)
+	for i := range p.Clusters {
+		s.rowOut(sol, i)
+	}
+	s.finishSolution(sol, notes)
+	return sol
+}
+
+// newSolution allocates a Solution for the solver's flows and fills in the engines and the
+// clusters' names, demands and engine lists; rowOut fills in the clusters' routing.
+func (s *Solver) newSolution(p *Problem, policy string) *Solution {
 	nc := len(p.Clusters)
 	sol := &Solution{Policy: policy, Clusters: make([]ClusterResult, nc), Engines: make([]EngineResult, len(p.Engines))}
 	edges := len(s.eng)
@@ -134,29 +145,52 @@ func (s *Solver) solution(p *Problem, policy string, notes []string) *Solution {
 		e.LatencyMs = s.curves[j].Latency(s.X[j])
 		e.PriceMs = s.lam[j]
 	}
-	totalServed, totalCost := 0.0, 0.0
+	s.served = growRaw(s.served, nc)
+	s.costs = growRaw(s.costs, nc)
 	for i := range p.Clusters {
 		c := &sol.Clusters[i]
-		cl := &p.Clusters[i]
 		e0, e1 := s.start[i], s.start[i+1]
-		c.Name = cl.Name
+		c.Name = p.Clusters[i].Name
 		c.DemandRPS = s.demand[i]
 		c.Engines = idx[e0:e1:e1]
 		c.Weights = weights[e0:e1:e1]
 		c.FlowsRPS = flows[e0:e1:e1]
 		c.level = s.mu[i]
-		served, cost := 0.0, 0.0
-		for k := e0; k < e1; k++ {
-			j := int(s.eng[k])
-			c.FlowsRPS[k-e0] = s.x[k]
-			if s.demand[i] > 0 {
-				c.Weights[k-e0] = s.x[k] / s.demand[i]
-			}
-			if s.x[k] > 0 {
-				served += s.x[k]
-				cost += s.x[k] * (s.dist[k] + sol.Engines[j].LatencyMs)
-			}
+	}
+	return sol
+}
+
+// rowOut writes cluster i's flows and weights into sol and keeps its served traffic and
+// latency cost for finishSolution.
+func (s *Solver) rowOut(sol *Solution, i int) {
+	c := &sol.Clusters[i]
+	e0, e1 := s.start[i], s.start[i+1]
+	D := s.demand[i]
+	served, cost := 0.0, 0.0
+	x, dist, eng := s.x[e0:e1], s.dist[e0:e1], s.eng[e0:e1]
+	flows, weights := c.FlowsRPS[:len(x)], c.Weights[:len(x)]
+	for r, v := range x {
+		flows[r] = v
+		if D > 0 {
+			weights[r] = v / D
 		}
+		if v > 0 {
+			served += v
+			cost += v * (dist[r] + sol.Engines[eng[r]].LatencyMs)
+		}
+	}
+	s.served[i], s.costs[i] = served, cost
+}
+
+// finishSolution completes sol after rowOut: shed, mean latencies and notes.
+func (s *Solver) finishSolution(sol *Solution, notes []string) {
+	p := s.p
+	totalServed, totalCost := 0.0, 0.0
+	for i := range p.Clusters {
+		c := &sol.Clusters[i]
+		cl := &p.Clusters[i]
+		e0, e1 := s.start[i], s.start[i+1]
+		served, cost := s.served[i], s.costs[i]
 		c.ShedRPS = s.shed[i]
 		if s.demand[i] > 0 {
 			c.ShedFraction = s.shed[i] / s.demand[i]
@@ -185,5 +219,4 @@ func (s *Solver) solution(p *Problem, policy string, notes []string) *Solution {
 		sol.MeanLatencyMs = totalCost / totalServed
 	}
 	sol.Diagnostics.Notes = notes
-	return sol
 }

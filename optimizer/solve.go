@@ -107,6 +107,10 @@ type Solver struct {
 	// rowsLinks and shared by the solutions (read-only) while the network rows stay the same.
 	rows      []int
 	rowsLinks uint64
+	// out, when set, is the solution that gapWith writes the clusters' routing into (rowOut);
+	// served and costs hold each cluster's served traffic and latency cost for it.
+	out           *Solution
+	served, costs []float64
 }
 
 type offer struct{ price, amount float64 }
@@ -221,11 +225,20 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 	}
 	solveRelGap := m.relGap
 	kept := s.deadBand(p, prev)
+	sol := s.newSolution(p, "optimal")
 	if kept > 0 {
+		// The certificate of the weights returned, and their routing written in the same
+		// pass over the links.
+		s.out = sol
 		m = s.measure(false)
+		s.out = nil
 		notes = append(notes, fmt.Sprintf("dead band %.3g: kept the previous weights of %d clusters", s.opt.DeadBand, kept))
+	} else {
+		for i := range p.Clusters {
+			s.rowOut(sol, i)
+		}
 	}
-	sol := s.solution(p, "optimal", notes)
+	s.finishSolution(sol, notes)
 	sol.Diagnostics.Objective = m.objective
 	sol.Diagnostics.Gap = m.gap
 	sol.Diagnostics.RelGap = m.relGap
@@ -857,6 +870,9 @@ func (s *Solver) gapWith(lam []float64) measures {
 		e0, e1 := s.start[i], s.start[i+1]
 		D := s.demand[i]
 		s.dev[i], s.anc[i] = 0, 0
+		if s.out != nil {
+			s.rowOut(s.out, i) // while the cluster's links are in cache
+		}
 		if D <= 0 {
 			continue
 		}
@@ -998,8 +1014,15 @@ func (s *Solver) deadBand(p *Problem, prev *Solution) int {
 		kept++
 	}
 	// Revert kept clusters on engines pushed over their limit.
+	over := false
+	for j := range s.X {
+		if s.X[j] > s.capv[j] {
+			over = true
+			break
+		}
+	}
 	for i := range p.Clusters {
-		if !keep[i] {
+		if !over || !keep[i] {
 			continue
 		}
 		e0, e1 := s.start[i], s.start[i+1]
@@ -1024,11 +1047,7 @@ func (s *Solver) deadBand(p *Problem, prev *Solution) int {
 		}
 		e0, e1 := s.start[i], s.start[i+1]
 		copy(s.x[e0:e1], s.x0[e0:e1])
-		sum := 0.0
-		for k := e0; k < e1; k++ {
-			sum += s.x[k]
-		}
-		s.shed[i] = math.Max(0, s.demand[i]-sum)
+		s.shed[i] = math.Max(0, s.demand[i]-s.anc[i]) // anc: the sum of x0 over the row
 	}
 	for j := range s.X {
 		s.X[j] = math.Max(0, s.X[j])
