@@ -617,10 +617,7 @@ func cholSolve(A, b []float64, m int, first []int) bool {
 	}
 	for k := 0; k < m; k++ {
 		rk := A[k*m : k*m+m]
-		v := rk[k]
-		for t := first[k]; t < k; t++ {
-			v -= rk[t] * rk[t]
-		}
+		v := rk[k] - dot(rk[first[k]:k], rk[first[k]:k])
 		if !(v > 0) {
 			return false
 		}
@@ -631,20 +628,13 @@ func cholSolve(A, b []float64, m int, first []int) bool {
 				continue
 			}
 			ri := A[i*m : i*m+m]
-			w := ri[k]
-			for t := max(first[i], first[k]); t < k; t++ {
-				w -= ri[t] * rk[t]
-			}
-			ri[k] = w / v
+			lo := max(first[i], first[k])
+			ri[k] = (ri[k] - dot(ri[lo:k], rk[lo:k])) / v
 		}
 	}
 	for i := 0; i < m; i++ {
 		ri := A[i*m : i*m+m]
-		v := b[i]
-		for t := first[i]; t < i; t++ {
-			v -= ri[t] * b[t]
-		}
-		b[i] = v / ri[i]
+		b[i] = (b[i] - dot(ri[first[i]:i], b[first[i]:i])) / ri[i]
 	}
 	for i := m - 1; i >= 0; i-- {
 		v := b[i]
@@ -656,6 +646,24 @@ func cholSolve(A, b []float64, m int, first []int) bool {
 		b[i] = v / A[i*m+i]
 	}
 	return true
+}
+
+// dot returns Σ a[t]·b[t] (len(b) ≥ len(a)), summed in four interleaved parts: one running
+// sum would make every step wait for the previous addition.
+func dot(a, b []float64) float64 {
+	b = b[:len(a)]
+	var s0, s1, s2, s3 float64
+	n := len(a) &^ 3
+	for t := 0; t < n; t += 4 {
+		s0 += a[t] * b[t]
+		s1 += a[t+1] * b[t+1]
+		s2 += a[t+2] * b[t+2]
+		s3 += a[t+3] * b[t+3]
+	}
+	for t := n; t < len(a); t++ {
+		s0 += a[t] * b[t]
+	}
+	return (s0 + s1) + (s2 + s3)
 }
 
 // newtonFlows writes the flows of the last evaluation into the solver's buffers, scaled so

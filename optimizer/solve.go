@@ -166,7 +166,10 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 		return nil, fmt.Errorf("optimizer: invalid problem: %w", err)
 	}
 	s.setup(p)
-	s.warm(p, prev)
+	// Problems above levelsFirstClusters clusters take the Newton path first, which needs no
+	// warm-started flows.
+	newtonFirst := !s.equilibrium && len(p.Clusters) > levelsFirstClusters
+	s.warm(p, prev, !newtonFirst)
 	var notes []string
 	for j := range p.Engines {
 		if pp, ok := p.Engines[j].Profile.(*PointsProfile); ok {
@@ -183,7 +186,7 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 		// its point; when that fails, the level solver runs (if it has not yet), and when it
 		// does not settle, the auction finds better starting levels and the level solver runs
 		// again from them. If that fails too, the sweeps start from the auction's routing.
-		ok, levels := false, len(p.Clusters) <= levelsFirstClusters
+		ok, levels := false, !newtonFirst
 		rounds, bids := 0, 0
 		if levels {
 			rounds, ok = s.dualSolve(s.dualRounds(p, prev != nil))
@@ -191,7 +194,7 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 		if !ok {
 			if levels {
 				s.setup(p)
-				s.warm(p, prev)
+				s.warm(p, prev, false)
 			}
 			if ok = s.newtonSolve(); ok {
 				first = &s.newt.m
@@ -199,12 +202,12 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 		}
 		if !ok && !levels {
 			s.setup(p)
-			s.warm(p, prev)
+			s.warm(p, prev, true)
 			rounds, ok = s.dualSolve(s.dualRounds(p, prev != nil))
 		}
 		if !ok {
 			s.setup(p)
-			s.warm(p, prev)
+			s.warm(p, prev, true)
 			if bids, ok = s.auctionSolve(); !ok {
 				s.auctionSave()
 				var r int
@@ -331,8 +334,10 @@ func (s *Solver) setup(p *Problem) {
 	}
 }
 
-// warm initialises the flows from prev (matched by name), clipped to the capacities.
-func (s *Solver) warm(p *Problem, prev *Solution) {
+// warm initialises the anchors (x0), the levels and the flows from prev (matched by name),
+// the flows clipped to the capacities. With flows false it leaves the flows, loads and shed
+// alone: the Newton path needs only the anchors and the levels, and writes the rest.
+func (s *Solver) warm(p *Problem, prev *Solution, flows bool) {
 	for i := range s.shed {
 		s.shed[i] = s.demand[i]
 	}
@@ -385,6 +390,12 @@ func (s *Solver) warm(p *Problem, prev *Solution) {
 		if engIdx == nil && s.sameRow(pc.Engines, e0, e1) {
 			// The usual warm start: the same engines in the same order.
 			ws := pc.Weights[:len(x)]
+			if !flows {
+				for r, w := range ws {
+					x0[r] = w * D
+				}
+				continue
+			}
 			for r, j := range s.eng[e0:e1] {
 				v := ws[r] * D
 				x0[r], x[r] = v, v
@@ -419,6 +430,9 @@ func (s *Solver) warm(p *Problem, prev *Solution) {
 			sum += w * D
 		}
 		served[i] = sum
+	}
+	if !flows {
+		return
 	}
 	over := false
 	for j := range s.X {
