@@ -46,8 +46,8 @@ type dualState struct {
 	par          []int32   // parent edge of each node (CSR edge, -1 for roots), clusters then engines
 	req, shift   []float64 // per node
 	nodeIsActive []bool
-	// links is the Solver's count of network-row changes when dualLinks built the view.
-	links uint64
+	// The Solver's counts of network-row changes when dualLinks built the view.
+	links, dists uint64
 }
 
 func (d *dualState) find(i int32) int32 {
@@ -160,12 +160,20 @@ func (s *Solver) dualSolve(maxRounds int) (rounds int, ok bool) {
 }
 
 // dualLinks builds the engine-major view of the links (estart, ein, clOf, ecl, edist). It is
-// kept between solves while the network rows (cluster starts, engines and latencies) are the
-// same, as on warm re-solves of one deployment and on the second run of a cold solve.
+// kept between solves while the network rows (cluster starts and engines) are the same, as on
+// warm re-solves of one deployment and on the second run of a cold solve; only the latencies
+// are copied again when they changed.
 func (s *Solver) dualLinks() {
 	d := &s.dual
 	nc, ne := len(s.demand), len(s.X)
-	if d.links == s.links && len(d.estart) == ne+1 {
+	if d.links == s.links && len(d.estart) == ne+1 && len(d.ein) == len(s.eng) {
+		if d.dists != s.dists {
+			// The same links at other latencies.
+			for e, k := range d.ein {
+				d.edist[e] = s.dist[k]
+			}
+			d.dists = s.dists
+		}
 		return
 	}
 	edges := len(s.eng)
@@ -197,7 +205,7 @@ func (s *Solver) dualLinks() {
 		d.ecl[e] = d.clOf[k]
 		d.edist[e] = s.dist[k]
 	}
-	d.links = s.links
+	d.links, d.dists = s.links, s.dists
 }
 
 // dualBids computes every engine's top bid and bidder, the ties and the components.

@@ -53,7 +53,16 @@ type newtonState struct {
 	adj          []int32 // adjacency lists of a block: adj[adjStart[l]:adjStart[l+1]]
 	adjStart     []int
 	pmat, prhs   []float64 // the permuted block and right-hand side
-	steps, evals int       // Newton steps and evaluations of the last solve
+	// Per engine, its links in the order of their network latency (then of their position):
+	// position in the dual's engine-major view (ecl, ein), cluster and latency; built at the
+	// Solver's counts of network-row changes ordLinks and ordDists.
+	spos, scl          []int32
+	sdist              []float64
+	ordLinks, ordDists uint64
+	seenLinks          uint64    // the Solver's count when the Newton path last ran
+	ordered            bool      // the order is in place for this solve
+	sortBuf            []latLink // scratch for sorting one engine's links
+	steps, evals       int       // Newton steps and evaluations of the last solve
 	theta        float64   // the θ of the last successful solve
 	m            measures  // the certificate of its point
 }
@@ -75,6 +84,7 @@ func (s *Solver) newtonSolve() bool {
 	n := &s.newt
 	nc, ne := len(s.demand), len(s.X)
 	s.dualLinks()
+	n.ordered = s.newtonOrder()
 	n.act = grow(n.act, nc)
 	n.served = grow(n.served, nc)
 	n.r = grow(n.r, nc)
@@ -331,6 +341,84 @@ func (s *Solver) newtonResidual() float64 {
 	return res
 }
 
+// newtonOrder sorts every engine's links by network latency (spos, scl, sdist), so that an
+// evaluation stops scanning an engine's links at the first whose latency puts even the
+// highest level below the engine's threshold. It sorts only on a solve that finds the links
+// of the previous Newton solve (a one-off solve does not pay for it), and reports whether
+// the order is in place. When only the latencies changed since the last sort, the previous
+// order is nearly sorted and an insertion sort restores it.
+func (s *Solver) newtonOrder() bool {
+	n := &s.newt
+	d := &s.dual
+	edges := len(d.ecl)
+	if n.seenLinks != s.links {
+		n.seenLinks = s.links
+		return false
+	}
+	fresh := n.ordLinks != s.links || len(n.spos) != edges
+	if !fresh && n.ordDists == s.dists {
+		return true
+	}
+	n.spos = growRaw(n.spos, edges)
+	n.scl = growRaw(n.scl, edges)
+	n.sdist = growRaw(n.sdist, edges)
+	for j := 0; j+1 < len(d.estart); j++ {
+		e0, e1 := d.estart[j], d.estart[j+1]
+		pos := n.spos[e0:e1]
+		sorted := false
+		if !fresh {
+			// Insertion sort from the previous order, unless the latencies moved so much
+			// that it would take many shifts.
+			sorted = true
+			budget := 8 * len(pos)
+			for q := 1; q < len(pos) && sorted; q++ {
+				for r := q; r > 0 && linkBefore(d.edist, pos[r], pos[r-1]); r-- {
+					pos[r], pos[r-1] = pos[r-1], pos[r]
+					if budget--; budget < 0 {
+						sorted = false
+						break
+					}
+				}
+			}
+		}
+		if !sorted {
+			n.sortBuf = n.sortBuf[:0]
+			for e := e0; e < e1; e++ {
+				n.sortBuf = append(n.sortBuf, latLink{d.edist[e], int32(e)})
+			}
+			slices.SortFunc(n.sortBuf, func(a, b latLink) int {
+				switch {
+				case a.ms < b.ms || a.ms == b.ms && a.e < b.e:
+					return -1
+				case a.ms == b.ms && a.e == b.e:
+					return 0
+				}
+				return 1
+			})
+			for q, l := range n.sortBuf {
+				pos[q] = l.e
+			}
+		}
+		for q, e := range pos {
+			n.scl[e0+q] = d.ecl[e]
+			n.sdist[e0+q] = d.edist[e]
+		}
+	}
+	n.ordLinks, n.ordDists = s.links, s.dists
+	return true
+}
+
+// latLink is a link (position e in the dual's engine-major view) and its network latency.
+type latLink struct {
+	ms float64
+	e  int32
+}
+
+// linkBefore reports whether link a comes before link b in the order of newtonOrder.
+func linkBefore(dist []float64, a, b int32) bool {
+	return dist[a] < dist[b] || dist[a] == dist[b] && a < b
+}
+
 // newtonEval computes, at levels mu, every engine's price, its bidders and their flows, the
 // clusters' unmet demand (n.r) and the regularised dual function, which it returns.
 func (s *Solver) newtonEval(mu []float64) float64 {
@@ -343,10 +431,12 @@ func (s *Solver) newtonEval(mu []float64) float64 {
 	// Levels with -Inf for the clusters that do not take part: they never bid.
 	n.lv = growRaw(n.lv, len(mu))
 	lv := n.lv
+	top := math.Inf(-1) // the highest level
 	for i, a := range n.act {
 		lv[i] = math.Inf(-1)
 		if a {
 			lv[i] = mu[i]
+			top = math.Max(top, mu[i])
 		}
 	}
 	h := 0.0
@@ -356,16 +446,26 @@ func (s *Solver) newtonEval(mu []float64) float64 {
 		if e0 == e1 || math.IsInf(n.m0[j], 1) {
 			continue
 		}
-		ecl, edist := d.ecl[e0:e1], d.edist[e0:e1]
+		scl, sdist, spos, reach := d.ecl[e0:e1], d.edist[e0:e1], []int32(nil), math.Inf(1)
+		if n.ordered {
+			scl, sdist, spos, reach = n.scl[e0:e1], n.sdist[e0:e1], n.spos[e0:e1], top
+		}
 		eps, c := n.eps[j], s.capv[j]
-		// One pass: the top bid, and the candidates above the running threshold (the top bid
-		// so far minus ε·C, and at least m0), filtered again once the top bid is known. Nobody
-		// below bmax − ε·C can be above the price.
+		// One pass, by ascending latency: the top bid, and the candidates above the running
+		// threshold (the top bid so far minus ε·C, and at least m0), filtered again once the
+		// top bid is known. Nobody below bmax − ε·C can be above the price. The pass stops at
+		// the first link at which the highest level bids no more than the threshold: the
+		// bids of that link and of all later ones (farther) are at most that. (Without the
+		// order, the links are in cluster order and the pass does not stop: reach is +Inf.)
 		cs := len(n.alink)
 		m0, band := n.m0[j], eps*c
 		bmax, thr := math.Inf(-1), m0
-		for e, i := range ecl {
-			b := lv[i] - edist[e]
+		for q, i := range scl {
+			dq := sdist[q]
+			if reach-dq <= thr {
+				break
+			}
+			b := lv[i] - dq
 			if b <= thr {
 				continue
 			}
@@ -375,7 +475,11 @@ func (s *Solver) newtonEval(mu []float64) float64 {
 					thr = m0
 				}
 			}
-			n.alink = append(n.alink, int32(e0+e))
+			if spos != nil {
+				n.alink = append(n.alink, spos[q])
+			} else {
+				n.alink = append(n.alink, int32(e0+q))
+			}
 			n.ax = append(n.ax, b)
 		}
 		if !(bmax > n.m0[j]) {

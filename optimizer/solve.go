@@ -90,9 +90,10 @@ type Solver struct {
 	dual   dualState
 	newt   newtonState
 
-	// links counts the changes of the network rows seen by setup (views built from the rows
-	// record the count they were built at).
-	links uint64
+	// links counts the changes of the network rows' engines seen by setup, and dists those of
+	// the rows' engines or latencies (views built from the rows record the counts they were
+	// built at).
+	links, dists uint64
 
 	bfDist         []float64
 	bfPred, bfMark []int
@@ -273,8 +274,9 @@ func (s *Solver) setup(p *Problem) {
 		return 0
 	})
 	// The network rows are compared with the previous setup's while they are copied: when
-	// they are the same (as on warm re-solves of one deployment), views built from them
-	// (dualLinks) stay valid.
+	// their engines are the same (as on warm re-solves of one deployment), views built from
+	// them (dualLinks, the solutions' engine lists) stay valid, and when their latencies are
+	// the same too, so do the views' latencies.
 	same := len(s.start) == nc+1
 	s.start = growRaw(s.start, nc+1)
 	edges := 0
@@ -284,6 +286,7 @@ func (s *Solver) setup(p *Problem) {
 		edges += len(row)
 	}
 	same = same && s.start[nc] == edges && len(s.eng) == edges
+	sameDist := true
 	s.start[nc] = edges
 	s.demand = grow(s.demand, nc)
 	s.mu = grow(s.mu, nc)
@@ -308,12 +311,16 @@ func (s *Solver) setup(p *Problem) {
 		eng, dist := s.eng[k:k+len(row)], s.dist[k:k+len(row)]
 		for r, l := range row {
 			j := int32(l.Engine)
-			same = same && eng[r] == j && dist[r] == l.Ms
+			same = same && eng[r] == j
+			sameDist = sameDist && dist[r] == l.Ms
 			eng[r], dist[r] = j, l.Ms
 		}
 	}
 	if !same || s.links == 0 {
 		s.links++
+	}
+	if !same || !sameDist || s.dists == 0 {
+		s.dists++
 	}
 	s.curves = grow(s.curves, ne)
 	s.capv = grow(s.capv, ne)
