@@ -28,31 +28,31 @@ import (
 
 // newtonState holds the buffers of the Newton path.
 type newtonState struct {
-	act          []bool    // cluster takes part: positive demand and links
-	eps          []float64 // per engine regularisation
-	m0           []float64 // marginal cost at zero load per engine (+Inf: no capacity)
-	p, sl        []float64 // per engine price and supply slope X'(p)
-	astart       []int     // engine j's bidders above its price: alink/ax[astart[j]:astart[j+1]]
-	alink        []int32   // engine-major link index of each bidder
-	ax           []float64 // its flow
-	served, r    []float64 // per cluster served traffic and unmet demand
-	mu, trial    []float64 // levels and trial levels
-	saved        []float64 // levels of the last settled stage
-	lv           []float64 // levels of the clusters that take part, -Inf for the others
-	step         []float64 // Newton step
-	uf           []int32   // union-find over clusters (components of the Hessian)
-	loc          []int32   // index of a cluster within its component
-	cstart       []int     // members of component roots, by counting sort
-	cmem         []int32
-	boff         []int     // offset of each component root's block in mat
-	mat          []float64 // dense Hessian blocks of the components
-	rhs          []float64
-	first        []int   // envelope of each row, for cholSolve
-	perm, rank   []int   // reverse Cuthill-McKee order of a block and its inverse
-	deg          []int   // degree of each row of a block
-	adj          []int32 // adjacency lists of a block: adj[adjStart[l]:adjStart[l+1]]
-	adjStart     []int
-	pmat, prhs   []float64 // the permuted block and right-hand side
+	act        []bool    // cluster takes part: positive demand and links
+	eps        []float64 // per engine regularisation
+	m0         []float64 // marginal cost at zero load per engine (+Inf: no capacity)
+	p, sl      []float64 // per engine price and supply slope X'(p)
+	astart     []int     // engine j's bidders above its price: alink/ax[astart[j]:astart[j+1]]
+	alink      []int32   // engine-major link index of each bidder
+	ax         []float64 // its flow
+	served, r  []float64 // per cluster served traffic and unmet demand
+	mu, trial  []float64 // levels and trial levels
+	saved      []float64 // levels of the last settled stage
+	lv         []float64 // levels of the clusters that take part, -Inf for the others
+	step       []float64 // Newton step
+	uf         []int32   // union-find over clusters (components of the Hessian)
+	loc        []int32   // index of a cluster within its component
+	cstart     []int     // members of component roots, by counting sort
+	cmem       []int32
+	boff       []int     // offset of each component root's block in mat
+	mat        []float64 // dense Hessian blocks of the components
+	rhs        []float64
+	first      []int   // envelope of each row, for cholSolve
+	perm, rank []int   // reverse Cuthill-McKee order of a block and its inverse
+	deg        []int   // degree of each row of a block
+	adj        []int32 // adjacency lists of a block: adj[adjStart[l]:adjStart[l+1]]
+	adjStart   []int
+	pmat, prhs []float64 // the permuted block and right-hand side
 	// Per engine, its links in the order of their network latency (then of their position):
 	// position in the dual's engine-major view (ecl, ein), cluster and latency; built at the
 	// Solver's counts of network-row changes ordLinks and ordDists.
@@ -63,8 +63,8 @@ type newtonState struct {
 	ordered            bool      // the order is in place for this solve
 	sortBuf            []latLink // scratch for sorting one engine's links
 	steps, evals       int       // Newton steps and evaluations of the last solve
-	theta        float64   // the θ of the last successful solve
-	m            measures  // the certificate of its point
+	theta              float64   // the θ of the last successful solve
+	m                  measures  // the certificate of its point
 }
 
 func (n *newtonState) find(i int32) int32 {
