@@ -2,7 +2,6 @@ package optimizer
 
 import (
 	"math"
-	"slices"
 )
 
 // The dual solver works on the clusters' marginal-cost levels μ_i. Given the levels, cluster i
@@ -47,10 +46,8 @@ type dualState struct {
 	par          []int32   // parent edge of each node (CSR edge, -1 for roots), clusters then engines
 	req, shift   []float64 // per node
 	nodeIsActive []bool
-	// The network rows dualLinks built the engine-major view from.
-	keyStart []int
-	keyEng   []int32
-	keyDist  []float64
+	// The Solver's counts of network-row changes when dualLinks built the view.
+	links, dists uint64
 }
 
 func (d *dualState) find(i int32) int32 {
@@ -163,12 +160,20 @@ func (s *Solver) dualSolve(maxRounds int) (rounds int, ok bool) {
 }
 
 // dualLinks builds the engine-major view of the links (estart, ein, clOf, ecl, edist). It is
-// kept between solves while the network rows (cluster starts, engines and latencies) are the
-// same, as on warm re-solves of one deployment and on the second run of a cold solve.
+// kept between solves while the network rows (cluster starts and engines) are the same, as on
+// warm re-solves of one deployment and on the second run of a cold solve; only the latencies
+// are copied again when they changed.
 func (s *Solver) dualLinks() {
 	d := &s.dual
 	nc, ne := len(s.demand), len(s.X)
-	if len(d.estart) == ne+1 && slices.Equal(d.keyStart, s.start) && slices.Equal(d.keyEng, s.eng) && slices.Equal(d.keyDist, s.dist) {
+	if d.links == s.links && len(d.estart) == ne+1 && len(d.ein) == len(s.eng) {
+		if d.dists != s.dists {
+			// The same links at other latencies.
+			for e, k := range d.ein {
+				d.edist[e] = s.dist[k]
+			}
+			d.dists = s.dists
+		}
 		return
 	}
 	edges := len(s.eng)
@@ -200,9 +205,7 @@ func (s *Solver) dualLinks() {
 		d.ecl[e] = d.clOf[k]
 		d.edist[e] = s.dist[k]
 	}
-	d.keyStart = append(d.keyStart[:0], s.start...)
-	d.keyEng = append(d.keyEng[:0], s.eng...)
-	d.keyDist = append(d.keyDist[:0], s.dist...)
+	d.links, d.dists = s.links, s.dists
 }
 
 // dualBids computes every engine's top bid and bidder, the ties and the components.

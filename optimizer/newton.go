@@ -28,34 +28,43 @@ import (
 
 // newtonState holds the buffers of the Newton path.
 type newtonState struct {
-	act          []bool    // cluster takes part: positive demand and links
-	eps          []float64 // per engine regularisation
-	m0           []float64 // marginal cost at zero load per engine (+Inf: no capacity)
-	p, sl        []float64 // per engine price and supply slope X'(p)
-	astart       []int     // engine j's bidders above its price: alink/ax[astart[j]:astart[j+1]]
-	alink        []int32   // engine-major link index of each bidder
-	ax           []float64 // its flow
-	served, r    []float64 // per cluster served traffic and unmet demand
-	mu, trial    []float64 // levels and trial levels
-	saved        []float64 // levels of the last settled stage
-	lv           []float64 // levels of the clusters that take part, -Inf for the others
-	step         []float64 // Newton step
-	uf           []int32   // union-find over clusters (components of the Hessian)
-	loc          []int32   // index of a cluster within its component
-	cstart       []int     // members of component roots, by counting sort
-	cmem         []int32
-	boff         []int     // offset of each component root's block in mat
-	mat          []float64 // dense Hessian blocks of the components
-	rhs          []float64
-	first        []int   // envelope of each row, for cholSolve
-	perm, rank   []int   // reverse Cuthill-McKee order of a block and its inverse
-	deg          []int   // degree of each row of a block
-	adj          []int32 // adjacency lists of a block: adj[adjStart[l]:adjStart[l+1]]
-	adjStart     []int
-	pmat, prhs   []float64 // the permuted block and right-hand side
-	steps, evals int       // Newton steps and evaluations of the last solve
-	theta        float64   // the θ of the last successful solve
-	m            measures  // the certificate of its point
+	act        []bool    // cluster takes part: positive demand and links
+	eps        []float64 // per engine regularisation
+	m0         []float64 // marginal cost at zero load per engine (+Inf: no capacity)
+	p, sl      []float64 // per engine price and supply slope X'(p)
+	astart     []int     // engine j's bidders above its price: alink/ax[astart[j]:astart[j+1]]
+	alink      []int32   // engine-major link index of each bidder
+	ax         []float64 // its flow
+	served, r  []float64 // per cluster served traffic and unmet demand
+	mu, trial  []float64 // levels and trial levels
+	saved      []float64 // levels of the last settled stage
+	lv         []float64 // levels of the clusters that take part, -Inf for the others
+	step       []float64 // Newton step
+	uf         []int32   // union-find over clusters (components of the Hessian)
+	loc        []int32   // index of a cluster within its component
+	cstart     []int     // members of component roots, by counting sort
+	cmem       []int32
+	boff       []int     // offset of each component root's block in mat
+	mat        []float64 // dense Hessian blocks of the components
+	rhs        []float64
+	first      []int   // envelope of each row, for cholSolve
+	perm, rank []int   // reverse Cuthill-McKee order of a block and its inverse
+	deg        []int   // degree of each row of a block
+	adj        []int32 // adjacency lists of a block: adj[adjStart[l]:adjStart[l+1]]
+	adjStart   []int
+	pmat, prhs []float64 // the permuted block and right-hand side
+	// Per engine, its links in the order of their network latency (then of their position):
+	// position in the dual's engine-major view (ecl, ein), cluster and latency; built at the
+	// Solver's counts of network-row changes ordLinks and ordDists.
+	spos, scl          []int32
+	sdist              []float64
+	ordLinks, ordDists uint64
+	seenLinks          uint64    // the Solver's count when the Newton path last ran
+	ordered            bool      // the order is in place for this solve
+	sortBuf            []latLink // scratch for sorting one engine's links
+	steps, evals       int       // Newton steps and evaluations of the last solve
+	theta              float64   // the θ of the last successful solve
+	m                  measures  // the certificate of its point
 }
 
 func (n *newtonState) find(i int32) int32 {
@@ -75,6 +84,7 @@ func (s *Solver) newtonSolve() bool {
 	n := &s.newt
 	nc, ne := len(s.demand), len(s.X)
 	s.dualLinks()
+	n.ordered = s.newtonOrder()
 	n.act = grow(n.act, nc)
 	n.served = grow(n.served, nc)
 	n.r = grow(n.r, nc)
@@ -331,6 +341,84 @@ func (s *Solver) newtonResidual() float64 {
 	return res
 }
 
+// newtonOrder sorts every engine's links by network latency (spos, scl, sdist), so that an
+// evaluation stops scanning an engine's links at the first whose latency puts even the
+// highest level below the engine's threshold. It sorts only on a solve that finds the links
+// of the previous Newton solve (a one-off solve does not pay for it), and reports whether
+// the order is in place. When only the latencies changed since the last sort, the previous
+// order is nearly sorted and an insertion sort restores it.
+func (s *Solver) newtonOrder() bool {
+	n := &s.newt
+	d := &s.dual
+	edges := len(d.ecl)
+	if n.seenLinks != s.links {
+		n.seenLinks = s.links
+		return false
+	}
+	fresh := n.ordLinks != s.links || len(n.spos) != edges
+	if !fresh && n.ordDists == s.dists {
+		return true
+	}
+	n.spos = growRaw(n.spos, edges)
+	n.scl = growRaw(n.scl, edges)
+	n.sdist = growRaw(n.sdist, edges)
+	for j := 0; j+1 < len(d.estart); j++ {
+		e0, e1 := d.estart[j], d.estart[j+1]
+		pos := n.spos[e0:e1]
+		sorted := false
+		if !fresh {
+			// Insertion sort from the previous order, unless the latencies moved so much
+			// that it would take many shifts.
+			sorted = true
+			budget := 8 * len(pos)
+			for q := 1; q < len(pos) && sorted; q++ {
+				for r := q; r > 0 && linkBefore(d.edist, pos[r], pos[r-1]); r-- {
+					pos[r], pos[r-1] = pos[r-1], pos[r]
+					if budget--; budget < 0 {
+						sorted = false
+						break
+					}
+				}
+			}
+		}
+		if !sorted {
+			n.sortBuf = n.sortBuf[:0]
+			for e := e0; e < e1; e++ {
+				n.sortBuf = append(n.sortBuf, latLink{d.edist[e], int32(e)})
+			}
+			slices.SortFunc(n.sortBuf, func(a, b latLink) int {
+				switch {
+				case a.ms < b.ms || a.ms == b.ms && a.e < b.e:
+					return -1
+				case a.ms == b.ms && a.e == b.e:
+					return 0
+				}
+				return 1
+			})
+			for q, l := range n.sortBuf {
+				pos[q] = l.e
+			}
+		}
+		for q, e := range pos {
+			n.scl[e0+q] = d.ecl[e]
+			n.sdist[e0+q] = d.edist[e]
+		}
+	}
+	n.ordLinks, n.ordDists = s.links, s.dists
+	return true
+}
+
+// latLink is a link (position e in the dual's engine-major view) and its network latency.
+type latLink struct {
+	ms float64
+	e  int32
+}
+
+// linkBefore reports whether link a comes before link b in the order of newtonOrder.
+func linkBefore(dist []float64, a, b int32) bool {
+	return dist[a] < dist[b] || dist[a] == dist[b] && a < b
+}
+
 // newtonEval computes, at levels mu, every engine's price, its bidders and their flows, the
 // clusters' unmet demand (n.r) and the regularised dual function, which it returns.
 func (s *Solver) newtonEval(mu []float64) float64 {
@@ -343,10 +431,12 @@ func (s *Solver) newtonEval(mu []float64) float64 {
 	// Levels with -Inf for the clusters that do not take part: they never bid.
 	n.lv = growRaw(n.lv, len(mu))
 	lv := n.lv
+	top := math.Inf(-1) // the highest level
 	for i, a := range n.act {
 		lv[i] = math.Inf(-1)
 		if a {
 			lv[i] = mu[i]
+			top = math.Max(top, mu[i])
 		}
 	}
 	h := 0.0
@@ -356,23 +446,40 @@ func (s *Solver) newtonEval(mu []float64) float64 {
 		if e0 == e1 || math.IsInf(n.m0[j], 1) {
 			continue
 		}
-		ecl, edist := d.ecl[e0:e1], d.edist[e0:e1]
+		scl, sdist, spos, reach := d.ecl[e0:e1], d.edist[e0:e1], []int32(nil), math.Inf(1)
+		if n.ordered {
+			scl, sdist, spos, reach = n.scl[e0:e1], n.sdist[e0:e1], n.spos[e0:e1], top
+		}
 		eps, c := n.eps[j], s.capv[j]
-		// One pass: the top bid, and the candidates above the running threshold (the top bid
-		// so far minus ε·C, and at least m0), filtered again once the top bid is known. Nobody
-		// below bmax − ε·C can be above the price.
+		// One pass, by ascending latency: the top bid, and the candidates above the running
+		// threshold (the top bid so far minus ε·C, and at least m0), filtered again once the
+		// top bid is known. Nobody below bmax − ε·C can be above the price. The pass stops at
+		// the first link at which the highest level bids no more than the threshold: the
+		// bids of that link and of all later ones (farther) are at most that. (Without the
+		// order, the links are in cluster order and the pass does not stop: reach is +Inf.)
 		cs := len(n.alink)
-		bmax, thr := math.Inf(-1), n.m0[j]
-		for e, i := range ecl {
-			b := lv[i] - edist[e]
+		m0, band := n.m0[j], eps*c
+		bmax, thr := math.Inf(-1), m0
+		for q, i := range scl {
+			dq := sdist[q]
+			if reach-dq <= thr {
+				break
+			}
+			b := lv[i] - dq
 			if b <= thr {
 				continue
 			}
 			if b > bmax {
 				bmax = b
-				thr = math.Max(n.m0[j], b-eps*c)
+				if thr = b - band; thr < m0 { // m0 and the bids are finite
+					thr = m0
+				}
 			}
-			n.alink = append(n.alink, int32(e0+e))
+			if spos != nil {
+				n.alink = append(n.alink, spos[q])
+			} else {
+				n.alink = append(n.alink, int32(e0+q))
+			}
 			n.ax = append(n.ax, b)
 		}
 		if !(bmax > n.m0[j]) {
@@ -614,10 +721,7 @@ func cholSolve(A, b []float64, m int, first []int) bool {
 	}
 	for k := 0; k < m; k++ {
 		rk := A[k*m : k*m+m]
-		v := rk[k]
-		for t := first[k]; t < k; t++ {
-			v -= rk[t] * rk[t]
-		}
+		v := rk[k] - dot(rk[first[k]:k], rk[first[k]:k])
 		if !(v > 0) {
 			return false
 		}
@@ -628,20 +732,13 @@ func cholSolve(A, b []float64, m int, first []int) bool {
 				continue
 			}
 			ri := A[i*m : i*m+m]
-			w := ri[k]
-			for t := max(first[i], first[k]); t < k; t++ {
-				w -= ri[t] * rk[t]
-			}
-			ri[k] = w / v
+			lo := max(first[i], first[k])
+			ri[k] = (ri[k] - dot(ri[lo:k], rk[lo:k])) / v
 		}
 	}
 	for i := 0; i < m; i++ {
 		ri := A[i*m : i*m+m]
-		v := b[i]
-		for t := first[i]; t < i; t++ {
-			v -= ri[t] * b[t]
-		}
-		b[i] = v / ri[i]
+		b[i] = (b[i] - dot(ri[first[i]:i], b[first[i]:i])) / ri[i]
 	}
 	for i := m - 1; i >= 0; i-- {
 		v := b[i]
@@ -655,44 +752,61 @@ func cholSolve(A, b []float64, m int, first []int) bool {
 	return true
 }
 
+// dot returns Σ a[t]·b[t] (len(b) ≥ len(a)), summed in four interleaved parts: one running
+// sum would make every step wait for the previous addition.
+func dot(a, b []float64) float64 {
+	b = b[:len(a)]
+	var s0, s1, s2, s3 float64
+	n := len(a) &^ 3
+	for t := 0; t < n; t += 4 {
+		s0 += a[t] * b[t]
+		s1 += a[t+1] * b[t+1]
+		s2 += a[t+2] * b[t+2]
+		s3 += a[t+3] * b[t+3]
+	}
+	for t := n; t < len(a); t++ {
+		s0 += a[t] * b[t]
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
 // newtonFlows writes the flows of the last evaluation into the solver's buffers, scaled so
-// that every cluster serves its demand exactly.
+// that every cluster serves its demand exactly. Only the links above their engine's price
+// carry flow: the loads are summed over those, engine by engine.
 func (s *Solver) newtonFlows() {
 	n := &s.newt
 	d := &s.dual
 	nc, ne := len(s.demand), len(s.X)
-	clear(s.x)
-	for j := 0; j < ne; j++ {
-		for a := n.astart[j]; a < n.astart[j+1]; a++ {
-			e := n.alink[a]
-			s.x[d.ein[e]] = n.ax[a]
-		}
-	}
-	clear(s.X)
 	for i := 0; i < nc; i++ {
-		e0, e1 := s.start[i], s.start[i+1]
-		switch {
+		// n.served becomes the factor of cluster i's flows.
+		switch f := 1.0; {
 		case n.act[i]:
-			if f := s.demand[i] / n.served[i]; n.served[i] > 0 {
-				for k := e0; k < e1; k++ {
-					s.x[k] *= f
-				}
+			if n.served[i] > 0 {
+				f = s.demand[i] / n.served[i]
 			}
+			n.served[i] = f
 			s.shed[i] = 0
 			s.mu[i] = n.mu[i]
 		case s.demand[i] > 0:
+			n.served[i] = f
 			s.shed[i] = s.demand[i]
 			s.mu[i] = math.Inf(1)
 		default:
+			n.served[i] = f
 			s.shed[i] = 0
 			s.mu[i] = math.NaN()
 		}
-		for k := e0; k < e1; k++ {
-			s.X[s.eng[k]] += s.x[k]
-		}
 	}
-	for j := range s.X {
-		s.X[j] = math.Min(s.X[j], s.capv[j])
+	clear(s.x)
+	for j := 0; j < ne; j++ {
+		X := 0.0
+		for a := n.astart[j]; a < n.astart[j+1]; a++ {
+			e := n.alink[a]
+			v := n.ax[a] * n.served[d.ecl[e]]
+			s.x[d.ein[e]] = v
+			X += v
+		}
+		s.X[j] = math.Min(X, s.capv[j])
 	}
 }
 

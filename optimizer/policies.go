@@ -85,7 +85,7 @@ func (b *baseline) Solve(p *Problem, _ *Solution) (*Solution, error) {
 	}
 	s := b.s
 	s.setup(p)
-	s.warm(p, nil)
+	s.warm(p, nil, true)
 	clear(s.X)
 	var order []int
 	for i := range p.Clusters {

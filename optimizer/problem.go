@@ -202,65 +202,64 @@ func (p *Problem) Validate() error {
 	clusterSeen := make(map[string]int, len(p.Clusters))
 	for i := range p.Clusters {
 		c := &p.Clusters[i]
-		f := "clusters[" + strconv.Itoa(i) + "]"
+		// The field's path is built only for an error: building it for every cluster and
+		// engine was a third of the validation's time on large problems.
+		f := func() string { return "clusters[" + strconv.Itoa(i) + "]" }
 		if !ValidName(c.Name) {
-			return fieldErr(f+".name", fmt.Sprintf("%q", c.Name), ErrInvalidName, "want a NATS token without dots, spaces or wildcards")
+			return fieldErr(f()+".name", fmt.Sprintf("%q", c.Name), ErrInvalidName, "want a NATS token without dots, spaces or wildcards")
 		}
 		if k, dup := clusterSeen[c.Name]; dup {
-			return fieldErr(f+".name", c.Name, ErrDuplicateName, "also clusters[%d]", k)
+			return fieldErr(f()+".name", c.Name, ErrDuplicateName, "also clusters[%d]", k)
 		}
 		clusterSeen[c.Name] = i
 		for q := range c.Demand {
 			if err := numberErr(c.Demand[q]); err != nil {
-				return fieldErr(fmt.Sprintf("%s.demand_by_priority.%s", f, Priority(q)), c.Demand[q], err, "")
+				return fieldErr(fmt.Sprintf("%s.demand_by_priority.%s", f(), Priority(q)), c.Demand[q], err, "")
 			}
 		}
 	}
 	engineSeen := make(map[string]int, len(p.Engines))
 	for j := range p.Engines {
 		e := &p.Engines[j]
-		f := "engines[" + strconv.Itoa(j) + "]"
+		f := func() string { return "engines[" + strconv.Itoa(j) + "]" }
 		if !ValidName(e.Name) {
-			return fieldErr(f+".name", fmt.Sprintf("%q", e.Name), ErrInvalidName, "want a NATS token without dots, spaces or wildcards")
+			return fieldErr(f()+".name", fmt.Sprintf("%q", e.Name), ErrInvalidName, "want a NATS token without dots, spaces or wildcards")
 		}
 		if k, dup := engineSeen[e.Name]; dup {
-			return fieldErr(f+".name", e.Name, ErrDuplicateName, "also engines[%d]", k)
+			return fieldErr(f()+".name", e.Name, ErrDuplicateName, "also engines[%d]", k)
 		}
 		engineSeen[e.Name] = j
-		if err := checkNumber(f+".capacity_rps", e.CapacityRPS); err != nil {
-			return err
+		if err := numberErr(e.CapacityRPS); err != nil {
+			return fieldErr(f()+".capacity_rps", e.CapacityRPS, err, "")
 		}
-		if err := checkNumber(f+".health", e.Health); err != nil {
-			return err
+		if err := numberErr(e.Health); err != nil {
+			return fieldErr(f()+".health", e.Health, err, "")
 		}
 		if e.Health > 1 {
-			return fieldErr(f+".health", e.Health, ErrOutOfRange, "want 0..1")
+			return fieldErr(f()+".health", e.Health, ErrOutOfRange, "want 0..1")
 		}
 		if e.Profile == nil {
-			return fieldErr(f+".profile", nil, ErrBadProfile, "missing")
+			return fieldErr(f()+".profile", nil, ErrBadProfile, "missing")
 		}
 		if err := e.Profile.Validate(); err != nil {
-			return &FieldError{Field: f + ".profile", Err: err}
+			return &FieldError{Field: f() + ".profile", Err: err}
 		}
 	}
 	if len(p.Network) != len(p.Clusters) {
 		return fieldErr("network_ms", len(p.Network), ErrBadNetwork, "%d rows for %d clusters", len(p.Network), len(p.Clusters))
 	}
+	ne := len(p.Engines)
 	for i, row := range p.Network {
 		prev := -1
 		usable := false
 		for k, l := range row {
-			if l.Engine < 0 || l.Engine >= len(p.Engines) {
-				return fieldErr(fmt.Sprintf("network_ms.%s[%d]", p.Clusters[i].Name, k), l.Engine, ErrUnknownEngine, "engine index out of range")
-			}
-			if l.Engine <= prev {
-				return fieldErr("network_ms."+p.Clusters[i].Name+"."+p.Engines[l.Engine].Name, l.Engine, ErrBadNetwork, "row not sorted by engine index or engine listed twice")
+			// One test for the usual case (an engine in range, after the previous one, at a
+			// finite latency ≥ 0); the error is worked out only for a bad link.
+			if uint(l.Engine) >= uint(ne) || l.Engine <= prev || !(l.Ms >= 0 && l.Ms <= math.MaxFloat64) {
+				return p.linkErr(i, k, prev)
 			}
 			prev = l.Engine
-			if err := numberErr(l.Ms); err != nil {
-				return fieldErr("network_ms."+p.Clusters[i].Name+"."+p.Engines[l.Engine].Name, l.Ms, err, "")
-			}
-			if p.Engines[l.Engine].CapacityRPS > 0 {
+			if !usable && p.Engines[l.Engine].CapacityRPS > 0 {
 				usable = true
 			}
 		}
@@ -270,4 +269,17 @@ func (p *Problem) Validate() error {
 		}
 	}
 	return nil
+}
+
+// linkErr returns the error of link k of cluster i's network row, which follows the engine
+// prev (-1 for the first link).
+func (p *Problem) linkErr(i, k, prev int) error {
+	l := p.Network[i][k]
+	if l.Engine < 0 || l.Engine >= len(p.Engines) {
+		return fieldErr(fmt.Sprintf("network_ms.%s[%d]", p.Clusters[i].Name, k), l.Engine, ErrUnknownEngine, "engine index out of range")
+	}
+	if l.Engine <= prev {
+		return fieldErr("network_ms."+p.Clusters[i].Name+"."+p.Engines[l.Engine].Name, l.Engine, ErrBadNetwork, "row not sorted by engine index or engine listed twice")
+	}
+	return fieldErr("network_ms."+p.Clusters[i].Name+"."+p.Engines[l.Engine].Name, l.Ms, numberErr(l.Ms), "")
 }

@@ -220,8 +220,8 @@ func (p *PointsProfile) Validate() error {
 	}
 	for k := range p.Points {
 		for c := 0; c < 2; c++ {
-			if err := checkNumber(fmt.Sprintf("points[%d][%d]", k, c), p.Points[k][c]); err != nil {
-				return err
+			if err := numberErr(p.Points[k][c]); err != nil {
+				return fieldErr(fmt.Sprintf("points[%d][%d]", k, c), p.Points[k][c], err, "")
 			}
 		}
 		if k > 0 && !(p.Points[k][0] > p.Points[k-1][0]) {

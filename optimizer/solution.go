@@ -31,7 +31,8 @@ type ClusterResult struct {
 	// DemandRPS is the cluster's total demand.
 	DemandRPS float64
 	// Engines lists the eligible engines (indices into Solution.Engines), like the cluster's
-	// network row.
+	// network row. Solutions from one Solver share these lists while the network rows stay
+	// the same: they are read-only.
 	Engines []int
 	// Weights[k] is the fraction of the cluster's demand sent to Engines[k]; the weights sum to
 	// 1 - ShedFraction.
@@ -104,12 +105,32 @@ type Diagnostics struct {
 
 // solution builds a Solution from the solver's flows.
 func (s *Solver) solution(p *Problem, policy string, notes []string) *Solution {
+	sol := s.newSolution(p, policy)
+	for i := range p.Clusters {
+		s.rowOut(sol, i)
+	}
+	s.finishSolution(sol, notes)
+	return sol
+}
+
+// newSolution allocates a Solution for the solver's flows and fills in the engines and the
+// clusters' names, demands and engine lists; rowOut fills in the clusters' routing.
+func (s *Solver) newSolution(p *Problem, policy string) *Solution {
 	nc := len(p.Clusters)
 	sol := &Solution{Policy: policy, Clusters: make([]ClusterResult, nc), Engines: make([]EngineResult, len(p.Engines))}
 	edges := len(s.eng)
 	flat := make([]float64, 2*edges)
-	idx := make([]int, edges)
 	weights, flows := flat[:edges], flat[edges:]
+	// The engine lists are the network rows: solutions share them while the rows stay the
+	// same (they are read-only), so that a warm start recognises its rows without comparing.
+	if s.rowsLinks != s.links || len(s.rows) != edges {
+		s.rows = make([]int, edges)
+		for k, j := range s.eng {
+			s.rows[k] = int(j)
+		}
+		s.rowsLinks = s.links
+	}
+	idx := s.rows
 	for j := range p.Engines {
 		e := &sol.Engines[j]
 		e.Name = p.Engines[j].Name
@@ -124,30 +145,52 @@ func (s *Solver) solution(p *Problem, policy string, notes []string) *Solution {
 		e.LatencyMs = s.curves[j].Latency(s.X[j])
 		e.PriceMs = s.lam[j]
 	}
-	totalServed, totalCost := 0.0, 0.0
+	s.served = growRaw(s.served, nc)
+	s.costs = growRaw(s.costs, nc)
 	for i := range p.Clusters {
 		c := &sol.Clusters[i]
-		cl := &p.Clusters[i]
 		e0, e1 := s.start[i], s.start[i+1]
-		c.Name = cl.Name
+		c.Name = p.Clusters[i].Name
 		c.DemandRPS = s.demand[i]
 		c.Engines = idx[e0:e1:e1]
 		c.Weights = weights[e0:e1:e1]
 		c.FlowsRPS = flows[e0:e1:e1]
 		c.level = s.mu[i]
-		served, cost := 0.0, 0.0
-		for k := e0; k < e1; k++ {
-			j := int(s.eng[k])
-			c.Engines[k-e0] = j
-			c.FlowsRPS[k-e0] = s.x[k]
-			if s.demand[i] > 0 {
-				c.Weights[k-e0] = s.x[k] / s.demand[i]
-			}
-			if s.x[k] > 0 {
-				served += s.x[k]
-				cost += s.x[k] * (s.dist[k] + sol.Engines[j].LatencyMs)
-			}
+	}
+	return sol
+}
+
+// rowOut writes cluster i's flows and weights into sol and keeps its served traffic and
+// latency cost for finishSolution.
+func (s *Solver) rowOut(sol *Solution, i int) {
+	c := &sol.Clusters[i]
+	e0, e1 := s.start[i], s.start[i+1]
+	D := s.demand[i]
+	served, cost := 0.0, 0.0
+	x, dist, eng := s.x[e0:e1], s.dist[e0:e1], s.eng[e0:e1]
+	flows, weights := c.FlowsRPS[:len(x)], c.Weights[:len(x)]
+	for r, v := range x {
+		flows[r] = v
+		if D > 0 {
+			weights[r] = v / D
 		}
+		if v > 0 {
+			served += v
+			cost += v * (dist[r] + sol.Engines[eng[r]].LatencyMs)
+		}
+	}
+	s.served[i], s.costs[i] = served, cost
+}
+
+// finishSolution completes sol after rowOut: shed, mean latencies and notes.
+func (s *Solver) finishSolution(sol *Solution, notes []string) {
+	p := s.p
+	totalServed, totalCost := 0.0, 0.0
+	for i := range p.Clusters {
+		c := &sol.Clusters[i]
+		cl := &p.Clusters[i]
+		e0, e1 := s.start[i], s.start[i+1]
+		served, cost := s.served[i], s.costs[i]
 		c.ShedRPS = s.shed[i]
 		if s.demand[i] > 0 {
 			c.ShedFraction = s.shed[i] / s.demand[i]
@@ -176,5 +219,4 @@ func (s *Solver) solution(p *Problem, policy string, notes []string) *Solution {
 		sol.MeanLatencyMs = totalCost / totalServed
 	}
 	sol.Diagnostics.Notes = notes
-	return sol
 }

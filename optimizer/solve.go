@@ -90,12 +90,28 @@ type Solver struct {
 	dual   dualState
 	newt   newtonState
 
+	// links counts the changes of the network rows' engines seen by setup, and dists those of
+	// the rows' engines or latencies (views built from the rows record the counts they were
+	// built at).
+	links, dists uint64
+
 	bfDist         []float64
 	bfPred, bfMark []int
 	cycle          []int
 	saved          []float64
 	users          []int
 	bidHi, lamHi   []float64
+	gj, gmin       []float64 // per engine, in gapWith
+	dev, anc       []float64 // per cluster, from gapWith
+	keep           []bool    // per cluster, in deadBand
+	// rows holds the engine lists of the solutions' clusters, built at the links count
+	// rowsLinks and shared by the solutions (read-only) while the network rows stay the same.
+	rows      []int
+	rowsLinks uint64
+	// out, when set, is the solution that gapWith writes the clusters' routing into (rowOut);
+	// served and costs hold each cluster's served traffic and latency cost for it.
+	out           *Solution
+	served, costs []float64
 }
 
 type offer struct{ price, amount float64 }
@@ -151,7 +167,10 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 		return nil, fmt.Errorf("optimizer: invalid problem: %w", err)
 	}
 	s.setup(p)
-	s.warm(p, prev)
+	// Problems above levelsFirstClusters clusters take the Newton path first, which needs no
+	// warm-started flows.
+	newtonFirst := !s.equilibrium && len(p.Clusters) > levelsFirstClusters
+	s.warm(p, prev, !newtonFirst)
 	var notes []string
 	for j := range p.Engines {
 		if pp, ok := p.Engines[j].Profile.(*PointsProfile); ok {
@@ -168,7 +187,7 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 		// its point; when that fails, the level solver runs (if it has not yet), and when it
 		// does not settle, the auction finds better starting levels and the level solver runs
 		// again from them. If that fails too, the sweeps start from the auction's routing.
-		ok, levels := false, len(p.Clusters) <= levelsFirstClusters
+		ok, levels := false, !newtonFirst
 		rounds, bids := 0, 0
 		if levels {
 			rounds, ok = s.dualSolve(s.dualRounds(p, prev != nil))
@@ -176,7 +195,7 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 		if !ok {
 			if levels {
 				s.setup(p)
-				s.warm(p, prev)
+				s.warm(p, prev, false)
 			}
 			if ok = s.newtonSolve(); ok {
 				first = &s.newt.m
@@ -184,12 +203,12 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 		}
 		if !ok && !levels {
 			s.setup(p)
-			s.warm(p, prev)
+			s.warm(p, prev, true)
 			rounds, ok = s.dualSolve(s.dualRounds(p, prev != nil))
 		}
 		if !ok {
 			s.setup(p)
-			s.warm(p, prev)
+			s.warm(p, prev, true)
 			if bids, ok = s.auctionSolve(); !ok {
 				s.auctionSave()
 				var r int
@@ -210,11 +229,20 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 	}
 	solveRelGap := m.relGap
 	kept := s.deadBand(p, prev)
+	sol := s.newSolution(p, "optimal")
 	if kept > 0 {
+		// The certificate of the weights returned, and their routing written in the same
+		// pass over the links.
+		s.out = sol
 		m = s.measure(false)
+		s.out = nil
 		notes = append(notes, fmt.Sprintf("dead band %.3g: kept the previous weights of %d clusters", s.opt.DeadBand, kept))
+	} else {
+		for i := range p.Clusters {
+			s.rowOut(sol, i)
+		}
 	}
-	sol := s.solution(p, "optimal", notes)
+	s.finishSolution(sol, notes)
 	sol.Diagnostics.Objective = m.objective
 	sol.Diagnostics.Gap = m.gap
 	sol.Diagnostics.RelGap = m.relGap
@@ -245,12 +273,20 @@ func (s *Solver) setup(p *Problem) {
 		}
 		return 0
 	})
-	s.start = grow(s.start, nc+1)
+	// The network rows are compared with the previous setup's while they are copied: when
+	// their engines are the same (as on warm re-solves of one deployment), views built from
+	// them (dualLinks, the solutions' engine lists) stay valid, and when their latencies are
+	// the same too, so do the views' latencies.
+	same := len(s.start) == nc+1
+	s.start = growRaw(s.start, nc+1)
 	edges := 0
 	for i, row := range p.Network {
+		same = same && s.start[i] == edges
 		s.start[i] = edges
 		edges += len(row)
 	}
+	same = same && s.start[nc] == edges && len(s.eng) == edges
+	sameDist := true
 	s.start[nc] = edges
 	s.demand = grow(s.demand, nc)
 	s.mu = grow(s.mu, nc)
@@ -262,20 +298,29 @@ func (s *Solver) setup(p *Problem) {
 	}
 	s.eng = growRaw(s.eng, edges)
 	s.dist = growRaw(s.dist, edges)
-	s.x = grow(s.x, edges)
-	s.x0 = grow(s.x0, edges)
-	// Scratch per edge, written by updateCluster before it is read (deadBand clears dx).
+	// x and x0 are written by warm; the scratch per edge is written by updateCluster before
+	// it is read (deadBand clears dx).
+	s.x = growRaw(s.x, edges)
+	s.x0 = growRaw(s.x0, edges)
 	s.xo = growRaw(s.xo, edges)
 	s.room = growRaw(s.room, edges)
 	s.thr = growRaw(s.thr, edges)
 	s.dx = growRaw(s.dx, edges)
 	for i, row := range p.Network {
 		k := s.start[i]
-		for _, l := range row {
-			s.eng[k] = int32(l.Engine)
-			s.dist[k] = l.Ms
-			k++
+		eng, dist := s.eng[k:k+len(row)], s.dist[k:k+len(row)]
+		for r, l := range row {
+			j := int32(l.Engine)
+			same = same && eng[r] == j
+			sameDist = sameDist && dist[r] == l.Ms
+			eng[r], dist[r] = j, l.Ms
 		}
+	}
+	if !same || s.links == 0 {
+		s.links++
+	}
+	if !same || !sameDist || s.dists == 0 {
+		s.dists++
 	}
 	s.curves = grow(s.curves, ne)
 	s.capv = grow(s.capv, ne)
@@ -296,12 +341,16 @@ func (s *Solver) setup(p *Problem) {
 	}
 }
 
-// warm initialises the flows from prev (matched by name), clipped to the capacities.
-func (s *Solver) warm(p *Problem, prev *Solution) {
+// warm initialises the anchors (x0), the levels and the flows from prev (matched by name),
+// the flows clipped to the capacities. With flows false it leaves the flows, loads and shed
+// alone: the Newton path needs only the anchors and the levels, and writes the rest.
+func (s *Solver) warm(p *Problem, prev *Solution, flows bool) {
 	for i := range s.shed {
 		s.shed[i] = s.demand[i]
 	}
 	if prev == nil {
+		clear(s.x)
+		clear(s.x0)
 		return
 	}
 	same := len(prev.Clusters) == len(p.Clusters) && len(prev.Engines) == len(p.Engines)
@@ -316,7 +365,13 @@ func (s *Solver) warm(p *Problem, prev *Solution) {
 		}
 	}
 	var clIdx map[string]int
+	// The loads and each cluster's served traffic are summed while the flows are copied; the
+	// clipping passes run only when some engine is over its capacity.
+	served := s.shed // scratch until the end: the cluster's warm-started traffic
 	for i := range p.Clusters {
+		e0, e1 := s.start[i], s.start[i+1]
+		x, x0 := s.x[e0:e1], s.x0[e0:e1]
+		served[i] = 0
 		pi := i
 		if !(same && prev.Clusters[i].Name == p.Clusters[i].Name) {
 			if clIdx == nil {
@@ -327,6 +382,8 @@ func (s *Solver) warm(p *Problem, prev *Solution) {
 			}
 			var ok bool
 			if pi, ok = clIdx[p.Clusters[i].Name]; !ok {
+				clear(x)
+				clear(x0)
 				continue
 			}
 		}
@@ -336,17 +393,27 @@ func (s *Solver) warm(p *Problem, prev *Solution) {
 			s.mu[i] = pc.level
 		}
 		D := s.demand[i]
-		if e0, e1 := s.start[i], s.start[i+1]; engIdx == nil && sameRow(pc.Engines, s.eng[e0:e1]) {
+		sum := 0.0
+		if engIdx == nil && s.sameRow(pc.Engines, e0, e1) {
 			// The usual warm start: the same engines in the same order.
-			for k := e0; k < e1; k++ {
-				w := pc.Weights[k-e0]
-				s.x0[k] = w * D
-				s.x[k] = w * D
+			ws := pc.Weights[:len(x)]
+			if !flows {
+				for r, w := range ws {
+					x0[r] = w * D
+				}
+				continue
 			}
+			for r, j := range s.eng[e0:e1] {
+				v := ws[r] * D
+				x0[r], x[r] = v, v
+				s.X[j] += v
+				sum += v
+			}
+			served[i] = sum
 			continue
 		}
 		r := 0
-		for k := s.start[i]; k < s.start[i+1]; k++ {
+		for k := e0; k < e1; k++ {
 			// Both rows are sorted by engine index; with the same engines advance a cursor.
 			w := 0.0
 			if engIdx == nil {
@@ -366,24 +433,40 @@ func (s *Solver) warm(p *Problem, prev *Solution) {
 			}
 			s.x0[k] = w * D
 			s.x[k] = w * D
+			s.X[s.eng[k]] += w * D
+			sum += w * D
 		}
+		served[i] = sum
 	}
-	// Clip to capacity and rebuild loads and shed.
-	for k, j := range s.eng {
-		s.X[j] += s.x[k]
+	if !flows {
+		return
 	}
-	for k, j := range s.eng {
+	over := false
+	for j := range s.X {
 		if s.X[j] > s.capv[j] {
-			s.x[k] *= s.capv[j] / s.X[j]
+			over = true
+			break
 		}
 	}
-	clear(s.X)
-	for i := range p.Clusters {
-		sum := 0.0
-		for k := s.start[i]; k < s.start[i+1]; k++ {
-			s.X[s.eng[k]] += s.x[k]
-			sum += s.x[k]
+	if over {
+		// Clip to capacity and rebuild the loads and the clusters' traffic.
+		for k, j := range s.eng {
+			if s.X[j] > s.capv[j] {
+				s.x[k] *= s.capv[j] / s.X[j]
+			}
 		}
+		clear(s.X)
+		for i := range p.Clusters {
+			sum := 0.0
+			for k := s.start[i]; k < s.start[i+1]; k++ {
+				s.X[s.eng[k]] += s.x[k]
+				sum += s.x[k]
+			}
+			served[i] = sum
+		}
+	}
+	for i := range p.Clusters {
+		sum := served[i]
 		if sum > s.demand[i] {
 			f := s.demand[i] / sum
 			for k := s.start[i]; k < s.start[i+1]; k++ {
@@ -399,10 +482,15 @@ func (s *Solver) warm(p *Problem, prev *Solution) {
 	}
 }
 
-// sameRow reports whether a previous solution's row lists the same engines as a network row.
-func sameRow(prev []int, row []int32) bool {
+// sameRow reports whether a previous solution's row lists the same engines as the network
+// row of links e0..e1: at once when the solution shares the row built for the current links.
+func (s *Solver) sameRow(prev []int, e0, e1 int) bool {
+	row := s.eng[e0:e1]
 	if len(prev) != len(row) {
 		return false
+	}
+	if len(row) == 0 || s.rowsLinks == s.links && len(s.rows) == len(s.eng) && &prev[0] == &s.rows[e0] {
+		return true
 	}
 	for k, j := range row {
 		if prev[k] != int(j) {
@@ -777,51 +865,95 @@ func (s *Solver) measure(updatePrices bool) measures {
 	return s.gapWith(s.lam)
 }
 
-// gapWith computes the objective and the duality gap with capacity prices lam.
+// gapWith computes the objective and the duality gap with capacity prices lam. It also leaves
+// in dev and anc, per anchored cluster, Σ|x − x0| and Σ x0 over its links (deadBand reads them).
 func (s *Solver) gapWith(lam []float64) measures {
 	var m measures
 	gap := 0.0
+	// Per engine: the linearised cost fp + λ of a unit of flow (g), and the same for the lower
+	// bound's cheapest option, +Inf for an engine of zero capacity: it can never take traffic
+	// (its capacity price may be taken as infinite), so it does not lower the bound.
+	s.gj = growRaw(s.gj, len(lam))
+	s.gmin = growRaw(s.gmin, len(lam))
 	for j := range lam {
 		gap += lam[j] * (s.capv[j] - s.X[j])
+		s.gj[j] = s.fp[j] + lam[j]
+		s.gmin[j] = math.Inf(1)
+		if s.capv[j] > 0 {
+			s.gmin[j] = s.gj[j]
+		}
 	}
+	s.dev = growRaw(s.dev, len(s.demand))
+	s.anc = growRaw(s.anc, len(s.demand))
+	gj, gmin, lat := s.gj, s.gmin, s.lat
+	var latCost, proxCost, shedCost float64
 	for i := range s.demand {
 		e0, e1 := s.start[i], s.start[i+1]
 		D := s.demand[i]
+		s.dev[i], s.anc[i] = 0, 0
+		if s.out != nil {
+			s.rowOut(s.out, i) // while the cluster's links are in cache
+		}
 		if D <= 0 {
 			continue
 		}
 		kappa := s.kappa(i)
-		served, minG, anchorSum := 0.0, math.Inf(1), 0.0
-		for k := e0; k < e1; k++ {
-			j := s.eng[k]
-			g := s.dist[k] + s.fp[j] + lam[j]
-			served += g * s.x[k]
-			m.latCost += s.x[k] * (s.dist[k] + s.lat[j])
-			if kappa > 0 {
-				m.proxCost += kappa * math.Abs(s.x[k]-s.x0[k])
-				served += kappa * math.Abs(s.x[k]-s.x0[k])
-				anchorSum += s.x0[k]
-			}
-			// An engine of zero capacity can never take traffic (its capacity price may be
-			// taken as infinite), so it does not lower the bound.
-			if g+kappa < minG && s.capv[j] > 0 {
-				minG = g + kappa
-			}
-		}
-		sc := s.shedCost(i, s.shed[i])
-		m.shedCost += sc
-		// Lower bound: cheapest way to carry D at the linearised costs.
+		eng, dist, x, x0 := s.eng[e0:e1], s.dist[e0:e1], s.x[e0:e1], s.x0[e0:e1]
+		// One pass over the links: the cost at the linearised prices, the latency, the
+		// distance from the anchor and the cheapest option; the offers of the anchor's flows
+		// are collected against the running cheapest option (a superset of those below the
+		// final one, filtered below).
+		served, cost, minG := 0.0, 0.0, math.Inf(1)
 		offers := s.offers[:0]
-		if kappa > 0 && anchorSum > 0 {
-			for k := e0; k < e1; k++ {
-				if s.x0[k] > 0 {
-					j := s.eng[k]
-					if pr := s.dist[k] + s.fp[j] + lam[j] - kappa; pr < minG {
-						offers = append(offers, offer{pr, s.x0[k]})
-					}
+		if s.anchor[i] {
+			dev, anc := 0.0, 0.0
+			for r, j := range eng {
+				xr, x0r, dr := x[r], x0[r], dist[r]
+				g := dr + gj[j]
+				served += g * xr
+				cost += xr * (dr + lat[j])
+				dev += math.Abs(xr - x0r)
+				anc += x0r
+				if gm := dr + gmin[j]; gm < minG {
+					minG = gm
+				}
+				if kappa > 0 && x0r > 0 && g-2*kappa < minG {
+					offers = append(offers, offer{g - kappa, x0r})
+				}
+			}
+			s.dev[i], s.anc[i] = dev, anc
+		} else {
+			for r, j := range eng {
+				xr, dr := x[r], dist[r]
+				served += (dr + gj[j]) * xr
+				cost += xr * (dr + lat[j])
+				if g := dr + gmin[j]; g < minG {
+					minG = g
 				}
 			}
 		}
+		latCost += cost
+		anchorSum := 0.0
+		if kappa > 0 {
+			anchorSum = s.anc[i]
+			prox := kappa * s.dev[i]
+			proxCost += prox
+			served += prox
+			minG += kappa
+		}
+		sc := s.shedCost(i, s.shed[i])
+		shedCost += sc
+		// Lower bound: cheapest way to carry D at the linearised costs.
+		w := 0
+		if anchorSum > 0 {
+			for _, o := range offers {
+				if o.price < minG {
+					offers[w] = o
+					w++
+				}
+			}
+		}
+		offers = offers[:w]
 		dem := &s.p.Clusters[i].Demand
 		for q := range dem {
 			if dem[q] > 0 && s.opt.ShedPriceMs[q] < minG {
@@ -855,6 +987,7 @@ func (s *Solver) gapWith(lam []float64) measures {
 		s.offers = offers
 		gap += served + sc - lb
 	}
+	m.latCost, m.proxCost, m.shedCost = latCost, proxCost, shedCost
 	switch {
 	case math.IsNaN(gap):
 		gap = math.Inf(1)
@@ -876,42 +1009,44 @@ func (s *Solver) gapWith(lam []float64) measures {
 
 // deadBand restores the previous weights of clusters whose new weights moved less than the
 // dead band, as long as no engine is pushed over its hard limit. It returns how many it kept.
+// It reads each cluster's distance from its previous flows (dev, anc) from the last
+// certificate, which was computed at the current flows (iterate ends with one).
 func (s *Solver) deadBand(p *Problem, prev *Solution) int {
 	if prev == nil || s.opt.DeadBand <= 0 {
 		return 0
 	}
 	kept := 0
-	keep := s.dx // reuse as scratch: 1 marks an edge of a kept cluster
-	clear(keep)
+	s.keep = grow(s.keep, len(p.Clusters))
+	keep := s.keep
 	for i := range p.Clusters {
 		D := s.demand[i]
 		if !s.anchor[i] || D <= 0 {
 			continue
 		}
-		e0, e1 := s.start[i], s.start[i+1]
-		prevServed, tv := 0.0, 0.0
-		for k := e0; k < e1; k++ {
-			prevServed += s.x0[k]
-			tv += math.Abs(s.x[k] - s.x0[k])
-		}
-		prevShed := math.Max(0, D-prevServed)
-		tv += math.Abs(s.shed[i] - prevShed)
-		tv /= 2 * D
+		prevShed := math.Max(0, D-s.anc[i])
+		tv := (s.dev[i] + math.Abs(s.shed[i]-prevShed)) / (2 * D)
 		if tv >= s.opt.DeadBand || tv == 0 {
 			continue
 		}
-		for k := e0; k < e1; k++ {
+		for k := s.start[i]; k < s.start[i+1]; k++ {
 			s.X[s.eng[k]] += s.x0[k] - s.x[k]
-			keep[k] = 1
 		}
+		keep[i] = true
 		kept++
 	}
 	// Revert kept clusters on engines pushed over their limit.
+	over := false
+	for j := range s.X {
+		if s.X[j] > s.capv[j] {
+			over = true
+			break
+		}
+	}
 	for i := range p.Clusters {
-		e0, e1 := s.start[i], s.start[i+1]
-		if e0 == e1 || keep[e0] == 0 {
+		if !over || !keep[i] {
 			continue
 		}
+		e0, e1 := s.start[i], s.start[i+1]
 		over := false
 		for k := e0; k < e1; k++ {
 			if j := s.eng[k]; s.X[j] > s.capv[j] {
@@ -922,22 +1057,18 @@ func (s *Solver) deadBand(p *Problem, prev *Solution) int {
 		if over {
 			for k := e0; k < e1; k++ {
 				s.X[s.eng[k]] -= s.x0[k] - s.x[k]
-				keep[k] = 0
 			}
+			keep[i] = false
 			kept--
 		}
 	}
 	for i := range p.Clusters {
-		e0, e1 := s.start[i], s.start[i+1]
-		if e0 == e1 || keep[e0] == 0 {
+		if !keep[i] {
 			continue
 		}
-		sum := 0.0
-		for k := e0; k < e1; k++ {
-			s.x[k] = s.x0[k]
-			sum += s.x[k]
-		}
-		s.shed[i] = math.Max(0, s.demand[i]-sum)
+		e0, e1 := s.start[i], s.start[i+1]
+		copy(s.x[e0:e1], s.x0[e0:e1])
+		s.shed[i] = math.Max(0, s.demand[i]-s.anc[i]) // anc: the sum of x0 over the row
 	}
 	for j := range s.X {
 		s.X[j] = math.Max(0, s.X[j])
