@@ -24,6 +24,24 @@ func perturb(p *Problem) *Problem {
 	return &q
 }
 
+// stepDemand returns p with every cluster's demand moved by 1%: up for the
+// clusters of one parity and down for the others, the parity alternating
+// with k.
+func stepDemand(p *Problem, k int) *Problem {
+	q := *p
+	q.Clusters = append([]Cluster(nil), p.Clusters...)
+	for i := range q.Clusters {
+		f := 1.01
+		if (i+k)%2 == 1 {
+			f = 0.99
+		}
+		for c := range q.Clusters[i].Demand {
+			q.Clusters[i].Demand[c] *= f
+		}
+	}
+	return &q
+}
+
 func benchSizes() []struct {
 	name         string
 	nc, ne, elig int
@@ -65,6 +83,31 @@ func BenchmarkSolve(b *testing.B) {
 			if !sol.Diagnostics.Converged {
 				b.Fatalf("%s cold: relative gap %.3g above the tolerance", sz.name, sol.Diagnostics.RelGap)
 			}
+		})
+		// warm-chain is the service's situation: every solve starts from the
+		// previous one's solution, and the demand moves by 1% each time (half
+		// the clusters up, half down, alternating), so no solve repeats the
+		// problem its predecessor solved.
+		b.Run(sz.name+"/warm-chain", func(b *testing.B) {
+			s := NewSolver(DefaultOptions())
+			prev, err := s.Solve(p, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			q, k := p, 0
+			c0, n := cpuTime(), 0
+			for b.Loop() {
+				q = stepDemand(q, k)
+				k++
+				if prev, err = s.Solve(q, prev); err != nil {
+					b.Fatal(err)
+				}
+				n++
+				if g := prev.Diagnostics.SolveRelGap; !(g <= s.Options().Tolerance) {
+					b.Fatalf("%s warm-chain step %d: the solve certified a relative gap of %.3g, above the tolerance", sz.name, k, g)
+				}
+			}
+			b.ReportMetric(float64((cpuTime()-c0).Microseconds())/1000/float64(n), "cpu-ms/op")
 		})
 		b.Run(sz.name+"/warm", func(b *testing.B) {
 			s := NewSolver(DefaultOptions())
