@@ -20,7 +20,8 @@ func overloaded(seed uint64, nc, ne int, load float64) *Problem {
 
 // TestTimeBudgetOverloaded: a large overloaded problem, which the solver does not settle
 // quickly (docs/optimizer.md), stops at its time budget with a feasible point, the gap
-// certified for it and a note; the shed covers the excess and goes by priority.
+// certified for it and a note; the shed covers the excess and goes by priority within each
+// cluster.
 func TestTimeBudgetOverloaded(t *testing.T) {
 	p := overloaded(7, 50, 500, 1.5)
 	opt := DefaultOptions()
@@ -83,11 +84,55 @@ func TestTimeBudgetOverloaded(t *testing.T) {
 	if sol.ShedRPS < excess-1e-6 || sol.ShedRPS > excess+0.01*totalCap {
 		t.Errorf("shed %g, excess %g (capacity %g)", sol.ShedRPS, excess, totalCap)
 	}
-	// Across clusters: no critical traffic shed (the excess is below the sheddable demand
-	// plus the standard demand), and all but a sliver of the sheddable traffic shed before
-	// standard traffic.
-	if shed[Critical] > 1e-6 {
-		t.Errorf("critical shed %g", shed[Critical])
-	}
+	// Across clusters the order is not guaranteed at a point stopped by the budget: under
+	// -race the sweeps start from zero and may stop after one sweep, which serves the first
+	// clusters' sheddable traffic and sheds later clusters' critical traffic (see
+	// docs/optimizer.md); the gap says how far the point is from the optimum.
 	t.Logf("shed by priority %v, sheddable demand %g", shed, 0.3*totalDemand)
+}
+
+// TestOverloadedConverges: problems whose optimum sheds a third of the demand solve to the
+// tolerance (the cycle canceller's shed edges, cycles.go), shed the excess and shed by
+// priority across clusters: all sheddable traffic before any standard, no critical.
+func TestOverloadedConverges(t *testing.T) {
+	for _, split := range []bool{false, true} {
+		// 20×200 split by priority takes about 0.4 s (9 s under -race): 12×120 instead.
+		p := randomProblem(7, 20, 200, 200, 1.5)
+		if split {
+			p = overloaded(7, 12, 120, 1.5)
+		}
+		// No time budget: under -race on a shared machine the solve can take longer than
+		// the default; this test is about the point, TestTimeBudgetOverloaded about time.
+		opt := DefaultOptions()
+		opt.TimeBudget = -1
+		sol := solve(t, p, nil, opt)
+		d := sol.Diagnostics
+		if !d.Converged || d.OutOfTime {
+			t.Fatalf("split %v: relative gap %.3g, out of time %v, notes %q", split, d.RelGap, d.OutOfTime, d.Notes)
+		}
+		totalCap, totalDemand := 0.0, 0.0
+		var shed, dem [NumPriorities]float64
+		for _, e := range sol.Engines {
+			totalCap += e.CapacityRPS
+		}
+		for i, c := range sol.Clusters {
+			totalDemand += c.DemandRPS
+			for q := range shed {
+				shed[q] += c.ShedByPriority[q]
+				dem[q] += p.Clusters[i].Demand[q]
+			}
+		}
+		// Queue profiles stop where the marginal cost reaches the shed price: within 0.3%
+		// of capacity (as in TestShedByPriority).
+		excess := totalDemand - totalCap
+		if sol.ShedRPS < excess-1e-6 || sol.ShedRPS > excess+0.003*totalCap {
+			t.Errorf("split %v: shed %g, excess %g", split, sol.ShedRPS, excess)
+		}
+		if shed[Critical] > 1e-6 {
+			t.Errorf("split %v: critical shed %g", split, shed[Critical])
+		}
+		if split && shed[Sheddable] < dem[Sheddable]*(1-1e-6) {
+			t.Errorf("split %v: sheddable shed %g of %g while standard shed %g", split, shed[Sheddable], dem[Sheddable], shed[Standard])
+		}
+	}
 }
