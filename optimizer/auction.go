@@ -574,7 +574,7 @@ func (s *Solver) auctionSolve() (bids int, ok bool) {
 				if a.surplus[i] > 1e-13*s.demand[i] {
 					s.bid(i, eps)
 				}
-				if a.bids > maxBids {
+				if a.bids > maxBids || (a.bids%64 == 0 && s.expired(s.fastEnd)) {
 					s.auctionFinish()
 					return a.bids, false
 				}

@@ -14,7 +14,16 @@ import (
 func (s *Solver) cancelCycles(maxRounds int) int {
 	nc := len(s.demand)
 	ne := len(s.X)
-	nv := nc + ne
+	// When some cluster sheds, a sink node (index nc+ne) stands for the shed: edges cluster →
+	// sink shed more of that cluster (at the price of its cheapest class still served) and
+	// sink → cluster shed less (at minus the price of its dearest class shed), so that a
+	// cycle can move capacity from a cluster serving a cheap class to one shedding a dear one.
+	shedding := false
+	for i := 0; i < nc; i++ {
+		shedding = shedding || s.shed[i] > 0
+	}
+	nv := nc + ne + 1
+	sink := nc + ne
 	s.bfDist = grow(s.bfDist, nv)
 	s.bfPred = growRaw(s.bfPred, nv)
 	s.bfMark = growRaw(s.bfMark, nv)
@@ -22,6 +31,7 @@ func (s *Solver) cancelCycles(maxRounds int) int {
 	for v := range pred {
 		pred[v] = -1
 	}
+	base := 2 * len(s.x) // predecessor entries of the shed edges start here
 	cancelled := 0
 	for round := 0; round < maxRounds; round++ {
 		changed := false
@@ -44,6 +54,22 @@ func (s *Solver) cancelCycles(maxRounds int) int {
 					}
 				}
 			}
+			if !shedding {
+				continue
+			}
+			// The shed edges' costs are shed prices (1e7 and more): compare with a
+			// tolerance relative to them, or rounding would relax edges for ever.
+			up, _, down, _ := s.shedMargins(i)
+			if !math.IsInf(up, 1) && dist[i]+up < dist[sink]-1e-12*up {
+				dist[sink] = dist[i] + up
+				pred[sink] = base + 2*i
+				changed = true
+			}
+			if !math.IsInf(down, 1) && dist[sink]-down < dist[i]-1e-12*down {
+				dist[i] = dist[sink] - down
+				pred[i] = base + 2*i + 1
+				changed = true
+			}
 		}
 		if !changed {
 			// dist is a feasible potential: no negative cycle is left.
@@ -54,9 +80,43 @@ func (s *Solver) cancelCycles(maxRounds int) int {
 	return cancelled
 }
 
+// shedMargins returns, for cluster i, the price of shedding more (that of its cheapest class
+// still served, +Inf when all is shed) and how much more can be shed at that price, and the
+// price saved by shedding less (that of its dearest class shed, +Inf when nothing is shed)
+// and how much less can be shed at that price.
+func (s *Solver) shedMargins(i int) (up, upRoom, down, downRoom float64) {
+	up, down = math.Inf(1), math.Inf(1)
+	if !(s.demand[i] > 0) || s.start[i+1] == s.start[i] {
+		return up, 0, down, 0
+	}
+	dem := &s.p.Clusters[i].Demand
+	left := s.shed[i]
+	for _, q := range s.order {
+		if !(dem[q] > 0) {
+			continue
+		}
+		t := math.Min(left, dem[q])
+		left -= t
+		if t > 0 {
+			down, downRoom = s.opt.ShedPriceMs[q], t
+		}
+		if dem[q]-t > 1e-12*dem[q] && math.IsInf(up, 1) {
+			up, upRoom = s.opt.ShedPriceMs[q], dem[q]-t
+		}
+	}
+	return up, upRoom, down, downRoom
+}
+
 // edgeCost returns the cost of pushing flow along predecessor entry e.
 func (s *Solver) edgeCost(e int) float64 {
 	k := e / 2
+	if k >= len(s.x) {
+		up, _, down, _ := s.shedMargins(k - len(s.x))
+		if e%2 == 0 {
+			return up
+		}
+		return -down
+	}
 	kappa := s.kappa(s.clusterOf(k))
 	if e%2 == 0 {
 		return s.dist[k] + s.edgeProx(k, kappa, true)
@@ -128,6 +188,13 @@ func (s *Solver) edgeProx(k int, kappa float64, up bool) float64 {
 // edgeOf returns the cluster and engine node of predecessor entry e.
 func (s *Solver) edgeEnds(e, nc int) (from, to int) {
 	k := e / 2
+	if k >= len(s.x) {
+		i, sink := k-len(s.x), nc+len(s.X)
+		if e%2 == 0 {
+			return i, sink
+		}
+		return sink, i
+	}
 	i := s.clusterOf(k)
 	j := nc + int(s.eng[k])
 	if e%2 == 0 {
@@ -157,6 +224,15 @@ func (s *Solver) cancel() bool {
 	amount := math.Inf(1)
 	for _, e := range s.cycle {
 		k := e / 2
+		if k >= len(s.x) {
+			_, upRoom, _, downRoom := s.shedMargins(k - len(s.x))
+			if e%2 == 0 {
+				amount = math.Min(amount, upRoom)
+			} else {
+				amount = math.Min(amount, downRoom)
+			}
+			continue
+		}
 		kappa := s.kappa(s.clusterOf(k))
 		if e%2 == 1 {
 			amount = math.Min(amount, s.x[k])
@@ -172,9 +248,16 @@ func (s *Solver) cancel() bool {
 	}
 	for _, e := range s.cycle {
 		k := e / 2
-		if e%2 == 0 {
+		switch {
+		case k >= len(s.x) && e%2 == 0:
+			i := k - len(s.x)
+			s.shed[i] = math.Min(s.demand[i], s.shed[i]+amount)
+		case k >= len(s.x):
+			i := k - len(s.x)
+			s.shed[i] = math.Max(0, s.shed[i]-amount)
+		case e%2 == 0:
 			s.x[k] += amount
-		} else {
+		default:
 			s.x[k] = math.Max(0, s.x[k]-amount)
 		}
 	}

@@ -135,7 +135,7 @@ func (s *Solver) dualSolve(maxRounds int) (rounds int, ok bool) {
 	d.nodeIsActive = grow(d.nodeIsActive, nc)
 
 	phaseUp := true
-	for rounds = 0; rounds < maxRounds; rounds++ {
+	for rounds = 0; rounds < maxRounds && !s.expired(s.fastEnd); rounds++ {
 		s.dualBids()
 		if s.dualComponents() {
 			if !s.dualForest() {

@@ -185,6 +185,9 @@ func (s *Solver) newtonSolve() bool {
 	n.saved = append(n.saved[:0], n.mu...)
 	extra := 0
 	for {
+		if s.expired(s.fastEnd) {
+			return false
+		}
 		for j := 0; j < ne; j++ {
 			if s.capv[j] > 0 {
 				n.eps[j] = theta * M / s.capv[j]

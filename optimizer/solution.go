@@ -95,6 +95,10 @@ type Diagnostics struct {
 	SolveRelGap float64
 	// Converged reports RelGap ≤ the tolerance.
 	Converged bool
+	// OutOfTime reports that the solve stopped at its time budget (Options.TimeBudget): the
+	// solution is a feasible point with the gap certified for it, which may be above the
+	// tolerance.
+	OutOfTime bool
 	// Iterations is the number of sweeps over the clusters.
 	Iterations int
 	// Duration is the wall time of the solve.

@@ -23,7 +23,17 @@ type Options struct {
 	// DeadBand keeps a cluster's previous weights when the new ones differ from them by less
 	// than this total-variation distance (0..1). 0 disables.
 	DeadBand float64
+	// TimeBudget bounds the wall time of one Solve; 0 means DefaultTimeBudget and a negative
+	// value disables the bound. The fast paths (Newton, level solver, auction) stop at half of
+	// it, and the sweeps stop when it has run out (after at least one sweep): the solution is
+	// then the feasible point reached, with the gap certified for it, Diagnostics.OutOfTime set
+	// and a note saying so. A large overloaded problem can otherwise take minutes (see
+	// docs/optimizer.md).
+	TimeBudget time.Duration
 }
+
+// DefaultTimeBudget is the time budget of a solve when Options.TimeBudget is 0.
+const DefaultTimeBudget = 2 * time.Second
 
 // DefaultOptions returns the recommended options: tolerance 1e-4, a proximal price of 1 ms per
 // req/s moved and a dead band of 0.01.
@@ -34,6 +44,7 @@ func DefaultOptions() Options {
 		ShedPriceMs: defaultShedPrice,
 		ProximalMs:  1,
 		DeadBand:    0.01,
+		TimeBudget:  DefaultTimeBudget,
 	}
 }
 
@@ -56,6 +67,9 @@ func (o Options) withDefaults() Options {
 	}
 	if !(o.DeadBand > 0) {
 		o.DeadBand = 0
+	}
+	if o.TimeBudget == 0 {
+		o.TimeBudget = DefaultTimeBudget
 	}
 	return o
 }
@@ -112,6 +126,11 @@ type Solver struct {
 	// served and costs hold each cluster's served traffic and latency cost for it.
 	out           *Solution
 	served, costs []float64
+
+	// fastEnd and end are the deadlines of the fast paths and of the whole solve (zero: none);
+	// outOfTime records that one of them was reached.
+	fastEnd, end time.Time
+	outOfTime    bool
 }
 
 type offer struct{ price, amount float64 }
@@ -166,6 +185,10 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 	if err := p.Validate(); err != nil {
 		return nil, fmt.Errorf("optimizer: invalid problem: %w", err)
 	}
+	s.fastEnd, s.end, s.outOfTime = time.Time{}, time.Time{}, false
+	if b := s.opt.TimeBudget; b > 0 {
+		s.fastEnd, s.end = t0.Add(b/2), t0.Add(b)
+	}
 	s.setup(p)
 	// Problems above levelsFirstClusters clusters take the Newton path first, which needs no
 	// warm-started flows.
@@ -206,7 +229,14 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 			s.warm(p, prev, true)
 			rounds, ok = s.dualSolve(s.dualRounds(p, prev != nil))
 		}
-		if !ok {
+		if !ok && s.outOfTime {
+			// The fast paths used up their half of the time budget: the sweeps start from
+			// the previous solution's flows (or from zero) and use the rest.
+			s.setup(p)
+			s.warm(p, prev, true)
+			notes = append(notes, fmt.Sprintf("fast path (levels: %d rounds) ran out of its half of the time budget; sweeps from the previous solution or from zero", rounds))
+		}
+		if !ok && !s.outOfTime {
 			s.setup(p)
 			s.warm(p, prev, true)
 			if bids, ok = s.auctionSolve(); !ok {
@@ -219,13 +249,16 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 				}
 			}
 		}
-		if !ok {
+		if !ok && !s.outOfTime {
 			notes = append(notes, fmt.Sprintf("fast path (levels: %d rounds, auction: %d bids) did not balance; solved by sweeps from the auction's routing", rounds, bids))
 		}
 	}
 	sweeps, m := s.iterate(p, first)
 	if m.relGap > s.opt.Tolerance {
 		notes = append(notes, fmt.Sprintf("relative gap %.3g above tolerance %.3g after %d sweeps", m.relGap, s.opt.Tolerance, sweeps))
+	}
+	if s.outOfTime {
+		notes = append(notes, fmt.Sprintf("time budget %v ran out after %d sweeps: returning the feasible point reached (relative gap %.3g certified)", s.opt.TimeBudget, sweeps, m.relGap))
 	}
 	solveRelGap := m.relGap
 	kept := s.deadBand(p, prev)
@@ -249,6 +282,7 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 	sol.Diagnostics.SolveRelGap = solveRelGap
 	sol.Diagnostics.Iterations = sweeps
 	sol.Diagnostics.Converged = m.relGap <= s.opt.Tolerance
+	sol.Diagnostics.OutOfTime = s.outOfTime
 	sol.Diagnostics.Duration = time.Since(t0)
 	return sol, nil
 }
@@ -511,7 +545,7 @@ func (s *Solver) iterate(p *Problem, first *measures) (int, measures) {
 		m = s.measure(true)
 	}
 	sweeps := 0
-	for sweeps < s.opt.MaxSweeps && m.relGap > s.opt.Tolerance {
+	for sweeps < s.opt.MaxSweeps && m.relGap > s.opt.Tolerance && (sweeps == 0 || !s.expired(s.end)) {
 		if sweeps%2 == 0 {
 			for i := 0; i < nc; i++ {
 				s.updateCluster(i)
@@ -527,6 +561,16 @@ func (s *Solver) iterate(p *Problem, first *measures) (int, measures) {
 		m = s.measure(true)
 	}
 	return sweeps, m
+}
+
+// expired reports whether the deadline end (zero: none) has passed, and records it in
+// outOfTime.
+func (s *Solver) expired(end time.Time) bool {
+	if end.IsZero() || time.Now().Before(end) {
+		return false
+	}
+	s.outOfTime = true
+	return true
 }
 
 func (s *Solver) kappa(i int) float64 {

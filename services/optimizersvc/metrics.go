@@ -5,6 +5,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type metrics struct {
 	solveDuration prometheus.Histogram
 	solveErrors   prometheus.Counter
+	outOfTime     *prometheus.CounterVec
 	gap           *prometheus.GaugeVec
 	generations   prometheus.Counter
 	conflicts     prometheus.Counter
@@ -26,6 +27,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Buckets: prometheus.ExponentialBuckets(1e-5, 4, 12)}),
 		solveErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_optimizer_solve_errors_total", Help: "Solves that failed (invalid problem)."}),
+		outOfTime: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_optimizer_solve_out_of_time_total", Help: "Solves stopped at the solver's time budget (optimizer.Options.TimeBudget) before their gap was within tolerance, by model."},
+			[]string{"model"}),
 		gap: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "switchyard_optimizer_relative_gap_ratio", Help: "Relative optimality gap the newest solve certified (before the dead band kept previous weights), by model."},
 			[]string{"model"}),
@@ -58,7 +62,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			[]string{"model", "engine"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.solveDuration, m.solveErrors, m.gap, m.generations, m.conflicts, m.leader,
+		reg.MustRegister(m.solveDuration, m.solveErrors, m.outOfTime, m.gap, m.generations, m.conflicts, m.leader,
 			m.problems, m.clusters, m.engines, m.bad, m.penalised, m.penalties, m.operator, m.slowStart)
 	}
 	return m

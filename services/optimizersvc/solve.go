@@ -167,7 +167,17 @@ func (s *Service) solveAll(ctx context.Context, weights, enginesKV jetstream.Key
 		s.mu.Unlock()
 		// The solve's own certificate, not that of the weights the dead band
 		// kept (which is loose by design, see docs/optimizer.md).
-		if !(sol.Diagnostics.SolveRelGap <= s.opts.Solver.Tolerance) {
+		if sol.Diagnostics.OutOfTime {
+			// The solver stopped at its time budget: the weights are a feasible point, not
+			// certified optimal (logged at most once per 10 s per model).
+			s.metrics.outOfTime.WithLabelValues(b.model).Inc()
+			if s.badLog.Allow("budget/"+b.model, time.Now()) {
+				s.log.Warn().Str("model", b.model).Float64("rel_gap", sol.Diagnostics.SolveRelGap).
+					Dur("budget", ms.solver.Options().TimeBudget).Dur("took", sol.Diagnostics.Duration).
+					Int("clusters", len(b.problem.Clusters)).Int("engines", len(b.problem.Engines)).
+					Strs("notes", sol.Diagnostics.Notes).Msg("solve ran out of its time budget")
+			}
+		} else if !(sol.Diagnostics.SolveRelGap <= s.opts.Solver.Tolerance) {
 			s.log.Debug().Str("model", b.model).Float64("rel_gap", sol.Diagnostics.SolveRelGap).Strs("notes", sol.Diagnostics.Notes).Msg("solve did not converge")
 		}
 		if s.Leader() {
@@ -178,6 +188,7 @@ func (s *Service) solveAll(ctx context.Context, weights, enginesKV jetstream.Key
 		if !live[m] {
 			delete(s.models, m)
 			s.metrics.gap.DeleteLabelValues(m)
+			s.metrics.outOfTime.DeleteLabelValues(m)
 			s.mu.Lock()
 			delete(s.solutions, m)
 			s.mu.Unlock()
