@@ -172,6 +172,7 @@ func lowerBound(f *fleet, arrivals []Arrival, profiles []Profile) (LowerBound, e
 	opt := optimizer.DefaultOptions()
 	opt.ProximalMs, opt.DeadBand = 0, 0
 	opt.Tolerance = 1e-6
+	opt.TimeBudget = -1 // offline: exact and reproducible rather than on time
 	solver := optimizer.NewSolver(opt)
 	var wsum, lsum float64
 	for k := 0; k+1 < len(cuts); k++ {

@@ -246,7 +246,11 @@ func (p *switchyard) init(r *run) {
 		}
 		p.recent[c] = rk
 	}
-	p.solver = optimizer.NewSolver(optimizer.DefaultOptions())
+	// No time budget: a solve cut short by the machine's speed would make a
+	// run depend on the machine, and the simulator's runs reproduce exactly.
+	opt := optimizer.DefaultOptions()
+	opt.TimeBudget = -1
+	p.solver = optimizer.NewSolver(opt)
 	p.fits = make([]syFit, len(r.f.engines))
 	p.solve(r, false)
 }
