@@ -20,6 +20,7 @@ func optimizeCommand() command {
 			file := fs.String("f", "", "problem `file` (YAML or JSON; see docs/optimizer.md)")
 			policy := fs.String("policy", "optimal", "policy: "+strings.Join(optimizer.PolicyNames(), ", "))
 			output := fs.String("o", "table", "output: table or json")
+			budget := fs.Duration("time-budget", optimizer.DefaultTimeBudget, "stop the solve after this long with the best feasible point and the gap it certified (0: no limit)")
 			return func(_ context.Context, args []string) error {
 				if len(args) > 0 {
 					return usagef("unexpected arguments %q", args)
@@ -38,7 +39,15 @@ func optimizeCommand() command {
 				if err != nil {
 					return usageError{err}
 				}
-				pol, err := optimizer.PolicyByName(*policy, optimizer.DefaultOptions())
+				if *budget < 0 {
+					return usagef("--time-budget %s: want a duration >= 0 (0: no limit)", *budget)
+				}
+				opts := optimizer.DefaultOptions()
+				opts.TimeBudget = *budget
+				if *budget == 0 {
+					opts.TimeBudget = -1 // the solver's 0 means its default
+				}
+				pol, err := optimizer.PolicyByName(*policy, opts)
 				if err != nil {
 					return usageError{err}
 				}
