@@ -18,7 +18,9 @@ func TestOptimizeCommand(t *testing.T) {
 	if code != 0 || !strings.Contains(def, "engine-c=") {
 		t.Fatalf("default solve: exit %d, stdout %q, stderr %q", code, def, stderr)
 	}
-	if code, none, stderr := solve("--time-budget", "0"); code != 0 || none != def {
+	// The tables agree; the last line (the time taken) may not.
+	table := func(s string) string { before, _, _ := strings.Cut(s, "policy "); return before }
+	if code, none, stderr := solve("--time-budget", "0"); code != 0 || table(none) != table(def) {
 		t.Fatalf("--time-budget 0: exit %d, stderr %q, stdout\n%s\nwant the default solve's\n%s", code, stderr, none, def)
 	}
 	if code, _, stderr := solve("--time-budget", "-1s"); code != 2 || !strings.Contains(stderr, "time-budget") {
