@@ -25,9 +25,6 @@ import "math"
 
 // auctionState holds the buffers of the auction solver.
 type auctionState struct {
-	estart  []int     // engine j's incoming links are ein[estart[j]:estart[j+1]]
-	ein     []int32   // CSR edge index of each incoming link
-	clOf    []int32   // cluster of each CSR edge
 	price   []float64 // per engine
 	surplus []float64 // per cluster: demand neither placed nor shed
 	best1   []float64 // per cluster: its cheapest option when it last bid or was restored
@@ -62,28 +59,10 @@ type auctionChunk struct {
 // from the flows set by warm.
 func (s *Solver) auctionSetup() {
 	nc, ne := len(s.demand), len(s.X)
+	// The engine-major view of the links is the level solver's (s.dual), built once per
+	// network shape and shared.
+	s.dualLinks()
 	a := &s.auc
-	edges := len(s.eng)
-	a.estart = growRaw(a.estart, ne+1)
-	clear(a.estart)
-	for _, j := range s.eng {
-		a.estart[j+1]++
-	}
-	for j := 0; j < ne; j++ {
-		a.estart[j+1] += a.estart[j]
-	}
-	a.ein = grow(a.ein, edges)
-	a.clOf = grow(a.clOf, edges)
-	fill := make([]int, ne)
-	copy(fill, a.estart[:ne])
-	for i := 0; i < nc; i++ {
-		for k := s.start[i]; k < s.start[i+1]; k++ {
-			j := s.eng[k]
-			a.ein[fill[j]] = int32(k)
-			fill[j]++
-			a.clOf[k] = int32(i)
-		}
-	}
 	a.price = grow(a.price, ne)
 	a.surplus = grow(a.surplus, nc)
 	a.best1 = grow(a.best1, nc)
@@ -298,7 +277,7 @@ func (s *Solver) bracketRoot(i int, cands []auctionCand, r, a, b, kappa float64)
 // bid places cluster i's surplus at ε-complementary slackness, evicting other users whose
 // units then cost more than ε above their best other option.
 func (s *Solver) bid(i int, eps float64) {
-	a := &s.auc
+	a, d := &s.auc, &s.dual
 	a.bids++
 	r := a.surplus[i]
 	kappa := s.kappa(i)
@@ -356,8 +335,8 @@ func (s *Solver) bid(i int, eps float64) {
 		cd := cands[c]
 		j := cd.j
 		cd.c0 = len(a.chunks)
-		for _, k := range a.ein[a.estart[j]:a.estart[j+1]] {
-			u := int(a.clOf[k])
+		for _, k := range d.ein[d.estart[j]:d.estart[j+1]] {
+			u := int(d.clOf[k])
 			if u == i || s.x[k] <= 0 {
 				continue
 			}
@@ -445,7 +424,7 @@ func (s *Solver) bid(i int, eps float64) {
 			if e > 0 {
 				e = math.Min(e, s.x[ch.k])
 				s.x[ch.k] -= e
-				u := int(a.clOf[ch.k])
+				u := int(s.dual.clOf[ch.k])
 				a.surplus[u] += e
 				s.enqueue(u)
 				ev += e
