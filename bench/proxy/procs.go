@@ -231,7 +231,13 @@ const clockTick = 100
 // cpuTime returns the CPU time (user+system) used so far by pid and, when
 // withChildren, by its live child processes (nginx's workers).
 func cpuTime(pid int, withChildren bool) time.Duration {
-	total := procCPU(pid)
+	return sumProc(pid, withChildren, procCPU)
+}
+
+// sumProc returns f(pid) plus, when withChildren, f of each live child
+// process of pid.
+func sumProc[T time.Duration | int64](pid int, withChildren bool, f func(int) T) T {
+	total := f(pid)
 	if !withChildren {
 		return total
 	}
@@ -242,7 +248,7 @@ func cpuTime(pid int, withChildren bool) time.Duration {
 			continue
 		}
 		if ppid, ok := procPPID(p); ok && ppid == pid {
-			total += procCPU(p)
+			total += f(p)
 		}
 	}
 	return total
@@ -284,21 +290,7 @@ func procCPU(pid int) time.Duration {
 // ctxSwitches returns the context switches (voluntary and not) of all the
 // threads of pid so far and, when withChildren, of its child processes'.
 func ctxSwitches(pid int, withChildren bool) int64 {
-	total := procCtxSwitches(pid)
-	if !withChildren {
-		return total
-	}
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil || p == pid {
-			continue
-		}
-		if ppid, ok := procPPID(p); ok && ppid == pid {
-			total += procCtxSwitches(p)
-		}
-	}
-	return total
+	return sumProc(pid, withChildren, procCtxSwitches)
 }
 
 func procCtxSwitches(pid int) int64 {
