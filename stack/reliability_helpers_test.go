@@ -76,6 +76,22 @@ func relStart(t *testing.T, ctx context.Context, f *stack.File, opt optimizersvc
 	return s
 }
 
+// relRouter runs cluster A's router on the stack's NATS connection
+// with the given protection options, which stack.Options does not expose;
+// it stops when the test ends.
+func relRouter(t *testing.T, ctx context.Context, s *stack.Stack, prot router.ProtectionOptions) *router.Service {
+	t.Helper()
+	rt, err := router.NewService(router.ServiceOptions{Conn: s.Conn(), Cluster: "A", Router: "A-1", HTTPAddr: "127.0.0.1:0", Protection: prot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- rt.Run(rctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	return rt
+}
+
 // relWaitReady waits until every router holds a snapshot and knows every
 // engine's endpoints (before that, a router may pick an engine it cannot
 // reach yet: a start-up transient the scenarios do not measure).

@@ -269,16 +269,8 @@ func TestReliabilityOverload(t *testing.T) {
 	f.Sim.BaseTBTMs, f.Sim.TBTGrowthMs = 60, 0.2
 	s := relStart(t, ctx, f, optimizersvc.Options{}, true)
 	// The cluster's router runs here with slot admission on (off by
-	// default; stack.Options does not expose the protection options).
-	rt, err := router.NewService(router.ServiceOptions{Conn: s.Conn(), Cluster: "A", Router: "A-1", HTTPAddr: "127.0.0.1:0",
-		Protection: router.ProtectionOptions{SlotAdmission: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, stopRouter := context.WithCancel(ctx)
-	routerDone := make(chan error, 1)
-	go func() { routerDone <- rt.Run(rctx) }()
-	defer func() { stopRouter(); <-routerDone }()
+	// default).
+	rt := relRouter(t, ctx, s, router.ProtectionOptions{SlotAdmission: true})
 	relWaitReady(t, s, []*router.Service{rt})
 	capacity := relCapacity(s)
 	url := "http://" + rt.Addr()
@@ -387,18 +379,8 @@ func TestReliabilityHangingEngine(t *testing.T) {
 	defer cancel()
 	f := relFile([]stack.Cluster{{Name: "A", Region: "r1"}}, relEngines(3, "r1", 30))
 	s := relStart(t, ctx, f, optimizersvc.Options{}, true)
-	// stack.Options does not expose the routers' protection options: run the
-	// cluster's router here, on the stack's NATS connection.
 	const deadline = 500 * time.Millisecond
-	rt, err := router.NewService(router.ServiceOptions{Conn: s.Conn(), Cluster: "A", Router: "A-1", HTTPAddr: "127.0.0.1:0",
-		Protection: router.ProtectionOptions{FirstByteTimeout: deadline}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, stopRouter := context.WithCancel(ctx)
-	routerDone := make(chan error, 1)
-	go func() { routerDone <- rt.Run(rctx) }()
-	defer func() { stopRouter(); <-routerDone }()
+	rt := relRouter(t, ctx, s, router.ProtectionOptions{FirstByteTimeout: deadline})
 	relWaitReady(t, s, []*router.Service{rt})
 
 	capacity := relCapacity(s)
