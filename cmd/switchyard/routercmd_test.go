@@ -121,20 +121,43 @@ func putWeights(t *testing.T, nc *nats.Conn, model, cluster, engine string, gen 
 	}
 }
 
-// readyGeneration returns the generation and mode of model in the router's
-// /readyz detail at base ("", 0 on any failure).
-func readyGeneration(base, model string) (router.Mode, uint64) {
+// installed reports whether the router at base routes model llama by a
+// snapshot of generation gen, by its /readyz detail.
+func installed(base string, gen uint64) bool {
 	resp, err := http.Get(base + "/readyz")
 	if err != nil {
-		return "", 0
+		return false
 	}
 	defer resp.Body.Close()
 	var rd router.Readiness
 	if err := json.NewDecoder(resp.Body).Decode(&rd); err != nil {
-		return "", 0
+		return false
 	}
-	m := rd.Models[model]
-	return m.Mode, m.Generation
+	m := rd.Models["llama"]
+	return m.Mode == router.ModeSnapshot && m.Generation == gen
+}
+
+// waitServedByE1 waits until a NATS request for cluster A's llama on nc is
+// answered by engine e1, and fails the test with what, and the last error
+// seen, when it is not within d.
+func waitServedByE1(t *testing.T, nc *nats.Conn, d time.Duration, what string) {
+	t.Helper()
+	var lastErr error
+	deadline := time.Now().Add(d)
+	for {
+		eng, err := natsAsk(nc, "A", "llama")
+		if err == nil && eng == "e1" {
+			return
+		}
+		if err == nil {
+			err = fmt.Errorf("answered by %q", eng)
+		}
+		lastErr = err
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %s: %s (last: %v)", d, what, lastErr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // TestRouterEmbedNATSStandalone runs `switchyard router --embed-nats` with a
@@ -160,20 +183,11 @@ func TestRouterEmbedNATSStandalone(t *testing.T) {
 	t.Cleanup(client.Close)
 	simEngine(t, dial(t, url), "llama", "e1")
 
-	var lastErr error
-	testenv.WaitFor(t, 10*time.Second, "a NATS request through the co-located router is answered by e1", func() bool {
-		eng, err := natsAsk(client, "A", "llama")
-		lastErr = err
-		return err == nil && eng == "e1"
-	})
-	if lastErr != nil {
-		t.Fatal(lastErr)
-	}
+	waitServedByE1(t, client, 10*time.Second, "a NATS request through the co-located router is answered by e1")
 	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
 	putWeights(t, client, "llama", "A", "e1", 7)
 	testenv.WaitFor(t, 10*time.Second, "the router installs generation 7 from its own server's sy_weights", func() bool {
-		mode, gen := readyGeneration(base, "llama")
-		return mode == router.ModeSnapshot && gen == 7
+		return installed(base, 7)
 	})
 	if eng, err := natsAsk(client, "A", "llama"); err != nil || eng != "e1" {
 		t.Fatalf("after the snapshot: engine %q, %v", eng, err)
@@ -223,20 +237,11 @@ func TestRouterEmbedNATSLeaf(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var lastErr error
-	testenv.WaitFor(t, 15*time.Second, "a NATS request on the hub is served by the leaf's router and answered by e1", func() bool {
-		eng, err := natsAsk(client, "A", "llama")
-		lastErr = err
-		return err == nil && eng == "e1"
-	})
-	if lastErr != nil {
-		t.Fatal(lastErr)
-	}
+	waitServedByE1(t, client, 15*time.Second, "a NATS request on the hub is served by the leaf's router and answered by e1")
 	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
 	putWeights(t, client, "llama", "A", "e1", 1)
 	testenv.WaitFor(t, 10*time.Second, "the router installs generation 1 from the hub's sy_weights", func() bool {
-		mode, gen := readyGeneration(base, "llama")
-		return mode == router.ModeSnapshot && gen == 1
+		return installed(base, 1)
 	})
 	if _, err := reports.NextMsg(5 * time.Second); err != nil {
 		t.Fatalf("no router report reached the hub: %v", err)
@@ -247,14 +252,9 @@ func TestRouterEmbedNATSLeaf(t *testing.T) {
 	client = dial(t, hub.ClientURL())
 	testenv.WaitFor(t, 20*time.Second, "after the hub's restart, the router installs generation 2 written there", func() bool {
 		putWeights(t, client, "llama", "A", "e1", 2)
-		mode, gen := readyGeneration(base, "llama")
-		return mode == router.ModeSnapshot && gen == 2
+		return installed(base, 2)
 	})
-	testenv.WaitFor(t, 10*time.Second, "requests flow again after the hub's restart", func() bool {
-		eng, err := natsAsk(client, "A", "llama")
-		lastErr = err
-		return err == nil && eng == "e1"
-	})
+	waitServedByE1(t, client, 10*time.Second, "requests flow again after the hub's restart")
 }
 
 // TestRouterEmbedNATSFlags checks that the --embed-nats flags are validated
