@@ -221,13 +221,22 @@ func TestAggregatorSignalPath(t *testing.T) {
 		if acked := uint64(e.acked.Load()); want < acked {
 			t.Fatalf("%s: %d signals acknowledged but only %d stored", e.name, acked, want)
 		}
-		testenv.WaitFor(t, 5*time.Second, fmt.Sprintf("%s folded exactly its %d signals", e.name, want), func() bool {
+		// Polled by hand so that a miss says how many were folded: stuck
+		// below want (a lost signal) and slow (a busy machine) differ.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
 			s, _ := engineState(t, kv, "llama."+e.name)
 			if s.Signals > want {
 				t.Fatalf("%s: %d signals folded, only %d published: double-counted", e.name, s.Signals, want)
 			}
-			return s.Signals == want
-		})
+			if s.Signals == want {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d signals folded after 10s, want exactly its %d (acknowledged %d)", e.name, s.Signals, want, e.acked.Load())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 	}
 }
 
