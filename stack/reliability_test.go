@@ -335,7 +335,14 @@ func TestReliabilityOverload(t *testing.T) {
 		demand, capacity, settle, end, st.sent, st.ok, st.shed, st.failed, st.unsent, st.errs)
 	for _, p := range []string{"critical", "standard", "sheddable"} {
 		ps := byPrio[p]
-		t.Logf("  %-9s sent %4d ok %4d shed %4d (%s) failed %d", p, ps.sent, ps.ok, ps.shed, relPctStr(ps.shed, ps.sent), ps.failed)
+		var pt []time.Duration
+		for _, r := range m {
+			if r.prio == p && r.ok() {
+				pt = append(pt, r.ttft)
+			}
+		}
+		t.Logf("  %-9s sent %4d ok %4d shed %4d (%s) failed %d; TTFT p50 %v p90 %v p99 %v", p, ps.sent, ps.ok, ps.shed, relPctStr(ps.shed, ps.sent), ps.failed,
+			relPct(pt, 0.5), relPct(pt, 0.9), relPct(pt, 0.99))
 	}
 	served := float64(st.ok) / span
 	relFigure(t, scenario, "served throughput >= 95% of capacity",

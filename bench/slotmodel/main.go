@@ -1,0 +1,227 @@
+// Command slotmodel computes what admission at the batch-slot level can
+// reach on a fleet of continuous-batching engines past its capacity, with
+// perfect knowledge of every engine's state: the served share of capacity
+// and the time to first token of admitted requests, against the unloaded
+// time to first token. It answers, for a given engine, whether the overload
+// criteria of the reliability scenario (served >= 95% of capacity and
+// admitted TTFT p99 <= 2x the unloaded p99) can be met together at all, by
+// any router.
+//
+// The engines follow services/enginesim's model exactly: a FIFO queue;
+// at a step boundary, waiting requests are admitted while a batch slot is
+// free and prefilled together in one step of PromptTokens·PrefillMsPerToken
+// per admitted request, which gives each its first token; otherwise a
+// decode step of BaseTBT + Growth·(running−1) ms gives every running
+// request one token; a request ends after OutputTokens tokens and frees its
+// slot at that boundary. Arrivals are Poisson. The admission oracle sees
+// each engine's running and queued requests exactly (no signal lag, no
+// other routers) and sends an arrival to the engine with the fewest of
+// them among those under their slots plus an allowance of queued requests;
+// when none is, the request is shed at once. A total cap on queued requests
+// across engines is a second knob.
+//
+//	go run ./bench/slotmodel                     # the reliability scenario's engines
+//	go run ./bench/slotmodel -batch 32 -tbt 96   # more slots per output token
+package main
+
+import (
+	"flag"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"text/tabwriter"
+)
+
+// Params is one fleet and load.
+type Params struct {
+	Engines      int
+	Batch        int     // batch slots per engine
+	OutputTokens int     // tokens per request, the first from the prefill step
+	PromptTokens int     // prompt tokens per request
+	PrefillMs    float64 // prefill ms per prompt token
+	BaseTBTMs    float64 // decode step with one running request, ms
+	GrowthMs     float64 // decode step growth per extra running request, ms
+	Load         float64 // offered demand over capacity
+	Allowance    int     // queued requests per engine beyond its slots
+	QueueCap     int     // queued requests beyond slots in all (negative: no cap)
+	Seconds      float64 // simulated time; the first tenth is warm-up
+	Seed         uint64
+}
+
+// Capacity returns one engine's sustainable rate, req/s (the formula of
+// services/enginesim).
+func (p Params) Capacity() float64 {
+	b := float64(p.Batch)
+	tbt := p.BaseTBTMs + p.GrowthMs*(b-1)
+	return 1000 * b / (b*float64(p.PromptTokens)*p.PrefillMs + float64(p.OutputTokens-1)*tbt)
+}
+
+// Result is what one run measured.
+type Result struct {
+	Served           float64 // completed req/s over the fleet's capacity
+	TTFTP50, TTFTP99 float64 // admitted requests' time to first token, ms
+}
+
+type engine struct {
+	running  []int     // tokens left per running request
+	queue    []float64 // arrival times, ms
+	admitted []float64 // arrival times of the requests in the current prefill step
+	prefill  bool
+	next     float64 // end of the current step; +Inf while idle
+}
+
+func (e *engine) occupancy() int { return len(e.running) + len(e.queue) }
+
+// Run simulates p.
+func Run(p Params) Result {
+	rng := rand.New(rand.NewPCG(p.Seed, 0x5107))
+	capacity := p.Capacity() * float64(p.Engines)
+	lambda := p.Load * capacity / 1000 // per ms
+	engines := make([]*engine, p.Engines)
+	for i := range engines {
+		engines[i] = &engine{next: math.Inf(1)}
+	}
+	end := p.Seconds * 1000
+	warm := end / 10
+	var ttft []float64
+	completed := 0
+	start := func(e *engine, now float64) {
+		e.admitted = e.admitted[:0]
+		for len(e.queue) > 0 && len(e.running) < p.Batch {
+			e.admitted = append(e.admitted, e.queue[0])
+			e.queue = e.queue[1:]
+			e.running = append(e.running, p.OutputTokens)
+		}
+		switch {
+		case len(e.admitted) > 0:
+			e.prefill = true
+			e.next = now + float64(len(e.admitted)*p.PromptTokens)*p.PrefillMs
+		case len(e.running) > 0:
+			e.prefill = false
+			e.next = now + p.BaseTBTMs + p.GrowthMs*float64(len(e.running)-1)
+		default:
+			e.next = math.Inf(1)
+		}
+	}
+	arrival := rng.ExpFloat64() / lambda
+	for {
+		first := engines[0]
+		for _, e := range engines[1:] {
+			if e.next < first.next {
+				first = e
+			}
+		}
+		if arrival < first.next {
+			now := arrival
+			if now > end {
+				break
+			}
+			arrival += rng.ExpFloat64() / lambda
+			queued := 0
+			for _, e := range engines {
+				queued += max(0, e.occupancy()-p.Batch)
+			}
+			var pick *engine
+			for _, e := range engines {
+				limit := p.Batch
+				if p.QueueCap < 0 || queued < p.QueueCap {
+					limit += p.Allowance
+				}
+				if e.occupancy() < limit && (pick == nil || e.occupancy() < pick.occupancy()) {
+					pick = e
+				}
+			}
+			if pick == nil {
+				continue // shed
+			}
+			pick.queue = append(pick.queue, now)
+			if math.IsInf(pick.next, 1) {
+				start(pick, now)
+			}
+			continue
+		}
+		e, now := first, first.next
+		if e.prefill {
+			n := len(e.admitted)
+			for _, a := range e.admitted {
+				if a > warm {
+					ttft = append(ttft, now-a)
+				}
+			}
+			for j := len(e.running) - n; j < len(e.running); j++ {
+				e.running[j]--
+			}
+		} else {
+			for j := range e.running {
+				e.running[j]--
+				if e.running[j] == 0 && now > warm {
+					completed++
+				}
+			}
+		}
+		e.running = slices.DeleteFunc(e.running, func(left int) bool { return left <= 0 })
+		start(e, now)
+	}
+	slices.Sort(ttft)
+	pct := func(q float64) float64 {
+		if len(ttft) == 0 {
+			return math.NaN()
+		}
+		return ttft[int(q*float64(len(ttft)-1))]
+	}
+	return Result{Served: float64(completed) / ((end - warm) / 1000) / capacity, TTFTP50: pct(0.5), TTFTP99: pct(0.99)}
+}
+
+func main() {
+	p := Params{}
+	flag.IntVar(&p.Engines, "engines", 4, "engines")
+	flag.IntVar(&p.Batch, "batch", 20, "batch slots per engine")
+	flag.IntVar(&p.OutputTokens, "output", 16, "output tokens per request")
+	flag.IntVar(&p.PromptTokens, "prompt", 64, "prompt tokens per request")
+	flag.Float64Var(&p.PrefillMs, "prefill", 0.02, "prefill ms per prompt token")
+	flag.Float64Var(&p.BaseTBTMs, "tbt", 60, "decode step with one running request, ms")
+	flag.Float64Var(&p.GrowthMs, "growth", 0.2, "decode step growth per extra running request, ms")
+	flag.Float64Var(&p.Load, "load", 1.5, "offered demand over capacity")
+	flag.Float64Var(&p.Seconds, "seconds", 600, "simulated seconds per run")
+	flag.Uint64Var(&p.Seed, "seed", 1, "seed")
+	unloaded := flag.Float64("unloaded", 0.25, "load of the unloaded baseline")
+	flag.Parse()
+	if p.Engines < 1 || p.Batch < 1 || p.OutputTokens < 1 || p.PromptTokens < 0 || !(p.BaseTBTMs > 0) || !(p.Load > 0) || !(p.Seconds > 0) {
+		fmt.Fprintln(os.Stderr, "slotmodel: engines, batch, output, tbt, load and seconds must be positive")
+		os.Exit(2)
+	}
+	base := p
+	base.Load, base.Allowance, base.QueueCap = *unloaded, p.Batch*10, -1
+	u := Run(base)
+	fmt.Printf("%d engines x %d slots, %d output tokens, decode step %.0f ms (+%.1f per request), prefill %.1f ms: capacity %.1f req/s, %.2f completions per decode step per engine\n",
+		p.Engines, p.Batch, p.OutputTokens, p.BaseTBTMs, p.GrowthMs, float64(p.PromptTokens)*p.PrefillMs, p.Capacity()*float64(p.Engines),
+		float64(p.Batch)/float64(p.OutputTokens-1))
+	fmt.Printf("unloaded (%.0f%% of capacity): TTFT p50 %.1f ms, p99 %.1f ms\n", 100**unloaded, u.TTFTP50, u.TTFTP99)
+	fmt.Printf("offered %.0f%% of capacity, admission by an oracle that sees every engine exactly:\n", 100*p.Load)
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "queued per engine\tqueued in all\tserved\tTTFT p50 ms\tp99 ms\tp99 / unloaded p99\t")
+	for allow := 0; allow <= 3; allow++ {
+		// Caps at or below (allow−1)·engines repeat the rows of a smaller
+		// allowance; caps at or above allow·engines bind nothing.
+		var caps []int
+		for _, c := range []int{1, 2, p.Engines} {
+			if c > (allow-1)*p.Engines && c < allow*p.Engines {
+				caps = append(caps, c)
+			}
+		}
+		caps = append(caps, -1)
+		for _, c := range caps {
+			q := p
+			q.Allowance, q.QueueCap = allow, c
+			r := Run(q)
+			all := "any"
+			if c >= 0 {
+				all = fmt.Sprint(c)
+			}
+			fmt.Fprintf(w, "%d\t%s\t%.1f%%\t%.1f\t%.1f\t%.2fx\t\n", allow, all, 100*r.Served, r.TTFTP50, r.TTFTP99, r.TTFTP99/u.TTFTP99)
+		}
+	}
+	w.Flush()
+}
