@@ -1,0 +1,51 @@
+package main
+
+import (
+	"math"
+	"testing"
+
+	"github.com/switchyard-dev/switchyard/services/enginesim"
+)
+
+// TestCapacityMatchesEngineSim: the model's capacity is the engine
+// simulator's for the same engine.
+func TestCapacityMatchesEngineSim(t *testing.T) {
+	for _, tc := range []struct {
+		batch, out, prompt int
+		tbt                float64
+	}{{20, 16, 64, 60}, {32, 128, 256, 15}, {64, 16, 64, 100}} {
+		p := Params{Batch: tc.batch, OutputTokens: tc.out, PromptTokens: tc.prompt, PrefillMs: 0.02, BaseTBTMs: tc.tbt, GrowthMs: 0.2}
+		want := enginesim.Capacity(enginesim.Options{MaxBatch: tc.batch, OutputTokens: tc.out, PromptTokens: tc.prompt,
+			PrefillMsPerToken: 0.02, BaseTBTMs: tc.tbt, TBTGrowthMs: 0.2, KVTokens: 1 << 30, TimeScale: 1})
+		if got := p.Capacity(); math.Abs(got-want) > 1e-9*want {
+			t.Errorf("%+v: capacity %.6f, enginesim %.6f", tc, got, want)
+		}
+	}
+}
+
+// TestRunServesWhatItAdmits: below capacity everything is served and the
+// TTFT is about half a decode step; past it, with no queue allowed, the
+// TTFT stays near the unloaded one and some capacity is lost, and with an
+// unbounded allowance the engines serve their capacity while the TTFT
+// grows.
+func TestRunServesWhatItAdmits(t *testing.T) {
+	p := Params{Engines: 4, Batch: 20, OutputTokens: 16, PromptTokens: 64, PrefillMs: 0.02, BaseTBTMs: 60, GrowthMs: 0.2,
+		Load: 0.25, Allowance: 1000, QueueCap: -1, Seconds: 300, Seed: 1}
+	low := Run(p)
+	if math.Abs(low.Served-0.25) > 0.02 || low.TTFTP50 < 20 || low.TTFTP50 > 50 {
+		t.Fatalf("at 25%% load: %+v, want served ~0.25 and TTFT p50 ~ half a 60 ms step", low)
+	}
+	p.Load, p.Allowance = 1.5, 0
+	none := Run(p)
+	if none.Served < 0.85 || none.Served > 0.97 || none.TTFTP99 > 1.3*low.TTFTP99 {
+		t.Fatalf("150%% load, no queue: %+v (unloaded p99 %.1f)", none, low.TTFTP99)
+	}
+	p.Allowance = 1000
+	all := Run(p)
+	if all.Served < 0.99 || all.TTFTP99 < 5*low.TTFTP99 {
+		t.Fatalf("150%% load, unbounded queue: %+v, want capacity served and a long queue", all)
+	}
+	if again := Run(p); again != all {
+		t.Fatalf("not deterministic: %+v then %+v", all, again)
+	}
+}
