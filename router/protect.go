@@ -392,6 +392,12 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 		}
 		if res == ResultOK {
 			h.countEngine(rt, eng.Name, resp.Status)
+			if idx != rt.idx && rt.src != KeyNone {
+				// A retry placed the key elsewhere: the engine that
+				// serves it now holds its newest prefix, so the key's
+				// next requests follow it there.
+				rt.ms.recent.rememberName(rt.key, eng.Name)
+			}
 			// A half-open probe succeeds as soon as the engine answers, not
 			// when a long stream ends; other attempts count at their end,
 			// a stream the engine breaks being a failure.

@@ -67,6 +67,14 @@ func (rk *RecentKeys) remember(key uint64, id uint32) {
 	e.Store(tag<<32 | uint64(id))
 }
 
+// rememberName records that key was sent to the engine named name; a nil
+// rk records nothing.
+func (rk *RecentKeys) rememberName(key uint64, name string) {
+	if rk != nil {
+		rk.remember(key, engineID(name))
+	}
+}
+
 // engineID is an engine's identity in RecentKeys: a hash of its name, the
 // same in every table.
 func engineID(name string) uint32 { return uint32(HashString(name)) }
