@@ -15,6 +15,8 @@
 // resumes from its durable consumers; a message is acknowledged only after the
 // state that includes it has been written, and a redelivered message is
 // recognised by its sequence number and timestamp and not folded in twice.
+// Stopping, it folds in and writes what it has pulled; started after one
+// that died with messages unacknowledged, it has them delivered again.
 package aggregator
 
 import (
@@ -180,7 +182,7 @@ func (a *Aggregator) Run(ctx context.Context) error {
 		{a.opts.Names.SignalStream, a.opts.Names.SignalFilter(), "signals", a.handleSignal},
 		{a.opts.Names.ReportStream, a.opts.Names.ReportFilter(), "reports", a.handleReport},
 	} {
-		cons, err := a.js.CreateOrUpdateConsumer(ctx, s.stream, jetstream.ConsumerConfig{
+		cons, err := a.consumer(ctx, s.stream, jetstream.ConsumerConfig{
 			Durable:       a.opts.Durable + "-" + s.suffix,
 			Description:   "Switchyard aggregator",
 			FilterSubject: s.filter,
@@ -212,9 +214,22 @@ func (a *Aggregator) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
+			// Drain, not Stop: messages already pulled are delivered to the
+			// handlers and written by the final flush. Stopped, they would be
+			// pending on the consumer, and the successor's first
+			// acknowledgement (AckAll) would acknowledge them unread: lost.
 			for _, cc := range ccs {
-				cc.Stop()
+				cc.Drain()
 			}
+			drained := time.NewTimer(drainTimeout)
+			for _, cc := range ccs {
+				select {
+				case <-cc.Closed():
+				case <-drained.C:
+					a.log.Warn().Dur("timeout", drainTimeout).Msg("consumers not drained in time; messages pulled but not folded in may be lost")
+				}
+			}
+			drained.Stop()
 			ccs = nil
 			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			err := a.flush(fctx)
@@ -230,6 +245,45 @@ func (a *Aggregator) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// consumer returns the durable consumer cfg describes on stream, creating
+// it when missing. A predecessor that died (or lost its connection) with
+// messages delivered but not acknowledged left them pending on the
+// consumer, where this aggregator would not see them before AckWait, and
+// its first acknowledgement — AckAll — would acknowledge them unread. So
+// when messages are pending the consumer is recreated to deliver again from
+// the first unacknowledged one: the state loaded from KV holds everything
+// acknowledged, and what it already holds is recognised and not folded in
+// twice. An aggregator still running on the old consumer (two at once, in
+// a rolling restart) loses its subscription and stops consuming.
+func (a *Aggregator) consumer(ctx context.Context, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	if cons, err := a.js.Consumer(ctx, stream, cfg.Durable); err == nil {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("read consumer %s: %w", cfg.Durable, err)
+		}
+		if info.NumAckPending == 0 {
+			// Keep where it delivers from: a start set by a recreation
+			// below cannot be updated.
+			cfg.DeliverPolicy, cfg.OptStartSeq = info.Config.DeliverPolicy, info.Config.OptStartSeq
+			return a.js.CreateOrUpdateConsumer(ctx, stream, cfg)
+		}
+		start := info.AckFloor.Stream + 1
+		if err := a.js.DeleteConsumer(ctx, stream, cfg.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil, fmt.Errorf("recreate consumer %s: %w", cfg.Durable, err)
+		}
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start
+		a.log.Info().Str("stream", stream).Int("pending", info.NumAckPending).Uint64("from_seq", start).
+			Msg("delivering again what a stopped aggregator had not acknowledged")
+	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil, fmt.Errorf("read consumer %s: %w", cfg.Durable, err)
+	}
+	return a.js.CreateOrUpdateConsumer(ctx, stream, cfg)
+}
+
+// drainTimeout bounds how long a stopping aggregator waits for the
+// messages it has pulled to be folded in.
+const drainTimeout = 5 * time.Second
 
 // load reads the current state from the buckets, so that a restarted
 // aggregator continues its windows instead of starting over.
