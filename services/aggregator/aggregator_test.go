@@ -282,6 +282,8 @@ func storedSignals(t *testing.T, env *testenv.NATS, subject string) uint64 {
 // millisecond apart, ending a minute ago plus first.
 func publishBacklog(t *testing.T, ctx context.Context, env *testenv.NATS, engine string, first, n int) {
 	t.Helper()
+	subject := "sy.signal.llama." + engine
+	stored := storedSignals(t, env, subject)
 	base := time.Now().Add(-time.Minute).UnixMilli()
 	for i := first; i < first+n; i++ {
 		data, err := messages.Encode(&messages.EngineSignal{Model: "llama", Engine: engine, Time: base + int64(i), Seq: uint64(i),
@@ -289,14 +291,21 @@ func publishBacklog(t *testing.T, ctx context.Context, env *testenv.NATS, engine
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := env.JS.PublishAsync("sy.signal.llama."+engine, data); err != nil {
+		if _, err := env.JS.PublishAsync(subject, data); err != nil {
 			t.Fatal(err)
 		}
+		// Wait for the acknowledgements every 1,000 publishes: the client
+		// stalls, then fails, with more outstanding.
+		if (i-first)%1000 == 999 || i == first+n-1 {
+			select {
+			case <-env.JS.PublishAsyncComplete():
+			case <-ctx.Done():
+				t.Fatal("backlog not stored in time")
+			}
+		}
 	}
-	select {
-	case <-env.JS.PublishAsyncComplete():
-	case <-ctx.Done():
-		t.Fatal("backlog not stored in time")
+	if got := storedSignals(t, env, subject) - stored; got != uint64(n) {
+		t.Fatalf("the stream stored %d of the %d signals published", got, n)
 	}
 }
 
