@@ -103,6 +103,7 @@ type Solver struct {
 	auc    auctionState
 	dual   dualState
 	newt   newtonState
+	prio   prioState
 
 	// links counts the changes of the network rows' engines seen by setup, and dists those of
 	// the rows' engines or latencies (views built from the rows record the counts they were
@@ -262,6 +263,10 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 	}
 	solveRelGap := m.relGap
 	kept := s.deadBand(p, prev)
+	if kept > 0 && !s.equilibrium {
+		// Previous weights kept for a changed demand may shed by priority no longer.
+		s.enforcePriority()
+	}
 	sol := s.newSolution(p, "optimal")
 	if kept > 0 {
 		// The certificate of the weights returned, and their routing written in the same
@@ -558,6 +563,11 @@ func (s *Solver) iterate(p *Problem, first *measures) (int, measures) {
 		sweeps++
 		s.exchange()
 		s.cancelCycles(100)
+		m = s.measure(true)
+	}
+	// Whatever stopped the sweeps, the point returned sheds by priority across clusters
+	// (priority.go); at an optimum there is nothing to move.
+	if !s.equilibrium && s.enforcePriority() > 0 {
 		m = s.measure(true)
 	}
 	return sweeps, m
