@@ -207,10 +207,11 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 	if !s.equilibrium {
 		// On small problems the level solver from the previous levels (warm) or from a common
 		// level (cold) settles in a few rounds, exactly. On larger ones, and when it does not
-		// settle, the Newton path (newton.go) solves problems that shed nothing and certifies
-		// its point; when that fails, the level solver runs (if it has not yet), and when it
-		// does not settle, the auction finds better starting levels and the level solver runs
-		// again from them. If that fails too, the sweeps start from the auction's routing.
+		// settle, the Newton path (newton.go) solves the problem and certifies its point (when
+		// the optimum sheds, with the shed modelled; when that point's certificate does not
+		// close, the sweeps go on from it); when that fails, the level solver runs (if it has
+		// not yet), and when it does not settle, the auction finds better starting levels and
+		// the level solver runs again from them. If that fails too, the sweeps start from the auction's routing.
 		ok, levels := false, !newtonFirst
 		rounds, bids := 0, 0
 		if levels {
@@ -223,6 +224,14 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 			}
 			if ok = s.newtonSolve(); ok {
 				first = &s.newt.m
+			}
+			if s.newt.partial {
+				// The Newton path with the shed modelled settled but did not close its
+				// certificate (at levels of shed prices the flows it reads off the levels
+				// are exact only to about 1e-8/ε req/s, and the latencies are steep there):
+				// the sweeps go on from its point, and one usually closes the gap.
+				ok = true
+				notes = append(notes, fmt.Sprintf("Newton path with shedding: relative gap %.3g after %d steps; sweeps from its point", s.newt.m.relGap, s.newt.steps))
 			}
 		}
 		if !ok && !levels {
