@@ -119,6 +119,7 @@ type Solver struct {
 	gj, gmin       []float64 // per engine, in gapWith
 	dev, anc       []float64 // per cluster, from gapWith
 	keep           []bool    // per cluster, in deadBand
+	dbLim          []float64 // per engine, in deadBand
 	// rows holds the engine lists of the solutions' clusters, built at the links count
 	// rowsLinks and shared by the solutions (read-only) while the network rows stay the same.
 	rows      []int
@@ -1070,6 +1071,23 @@ func (s *Solver) gapWith(lam []float64) measures {
 	return m
 }
 
+// shedPriceFloor returns the lowest shed price of a class that some cluster sheds (+Inf when
+// nothing is shed).
+func (s *Solver) shedPriceFloor() float64 {
+	P := math.Inf(1)
+	for i := range s.demand {
+		if !(s.shed[i] > 1e-9*s.demand[i]) {
+			continue
+		}
+		for q, D := range s.p.Clusters[i].Demand {
+			if D > 0 {
+				P = math.Min(P, s.opt.ShedPriceMs[q])
+			}
+		}
+	}
+	return P
+}
+
 // deadBand restores the previous weights of clusters whose new weights moved less than the
 // dead band, as long as no engine is pushed over its hard limit. It returns how many it kept.
 // It reads each cluster's distance from its previous flows (dev, anc) from the last
@@ -1081,6 +1099,19 @@ func (s *Solver) deadBand(p *Problem, prev *Solution) int {
 	kept := 0
 	s.keep = grow(s.keep, len(p.Clusters))
 	keep := s.keep
+	// Each engine's limit for the kept weights: its hard limit, and, when some traffic is
+	// shed, no load beyond both the solve's and the one at which its marginal cost reaches
+	// the cheapest shed price (there a stale 1% can multiply an engine's latency).
+	s.dbLim = growRaw(s.dbLim, len(s.X))
+	copy(s.dbLim, s.capv)
+	if P := s.shedPriceFloor(); !math.IsInf(P, 1) {
+		for j := range s.dbLim {
+			if s.capv[j] > 0 {
+				x, _ := s.curves[j].InverseMarginal(P)
+				s.dbLim[j] = math.Min(s.capv[j], math.Max(s.X[j], x))
+			}
+		}
+	}
 	for i := range p.Clusters {
 		D := s.demand[i]
 		if !s.anchor[i] || D <= 0 {
@@ -1100,7 +1131,7 @@ func (s *Solver) deadBand(p *Problem, prev *Solution) int {
 	// Revert kept clusters on engines pushed over their limit.
 	over := false
 	for j := range s.X {
-		if s.X[j] > s.capv[j] {
+		if s.X[j] > s.dbLim[j] {
 			over = true
 			break
 		}
@@ -1112,7 +1143,7 @@ func (s *Solver) deadBand(p *Problem, prev *Solution) int {
 		e0, e1 := s.start[i], s.start[i+1]
 		over := false
 		for k := e0; k < e1; k++ {
-			if j := s.eng[k]; s.X[j] > s.capv[j] {
+			if j := s.eng[k]; s.X[j] > s.dbLim[j] {
 				over = true
 				break
 			}
