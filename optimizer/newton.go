@@ -327,6 +327,11 @@ func (s *Solver) newtonStage(maxSteps int, tol float64) bool {
 		if res <= tol {
 			return true
 		}
+		// The deadline is checked per step, not only per stage: the first stage of the
+		// shed mode has 60 steps, seconds under -race.
+		if s.expired(s.fastEnd) {
+			return false
+		}
 		n.steps++
 		if !s.newtonStep() {
 			return false
