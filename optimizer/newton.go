@@ -85,16 +85,16 @@ func (n *newtonState) find(i int32) int32 {
 // newtonSolve runs the Newton path. It starts from the levels in s.mu (warm, when every
 // cluster that takes part has one) or from a common level, and on success leaves flows, loads,
 // shed and levels in the solver's buffers. When the optimum sheds demand (levels reach shed
-// prices, or the demand exceeds every reachable engine's capacity) it runs again with the shed
-// modelled: each class's shed is regularised like the engines' splits (newtonShed), with the
+// prices, or the demand exceeds every reachable engine's capacity) and shed is set, it runs
+// again with the shed modelled: each class's shed is regularised like the engines' splits (newtonShed), with the
 // regularisation scaled to the latencies rather than to the levels. It fails (reports false)
 // when the steps do not converge; the caller then takes the other paths from a fresh setup.
 // When the shed mode settles but its certificate does not close, it fails with newt.partial
 // set and its point in the buffers, for the sweeps to go on from.
-func (s *Solver) newtonSolve() bool {
+func (s *Solver) newtonSolve(shed bool) bool {
 	s.newt.partial = false
 	ok, sheds := s.newtonRun(false)
-	if ok || !sheds || s.outOfTime {
+	if ok || !sheds || !shed || s.outOfTime {
 		return ok
 	}
 	ok, _ = s.newtonRun(true)
