@@ -26,13 +26,11 @@ import "math"
 
 // prioState holds the buffers of enforcePriority.
 type prioState struct {
-	capq        []float64 // per engine: the phase's capacity
-	pred        []int32   // per node (clusters, then engines): the CSR edge it was reached by, -1 for a source, -2 unreached
-	root        []int32   // per node: the source cluster of its path
-	queue       []int32
-	sinks       []int32
-	maxDist     float64 // the largest network latency, for the phase capacities
-	phases, aug int     // counts of the last call, for tests and benchmarks
+	capq  []float64 // per engine: the phase's capacity
+	pred  []int32   // per node (clusters, then engines): the CSR edge it was reached by, -1 for a source, -2 unreached
+	root  []int32   // per node: the source cluster of its path
+	queue []int32
+	sinks []int32
 }
 
 // enforcePriority makes the served traffic per priority class lexicographically maximal (see
@@ -57,11 +55,10 @@ func (s *Solver) enforcePriority() float64 {
 	ps.capq = growRaw(ps.capq, ne)
 	ps.pred = growRaw(ps.pred, nc+ne)
 	ps.root = growRaw(ps.root, nc+ne)
-	ps.maxDist = 0
+	maxDist := 0.0 // the largest network latency, for the phases' capacities
 	for _, v := range s.dist {
-		ps.maxDist = math.Max(ps.maxDist, v)
+		maxDist = math.Max(maxDist, v)
 	}
-	ps.phases, ps.aug = 0, 0
 	moved := 0.0
 	// Phases from the dearest class to the cheapest (s.order is by ascending price).
 	for n := NumPriorities - 1; n >= 0; n-- {
@@ -70,11 +67,10 @@ func (s *Solver) enforcePriority() float64 {
 		for j := 0; j < ne; j++ {
 			ps.capq[j] = 0
 			if s.capv[j] > 0 {
-				x, _ := s.curves[j].InverseMarginal(P - ps.maxDist)
+				x, _ := s.curves[j].InverseMarginal(P - maxDist)
 				ps.capq[j] = math.Min(math.Max(x, 0), s.capv[j])
 			}
 		}
-		ps.phases++
 		// Every round saturates a source, a sink or a link; the bound is a safeguard
 		// against rounds that move only rounding residues.
 		for round := 0; round < 4*(nc+ne); round++ {
@@ -190,7 +186,6 @@ func (s *Solver) augmentPhase(n int, d *dualState) float64 {
 			s.shed[v] = math.Min(s.demand[v], s.shed[v]+a)
 		}
 		moved += a
-		ps.aug++
 	}
 	ps.sinks = sinks
 	return moved
