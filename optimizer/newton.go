@@ -25,6 +25,11 @@ import (
 // gap of the unregularised problem is at most Σ_i D_i·max_j ε_j x_ij: with ε_j = θ·M/C_j (M the
 // market-clearing marginal cost, C_j the capacity) the relative gap is of the order of θ. The
 // certificate is computed afterwards by the same code as for every other path.
+//
+// When the optimum sheds, the clusters' dual terms Σ_q D_iq·min(μ_i, P_q) are kinked at the
+// shed prices P_q; the shed mode (newtonRun with shed) regularises them like the engines'
+// splits, so that the unmet demand includes a shed that grows linearly over a band of δ above
+// each price (newtonShed).
 
 // newtonState holds the buffers of the Newton path.
 type newtonState struct {
@@ -86,11 +91,11 @@ func (n *newtonState) find(i int32) int32 {
 // cluster that takes part has one) or from a common level, and on success leaves flows, loads,
 // shed and levels in the solver's buffers. When the optimum sheds demand (levels reach shed
 // prices, or the demand exceeds every reachable engine's capacity) and shed is set, it runs
-// again with the shed modelled: each class's shed is regularised like the engines' splits (newtonShed), with the
-// regularisation scaled to the latencies rather than to the levels. It fails (reports false)
-// when the steps do not converge; the caller then takes the other paths from a fresh setup.
-// When the shed mode settles but its certificate does not close, it fails with newt.partial
-// set and its point in the buffers, for the sweeps to go on from.
+// again with the shed modelled: each class's shed is regularised like the engines' splits
+// (newtonShed), with the regularisation scaled to the latencies rather than to the levels. It
+// fails (reports false) when the steps do not converge; the caller then takes the other paths
+// from a fresh setup. When the shed mode settles but its certificate does not close, it fails
+// with newt.partial set and its point in the buffers, for the sweeps to go on from.
 func (s *Solver) newtonSolve(shed bool) bool {
 	s.newt.partial = false
 	ok, sheds := s.newtonRun(false)
