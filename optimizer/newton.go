@@ -25,6 +25,11 @@ import (
 // gap of the unregularised problem is at most Σ_i D_i·max_j ε_j x_ij: with ε_j = θ·M/C_j (M the
 // market-clearing marginal cost, C_j the capacity) the relative gap is of the order of θ. The
 // certificate is computed afterwards by the same code as for every other path.
+//
+// When the optimum sheds, the clusters' dual terms Σ_q D_iq·min(μ_i, P_q) are kinked at the
+// shed prices P_q; the shed mode (newtonRun with shed) regularises them like the engines'
+// splits, so that the unmet demand includes a shed that grows linearly over a band of δ above
+// each price (newtonShed).
 
 // newtonState holds the buffers of the Newton path.
 type newtonState struct {
@@ -64,7 +69,14 @@ type newtonState struct {
 	sortBuf            []latLink // scratch for sorting one engine's links
 	steps, evals       int       // Newton steps and evaluations of the last solve
 	theta              float64   // the θ of the last successful solve
-	m                  measures  // the certificate of its point
+	// shed is set while the path models shedding (newtonRun): each class's shed is
+	// regularised over delta ms above its price (newtonShed).
+	shed  bool
+	delta float64
+	// partial is set when the shed mode settled but its certificate did not close: its
+	// point (flows, shed, levels) is in the solver's buffers for the sweeps to go on from.
+	partial bool
+	m       measures // the certificate of its point
 }
 
 func (n *newtonState) find(i int32) int32 {
@@ -77,12 +89,29 @@ func (n *newtonState) find(i int32) int32 {
 
 // newtonSolve runs the Newton path. It starts from the levels in s.mu (warm, when every
 // cluster that takes part has one) or from a common level, and on success leaves flows, loads,
-// shed and levels in the solver's buffers. It fails (reports false) when the optimum sheds
-// demand, when a problem has hard limits that bind, or when the steps do not converge; the
-// caller then takes the other paths from a fresh setup.
-func (s *Solver) newtonSolve() bool {
+// shed and levels in the solver's buffers. When the optimum sheds demand (levels reach shed
+// prices, or the demand exceeds every reachable engine's capacity) and shed is set, it runs
+// again with the shed modelled: each class's shed is regularised like the engines' splits
+// (newtonShed), with the regularisation scaled to the latencies rather than to the levels. It
+// fails (reports false) when the steps do not converge; the caller then takes the other paths
+// from a fresh setup. When the shed mode settles but its certificate does not close, it fails
+// with newt.partial set and its point in the buffers, for the sweeps to go on from.
+func (s *Solver) newtonSolve(shed bool) bool {
+	s.newt.partial = false
+	ok, sheds := s.newtonRun(false)
+	if ok || !sheds || !shed || s.outOfTime {
+		return ok
+	}
+	ok, _ = s.newtonRun(true)
+	return ok
+}
+
+// newtonRun runs the Newton path without (shed false) or with the shed modelled. Without, it
+// also reports whether it gave up because the optimum sheds.
+func (s *Solver) newtonRun(shed bool) (ok, sheds bool) {
 	n := &s.newt
 	nc, ne := len(s.demand), len(s.X)
+	n.shed = shed
 	s.dualLinks()
 	n.ordered = s.newtonOrder()
 	n.act = grow(n.act, nc)
@@ -111,7 +140,7 @@ func (s *Solver) newtonSolve() bool {
 		}
 	}
 	if !some {
-		return false
+		return false, false
 	}
 	// Demand beyond the capacity of every engine the clusters may use is shed: leave it to the
 	// other paths at once (a regional overload shows as levels at shed prices later).
@@ -129,8 +158,8 @@ func (s *Solver) newtonSolve() bool {
 			}
 		}
 	}
-	if total >= reach {
-		return false
+	if total >= reach && !shed {
+		return false, true
 	}
 	for j := 0; j < ne; j++ {
 		n.m0[j] = math.Inf(1)
@@ -151,21 +180,16 @@ func (s *Solver) newtonSolve() bool {
 		}
 		M = sum / w
 	} else {
-		common := s.commonLevel()
-		M = common
-		for i := 0; i < nc; i++ {
-			if !n.act[i] {
-				continue
-			}
-			lo := math.Inf(1)
-			for k := s.start[i]; k < s.start[i+1]; k++ {
-				lo = math.Min(lo, s.dist[k])
-			}
-			n.mu[i] = common + lo
-		}
+		M = s.newtonColdLevels()
+	}
+	if shed {
+		// The levels of clusters that shed are shed prices, far above any latency; the
+		// regularisation is scaled to the latencies instead (newtonShedScale), and so is the
+		// width of the shed's regularisation.
+		M = s.newtonShedScale()
 	}
 	if !(M > 0) || math.IsInf(M, 0) {
-		return false
+		return false, false
 	}
 	// Continuation: θ falls ten-fold per stage from 0.01 (cold) to the tolerance, then
 	// four-fold while the certificate is above it (at most three times). A stage that does not
@@ -175,10 +199,30 @@ func (s *Solver) newtonSolve() bool {
 	// does not settle, the solve starts again at θ = 0.1.
 	thetaEnd := s.opt.Tolerance
 	theta, fall := 1e-2, 10.0
+	if shed {
+		// Ten-fold falls from the first stage failed on 100×1000 at 150% (15 steps each,
+		// twice, before the retries with smaller falls): 34 steps instead of 49.
+		fall = math.Sqrt(10)
+	}
 	if warm {
 		theta = thetaEnd
-		if n.theta > 0 && n.theta < theta {
+		if !shed && n.theta > 0 && n.theta < theta {
 			theta = n.theta // the previous solve needed a finer split
+		}
+	}
+	if warm && shed {
+		// A cluster that shed part of a class sits at its shed price; the regularised
+		// problem sheds nothing there: start in the middle of the class's band instead.
+		delta := theta * M
+		for i, a := range n.act {
+			if !a {
+				continue
+			}
+			for q, D := range s.p.Clusters[i].Demand {
+				if P := s.opt.ShedPriceMs[q]; D > 0 && math.Abs(n.mu[i]-P) <= delta {
+					n.mu[i] = P + delta/2
+				}
+			}
 		}
 	}
 	settled := math.NaN() // θ of the last settled stage
@@ -186,20 +230,34 @@ func (s *Solver) newtonSolve() bool {
 	extra := 0
 	for {
 		if s.expired(s.fastEnd) {
-			return false
+			return false, false
 		}
 		for j := 0; j < ne; j++ {
 			if s.capv[j] > 0 {
 				n.eps[j] = theta * M / s.capv[j]
 			}
 		}
+		n.delta = theta * M
 		tol := 1e-8
 		if theta > thetaEnd*(1+1e-9) {
 			tol = newtonStageTol // an intermediate stage only provides a start
 		}
-		if !s.newtonStage(newtonStageSteps, tol) {
-			if !s.newtonSheds() {
-				return false // levels at shed prices: the optimum sheds
+		steps := newtonStageSteps
+		if shed && math.IsNaN(settled) {
+			// From a cold start (levels at the cheapest shed price) the first stage
+			// takes 20 to 50 steps, the later ones a few.
+			steps = newtonShedFirstSteps
+		}
+		if !s.newtonStage(steps, tol) {
+			if !shed && !s.newtonSheds() {
+				return false, true // levels at shed prices: the optimum sheds
+			}
+			if math.IsNaN(settled) && warm && shed {
+				// The first stage from the previous levels did not settle: start cold.
+				s.newtonColdLevels()
+				n.saved = append(n.saved[:0], n.mu...)
+				warm, theta = false, 1e-2
+				continue
 			}
 			if math.IsNaN(settled) && !warm && theta < 0.1 {
 				// The first stage did not settle: start again from a coarser split.
@@ -208,7 +266,7 @@ func (s *Solver) newtonSolve() bool {
 				continue
 			}
 			if math.IsNaN(settled) || fall < 1.1 {
-				return false
+				return false, false
 			}
 			copy(n.mu, n.saved)
 			fall = math.Sqrt(fall)
@@ -221,16 +279,19 @@ func (s *Solver) newtonSolve() bool {
 			theta = math.Max(theta/fall, thetaEnd)
 			continue
 		}
-		if !s.newtonSheds() {
-			return false
+		if !shed && !s.newtonSheds() {
+			return false, true
 		}
 		s.newtonFlows()
 		if n.m = s.measure(true); n.m.relGap <= s.opt.Tolerance {
-			n.theta = theta
-			return true
+			if !shed {
+				n.theta = theta
+			}
+			return true, false
 		}
-		if extra++; extra > 3 {
-			return false
+		if extra++; extra > 3 || shed {
+			n.partial = shed
+			return false, false
 		}
 		theta /= 4
 	}
@@ -258,6 +319,9 @@ func (s *Solver) newtonSheds() bool {
 // newtonStageSteps is the step budget of one continuation stage.
 const newtonStageSteps = 15
 
+// newtonShedFirstSteps is the step budget of the first stage in shed mode.
+const newtonShedFirstSteps = 60
+
 // newtonStageTol is the relative unmet demand at which an intermediate stage stops.
 const newtonStageTol = 1e-2
 
@@ -272,6 +336,11 @@ func (s *Solver) newtonStage(maxSteps int, tol float64) bool {
 		res := s.newtonResidual()
 		if res <= tol {
 			return true
+		}
+		// The deadline is checked per step, not only per stage: the first stage of the
+		// shed mode has 60 steps, seconds under -race.
+		if s.expired(s.fastEnd) {
+			return false
 		}
 		n.steps++
 		if !s.newtonStep() {
@@ -562,9 +631,94 @@ func (s *Solver) newtonEval(mu []float64) float64 {
 		if a {
 			n.r[i] = s.demand[i] - n.served[i]
 			q += mu[i] * s.demand[i]
+			if n.shed {
+				sh, conj, _ := s.newtonShed(i, mu[i])
+				n.r[i] -= sh
+				q -= conj
+			}
 		}
 	}
 	return q
+}
+
+// newtonShed returns, in shed mode, cluster i's regularised shed at level mu, the conjugate of
+// its shed cost there and the derivative of the shed: class q's shed costs P_q·s +
+// δ·s²/(2·D_q), so that it is shed from level P_q and entirely from P_q + δ.
+func (s *Solver) newtonShed(i int, mu float64) (shed, conj, slope float64) {
+	n := &s.newt
+	dem := &s.p.Clusters[i].Demand
+	for q, D := range dem {
+		if !(D > 0) {
+			continue
+		}
+		switch t := mu - s.opt.ShedPriceMs[q]; {
+		case t <= 0:
+		case t < n.delta:
+			shed += D * t / n.delta
+			conj += D * t * t / (2 * n.delta)
+			slope += D / n.delta
+		default:
+			shed += D
+			conj += D * (t - n.delta/2)
+		}
+	}
+	return shed, conj, slope
+}
+
+// newtonColdLevels sets the levels of a cold start, one common level plus each cluster's
+// nearest network latency, and returns the common level.
+func (s *Solver) newtonColdLevels() float64 {
+	n := &s.newt
+	common := s.commonLevel()
+	M := common
+	if n.shed {
+		// Demand above the capacity puts the common level at the supply's pole: start in
+		// the regularised shed of the cheapest class instead.
+		common = math.Min(common, s.cheapestShedPrice()+0.5*s.opt.Tolerance*s.newtonShedScale())
+	}
+	for i := range n.act {
+		if !n.act[i] {
+			continue
+		}
+		lo := math.Inf(1)
+		for k := s.start[i]; k < s.start[i+1]; k++ {
+			lo = math.Min(lo, s.dist[k])
+		}
+		n.mu[i] = common + lo
+	}
+	return M
+}
+
+// cheapestShedPrice returns the lowest shed price of a class with demand (+Inf: none).
+func (s *Solver) cheapestShedPrice() float64 {
+	P := math.Inf(1)
+	for i := range s.p.Clusters {
+		for q, D := range s.p.Clusters[i].Demand {
+			if D > 0 {
+				P = math.Min(P, s.opt.ShedPriceMs[q])
+			}
+		}
+	}
+	return P
+}
+
+// newtonShedScale returns the latency scale of the regularisation in shed mode: the mean
+// engine-side latency, weighted by capacity, where each engine's marginal cost reaches the
+// lowest shed price of a class with demand (the latencies at which the optimum starts to shed).
+func (s *Solver) newtonShedScale() float64 {
+	P := s.cheapestShedPrice()
+	sum, w := 0.0, 0.0
+	for j := range s.curves {
+		if c := s.capv[j]; c > 0 {
+			x, _ := s.curves[j].InverseMarginal(P)
+			sum += c * s.curves[j].Latency(x)
+			w += c
+		}
+	}
+	if !(w > 0) {
+		return math.NaN()
+	}
+	return sum / w
 }
 
 // newtonStep computes the Newton step (n.step) from the last evaluation: it solves
@@ -659,6 +813,19 @@ func (s *Solver) newtonStep() bool {
 			}
 		}
 	}
+	if n.shed {
+		for i := 0; i < nc; i++ {
+			if !n.act[i] {
+				continue
+			}
+			if _, _, sl := s.newtonShed(i, n.mu[i]); sl > 0 {
+				r := n.find(int32(i))
+				m := n.cstart[r+1] - n.cstart[r]
+				l := int(n.loc[i])
+				n.mat[boff[r]+l*m+l] += sl
+			}
+		}
+	}
 	for r := 0; r < nc; r++ {
 		mem := n.cmem[n.cstart[r]:n.cstart[r+1]]
 		m := len(mem)
@@ -681,6 +848,17 @@ func (s *Solver) newtonStep() bool {
 			if best >= 0 && !math.IsInf(lo, 0) {
 				// Enter it by as much as its unmet demand needs at the current price.
 				n.step[i] = lo - n.mu[i] + n.eps[best]*math.Max(n.r[i], 0) + 1e-9*(math.Abs(lo)+1)
+			}
+			if n.shed {
+				// Stop in the middle of the regularised shed of the first class priced on
+				// the way (up with unmet demand, down with surplus).
+				for q, D := range s.p.Clusters[i].Demand {
+					P := s.opt.ShedPriceMs[q] + n.delta/2
+					if D > 0 && (n.r[i] > 0 && P > n.mu[i] && (n.step[i] == 0 || P < n.mu[i]+n.step[i]) ||
+						n.r[i] < 0 && P < n.mu[i] && P > n.mu[i]+n.step[i]) {
+						n.step[i] = P - n.mu[i]
+					}
+				}
 			}
 			continue
 		}
@@ -784,11 +962,18 @@ func (s *Solver) newtonFlows() {
 		// n.served becomes the factor of cluster i's flows.
 		switch f := 1.0; {
 		case n.act[i]:
+			sh := 0.0
+			if n.shed {
+				sh, _, _ = s.newtonShed(i, n.mu[i])
+				sh = math.Min(sh, s.demand[i])
+			}
 			if n.served[i] > 0 {
-				f = s.demand[i] / n.served[i]
+				f = (s.demand[i] - sh) / n.served[i]
+			} else if n.shed {
+				sh = s.demand[i]
 			}
 			n.served[i] = f
-			s.shed[i] = 0
+			s.shed[i] = sh
 			s.mu[i] = n.mu[i]
 		case s.demand[i] > 0:
 			n.served[i] = f
@@ -810,6 +995,16 @@ func (s *Solver) newtonFlows() {
 			X += v
 		}
 		s.X[j] = math.Min(X, s.capv[j])
+		if n.shed && X > s.capv[j] {
+			// The scaling pushed an engine at its hard limit over it: scale its flows back
+			// and shed what they lose.
+			f := s.capv[j] / X
+			for a := n.astart[j]; a < n.astart[j+1]; a++ {
+				k := d.ein[n.alink[a]]
+				s.shed[d.clOf[k]] += s.x[k] * (1 - f)
+				s.x[k] *= f
+			}
+		}
 	}
 }
 

@@ -103,6 +103,7 @@ type Solver struct {
 	auc    auctionState
 	dual   dualState
 	newt   newtonState
+	prio   prioState
 
 	// links counts the changes of the network rows' engines seen by setup, and dists those of
 	// the rows' engines or latencies (views built from the rows record the counts they were
@@ -118,6 +119,7 @@ type Solver struct {
 	gj, gmin       []float64 // per engine, in gapWith
 	dev, anc       []float64 // per cluster, from gapWith
 	keep           []bool    // per cluster, in deadBand
+	dbLim          []float64 // per engine, in deadBand
 	// rows holds the engine lists of the solutions' clusters, built at the links count
 	// rowsLinks and shared by the solutions (read-only) while the network rows stay the same.
 	rows      []int
@@ -206,10 +208,11 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 	if !s.equilibrium {
 		// On small problems the level solver from the previous levels (warm) or from a common
 		// level (cold) settles in a few rounds, exactly. On larger ones, and when it does not
-		// settle, the Newton path (newton.go) solves problems that shed nothing and certifies
-		// its point; when that fails, the level solver runs (if it has not yet), and when it
-		// does not settle, the auction finds better starting levels and the level solver runs
-		// again from them. If that fails too, the sweeps start from the auction's routing.
+		// settle, the Newton path (newton.go) solves the problem and certifies its point (when
+		// the optimum sheds, with the shed modelled; when that point's certificate does not
+		// close, the sweeps go on from it); when that fails, the level solver runs (if it has
+		// not yet), and when it does not settle, the auction finds better starting levels and
+		// the level solver runs again from them. If that fails too, the sweeps start from the auction's routing.
 		ok, levels := false, !newtonFirst
 		rounds, bids := 0, 0
 		if levels {
@@ -220,8 +223,20 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 				s.setup(p)
 				s.warm(p, prev, false)
 			}
-			if ok = s.newtonSolve(); ok {
+			// The shed mode only where the Newton path comes first: on small problems the
+			// sweeps settle overloaded problems in well under a second too, and the points of
+			// the two paths, both within the tolerance, differ (the simulator's region-outage
+			// scenario, 3 clusters, had its TTFT p99 go from 56 to 147 ms).
+			if ok = s.newtonSolve(!levels); ok {
 				first = &s.newt.m
+			}
+			if s.newt.partial {
+				// The Newton path with the shed modelled settled but did not close its
+				// certificate (at levels of shed prices the flows it reads off the levels
+				// are exact only to about 1e-8/ε req/s, and the latencies are steep there):
+				// the sweeps go on from its point, and one usually closes the gap.
+				ok = true
+				notes = append(notes, fmt.Sprintf("Newton path with shedding: relative gap %.3g after %d steps; sweeps from its point", s.newt.m.relGap, s.newt.steps))
 			}
 		}
 		if !ok && !levels {
@@ -262,6 +277,10 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 	}
 	solveRelGap := m.relGap
 	kept := s.deadBand(p, prev)
+	if kept > 0 && !s.equilibrium {
+		// Previous weights kept for a changed demand may shed by priority no longer.
+		s.enforcePriority()
+	}
 	sol := s.newSolution(p, "optimal")
 	if kept > 0 {
 		// The certificate of the weights returned, and their routing written in the same
@@ -558,6 +577,11 @@ func (s *Solver) iterate(p *Problem, first *measures) (int, measures) {
 		sweeps++
 		s.exchange()
 		s.cancelCycles(100)
+		m = s.measure(true)
+	}
+	// Whatever stopped the sweeps, the point returned sheds by priority across clusters
+	// (priority.go); at an optimum there is nothing to move.
+	if !s.equilibrium && s.enforcePriority() > 0 {
 		m = s.measure(true)
 	}
 	return sweeps, m
@@ -1051,6 +1075,23 @@ func (s *Solver) gapWith(lam []float64) measures {
 	return m
 }
 
+// shedPriceFloor returns the lowest shed price of a class that some cluster sheds (+Inf when
+// nothing is shed).
+func (s *Solver) shedPriceFloor() float64 {
+	P := math.Inf(1)
+	for i := range s.demand {
+		if !(s.shed[i] > 1e-9*s.demand[i]) {
+			continue
+		}
+		for q, D := range s.p.Clusters[i].Demand {
+			if D > 0 {
+				P = math.Min(P, s.opt.ShedPriceMs[q])
+			}
+		}
+	}
+	return P
+}
+
 // deadBand restores the previous weights of clusters whose new weights moved less than the
 // dead band, as long as no engine is pushed over its hard limit. It returns how many it kept.
 // It reads each cluster's distance from its previous flows (dev, anc) from the last
@@ -1062,6 +1103,19 @@ func (s *Solver) deadBand(p *Problem, prev *Solution) int {
 	kept := 0
 	s.keep = grow(s.keep, len(p.Clusters))
 	keep := s.keep
+	// Each engine's limit for the kept weights: its hard limit, and, when some traffic is
+	// shed, no load beyond both the solve's and the one at which its marginal cost reaches
+	// the cheapest shed price (there a stale 1% can multiply an engine's latency).
+	s.dbLim = growRaw(s.dbLim, len(s.X))
+	copy(s.dbLim, s.capv)
+	if P := s.shedPriceFloor(); !math.IsInf(P, 1) {
+		for j := range s.dbLim {
+			if s.capv[j] > 0 {
+				x, _ := s.curves[j].InverseMarginal(P)
+				s.dbLim[j] = math.Min(s.capv[j], math.Max(s.X[j], x))
+			}
+		}
+	}
 	for i := range p.Clusters {
 		D := s.demand[i]
 		if !s.anchor[i] || D <= 0 {
@@ -1081,7 +1135,7 @@ func (s *Solver) deadBand(p *Problem, prev *Solution) int {
 	// Revert kept clusters on engines pushed over their limit.
 	over := false
 	for j := range s.X {
-		if s.X[j] > s.capv[j] {
+		if s.X[j] > s.dbLim[j] {
 			over = true
 			break
 		}
@@ -1093,7 +1147,7 @@ func (s *Solver) deadBand(p *Problem, prev *Solution) int {
 		e0, e1 := s.start[i], s.start[i+1]
 		over := false
 		for k := e0; k < e1; k++ {
-			if j := s.eng[k]; s.X[j] > s.capv[j] {
+			if j := s.eng[k]; s.X[j] > s.dbLim[j] {
 				over = true
 				break
 			}
