@@ -69,8 +69,8 @@ func TestControlSubject(t *testing.T) {
 	if st, f, _ := ask(`{"crashed":true}`); st != 200 || !f.Crashed {
 		t.Fatalf("crash: %d %+v", st, f)
 	}
-	if st, f, _ := ask(`{"error_rate":0,"added_latency_ms":0,"hang":false,"crash_after":0,"crashed":false,"capacity_factor":0,"silent":false,"ttft_factor":0}`); st != 200 || f != (enginesim.Failure{}) {
-		t.Fatalf("clear: %d %+v", st, f)
+	if st, f, body := ask(`{"error_rate":0,"added_latency_ms":0,"hang":false,"crash_after":0,"crashed":false,"capacity_factor":0,"silent":false,"ttft_factor":0}`); st != 200 || f != (enginesim.Failure{}) {
+		t.Fatalf("clear: %d %+v %s", st, f, body)
 	}
 }
 

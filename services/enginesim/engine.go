@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -317,6 +318,13 @@ func (e *Engine) crash() {
 // startServingLocked listens on the engine's address and subscribes on NATS; e.ctl is held.
 func (e *Engine) startServingLocked() error {
 	l, err := net.Listen("tcp", e.addr)
+	// After a crash the old listener's socket is closed by the goroutine
+	// blocked in its Accept, a moment after Close returned: on a busy
+	// machine the address can still be in use for a while.
+	for wait := time.Now().Add(relistenWait); errors.Is(err, syscall.EADDRINUSE) && time.Now().Before(wait); {
+		time.Sleep(5 * time.Millisecond)
+		l, err = net.Listen("tcp", e.addr)
+	}
 	if err != nil {
 		return fmt.Errorf("enginesim: engine %s: listen on %s: %w", e.opts.Name, e.addr, err)
 	}
@@ -384,6 +392,10 @@ func (e *Engine) serve(l net.Listener, h http.Handler) *http.Server {
 	}()
 	return srv
 }
+
+// relistenWait bounds how long an engine recovering from a crash retries
+// listening on its address while the old socket is still being closed.
+const relistenWait = 2 * time.Second
 
 // verdict is what failure injection decides for an arriving request.
 type verdict int
