@@ -44,26 +44,6 @@ type LoadGuard interface {
 // and ties keep the weighted first choice.
 const TwoChoiceMargin = 0.05
 
-// fullBatch is added to the relative load of an engine whose batch is full,
-// so that it compares above every engine with a free slot: their relative
-// loads are below 1/MinPlanned.
-const fullBatch = 2 / MinPlanned
-
-// relLoad is the load pickLeast compares for an engine with load per batch
-// slot load and 1/planned load perPlan: the load relative to its plan while
-// the engine has a free batch slot (load < 1); for an engine whose batch is
-// full, fullBatch + load. A request sent to a full engine waits for a slot
-// however the plan rates the engine: its TTFT grows by a request's service
-// time over the batch for every request ahead of it, so a full engine loses
-// to any candidate with a free slot, and among full engines the least loaded
-// one per slot wins. A NaN load stays NaN.
-func relLoad(load, perPlan float64) float64 {
-	if load >= 1 {
-		return fullBatch + load
-	}
-	return load * perPlan
-}
-
 // NewKeyChoices is how many weighted candidates PickRecent compares for an
 // affinity key it has not seen. Where such a key lands it stays, with the
 // prefix it caches there, for the key's lifetime, so a wider choice pays:
@@ -174,7 +154,7 @@ func (t *Table) Pick(key uint64, g Guard) (int, bool) {
 // is back on its plan. The exception is an engine whose batch is full
 // (Load ≥ 1): there a new request queues for a slot whatever the plan says,
 // so it loses to a candidate with a free slot, and two full candidates are
-// compared on raw load per slot (relLoad). On the simulator's Azure trace
+// compared on raw load per slot. On the simulator's Azure trace
 // at 85% load this cut the requests missing the TTFT SLO from 50 to 15 of
 // 142,749 (BENCHMARKS.md). A request with affinity should use Pick or
 // PickRecent: a second choice on every request would split its prefix
@@ -190,8 +170,17 @@ func (t *Table) PickTwo(key uint64, g LoadGuard) (int, bool) {
 // the key's next probes other than it until d-1 of them are counted (one
 // drawn twice counts twice, as weighted sampling with replacement does; one
 // that is down or over its bounded load is passed over, and counted only if
-// it would not have won anyway), and the one whose relative load (relLoad)
-// is lowest, the first unless another is lower by more than TwoChoiceMargin.
+// it would not have won anyway), and the one whose load relative to its
+// plan is lowest, the first unless another is lower by more than
+// TwoChoiceMargin — except that an engine whose batch is full (load ≥ 1 per
+// slot) loses to any with a free slot, and between full engines the raw
+// load per slot decides (with the same margin for the first).
+//
+// A request sent to a full engine waits for a slot however the plan rates
+// the engine: its TTFT grows by a request's service time over the batch for
+// every request ahead of it. The full-batch test is made only for a
+// candidate that could win, so that the common case, every engine with a
+// free slot, costs one comparison more per pick, not per candidate.
 func (t *Table) pickLeast(key uint64, g LoadGuard, d int) (int, bool) {
 	if g == nil {
 		return t.Primary(key)
@@ -200,11 +189,14 @@ func (t *Table) pickLeast(key uint64, g LoadGuard, d int) (int, bool) {
 	if !ok {
 		return i, false
 	}
-	ri := relLoad(g.Load(i), t.perPlan[i])
+	li := g.Load(i)
+	ri := li * t.perPlan[i]
 	if math.IsNaN(ri) {
 		return i, true // load unknown: the weights decide
 	}
-	best, br := i, ri-TwoChoiceMargin
+	// best's relative load (br) and load per slot (bl), less the margin
+	// while best is the first candidate; bfull: best's batch is full.
+	best, br, bl, bfull := i, ri-TwoChoiceMargin, li-TwoChoiceMargin, li >= 1
 	total := float64(g.TotalInFlight())
 	s := key >> t.shift
 	step := mix64(key)>>t.shift | 1
@@ -214,16 +206,26 @@ func (t *Table) pickLeast(key uint64, g LoadGuard, d int) (int, bool) {
 		if j == i {
 			continue
 		}
+		lj := g.Load(j)
+		r := lj * t.perPlan[j]
+		if bfull {
+			// A free candidate wins, a full one only with less load per
+			// slot; a NaN load does neither.
+			if !(lj < 1 || lj < bl) {
+				n++
+				continue
+			}
+		} else if !(r < br) || lj >= 1 {
+			n++
+			continue
+		}
 		// Health and bounded load are checked only for a candidate that
 		// would win: most do not, and each check is a memory access that,
 		// at 10,000 engines, misses the cache.
-		r := relLoad(g.Load(j), t.perPlan[j])
-		if r < br {
-			if g.Down(j) || !t.within(j, g.InFlight(j), total) {
-				continue
-			}
-			best, br = j, r
+		if g.Down(j) || !t.within(j, g.InFlight(j), total) {
+			continue
 		}
+		best, br, bl, bfull = j, r, lj, lj >= 1
 		n++
 	}
 	return best, true
