@@ -593,13 +593,17 @@ func (g *closedLoopGuard) step(now int, i, service int) {
 // at the utilisations the weights imply, requests taking equally long
 // everywhere), its long-run shares are the weights, and PickRecent's
 // placement of new keys among NewKeyChoices candidates too; comparing raw
-// loads per slot instead would move traffic onto the larger engines.
+// loads per slot instead would move traffic onto the larger engines. The
+// plans leave every engine a free batch slot (the largest is 0.75 of the
+// batch): a plan beyond a full batch is not followed, see
+// TestPickTwoAvoidsFullBatch.
 func TestPickTwoFollowsWeightsInClosedLoop(t *testing.T) {
 	weights := []float64{0.5, 0.3, 0.15, 0.05}
-	slots := []float64{16, 64, 8, 32}
+	slots := []float64{32, 64, 8, 32}
+	const inFlight = 40
 	es := engineSet(weights)
 	for i := range es {
-		es[i].Utilisation = weights[i] * 40 / slots[i] // 40 requests in flight, split by weight
+		es[i].Utilisation = weights[i] * inFlight / slots[i] // split by weight
 	}
 	tbl := mustTable(t, es, TableOptions{})
 	for name, pick := range map[string]func(uint64, LoadGuard) (int, bool){
@@ -607,7 +611,7 @@ func TestPickTwoFollowsWeightsInClosedLoop(t *testing.T) {
 		"new keys (PickRecent)": func(k uint64, g LoadGuard) (int, bool) { return tbl.pickLeast(k, g, NewKeyChoices) },
 	} {
 		g := &closedLoopGuard{fakeGuard: newFakeGuard(tbl.Len()), slots: slots, ends: make([][]int, tbl.Len())}
-		const n, service = 40000, 40 // 40 in flight
+		const n, service = 40000, inFlight
 		counts := make([]float64, tbl.Len())
 		moved := 0
 		for s := 0; s < n; s++ {
@@ -647,10 +651,52 @@ func TestPickTwoFollowsWeightsInClosedLoop(t *testing.T) {
 		if i == 1 {
 			big++
 		}
-		g.step(s, i, 40)
+		g.step(s, i, inFlight)
 	}
 	if got := float64(big) / n; got < weights[1]+0.05 {
 		t.Errorf("raw loads: the 64-slot engine's share %.3f, want well above its weight %.2f (the test shows nothing)", got, weights[1])
+	}
+}
+
+// TestPickTwoAvoidsFullBatch: a candidate whose batch is full (load ≥ 1 per
+// slot) loses to one with a free slot even when its load relative to its
+// plan is lower, and between two full candidates the one with less load
+// per slot wins, by more than the margin.
+func TestPickTwoAvoidsFullBatch(t *testing.T) {
+	es := engineSet([]float64{0.5, 0.5})
+	es[0].Utilisation, es[1].Utilisation = 0.9, 0.5
+	tbl := mustTable(t, es, TableOptions{})
+	g := &fakeLoadGuard{fakeGuard: newFakeGuard(tbl.Len()), load: make([]float64, tbl.Len())}
+	pairs := 0
+	for s := uint64(0); s < 2000; s++ {
+		key := SpreadKey(s)
+		c := tbl.Candidates(key, make([]int, 0, 2))
+		if len(c) < 2 || math.Abs(tbl.Planned(c[0])-0.9) > 1e-9 {
+			continue // the cases below want the first candidate planned at 0.9
+		}
+		first, other := c[0], c[1]
+		pairs++
+		cases := []struct {
+			name  string
+			loads [2]float64 // first, other
+			want  int
+		}{
+			// relative to plan: first 1.0/0.9 = 1.11 against other 0.95/0.5 = 1.9
+			{"first full", [2]float64{1.0, 0.95}, other},
+			{"first free", [2]float64{0.99, 0.95}, first},
+			{"both full, other lighter by more than the margin", [2]float64{1.3, 1.2}, other},
+			{"both full, other lighter within the margin", [2]float64{1.3, 1.27}, first},
+		}
+		for _, tc := range cases {
+			g.load[first], g.load[other] = tc.loads[0], tc.loads[1]
+			if i, ok := tbl.PickTwo(key, g); !ok || i != tc.want {
+				t.Fatalf("key %d, %s (loads %v, plans %.1f/%.1f): PickTwo = %d, %v, want %d", s, tc.name, tc.loads,
+					tbl.Planned(first), tbl.Planned(other), i, ok, tc.want)
+			}
+		}
+	}
+	if pairs < 100 {
+		t.Fatalf("only %d of 2000 keys had engine 0 first and engine 1 second: the test shows nothing", pairs)
 	}
 }
 
