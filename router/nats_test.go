@@ -23,6 +23,18 @@ import (
 // messages until one carries router.HeaderLast.
 func natsRequest(t *testing.T, nc *nats.Conn, subject, body string, hdr map[string]string) []*nats.Msg {
 	t.Helper()
+	out, err := natsTry(t, nc, subject, body, hdr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// natsTry is natsRequest returning, rather than failing on, an error from
+// the replies — ErrNoResponders while no router has subscribed yet — for
+// use in a condition that is polled.
+func natsTry(t *testing.T, nc *nats.Conn, subject, body string, hdr map[string]string) ([]*nats.Msg, error) {
+	t.Helper()
 	inbox := nc.NewInbox()
 	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
@@ -42,11 +54,11 @@ func natsRequest(t *testing.T, nc *nats.Conn, subject, body string, hdr map[stri
 	for {
 		r, err := sub.NextMsg(10 * time.Second)
 		if err != nil {
-			t.Fatalf("after %d replies: %v", len(out), err)
+			return out, fmt.Errorf("after %d replies: %w", len(out), err)
 		}
 		out = append(out, r)
 		if r.Header.Get(router.HeaderLast) == "true" {
-			return out
+			return out, nil
 		}
 	}
 }
