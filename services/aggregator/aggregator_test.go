@@ -329,19 +329,32 @@ func waitFolded(t *testing.T, kv jetstream.KeyValue, key string, want, before ui
 	}
 }
 
-// TestRestartMidBacklog: an aggregator stopped while it works through a
-// backlog, with messages pulled but not yet folded in, loses none of them:
-// its successor folds every signal in exactly once.
-func TestRestartMidBacklog(t *testing.T) {
+// backlogSize is how many signals the backlog tests store before an
+// aggregator starts: enough that it is still working through them when the
+// first state write lands.
+const backlogSize = 20000
+
+// startBacklog starts a NATS server holding n signals of engine-z and
+// returns it, a context for the test and the engines bucket.
+func startBacklog(t *testing.T, n int) (*testenv.NATS, context.Context, jetstream.KeyValue) {
+	t.Helper()
 	env := testenv.StartNATS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	t.Cleanup(cancel)
 	kv, err := env.JS.KeyValue(ctx, env.Names.EnginesBucket)
 	if err != nil {
 		t.Fatal(err)
 	}
-	const n = 20000
 	publishBacklog(t, ctx, env, "engine-z", 1, n)
+	return env, ctx, kv
+}
+
+// TestRestartMidBacklog: an aggregator stopped while it works through a
+// backlog, with messages pulled but not yet folded in, loses none of them:
+// its successor folds every signal in exactly once.
+func TestRestartMidBacklog(t *testing.T) {
+	env, _, kv := startBacklog(t, backlogSize)
+	const n = backlogSize
 	// Stop the first aggregator as soon as it has written some of the
 	// backlog, while the rest is pulled or on its way.
 	stop := startAggregator(t, env, prometheus.NewRegistry())
@@ -361,15 +374,8 @@ func TestRestartMidBacklog(t *testing.T) {
 // acknowledged; its successor folds every signal in exactly once anyway,
 // and a later clean restart keeps folding.
 func TestCrashMidBacklog(t *testing.T) {
-	env := testenv.StartNATS(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	kv, err := env.JS.KeyValue(ctx, env.Names.EnginesBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const n = 20000
-	publishBacklog(t, ctx, env, "engine-z", 1, n)
+	env, ctx, kv := startBacklog(t, backlogSize)
+	const n = backlogSize
 	nc := env.Dial(t, "doomed aggregator")
 	agg, err := aggregator.New(aggregator.Options{Conn: nc, WriteInterval: 50 * time.Millisecond, Logger: zerolog.Nop(),
 		Registerer: prometheus.NewRegistry()})
