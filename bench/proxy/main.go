@@ -34,6 +34,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/router"
 )
 
 type config struct {
@@ -638,8 +640,15 @@ func runtimeArgs(spec string) ([]string, error) {
 			continue
 		}
 		k, v, ok := strings.Cut(f, "=")
+		if ok && k == "server" {
+			if _, err := router.ParseServerKind(v); err != nil {
+				return nil, fmt.Errorf("router setting %q: %w", f, err)
+			}
+			args = append(args, "-http-server="+v)
+			continue
+		}
 		if !ok || (k != "gomaxprocs" && k != "gogc" && k != "natswbuf") {
-			return nil, fmt.Errorf("runtime setting %q is not gomaxprocs=N, gogc=N or natswbuf=N", f)
+			return nil, fmt.Errorf("router setting %q is not gomaxprocs=N, gogc=N, natswbuf=N or server=std|fasthttp", f)
 		}
 		if _, err := strconv.Atoi(v); err != nil {
 			return nil, fmt.Errorf("runtime setting %q: %w", f, err)
