@@ -23,7 +23,7 @@ const (
 
 // DefaultServerKind is the server of a router front whose ServerOptions
 // name none.
-const DefaultServerKind = ServerStd
+const DefaultServerKind = ServerFast
 
 // ParseServerKind returns the ServerKind named s ("std" or "fasthttp").
 func ParseServerKind(s string) (ServerKind, error) {

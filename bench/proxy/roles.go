@@ -69,7 +69,7 @@ func runRole(role string, args []string) error {
 	fs.StringVar(&rf.cluster, "cluster", benchCluster, "router: frontend cluster (the NATS front's subject and queue group)")
 	fs.IntVar(&rf.writeBuf, "natswbuf", 0, "router-nats: nats.WriteBufferSize of the router's connection, the size at which a publish flushes in the publisher's goroutine (0: the nats.go default)")
 	fs.IntVar(&rf.runtime.MaxProcs, "gomaxprocs", 0, "router: GOMAXPROCS (0: the runtime's default)")
-	fs.StringVar(&rf.httpServer, "http-server", string(router.ServerStd), "router-http: the HTTP server, std (net/http) or fasthttp, as the router command's --http-server")
+	fs.StringVar(&rf.httpServer, "http-server", string(router.DefaultServerKind), "router-http: the HTTP server, fasthttp or std (net/http), as the router command's --http-server")
 	fs.IntVar(&rf.runtime.GCPercent, "gogc", router.DefaultGCPercent, "router: GOGC, as the router command's --gogc (0: the runtime's default)")
 	if err := fs.Parse(args); err != nil {
 		return err
