@@ -46,7 +46,9 @@ type ServerOptions struct {
 	ReadHeaderTimeout time.Duration
 	// IdleTimeout closes idle keep-alive client connections (default 120s).
 	IdleTimeout time.Duration
-	// MaxHeaderBytes bounds request header size (default 64 KiB).
+	// MaxHeaderBytes bounds request header size (default 64 KiB). The
+	// fasthttp server reads each connection through a buffer of this size,
+	// held for the connection's life: 64 KiB per open client connection.
 	MaxHeaderBytes int
 }
 
