@@ -284,7 +284,8 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	s.log.Info().Str("http", s.Addr()).Bool("nats_front", s.front != nil).Msg("router started")
+	s.log.Info().Str("http", s.Addr()).Str("http_server", string(s.opts.Server.withDefaults().Kind)).
+		Bool("nats_front", s.front != nil).Msg("router started")
 	<-ctx.Done()
 	if s.srv != nil {
 		sctx, scancel := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)
