@@ -395,6 +395,12 @@ func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r c
 // is known to have gone away.
 func (a *answer) relay(ctx context.Context, w http.ResponseWriter) {
 	h, at := a.h, a.at
+	defer func() {
+		at.finish()
+		h.bufs.Put(a.bp)
+		a.mm.inFlight.Dec()
+		a.rt.release()
+	}()
 	n, first, err := h.relay(ctx, w, at.first, at.resp.Body, *a.bp)
 	end := h.opts.Now()
 	// Only a streamed answer's first byte is its first token; a whole
@@ -415,10 +421,6 @@ func (a *answer) relay(ctx context.Context, w http.ResponseWriter) {
 	}
 	ev.Str("engine", at.engine.Name).Int("status", at.resp.Status).Int64("bytes", n).Dur("duration", end.Sub(a.start)).
 		Bool("stream", a.stream).Int("attempts", at.n).Msg("request done")
-	at.finish()
-	h.bufs.Put(a.bp)
-	a.mm.inFlight.Dec()
-	a.rt.release()
 }
 
 // route admits and picks the first engine for a parsed request exactly as
