@@ -367,15 +367,25 @@ func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r c
 	up := &UpstreamRequest{Endpoint: ep, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body,
 		Header: r.passHeaders()}
 	bp := h.bufs.Get().(*[]byte)
-	at, apiErr := h.forward(ctx, rt, up, *bp, log)
+	var at *attempt
+	var a *answer
+	defer func() {
+		if a != nil {
+			return // the answer's relay releases it all
+		}
+		if at != nil {
+			at.finish()
+		}
+		h.bufs.Put(bp)
+		mm.inFlight.Dec()
+		rt.release()
+	}()
+	at, apiErr = h.forward(ctx, rt, up, *bp, log)
 	if apiErr != nil {
 		if apiErr.Code != nil && *apiErr.Code == "canceled" {
 			log.Debug().Msg("client went away before the engine answered")
 		}
 		h.reject(w, req.Model, apiErr)
-		h.bufs.Put(bp)
-		mm.inFlight.Dec()
-		rt.release()
 		return nil
 	}
 	resp := at.resp
@@ -386,7 +396,8 @@ func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r c
 	hdr.Set(headerEngine, at.engine.Name)
 	hdr.Set(headerRequestID, reqID)
 	w.WriteHeader(resp.Status)
-	return &answer{h: h, rt: rt, at: at, mm: mm, bp: bp, log: log, start: start, stream: req.Stream}
+	a = &answer{h: h, rt: rt, at: at, mm: mm, bp: bp, log: log, start: start, stream: req.Stream}
+	return a
 }
 
 // relay copies the engine's body to w (flushing after every read), records

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 
@@ -133,7 +134,23 @@ func (s *fastServer) bodyRead(rh *fasthttp.RequestHeader) bool {
 	return ok
 }
 
+// recovered ends a request whose handling panicked as net/http does (which
+// fasthttp does not: a panic would end the process): the panic is logged
+// with its stack and the connection is closed without an answer.
+func (s *fastServer) recovered(ctx *fasthttp.RequestCtx, p any) {
+	s.h.log.Error().Str("server", string(ServerFast)).Interface("panic", p).Bytes("stack", debug.Stack()).
+		Msg("panic serving a request; connection closed")
+	if c := ctx.Conn(); c != nil {
+		_ = c.Close()
+	}
+}
+
 func (s *fastServer) serve(ctx *fasthttp.RequestCtx) {
+	defer func() {
+		if p := recover(); p != nil {
+			s.recovered(ctx, p)
+		}
+	}()
 	s.bodyRead(&ctx.Request.Header)
 	var ep Endpoint
 	switch string(ctx.Path()) {
@@ -156,9 +173,17 @@ func (s *fastServer) serve(ctx *fasthttp.RequestCtx) {
 		a.relay(context.Background(), x)
 		return
 	}
+	conn := ctx.Conn()
 	ctx.SetBodyStreamWriter(func(bw *bufio.Writer) {
 		sctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
+		defer func() {
+			if p := recover(); p != nil {
+				s.h.log.Error().Str("server", string(ServerFast)).Interface("panic", p).Bytes("stack", debug.Stack()).
+					Msg("panic relaying a stream; connection closed")
+				_ = conn.Close()
+			}
+		}()
 		a.relay(sctx, &fastStream{bw: bw, gone: cancel})
 	})
 }

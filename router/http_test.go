@@ -577,3 +577,39 @@ func TestStatusEndpoints(t *testing.T) {
 		}
 	})
 }
+
+// panicTransport is a Transport whose Forward panics, as a bug would.
+type panicTransport struct{}
+
+func (panicTransport) Forward(context.Context, Engine, *UpstreamRequest) (*UpstreamResponse, error) {
+	panic(http.ErrAbortHandler) // the panic net/http recovers without logging
+}
+
+// TestPanicInRequestKeepsServing: a request whose handling panics loses its
+// connection, the front's in-flight gauge is lowered again, and the server
+// goes on serving (net/http recovers panics itself; fasthttp would end the
+// process without the front's recover). The engine's in-flight count taken
+// by forward before the panic is not released, on either front.
+func TestPanicInRequestKeepsServing(t *testing.T) {
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		f := newFront(t, kind, []float64{1}, 1, 0, Options{Transport: panicTransport{}})
+		for i := 0; i < 2; i++ {
+			resp, err := f.client.Post(f.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+			if err == nil {
+				resp.Body.Close()
+				t.Fatalf("request %d: status %d, want the connection closed without an answer", i, resp.StatusCode)
+			}
+		}
+		resp, err := f.client.Get(f.url + "/healthz")
+		if err != nil {
+			t.Fatalf("GET /healthz after the panics: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET /healthz after the panics: status %d", resp.StatusCode)
+		}
+		if v := metricValue(f.h.metrics.inFlight.WithLabelValues("m")); v != 0 {
+			t.Fatalf("in-flight gauge %v after the panics, want 0", v)
+		}
+	})
+}
