@@ -41,79 +41,83 @@ func (f *pfront) observeSlots(maxRunning int) {
 // reason "slots" (no slot was ever released, so no wait is predicted short),
 // and a critical one is not shed but sent to its engine.
 func TestSlotBoundSheds(t *testing.T) {
-	figs := &Figures{ShedFraction: 0.01} // sheds: the bound is on; no demand: the allotment sets no limit
-	f := newPFront(t, []int32{modeHold, modeHold}, []float64{0.5, 0.5}, figs, Options{Protection: ProtectionOptions{SlotAdmission: true}})
-	f.observeSlots(2)
-	limit := 2 * (2 + slotAllowance)
-	inflight := func() int64 { return f.engines[0].inflight.Load() + f.engines[1].inflight.Load() }
-	var wg sync.WaitGroup
-	codes := make(chan int, limit+1)
-	send := func(prio string) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			codes <- f.do(streamBody("x"), map[string]string{HeaderPriority: prio}).status
-		}()
-	}
-	release := func() {
-		for _, e := range f.engines {
-			close(e.release)
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		figs := &Figures{ShedFraction: 0.01} // sheds: the bound is on; no demand: the allotment sets no limit
+		f := newPFront(t, kind, []int32{modeHold, modeHold}, []float64{0.5, 0.5}, figs, Options{Protection: ProtectionOptions{SlotAdmission: true}})
+		f.observeSlots(2)
+		limit := 2 * (2 + slotAllowance)
+		inflight := func() int64 { return f.engines[0].inflight.Load() + f.engines[1].inflight.Load() }
+		var wg sync.WaitGroup
+		codes := make(chan int, limit+1)
+		send := func(prio string) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				codes <- f.do(streamBody("x"), map[string]string{HeaderPriority: prio}).status
+			}()
 		}
-	}
-	for i := 0; i < limit; i++ {
-		send("standard")
-	}
-	if !poll(5*time.Second, func() bool { return inflight() == int64(limit) }) {
+		release := func() {
+			for _, e := range f.engines {
+				close(e.release)
+			}
+		}
+		for i := 0; i < limit; i++ {
+			send("standard")
+		}
+		if !poll(5*time.Second, func() bool { return inflight() == int64(limit) }) {
+			release()
+			wg.Wait()
+			t.Fatalf("%d of %d requests reached the engines", inflight(), limit)
+		}
+		for _, prio := range []string{"sheddable", "standard"} {
+			r := f.do(streamBody("y"), map[string]string{HeaderPriority: prio})
+			if r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") == "" {
+				t.Errorf("%s request with every slot taken: status %d, Retry-After %q", prio, r.status, r.header.Get("Retry-After"))
+			}
+			if n := metricValue(f.h.metrics.shed.WithLabelValues(string(ShedSlots), prio)); n != 1 {
+				t.Errorf("%s shed for slots: %v, want 1", prio, n)
+			}
+		}
+		send("critical")
+		ok := poll(5*time.Second, func() bool { return inflight() == int64(limit)+1 })
 		release()
 		wg.Wait()
-		t.Fatalf("%d of %d requests reached the engines", inflight(), limit)
-	}
-	for _, prio := range []string{"sheddable", "standard"} {
-		r := f.do(streamBody("y"), map[string]string{HeaderPriority: prio})
-		if r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") == "" {
-			t.Errorf("%s request with every slot taken: status %d, Retry-After %q", prio, r.status, r.header.Get("Retry-After"))
+		close(codes)
+		if !ok {
+			t.Fatalf("the critical request did not reach an engine (%d in flight)", inflight())
 		}
-		if n := metricValue(f.h.metrics.shed.WithLabelValues(string(ShedSlots), prio)); n != 1 {
-			t.Errorf("%s shed for slots: %v, want 1", prio, n)
+		for c := range codes {
+			if c != http.StatusOK {
+				t.Errorf("an admitted request answered %d", c)
+			}
 		}
-	}
-	send("critical")
-	ok := poll(5*time.Second, func() bool { return inflight() == int64(limit)+1 })
-	release()
-	wg.Wait()
-	close(codes)
-	if !ok {
-		t.Fatalf("the critical request did not reach an engine (%d in flight)", inflight())
-	}
-	for c := range codes {
-		if c != http.StatusOK {
-			t.Errorf("an admitted request answered %d", c)
-		}
-	}
+	})
 }
 
 // TestSlotBoundNotEnforcedWithHeadroom: with a snapshot that plans headroom
 // and no sign of local overload, a request that finds every slot taken is
 // still sent to its engine (the engine's queue absorbs a burst).
 func TestSlotBoundNotEnforcedWithHeadroom(t *testing.T) {
-	figs := &Figures{Utilisation: 0.5}
-	f := newPFront(t, []int32{modeHold}, []float64{1}, figs, Options{Protection: ProtectionOptions{SlotAdmission: true}})
-	f.observeSlots(1)
-	n := 1 + slotAllowance + 2 // two over the bound: fewer than slotOverloadMin
-	var wg sync.WaitGroup
-	for i := 0; i < n; i++ {
-		wg.Add(1)
-		go func() { defer wg.Done(); f.do(streamBody("x"), nil) }()
-	}
-	ok := poll(5*time.Second, func() bool { return f.engines[0].inflight.Load() == int64(n) })
-	close(f.engines[0].release)
-	wg.Wait()
-	if !ok {
-		t.Fatalf("%d of %d requests reached the engine", f.engines[0].inflight.Load(), n)
-	}
-	if s := metricValue(f.h.metrics.shed.WithLabelValues(string(ShedSlots), "standard")); s != 0 {
-		t.Fatalf("%v requests shed for slots with headroom planned", s)
-	}
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		figs := &Figures{Utilisation: 0.5}
+		f := newPFront(t, kind, []int32{modeHold}, []float64{1}, figs, Options{Protection: ProtectionOptions{SlotAdmission: true}})
+		f.observeSlots(1)
+		n := 1 + slotAllowance + 2 // two over the bound: fewer than slotOverloadMin
+		var wg sync.WaitGroup
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func() { defer wg.Done(); f.do(streamBody("x"), nil) }()
+		}
+		ok := poll(5*time.Second, func() bool { return f.engines[0].inflight.Load() == int64(n) })
+		close(f.engines[0].release)
+		wg.Wait()
+		if !ok {
+			t.Fatalf("%d of %d requests reached the engine", f.engines[0].inflight.Load(), n)
+		}
+		if s := metricValue(f.h.metrics.shed.WithLabelValues(string(ShedSlots), "standard")); s != 0 {
+			t.Fatalf("%v requests shed for slots with headroom planned", s)
+		}
+	})
 }
 
 // TestSlotQueueHandsOverReleasedSlot checks the router-side queue: a waiter

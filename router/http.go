@@ -177,10 +177,10 @@ func NewHandler(opts Options) (*Handler, error) {
 	}
 	h.promHTTP = promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{Registry: opts.Registry})
 	h.mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
-		h.serveInference(w, r, EndpointChat)
+		h.serveStd(w, r, EndpointChat)
 	})
 	h.mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) {
-		h.serveInference(w, r, EndpointCompletions)
+		h.serveStd(w, r, EndpointCompletions)
 	})
 	h.mux.HandleFunc("/v1/models", h.serveModels)
 	h.mux.HandleFunc("/healthz", h.serveHealth)
@@ -261,40 +261,72 @@ const (
 	labelUnknown = "_unknown"
 )
 
-func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endpoint) {
+// clientRequest is what the inference endpoints read of a client's
+// request, whichever HTTP server parsed it (net/http or fasthttp).
+type clientRequest interface {
+	// method is the request method.
+	method() string
+	// header returns the first value of the named header (canonical form)
+	// and whether the header is present.
+	header(name string) (string, bool)
+	// passHeaders returns the client headers forwarded to engines.
+	passHeaders() http.Header
+	// body reads the request body within the handler's size and time limits.
+	body() ([]byte, *APIError)
+}
+
+// answer is a request whose engine answered and whose response head is
+// written: relay copies the body to the client and ends the request.
+type answer struct {
+	h      *Handler
+	rt     *routed
+	at     *attempt
+	mm     *modelMetrics
+	bp     *[]byte
+	log    zerolog.Logger
+	start  time.Time
+	stream bool
+}
+
+// serveInference answers an inference request up to the response head: it
+// checks the request, routes it and forwards it, and either answers an
+// error (returning nil) or writes the engine's status and headers and
+// returns the answer whose body the caller relays with answer.relay. ctx
+// ends when the client goes away, if the server can tell.
+func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r clientRequest, ep Endpoint) *answer {
 	start := h.opts.Now()
-	if r.Method != http.MethodPost {
+	if m := r.method(); m != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		h.reject(w, labelInvalid, newAPIError(http.StatusMethodNotAllowed, ErrTypeInvalidRequest, "method_not_allowed", "",
-			fmt.Sprintf("method %s not allowed on %s; use POST", r.Method, ep.Path())))
-		return
+			fmt.Sprintf("method %s not allowed on %s; use POST", m, ep.Path())))
+		return nil
 	}
-	reqID := r.Header.Get(headerRequestID)
+	reqID, _ := r.header(headerRequestID)
 	if reqID == "" {
 		reqID = h.newRequestID()
 	} else if !validHeaderValue(reqID, maxRequestIDLen) {
 		h.reject(w, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", headerRequestID,
 			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", headerRequestID, maxRequestIDLen)))
-		return
+		return nil
 	}
 	w.Header().Set(headerRequestID, reqID)
-	session := r.Header.Get(headerSessionID)
-	if _, present := r.Header[headerSessionID]; present && !validHeaderValue(session, maxSessionIDLen) {
+	session, present := r.header(headerSessionID)
+	if present && !validHeaderValue(session, maxSessionIDLen) {
 		h.reject(w, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", headerSessionID,
 			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", headerSessionID, maxSessionIDLen)))
-		return
+		return nil
 	}
-	if ct := r.Header.Get("Content-Type"); ct != "" {
+	if ct, _ := r.header("Content-Type"); ct != "" {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
 			h.reject(w, labelInvalid, newAPIError(http.StatusUnsupportedMediaType, ErrTypeInvalidRequest, "unsupported_media_type", "",
 				fmt.Sprintf("Content-Type %q is not application/json", ct)))
-			return
+			return nil
 		}
 	}
-	body, apiErr := h.readBody(w, r)
+	body, apiErr := r.body()
 	if apiErr != nil {
 		h.reject(w, labelInvalid, apiErr)
-		return
+		return nil
 	}
 	req, err := ParseRequest(ep, body)
 	if err != nil {
@@ -303,15 +335,16 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 			ae = invalidRequest("", err.Error())
 		}
 		h.reject(w, labelInvalid, ae)
-		return
+		return nil
 	}
-	prio, ok := ParsePriority(r.Header.Get(HeaderPriority))
+	prioHeader, _ := r.header(HeaderPriority)
+	prio, ok := ParsePriority(prioHeader)
 	if !ok {
 		h.reject(w, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", HeaderPriority,
 			fmt.Sprintf("header %s must be critical, standard or sheddable", HeaderPriority)))
-		return
+		return nil
 	}
-	rt, apiErr := h.route(r.Context(), req, session, prio)
+	rt, apiErr := h.route(ctx, req, session, prio)
 	if apiErr != nil {
 		switch apiErr.Status {
 		case http.StatusServiceUnavailable:
@@ -324,28 +357,37 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 			label = labelUnknown
 		}
 		h.reject(w, label, apiErr)
-		return
+		return nil
 	}
-	defer rt.release()
 	log := h.log.With().Str("model", req.Model).Str("request_id", reqID).Str("key", rt.src.String()).
 		Str("priority", prio.String()).Logger()
 	mm := h.modelMetrics(rt.ms, req.Model)
 	mm.inFlight.Inc()
-	defer mm.inFlight.Dec()
 
 	up := &UpstreamRequest{Endpoint: ep, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body,
-		Header: passHeaders(r.Header)}
+		Header: r.passHeaders()}
 	bp := h.bufs.Get().(*[]byte)
-	defer h.bufs.Put(bp)
-	at, apiErr := h.forward(r.Context(), rt, up, *bp, log)
+	var at *attempt
+	var a *answer
+	defer func() {
+		if a != nil {
+			return // the answer's relay releases it all
+		}
+		if at != nil {
+			at.finish()
+		}
+		h.bufs.Put(bp)
+		mm.inFlight.Dec()
+		rt.release()
+	}()
+	at, apiErr = h.forward(ctx, rt, up, *bp, log)
 	if apiErr != nil {
 		if apiErr.Code != nil && *apiErr.Code == "canceled" {
 			log.Debug().Msg("client went away before the engine answered")
 		}
 		h.reject(w, req.Model, apiErr)
-		return
+		return nil
 	}
-	defer at.finish()
 	resp := at.resp
 	h.countRequest(mm, req.Model, resp.Status)
 
@@ -354,26 +396,42 @@ func (h *Handler) serveInference(w http.ResponseWriter, r *http.Request, ep Endp
 	hdr.Set(headerEngine, at.engine.Name)
 	hdr.Set(headerRequestID, reqID)
 	w.WriteHeader(resp.Status)
-	n, first, err := h.relay(r.Context(), w, at.first, resp.Body, *bp)
+	a = &answer{h: h, rt: rt, at: at, mm: mm, bp: bp, log: log, start: start, stream: req.Stream}
+	return a
+}
+
+// relay copies the engine's body to w (flushing after every read), records
+// the outcome and releases everything the request held. ctx is the one
+// serveInference was given, or any context that has ended when the client
+// is known to have gone away.
+func (a *answer) relay(ctx context.Context, w http.ResponseWriter) {
+	h, at := a.h, a.at
+	defer func() {
+		at.finish()
+		h.bufs.Put(a.bp)
+		a.mm.inFlight.Dec()
+		a.rt.release()
+	}()
+	n, first, err := h.relay(ctx, w, at.first, at.resp.Body, *a.bp)
 	end := h.opts.Now()
 	// Only a streamed answer's first byte is its first token; a whole
 	// answer's first byte comes when it is complete, and counting it as TTFT
 	// would make every engine look slow to the penalty rules.
 	ttftAt := first
-	if !req.Stream {
+	if !a.stream {
 		ttftAt = time.Time{}
 	}
-	h.finishAttempt(r.Context(), at, err, ttftAt, end, log)
+	h.finishAttempt(ctx, at, err, ttftAt, end, a.log)
 	if !first.IsZero() {
-		mm.ttft.Observe(first.Sub(start).Seconds())
+		a.mm.ttft.Observe(first.Sub(a.start).Seconds())
 	}
-	mm.duration.Observe(end.Sub(start).Seconds())
-	ev := log.Debug()
+	a.mm.duration.Observe(end.Sub(a.start).Seconds())
+	ev := a.log.Debug()
 	if err != nil {
-		ev = log.Info().Err(err)
+		ev = a.log.Info().Err(err)
 	}
-	ev.Str("engine", at.engine.Name).Int("status", resp.Status).Int64("bytes", n).Dur("duration", end.Sub(start)).Bool("stream", req.Stream).
-		Int("attempts", at.n).Msg("request done")
+	ev.Str("engine", at.engine.Name).Int("status", at.resp.Status).Int64("bytes", n).Dur("duration", end.Sub(a.start)).
+		Bool("stream", a.stream).Int("attempts", at.n).Msg("request done")
 }
 
 // route admits and picks the first engine for a parsed request exactly as
@@ -440,30 +498,6 @@ func (h *Handler) route(ctx context.Context, req *Request, session string, prio 
 	return rt, nil
 }
 
-// readBody reads the request body within the size and time limits.
-func (h *Handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *APIError) {
-	limit := h.opts.MaxBodyBytes
-	tooLarge := func() *APIError {
-		return newAPIError(http.StatusRequestEntityTooLarge, ErrTypeInvalidRequest, "request_too_large", "",
-			fmt.Sprintf("request body is larger than the limit of %d bytes", limit))
-	}
-	if r.ContentLength > limit {
-		return nil, tooLarge()
-	}
-	rc := http.NewResponseController(w)
-	_ = rc.SetReadDeadline(h.opts.Now().Add(h.opts.BodyReadTimeout)) // unsupported writers: no deadline
-	defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, tooLarge()
-		}
-		return nil, invalidRequest("", fmt.Sprintf("reading request body: %v", err))
-	}
-	return body, nil
-}
-
 // relay copies the engine's body to the client as it arrives: first (the
 // bytes already read), then the rest, flushing after every read so each SSE
 // event reaches the client at once; buf is its read buffer (first may
@@ -511,15 +545,10 @@ func (h *Handler) relay(ctx context.Context, w http.ResponseWriter, pending []by
 	}
 }
 
-// passHeaders selects the client headers forwarded to engines.
-func passHeaders(in http.Header) http.Header {
-	out := make(http.Header, 4)
-	for _, k := range []string{"Authorization", "Accept", headerSessionID, "Openai-Organization", "Openai-Project"} {
-		if vs, ok := in[k]; ok {
-			out[k] = vs
-		}
-	}
-	return out
+// passedHeaders names the client headers forwarded to engines, in
+// canonical form.
+func passedHeaders() [5]string {
+	return [5]string{"Authorization", "Accept", headerSessionID, "Openai-Organization", "Openai-Project"}
 }
 
 // isHopHeader reports whether k is a connection-level header, never relayed.

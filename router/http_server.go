@@ -1,43 +1,166 @@
 package router
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"time"
 )
 
-// ServerOptions are the http.Server settings for a router front. Zero fields
+// ServerKind names the HTTP server implementation of a router front.
+type ServerKind string
+
+// Server kinds.
+const (
+	// ServerStd is Go's net/http server.
+	ServerStd ServerKind = "std"
+	// ServerFast is github.com/valyala/fasthttp's server.
+	ServerFast ServerKind = "fasthttp"
+)
+
+// DefaultServerKind is the server of a router front whose ServerOptions
+// name none.
+const DefaultServerKind = ServerFast
+
+// ParseServerKind returns the ServerKind named s ("std" or "fasthttp").
+func ParseServerKind(s string) (ServerKind, error) {
+	switch k := ServerKind(s); k {
+	case ServerStd, ServerFast:
+		return k, nil
+	}
+	return "", fmt.Errorf("router: HTTP server %q: want %q or %q", s, ServerStd, ServerFast)
+}
+
+// ServerOptions are the HTTP server settings for a router front. Zero fields
 // take defaults.
 type ServerOptions struct {
 	// Addr is the listen address, e.g. "127.0.0.1:8081".
 	Addr string
+	// Kind is the server implementation (default DefaultServerKind).
+	Kind ServerKind
 	// ReadHeaderTimeout bounds reading request headers (default 10s): a
 	// client that never finishes its headers is disconnected.
 	ReadHeaderTimeout time.Duration
 	// IdleTimeout closes idle keep-alive client connections (default 120s).
 	IdleTimeout time.Duration
-	// MaxHeaderBytes bounds request header size (default 64 KiB).
+	// MaxHeaderBytes bounds request header size (default 64 KiB). The
+	// fasthttp server reads each connection through a buffer of this size,
+	// held for the connection's life: 64 KiB per open client connection.
 	MaxHeaderBytes int
 }
 
-// NewServer returns an http.Server for h with the router's limits. It sets
-// no ReadTimeout or WriteTimeout, which would cut long streamed responses:
-// the body read is bounded by Options.BodyReadTimeout in the handler and
-// the body size by Options.MaxBodyBytes.
-func NewServer(h http.Handler, opts ServerOptions) *http.Server {
-	if opts.ReadHeaderTimeout <= 0 {
-		opts.ReadHeaderTimeout = 10 * time.Second
+func (o ServerOptions) withDefaults() ServerOptions {
+	if o.Kind == "" {
+		o.Kind = DefaultServerKind
 	}
-	if opts.IdleTimeout <= 0 {
-		opts.IdleTimeout = 120 * time.Second
+	if o.ReadHeaderTimeout <= 0 {
+		o.ReadHeaderTimeout = 10 * time.Second
 	}
-	if opts.MaxHeaderBytes <= 0 {
-		opts.MaxHeaderBytes = 64 << 10
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = 120 * time.Second
 	}
-	return &http.Server{
-		Addr:              opts.Addr,
-		Handler:           h,
-		ReadHeaderTimeout: opts.ReadHeaderTimeout,
-		IdleTimeout:       opts.IdleTimeout,
-		MaxHeaderBytes:    opts.MaxHeaderBytes,
+	if o.MaxHeaderBytes <= 0 {
+		o.MaxHeaderBytes = 64 << 10
 	}
+	return o
+}
+
+// Server is a router front's HTTP server, whichever its implementation.
+type Server interface {
+	// Serve accepts connections on ln until Shutdown or Close, then returns
+	// http.ErrServerClosed.
+	Serve(ln net.Listener) error
+	// Shutdown stops accepting, closes idle connections and waits for
+	// requests in progress until ctx ends.
+	Shutdown(ctx context.Context) error
+	// Close closes the listener and every connection at once.
+	Close() error
+}
+
+// NewServer returns the HTTP server of kind opts.Kind for h with the
+// router's limits. Neither kind has a write timeout, which would cut long
+// streamed responses: the body read is bounded by Options.BodyReadTimeout
+// and the body size by Options.MaxBodyBytes. It fails on an unknown kind.
+func NewServer(h *Handler, opts ServerOptions) (Server, error) {
+	opts = opts.withDefaults()
+	switch opts.Kind {
+	case ServerStd:
+		return &http.Server{
+			Addr:              opts.Addr,
+			Handler:           h,
+			ReadHeaderTimeout: opts.ReadHeaderTimeout,
+			IdleTimeout:       opts.IdleTimeout,
+			MaxHeaderBytes:    opts.MaxHeaderBytes,
+		}, nil
+	case ServerFast:
+		return newFastServer(h, opts), nil
+	}
+	return nil, fmt.Errorf("router: new server: unknown kind %q (want %q or %q)", opts.Kind, ServerStd, ServerFast)
+}
+
+// serveStd serves an inference endpoint on net/http.
+func (h *Handler) serveStd(w http.ResponseWriter, r *http.Request, ep Endpoint) {
+	in := stdRequest{h: h, w: w, r: r}
+	if a := h.serveInference(r.Context(), w, &in, ep); a != nil {
+		a.relay(r.Context(), w)
+	}
+}
+
+// stdRequest is a net/http request as a clientRequest.
+type stdRequest struct {
+	h *Handler
+	w http.ResponseWriter
+	r *http.Request
+}
+
+func (s *stdRequest) method() string { return s.r.Method }
+
+func (s *stdRequest) header(name string) (string, bool) {
+	vs, ok := s.r.Header[name]
+	if !ok || len(vs) == 0 {
+		return "", ok
+	}
+	return vs[0], true
+}
+
+func (s *stdRequest) passHeaders() http.Header {
+	out := make(http.Header, 4)
+	for _, k := range passedHeaders() {
+		if vs, ok := s.r.Header[k]; ok {
+			out[k] = vs
+		}
+	}
+	return out
+}
+
+// body reads the request body within the size and time limits.
+func (s *stdRequest) body() ([]byte, *APIError) {
+	limit := s.h.opts.MaxBodyBytes
+	if s.r.ContentLength > limit {
+		return nil, bodyTooLarge(limit)
+	}
+	rc := http.NewResponseController(s.w)
+	_ = rc.SetReadDeadline(s.h.opts.Now().Add(s.h.opts.BodyReadTimeout)) // unsupported writers: no deadline
+	body, err := io.ReadAll(http.MaxBytesReader(s.w, s.r.Body, limit))
+	if err != nil {
+		// The deadline stays: net/http, before it writes the answer, would
+		// otherwise wait without limit to discard the body's unread rest; it
+		// fails at once and closes the connection after the answer.
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, bodyTooLarge(limit)
+		}
+		return nil, invalidRequest("", fmt.Sprintf("reading request body: %v", err))
+	}
+	_ = rc.SetReadDeadline(time.Time{})
+	return body, nil
+}
+
+// bodyTooLarge is the 413 for a body over limit bytes.
+func bodyTooLarge(limit int64) *APIError {
+	return newAPIError(http.StatusRequestEntityTooLarge, ErrTypeInvalidRequest, "request_too_large", "",
+		fmt.Sprintf("request body is larger than the limit of %d bytes", limit))
 }

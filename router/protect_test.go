@@ -117,14 +117,14 @@ func (e *progEngine) set(mode int32) { e.mode.Store(mode) }
 // pfront is a handler over progEngines for model "m".
 type pfront struct {
 	h       *Handler
-	srv     *httptest.Server
+	url     string
 	tables  *StaticTables
 	table   *Table
 	engines []*progEngine
 	client  *http.Client
 }
 
-func newPFront(t *testing.T, modes []int32, weights []float64, figs *Figures, opts Options) *pfront {
+func newPFront(t *testing.T, kind ServerKind, modes []int32, weights []float64, figs *Figures, opts Options) *pfront {
 	t.Helper()
 	f := &pfront{tables: NewStaticTables()}
 	var es []Engine
@@ -142,10 +142,8 @@ func newPFront(t *testing.T, modes []int32, weights []float64, figs *Figures, op
 		t.Fatal(err)
 	}
 	f.h = h
-	f.srv = httptest.NewServer(h)
-	t.Cleanup(f.srv.Close)
-	f.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
-	t.Cleanup(f.client.CloseIdleConnections)
+	f.url = serveFront(t, kind, h, ServerOptions{})
+	f.client = testClient(t)
 	return f
 }
 
@@ -176,7 +174,7 @@ type result struct {
 }
 
 func (f *pfront) do(body string, hdr map[string]string) result {
-	req, _ := http.NewRequest(http.MethodPost, f.srv.URL+"/v1/chat/completions", strings.NewReader(body))
+	req, _ := http.NewRequest(http.MethodPost, f.url+"/v1/chat/completions", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	for k, v := range hdr {
 		req.Header.Set(k, v)
@@ -197,30 +195,32 @@ func (f *pfront) retries(reason string) int {
 }
 
 func TestRetryToAnotherEngine(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		mode   int32
-		reason string
-	}{
-		{"connect", modeConnRefused, "connect"},
-		{"5xx", mode500, "5xx"},
-		{"429", mode429, "429"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			f := newPFront(t, []int32{tc.mode, modeOK, modeOK}, []float64{0.5, 0.25, 0.25}, nil, Options{})
-			s := f.sessionFor(t, 0)
-			r := f.do(streamBody("x"), map[string]string{headerSessionID: s})
-			if r.err != nil || r.status != 200 || !strings.Contains(r.body, "[DONE]") {
-				t.Fatalf("got %d %q %v", r.status, r.body, r.err)
-			}
-			if eng := r.header.Get(headerEngine); eng == "e0" || eng == "" {
-				t.Fatalf("served by %q", eng)
-			}
-			if f.attempts() != 2 || f.retries(tc.reason) != 1 {
-				t.Fatalf("attempts %d, retries{%s} %d; want 2, 1", f.attempts(), tc.reason, f.retries(tc.reason))
-			}
-		})
-	}
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		for _, tc := range []struct {
+			name   string
+			mode   int32
+			reason string
+		}{
+			{"connect", modeConnRefused, "connect"},
+			{"5xx", mode500, "5xx"},
+			{"429", mode429, "429"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				f := newPFront(t, kind, []int32{tc.mode, modeOK, modeOK}, []float64{0.5, 0.25, 0.25}, nil, Options{})
+				s := f.sessionFor(t, 0)
+				r := f.do(streamBody("x"), map[string]string{headerSessionID: s})
+				if r.err != nil || r.status != 200 || !strings.Contains(r.body, "[DONE]") {
+					t.Fatalf("got %d %q %v", r.status, r.body, r.err)
+				}
+				if eng := r.header.Get(headerEngine); eng == "e0" || eng == "" {
+					t.Fatalf("served by %q", eng)
+				}
+				if f.attempts() != 2 || f.retries(tc.reason) != 1 {
+					t.Fatalf("attempts %d, retries{%s} %d; want 2, 1", f.attempts(), tc.reason, f.retries(tc.reason))
+				}
+			})
+		}
+	})
 }
 
 // TestRetryMovesKey: a keyed request retried on another engine moves its
@@ -244,165 +244,177 @@ func TestRetryMovesKey(t *testing.T) {
 }
 
 func TestNoRetryAfterFirstByte(t *testing.T) {
-	f := newPFront(t, []int32{modeDieMidway, modeOK, modeOK}, []float64{0.5, 0.25, 0.25}, nil, Options{})
-	s := f.sessionFor(t, 0)
-	r := f.do(streamBody("x"), map[string]string{headerSessionID: s})
-	if r.status != 200 || !strings.Contains(r.body, `"engine":"e0"`) || strings.Contains(r.body, "[DONE]") {
-		t.Fatalf("want a truncated stream from e0, got %d %q", r.status, r.body)
-	}
-	if f.attempts() != 1 || f.engines[1].count()+f.engines[2].count() != 0 {
-		t.Fatalf("attempts %d (others %d, %d); want exactly one", f.attempts(), f.engines[1].count(), f.engines[2].count())
-	}
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		f := newPFront(t, kind, []int32{modeDieMidway, modeOK, modeOK}, []float64{0.5, 0.25, 0.25}, nil, Options{})
+		s := f.sessionFor(t, 0)
+		r := f.do(streamBody("x"), map[string]string{headerSessionID: s})
+		if r.status != 200 || !strings.Contains(r.body, `"engine":"e0"`) || strings.Contains(r.body, "[DONE]") {
+			t.Fatalf("want a truncated stream from e0, got %d %q", r.status, r.body)
+		}
+		if f.attempts() != 1 || f.engines[1].count()+f.engines[2].count() != 0 {
+			t.Fatalf("attempts %d (others %d, %d); want exactly one", f.attempts(), f.engines[1].count(), f.engines[2].count())
+		}
+	})
 }
 
 func TestHangingEngineDeadlineThenRetry(t *testing.T) {
-	for _, stream := range []bool{true, false} {
-		t.Run(fmt.Sprint("stream=", stream), func(t *testing.T) {
-			f := newPFront(t, []int32{modeHang, modeOK}, []float64{0.5, 0.5}, nil, Options{Protection: ProtectionOptions{
-				FirstByteTimeout: 100 * time.Millisecond, WholeFirstByteTimeout: 150 * time.Millisecond}})
-			s := f.sessionFor(t, 0)
-			body := streamBody("x")
-			if !stream {
-				body = chatBody
-			}
-			r := f.do(body, map[string]string{headerSessionID: s})
-			if r.status != 200 || r.header.Get(headerEngine) != "e1" {
-				t.Fatalf("got %d from %q: %q", r.status, r.header.Get(headerEngine), r.body)
-			}
-			if r.dur < 100*time.Millisecond || r.dur > 2*time.Second {
-				t.Fatalf("took %v", r.dur)
-			}
-			if f.retries("timeout") != 1 {
-				t.Fatalf("retries{timeout} = %d", f.retries("timeout"))
-			}
-		})
-	}
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		for _, stream := range []bool{true, false} {
+			t.Run(fmt.Sprint("stream=", stream), func(t *testing.T) {
+				f := newPFront(t, kind, []int32{modeHang, modeOK}, []float64{0.5, 0.5}, nil, Options{Protection: ProtectionOptions{
+					FirstByteTimeout: 100 * time.Millisecond, WholeFirstByteTimeout: 150 * time.Millisecond}})
+				s := f.sessionFor(t, 0)
+				body := streamBody("x")
+				if !stream {
+					body = chatBody
+				}
+				r := f.do(body, map[string]string{headerSessionID: s})
+				if r.status != 200 || r.header.Get(headerEngine) != "e1" {
+					t.Fatalf("got %d from %q: %q", r.status, r.header.Get(headerEngine), r.body)
+				}
+				if r.dur < 100*time.Millisecond || r.dur > 2*time.Second {
+					t.Fatalf("took %v", r.dur)
+				}
+				if f.retries("timeout") != 1 {
+					t.Fatalf("retries{timeout} = %d", f.retries("timeout"))
+				}
+			})
+		}
+	})
 }
 
 func TestAttemptsCapped(t *testing.T) {
-	f := newPFront(t, []int32{mode500, mode500, mode500, mode500, mode500}, []float64{0.2, 0.2, 0.2, 0.2, 0.2}, nil,
-		Options{Protection: ProtectionOptions{Eject: EjectOptions{After: -1}, Budget: BudgetOptions{Ratio: 5, MaxTokens: 100}}})
-	for i := 0; i < 10; i++ {
-		r := f.do(streamBody(fmt.Sprint(i)), nil)
-		if r.status != 500 {
-			t.Fatalf("status %d, want the last engine's 500", r.status)
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		f := newPFront(t, kind, []int32{mode500, mode500, mode500, mode500, mode500}, []float64{0.2, 0.2, 0.2, 0.2, 0.2}, nil,
+			Options{Protection: ProtectionOptions{Eject: EjectOptions{After: -1}, Budget: BudgetOptions{Ratio: 5, MaxTokens: 100}}})
+		for i := 0; i < 10; i++ {
+			r := f.do(streamBody(fmt.Sprint(i)), nil)
+			if r.status != 500 {
+				t.Fatalf("status %d, want the last engine's 500", r.status)
+			}
 		}
-	}
-	total := int64(0)
-	for _, e := range f.engines {
-		total += e.count()
-	}
-	if total != 30 || f.attempts() != 30 {
-		t.Fatalf("%d engine requests, %d attempts for 10 requests; want 30 (3 each)", total, f.attempts())
-	}
+		total := int64(0)
+		for _, e := range f.engines {
+			total += e.count()
+		}
+		if total != 30 || f.attempts() != 30 {
+			t.Fatalf("%d engine requests, %d attempts for 10 requests; want 30 (3 each)", total, f.attempts())
+		}
+	})
 }
 
 func TestBudgetStopsRetries(t *testing.T) {
-	f := newPFront(t, []int32{mode500, mode500, mode500}, []float64{0.3, 0.3, 0.3}, nil,
-		Options{Protection: ProtectionOptions{Eject: EjectOptions{After: -1}, Budget: BudgetOptions{Ratio: 0.001, MaxTokens: 2}}})
-	start := time.Now()
-	const n = 200
-	for i := 0; i < n; i++ {
-		f.do(streamBody(fmt.Sprint(i)), nil)
-	}
-	el := time.Since(start).Seconds()
-	retries := f.attempts() - n
-	// One starting token, 0.001 per request, one a second from the floor.
-	if max := 2 + int(el) + 1; retries > max {
-		t.Fatalf("%d retries in %.2fs, budget allows %d", retries, el, max)
-	}
-	if amp := f.h.amp.ratio(); amp > 1+float64(2+int(el))/n {
-		t.Fatalf("amplification %.3f", amp)
-	}
-	t.Logf("%d requests in %.2fs: %d retries, amplification %.3f", n, el, retries, f.h.amp.ratio())
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		f := newPFront(t, kind, []int32{mode500, mode500, mode500}, []float64{0.3, 0.3, 0.3}, nil,
+			Options{Protection: ProtectionOptions{Eject: EjectOptions{After: -1}, Budget: BudgetOptions{Ratio: 0.001, MaxTokens: 2}}})
+		start := time.Now()
+		const n = 200
+		for i := 0; i < n; i++ {
+			f.do(streamBody(fmt.Sprint(i)), nil)
+		}
+		el := time.Since(start).Seconds()
+		retries := f.attempts() - n
+		// One starting token, 0.001 per request, one a second from the floor.
+		if max := 2 + int(el) + 1; retries > max {
+			t.Fatalf("%d retries in %.2fs, budget allows %d", retries, el, max)
+		}
+		if amp := f.h.amp.ratio(); amp > 1+float64(2+int(el))/n {
+			t.Fatalf("amplification %.3f", amp)
+		}
+		t.Logf("%d requests in %.2fs: %d retries, amplification %.3f", n, el, retries, f.h.amp.ratio())
+	})
 }
 
 func TestAmplificationHalfFailingHighUtilisation(t *testing.T) {
-	modes := []int32{mode500, modeOK, mode500, modeOK, mode500, modeOK}
-	w := []float64{1.0 / 6, 1.0 / 6, 1.0 / 6, 1.0 / 6, 1.0 / 6, 1.0 / 6}
-	figs := &Figures{Utilisation: 0.9, DemandRPS: 1000, Latency: time.Second}
-	f := newPFront(t, modes, w, figs, Options{})
-	const n = 600
-	var ok atomic.Int64
-	var wg sync.WaitGroup
-	jobs := make(chan int)
-	for k := 0; k < 8; k++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range jobs {
-				if f.do(streamBody(fmt.Sprint(i)), nil).status == 200 {
-					ok.Add(1)
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		modes := []int32{mode500, modeOK, mode500, modeOK, mode500, modeOK}
+		w := []float64{1.0 / 6, 1.0 / 6, 1.0 / 6, 1.0 / 6, 1.0 / 6, 1.0 / 6}
+		figs := &Figures{Utilisation: 0.9, DemandRPS: 1000, Latency: time.Second}
+		f := newPFront(t, kind, modes, w, figs, Options{})
+		const n = 600
+		var ok atomic.Int64
+		var wg sync.WaitGroup
+		jobs := make(chan int)
+		for k := 0; k < 8; k++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range jobs {
+					if f.do(streamBody(fmt.Sprint(i)), nil).status == 200 {
+						ok.Add(1)
+					}
 				}
-			}
-		}()
-	}
-	for i := 0; i < n; i++ {
-		jobs <- i
-	}
-	close(jobs)
-	wg.Wait()
-	amp := float64(f.attempts()) / n
-	if amp > 1.1 || f.h.amp.ratio() > 1.1 {
-		t.Fatalf("amplification %.3f (window %.3f), want ≤ 1.1", amp, f.h.amp.ratio())
-	}
-	t.Logf("amplification %.3f, %d/%d succeeded", amp, ok.Load(), n)
+			}()
+		}
+		for i := 0; i < n; i++ {
+			jobs <- i
+		}
+		close(jobs)
+		wg.Wait()
+		amp := float64(f.attempts()) / n
+		if amp > 1.1 || f.h.amp.ratio() > 1.1 {
+			t.Fatalf("amplification %.3f (window %.3f), want ≤ 1.1", amp, f.h.amp.ratio())
+		}
+		t.Logf("amplification %.3f, %d/%d succeeded", amp, ok.Load(), n)
+	})
 }
 
 func TestEjectionAndHalfOpenRecovery(t *testing.T) {
-	var clk clock
-	f := newPFront(t, []int32{mode500, modeOK}, []float64{0.5, 0.5}, nil,
-		Options{Now: clk.now, Protection: ProtectionOptions{MaxAttempts: 1}})
-	s := f.sessionFor(t, 0)
-	hdr := map[string]string{headerSessionID: s}
-	gauge := func() float64 { return metricValue(f.h.metrics.ejected.WithLabelValues("m", "e0")) }
-	for i := 0; i < 3; i++ {
-		if r := f.do(streamBody("x"), hdr); r.status != 500 {
-			t.Fatalf("request %d: %d", i, r.status)
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		var clk clock
+		f := newPFront(t, kind, []int32{mode500, modeOK}, []float64{0.5, 0.5}, nil,
+			Options{Now: clk.now, Protection: ProtectionOptions{MaxAttempts: 1}})
+		s := f.sessionFor(t, 0)
+		hdr := map[string]string{headerSessionID: s}
+		gauge := func() float64 { return metricValue(f.h.metrics.ejected.WithLabelValues("m", "e0")) }
+		for i := 0; i < 3; i++ {
+			if r := f.do(streamBody("x"), hdr); r.status != 500 {
+				t.Fatalf("request %d: %d", i, r.status)
+			}
 		}
-	}
-	if gauge() != 1 || !f.h.Live("m").Engine("e0").Ejected() {
-		t.Fatal("e0 not ejected after 3 failures")
-	}
-	// Ejected: the key's requests go to e1.
-	for i := 0; i < 5; i++ {
-		if r := f.do(streamBody("x"), hdr); r.status != 200 || r.header.Get(headerEngine) != "e1" {
-			t.Fatalf("while ejected: %d from %q", r.status, r.header.Get(headerEngine))
+		if gauge() != 1 || !f.h.Live("m").Engine("e0").Ejected() {
+			t.Fatal("e0 not ejected after 3 failures")
 		}
-	}
-	if f.engines[0].count() != 3 {
-		t.Fatalf("e0 got %d requests while ejected", f.engines[0].count())
-	}
-	// After the backoff one probe goes through; it fails: ejected for 2 s.
-	// The session above now stays on e1, where the router sent it last
-	// (PickRecent); a session new to the router finds e0 again.
-	hdr = map[string]string{headerSessionID: f.sessionFor(t, 0, s)}
-	clk.advance(1100 * time.Millisecond)
-	f.do(streamBody("x"), hdr)
-	if f.engines[0].count() != 4 || gauge() != 1 {
-		t.Fatalf("half-open probe: e0 has %d requests, gauge %v", f.engines[0].count(), gauge())
-	}
-	clk.advance(1100 * time.Millisecond)
-	f.do(streamBody("x"), hdr)
-	if f.engines[0].count() != 4 {
-		t.Fatal("probe sent before the doubled backoff ended")
-	}
-	// Recovered: the next probe succeeds and lifts the ejection.
-	f.engines[0].set(modeOK)
-	clk.advance(time.Second)
-	hdr = map[string]string{headerSessionID: f.sessionFor(t, 0, s, hdr[headerSessionID])}
-	if r := f.do(streamBody("x"), hdr); r.header.Get(headerEngine) != "e0" || r.status != 200 {
-		t.Fatalf("probe: %d from %q", r.status, r.header.Get(headerEngine))
-	}
-	if gauge() != 0 || f.h.Live("m").Engine("e0").Ejected() {
-		t.Fatal("e0 still ejected after a successful probe")
-	}
-	// A stream the engine breaks counts as a failure: three eject again.
-	f.engines[0].set(modeDieMidway)
-	for i := 0; i < 3; i++ {
+		// Ejected: the key's requests go to e1.
+		for i := 0; i < 5; i++ {
+			if r := f.do(streamBody("x"), hdr); r.status != 200 || r.header.Get(headerEngine) != "e1" {
+				t.Fatalf("while ejected: %d from %q", r.status, r.header.Get(headerEngine))
+			}
+		}
+		if f.engines[0].count() != 3 {
+			t.Fatalf("e0 got %d requests while ejected", f.engines[0].count())
+		}
+		// After the backoff one probe goes through; it fails: ejected for 2 s.
+		// The session above now stays on e1, where the router sent it last
+		// (PickRecent); a session new to the router finds e0 again.
+		hdr = map[string]string{headerSessionID: f.sessionFor(t, 0, s)}
+		clk.advance(1100 * time.Millisecond)
 		f.do(streamBody("x"), hdr)
-	}
-	waitFor(t, 2*time.Second, func() bool { return gauge() == 1 })
+		if f.engines[0].count() != 4 || gauge() != 1 {
+			t.Fatalf("half-open probe: e0 has %d requests, gauge %v", f.engines[0].count(), gauge())
+		}
+		clk.advance(1100 * time.Millisecond)
+		f.do(streamBody("x"), hdr)
+		if f.engines[0].count() != 4 {
+			t.Fatal("probe sent before the doubled backoff ended")
+		}
+		// Recovered: the next probe succeeds and lifts the ejection.
+		f.engines[0].set(modeOK)
+		clk.advance(time.Second)
+		hdr = map[string]string{headerSessionID: f.sessionFor(t, 0, s, hdr[headerSessionID])}
+		if r := f.do(streamBody("x"), hdr); r.header.Get(headerEngine) != "e0" || r.status != 200 {
+			t.Fatalf("probe: %d from %q", r.status, r.header.Get(headerEngine))
+		}
+		if gauge() != 0 || f.h.Live("m").Engine("e0").Ejected() {
+			t.Fatal("e0 still ejected after a successful probe")
+		}
+		// A stream the engine breaks counts as a failure: three eject again.
+		f.engines[0].set(modeDieMidway)
+		for i := 0; i < 3; i++ {
+			f.do(streamBody("x"), hdr)
+		}
+		waitFor(t, 2*time.Second, func() bool { return gauge() == 1 })
+	})
 }
 
 func TestEjectStateSingleProbe(t *testing.T) {
@@ -480,195 +492,204 @@ func TestBudgetEarnRate(t *testing.T) {
 }
 
 func TestShedConsistentPerKey(t *testing.T) {
-	f := newPFront(t, []int32{modeOK, modeOK}, []float64{0.35, 0.35}, &Figures{ShedFraction: 0.3}, Options{})
-	shedSessions := 0
-	const sessions = 300
-	for i := 0; i < sessions; i++ {
-		var codes []int
-		for k := 0; k < 3; k++ {
-			codes = append(codes, f.do(streamBody("x"), map[string]string{headerSessionID: fmt.Sprint("conv-", i)}).status)
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		f := newPFront(t, kind, []int32{modeOK, modeOK}, []float64{0.35, 0.35}, &Figures{ShedFraction: 0.3}, Options{})
+		shedSessions := 0
+		const sessions = 300
+		for i := 0; i < sessions; i++ {
+			var codes []int
+			for k := 0; k < 3; k++ {
+				codes = append(codes, f.do(streamBody("x"), map[string]string{headerSessionID: fmt.Sprint("conv-", i)}).status)
+			}
+			if codes[0] != codes[1] || codes[1] != codes[2] || (codes[0] != 200 && codes[0] != 429) {
+				t.Fatalf("session %d flip-flopped: %v", i, codes)
+			}
+			if codes[0] == 429 {
+				shedSessions++
+			}
 		}
-		if codes[0] != codes[1] || codes[1] != codes[2] || (codes[0] != 200 && codes[0] != 429) {
-			t.Fatalf("session %d flip-flopped: %v", i, codes)
+		if frac := float64(shedSessions) / sessions; frac < 0.22 || frac > 0.38 {
+			t.Fatalf("shed %.2f of sessions, want about 0.3", frac)
 		}
-		if codes[0] == 429 {
-			shedSessions++
-		}
-	}
-	if frac := float64(shedSessions) / sessions; frac < 0.22 || frac > 0.38 {
-		t.Fatalf("shed %.2f of sessions, want about 0.3", frac)
-	}
+	})
 }
 
 func TestShedByPriorityOrder(t *testing.T) {
-	for _, figs := range []*Figures{
-		{ShedFraction: 1.0 / 3},
-		{ShedFraction: 1.0 / 3, HasShedByPriority: true, ShedByPriority: [3]float64{1, 0.27, 0}},
-	} {
-		f := newPFront(t, []int32{modeOK, modeOK}, []float64{0.3, 0.3}, figs, Options{})
-		pattern := []string{"sheddable", "standard", "standard", "standard", "standard", "critical", "critical", "critical", "sheddable", ""}
-		served := map[string]int{}
-		shed := map[string]int{}
-		for i := 0; i < 600; i++ {
-			p := pattern[i%len(pattern)]
-			r := f.do(streamBody("x"), map[string]string{HeaderPriority: p, headerSessionID: fmt.Sprint("k", i)})
-			if p == "" {
-				p = "standard"
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		for _, figs := range []*Figures{
+			{ShedFraction: 1.0 / 3},
+			{ShedFraction: 1.0 / 3, HasShedByPriority: true, ShedByPriority: [3]float64{1, 0.27, 0}},
+		} {
+			f := newPFront(t, kind, []int32{modeOK, modeOK}, []float64{0.3, 0.3}, figs, Options{})
+			pattern := []string{"sheddable", "standard", "standard", "standard", "standard", "critical", "critical", "critical", "sheddable", ""}
+			served := map[string]int{}
+			shed := map[string]int{}
+			for i := 0; i < 600; i++ {
+				p := pattern[i%len(pattern)]
+				r := f.do(streamBody("x"), map[string]string{HeaderPriority: p, headerSessionID: fmt.Sprint("k", i)})
+				if p == "" {
+					p = "standard"
+				}
+				switch r.status {
+				case 200:
+					served[p]++
+				case 429:
+					shed[p]++
+				default:
+					t.Fatalf("status %d", r.status)
+				}
 			}
-			switch r.status {
-			case 200:
-				served[p]++
-			case 429:
-				shed[p]++
-			default:
-				t.Fatalf("status %d", r.status)
+			if shed["critical"] != 0 || served["sheddable"] != 0 {
+				t.Fatalf("shed %v served %v: critical shed or sheddable served", shed, served)
 			}
+			frac := float64(shed["standard"]) / float64(shed["standard"]+served["standard"])
+			if frac < 0.18 || frac > 0.36 {
+				t.Fatalf("standard shed fraction %.2f, want about 0.27", frac)
+			}
+			total := 0
+			for _, n := range shed {
+				total += n
+			}
+			t.Logf("shed %v served %v (total shed %.3f)", shed, served, float64(total)/600)
 		}
-		if shed["critical"] != 0 || served["sheddable"] != 0 {
-			t.Fatalf("shed %v served %v: critical shed or sheddable served", shed, served)
+		f := newPFront(t, kind, []int32{modeOK}, []float64{1}, nil, Options{})
+		if r := f.do(streamBody("x"), map[string]string{HeaderPriority: "urgent"}); r.status != 400 || !strings.Contains(r.body, "invalid_header") {
+			t.Fatalf("invalid priority: %d %q", r.status, r.body)
 		}
-		frac := float64(shed["standard"]) / float64(shed["standard"]+served["standard"])
-		if frac < 0.18 || frac > 0.36 {
-			t.Fatalf("standard shed fraction %.2f, want about 0.27", frac)
-		}
-		total := 0
-		for _, n := range shed {
-			total += n
-		}
-		t.Logf("shed %v served %v (total shed %.3f)", shed, served, float64(total)/600)
-	}
-	f := newPFront(t, []int32{modeOK}, []float64{1}, nil, Options{})
-	if r := f.do(streamBody("x"), map[string]string{HeaderPriority: "urgent"}); r.status != 400 || !strings.Contains(r.body, "invalid_header") {
-		t.Fatalf("invalid priority: %d %q", r.status, r.body)
-	}
+	})
 }
 
 func TestShedAnswerFast(t *testing.T) {
-	f := newPFront(t, []int32{modeOK}, []float64{0.5}, &Figures{ShedFraction: 1}, Options{})
-	var durs []time.Duration
-	for i := 0; i < 400; i++ {
-		r := f.do(streamBody("x"), map[string]string{headerSessionID: fmt.Sprint("s", i)})
-		if r.status != 429 || r.header.Get("Retry-After") != "1" {
-			t.Fatalf("shed answer %d, Retry-After %q", r.status, r.header.Get("Retry-After"))
-		}
-		var body struct {
-			Error struct {
-				Message, Type string
-				Code          *string
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		f := newPFront(t, kind, []int32{modeOK}, []float64{0.5}, &Figures{ShedFraction: 1}, Options{})
+		var durs []time.Duration
+		for i := 0; i < 400; i++ {
+			r := f.do(streamBody("x"), map[string]string{headerSessionID: fmt.Sprint("s", i)})
+			if r.status != 429 || r.header.Get("Retry-After") != "1" {
+				t.Fatalf("shed answer %d, Retry-After %q", r.status, r.header.Get("Retry-After"))
 			}
+			var body struct {
+				Error struct {
+					Message, Type string
+					Code          *string
+				}
+			}
+			if err := json.Unmarshal([]byte(r.body), &body); err != nil || body.Error.Type != ErrTypeUnavailable ||
+				body.Error.Code == nil || *body.Error.Code != "overloaded" || body.Error.Message == "" {
+				t.Fatalf("body %q", r.body)
+			}
+			durs = append(durs, r.dur)
 		}
-		if err := json.Unmarshal([]byte(r.body), &body); err != nil || body.Error.Type != ErrTypeUnavailable ||
-			body.Error.Code == nil || *body.Error.Code != "overloaded" || body.Error.Message == "" {
-			t.Fatalf("body %q", r.body)
+		sort.Slice(durs, func(a, b int) bool { return durs[a] < durs[b] })
+		p99 := durs[len(durs)*99/100]
+		t.Logf("shed answers: p50 %v p99 %v", durs[len(durs)/2], p99)
+		// The goal is 5 ms at the p99 (measured on the real stack without the
+		// race detector by TestReliabilityOverload); under -race on a busy
+		// 2-core machine every request is several times slower, so the bound
+		// here only says that a shed answer waits on nothing.
+		limit := 5 * time.Millisecond
+		if raceEnabled {
+			limit = 25 * time.Millisecond
 		}
-		durs = append(durs, r.dur)
-	}
-	sort.Slice(durs, func(a, b int) bool { return durs[a] < durs[b] })
-	p99 := durs[len(durs)*99/100]
-	t.Logf("shed answers: p50 %v p99 %v", durs[len(durs)/2], p99)
-	// The goal is 5 ms at the p99 (measured on the real stack without the
-	// race detector by TestReliabilityOverload); under -race on a busy
-	// 2-core machine every request is several times slower, so the bound
-	// here only says that a shed answer waits on nothing.
-	limit := 5 * time.Millisecond
-	if raceEnabled {
-		limit = 25 * time.Millisecond
-	}
-	if p99 > limit {
-		t.Fatalf("shed p99 %v, want < %v", p99, limit)
-	}
-	if f.engines[0].count() != 0 {
-		t.Fatal("a shed request reached the engine")
-	}
-	if n := metricValue(f.h.metrics.shed.WithLabelValues("snapshot", "standard")); n != 400 {
-		t.Fatalf("shed_total %v", n)
-	}
+		if p99 > limit {
+			t.Fatalf("shed p99 %v, want < %v", p99, limit)
+		}
+		if f.engines[0].count() != 0 {
+			t.Fatal("a shed request reached the engine")
+		}
+		if n := metricValue(f.h.metrics.shed.WithLabelValues("snapshot", "standard")); n != 400 {
+			t.Fatalf("shed_total %v", n)
+		}
+	})
 }
 
 func TestAdmissionShedsBurst(t *testing.T) {
-	// Allotment: m = 4 req/s × 1 s in flight on average; max(8, 1.5·m + 4·√m)
-	// = 14; sheddable requests get 80% of it (11), critical ones 125% (17).
-	figs := &Figures{DemandRPS: 4, Latency: time.Second, Utilisation: 0.95} // near its limit: admission applies
-	f := newPFront(t, []int32{modeHold, modeHold}, []float64{0.5, 0.5}, figs, Options{})
-	var codes sync.Map
-	var wg sync.WaitGroup
-	burst := func(prio string, n int) {
-		for i := 0; i < n; i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				r := f.do(streamBody("x"), map[string]string{HeaderPriority: prio})
-				v, _ := codes.LoadOrStore(fmt.Sprint(prio, r.status), new(atomic.Int64))
-				v.(*atomic.Int64).Add(1)
-			}()
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		// Allotment: m = 4 req/s × 1 s in flight on average; max(8, 1.5·m + 4·√m)
+		// = 14; sheddable requests get 80% of it (11), critical ones 125% (17).
+		figs := &Figures{DemandRPS: 4, Latency: time.Second, Utilisation: 0.95} // near its limit: admission applies
+		f := newPFront(t, kind, []int32{modeHold, modeHold}, []float64{0.5, 0.5}, figs, Options{})
+		var codes sync.Map
+		var wg sync.WaitGroup
+		burst := func(prio string, n int) {
+			for i := 0; i < n; i++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					r := f.do(streamBody("x"), map[string]string{HeaderPriority: prio})
+					v, _ := codes.LoadOrStore(fmt.Sprint(prio, r.status), new(atomic.Int64))
+					v.(*atomic.Int64).Add(1)
+				}()
+			}
 		}
-	}
-	count := func(k string) int64 {
-		v, ok := codes.Load(k)
+		count := func(k string) int64 {
+			v, ok := codes.Load(k)
+			if !ok {
+				return 0
+			}
+			return v.(*atomic.Int64).Load()
+		}
+		held := func() int64 { return f.engines[0].inflight.Load() + f.engines[1].inflight.Load() }
+		burst("sheddable", 20)
+		release := func() {
+			for _, e := range f.engines {
+				close(e.release)
+			}
+		}
+		then := func(prio string, n int) bool { burst(prio, n); return true }
+		// Poll without failing, so that the engines are released (and the
+		// bursts' goroutines end) whatever happens.
+		ok := poll(5*time.Second, func() bool { return held() == 11 && count("sheddable429") == 9 }) &&
+			then("standard", 10) &&
+			poll(5*time.Second, func() bool { return held() == 14 && count("standard429") == 7 }) &&
+			then("critical", 10) &&
+			poll(5*time.Second, func() bool { return held() == 17 && count("critical429") == 7 })
+		release()
+		wg.Wait()
 		if !ok {
-			return 0
+			t.Fatalf("held %d; shed %d sheddable, %d standard, %d critical", held(), count("sheddable429"), count("standard429"), count("critical429"))
 		}
-		return v.(*atomic.Int64).Load()
-	}
-	held := func() int64 { return f.engines[0].inflight.Load() + f.engines[1].inflight.Load() }
-	burst("sheddable", 20)
-	release := func() {
-		for _, e := range f.engines {
-			close(e.release)
+		if count("sheddable200") != 11 || count("standard200") != 3 || count("critical200") != 3 {
+			t.Fatalf("served %d sheddable, %d standard, %d critical", count("sheddable200"), count("standard200"), count("critical200"))
 		}
-	}
-	then := func(prio string, n int) bool { burst(prio, n); return true }
-	// Poll without failing, so that the engines are released (and the
-	// bursts' goroutines end) whatever happens.
-	ok := poll(5*time.Second, func() bool { return held() == 11 && count("sheddable429") == 9 }) &&
-		then("standard", 10) &&
-		poll(5*time.Second, func() bool { return held() == 14 && count("standard429") == 7 }) &&
-		then("critical", 10) &&
-		poll(5*time.Second, func() bool { return held() == 17 && count("critical429") == 7 })
-	release()
-	wg.Wait()
-	if !ok {
-		t.Fatalf("held %d; shed %d sheddable, %d standard, %d critical", held(), count("sheddable429"), count("standard429"), count("critical429"))
-	}
-	if count("sheddable200") != 11 || count("standard200") != 3 || count("critical200") != 3 {
-		t.Fatalf("served %d sheddable, %d standard, %d critical", count("sheddable200"), count("standard200"), count("critical200"))
-	}
+	})
 }
 
 // TestFirstByteSplitRelay checks that bytes read before committing are
 // relayed once, in order, ahead of the rest.
 func TestFirstByteSplitRelay(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		for i := 0; i < 5; i++ {
-			fmt.Fprintf(w, "data: {\"i\":%d}\n\n", i)
-			w.(http.Flusher).Flush()
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			for i := 0; i < 5; i++ {
+				fmt.Fprintf(w, "data: {\"i\":%d}\n\n", i)
+				w.(http.Flusher).Flush()
+			}
+		}))
+		defer srv.Close()
+		tables := NewStaticTables()
+		tables.Set("m", mustTable(t, []Engine{{Name: "e", URL: srv.URL, Weight: 1}}, TableOptions{}), Info{Mode: ModeSnapshot})
+		h, err := NewHandler(Options{Tables: tables})
+		if err != nil {
+			t.Fatal(err)
 		}
-	}))
-	defer srv.Close()
-	tables := NewStaticTables()
-	tables.Set("m", mustTable(t, []Engine{{Name: "e", URL: srv.URL, Weight: 1}}, TableOptions{}), Info{Mode: ModeSnapshot})
-	h, err := NewHandler(Options{Tables: tables})
-	if err != nil {
-		t.Fatal(err)
-	}
-	front := httptest.NewServer(h)
-	defer front.Close()
-	resp, err := http.Post(front.URL+"/v1/chat/completions", "application/json", strings.NewReader(streamBody("x")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	var got []string
-	for sc.Scan() {
-		if l := sc.Text(); l != "" {
-			got = append(got, l)
+		front := serveFront(t, kind, h, ServerOptions{})
+		resp, err := testClient(t).Post(front+"/v1/chat/completions", "application/json", strings.NewReader(streamBody("x")))
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if len(got) != 5 || got[0] != `data: {"i":0}` || got[4] != `data: {"i":4}` {
-		t.Fatalf("relayed %q", got)
-	}
+		defer resp.Body.Close()
+		sc := bufio.NewScanner(resp.Body)
+		var got []string
+		for sc.Scan() {
+			if l := sc.Text(); l != "" {
+				got = append(got, l)
+			}
+		}
+		if len(got) != 5 || got[0] != `data: {"i":0}` || got[4] != `data: {"i":4}` {
+			t.Fatalf("relayed %q", got)
+		}
+	})
 }
 
 // metricValue reads a counter or gauge.
@@ -714,40 +735,42 @@ func (m mapRegions) Region(_, engine string) string { return m[engine] }
 // once both planned engines are ejected requests go to that spare engine
 // at once, before any new snapshot.
 func TestRetryLeavesFailedRegionForSpare(t *testing.T) {
-	snap := &messages.WeightSnapshot{Weights: map[string]float64{"e0": 0.5, "e1": 0.5, "e2": 0, "e3": 0},
-		LatencyMs: map[string]float64{"e0": 150, "e1": 150, "e2": 180, "e3": 160}, DemandRPS: 10}
-	figs := FiguresOf(snap)
-	if !slices.Equal(figs.Spare, []string{"e3", "e2"}) {
-		t.Fatalf("spare engines %v, want [e3 e2] (nearest first)", figs.Spare)
-	}
-	f := newPFront(t, []int32{mode500, mode500, modeOK, modeOK}, []float64{0.5, 0.5, 0, 0}, figs,
-		Options{Regions: mapRegions{"e0": "r2", "e1": "r2", "e2": "r3", "e3": "r1"},
-			Protection: ProtectionOptions{Eject: EjectOptions{After: 2}, Budget: BudgetOptions{Ratio: 5, MaxTokens: 100}}})
-	r := f.do(streamBody("x"), nil)
-	if r.status != 200 || r.header.Get(headerEngine) != "e3" {
-		t.Fatalf("first request: got %d from %q: %q", r.status, r.header.Get(headerEngine), r.body)
-	}
-	if f.attempts() != 3 || f.engines[0].count() != 1 || f.engines[1].count() != 1 || f.engines[2].count() != 0 {
-		t.Fatalf("attempts %d, e0 %d e1 %d e2 %d; want 3 attempts: e0, e1, then the spare e3",
-			f.attempts(), f.engines[0].count(), f.engines[1].count(), f.engines[2].count())
-	}
-	// A second failure each ejects e0 and e1 (After 2).
-	for i := 0; i < 2; i++ {
-		if r := f.do(streamBody("x"), nil); r.status != 200 || r.header.Get(headerEngine) != "e3" {
-			t.Fatalf("request %d: got %d from %q: %q", i+2, r.status, r.header.Get(headerEngine), r.body)
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		snap := &messages.WeightSnapshot{Weights: map[string]float64{"e0": 0.5, "e1": 0.5, "e2": 0, "e3": 0},
+			LatencyMs: map[string]float64{"e0": 150, "e1": 150, "e2": 180, "e3": 160}, DemandRPS: 10}
+		figs := FiguresOf(snap)
+		if !slices.Equal(figs.Spare, []string{"e3", "e2"}) {
+			t.Fatalf("spare engines %v, want [e3 e2] (nearest first)", figs.Spare)
 		}
-	}
-	if !f.h.Live("m").Engine("e0").Ejected() || !f.h.Live("m").Engine("e1").Ejected() {
-		t.Fatalf("e0 ejected %v, e1 ejected %v; want both", f.h.Live("m").Engine("e0").Ejected(), f.h.Live("m").Engine("e1").Ejected())
-	}
-	before, failed := f.attempts(), f.engines[0].count()+f.engines[1].count()
-	for i := 0; i < 5; i++ {
-		if r := f.do(streamBody(fmt.Sprint("y", i)), nil); r.status != 200 || r.header.Get(headerEngine) != "e3" {
-			t.Fatalf("after ejection: got %d from %q: %q", r.status, r.header.Get(headerEngine), r.body)
+		f := newPFront(t, kind, []int32{mode500, mode500, modeOK, modeOK}, []float64{0.5, 0.5, 0, 0}, figs,
+			Options{Regions: mapRegions{"e0": "r2", "e1": "r2", "e2": "r3", "e3": "r1"},
+				Protection: ProtectionOptions{Eject: EjectOptions{After: 2}, Budget: BudgetOptions{Ratio: 5, MaxTokens: 100}}})
+		r := f.do(streamBody("x"), nil)
+		if r.status != 200 || r.header.Get(headerEngine) != "e3" {
+			t.Fatalf("first request: got %d from %q: %q", r.status, r.header.Get(headerEngine), r.body)
 		}
-	}
-	if got := f.attempts() - before; got != 5 || f.engines[0].count()+f.engines[1].count() != failed {
-		t.Fatalf("after ejection: %d attempts for 5 requests, %d more to the ejected engines; want 5 and 0",
-			got, f.engines[0].count()+f.engines[1].count()-failed)
-	}
+		if f.attempts() != 3 || f.engines[0].count() != 1 || f.engines[1].count() != 1 || f.engines[2].count() != 0 {
+			t.Fatalf("attempts %d, e0 %d e1 %d e2 %d; want 3 attempts: e0, e1, then the spare e3",
+				f.attempts(), f.engines[0].count(), f.engines[1].count(), f.engines[2].count())
+		}
+		// A second failure each ejects e0 and e1 (After 2).
+		for i := 0; i < 2; i++ {
+			if r := f.do(streamBody("x"), nil); r.status != 200 || r.header.Get(headerEngine) != "e3" {
+				t.Fatalf("request %d: got %d from %q: %q", i+2, r.status, r.header.Get(headerEngine), r.body)
+			}
+		}
+		if !f.h.Live("m").Engine("e0").Ejected() || !f.h.Live("m").Engine("e1").Ejected() {
+			t.Fatalf("e0 ejected %v, e1 ejected %v; want both", f.h.Live("m").Engine("e0").Ejected(), f.h.Live("m").Engine("e1").Ejected())
+		}
+		before, failed := f.attempts(), f.engines[0].count()+f.engines[1].count()
+		for i := 0; i < 5; i++ {
+			if r := f.do(streamBody(fmt.Sprint("y", i)), nil); r.status != 200 || r.header.Get(headerEngine) != "e3" {
+				t.Fatalf("after ejection: got %d from %q: %q", r.status, r.header.Get(headerEngine), r.body)
+			}
+		}
+		if got := f.attempts() - before; got != 5 || f.engines[0].count()+f.engines[1].count() != failed {
+			t.Fatalf("after ejection: %d attempts for 5 requests, %d more to the ejected engines; want 5 and 0",
+				got, f.engines[0].count()+f.engines[1].count()-failed)
+		}
+	})
 }

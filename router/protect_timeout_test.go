@@ -20,13 +20,15 @@ func (dialTimeoutTransport) Forward(ctx context.Context, e Engine, req *Upstream
 // deadline (here, connecting) is answered 504 with the underlying error, not
 // with "sent nothing within" the per-attempt deadline, which did not pass.
 func TestTimeoutBelowDeadlineSaysWhy(t *testing.T) {
-	f := newPFront(t, []int32{modeOK}, []float64{1}, nil, Options{Transport: dialTimeoutTransport{}})
-	r := f.do(streamBody("x"), nil)
-	if r.status != 504 {
-		t.Fatalf("status %d, want 504: %s", r.status, r.body)
-	}
-	if !strings.Contains(r.body, "upstream_timeout") || !strings.Contains(r.body, "timed out after") ||
-		!strings.Contains(r.body, "dial tcp") || strings.Contains(r.body, "sent nothing within") {
-		t.Fatalf("body %s: want the connect timeout named", r.body)
-	}
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		f := newPFront(t, kind, []int32{modeOK}, []float64{1}, nil, Options{Transport: dialTimeoutTransport{}})
+		r := f.do(streamBody("x"), nil)
+		if r.status != 504 {
+			t.Fatalf("status %d, want 504: %s", r.status, r.body)
+		}
+		if !strings.Contains(r.body, "upstream_timeout") || !strings.Contains(r.body, "timed out after") ||
+			!strings.Contains(r.body, "dial tcp") || strings.Contains(r.body, "sent nothing within") {
+			t.Fatalf("body %s: want the connect timeout named", r.body)
+		}
+	})
 }

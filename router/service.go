@@ -90,7 +90,7 @@ type Service struct {
 	front    *NATSFront
 	httpT    *HTTPTransport
 	ln       net.Listener
-	srv      *http.Server
+	srv      Server
 
 	mu      sync.Mutex
 	started bool
@@ -199,7 +199,10 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		}
 		so := opts.Server
 		so.Addr = s.ln.Addr().String()
-		s.srv = NewServer(s.handler, so)
+		if s.srv, err = NewServer(s.handler, so); err != nil {
+			_ = s.ln.Close()
+			return nil, err
+		}
 	}
 	return s, nil
 }
@@ -281,7 +284,8 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	s.log.Info().Str("http", s.Addr()).Bool("nats_front", s.front != nil).Msg("router started")
+	s.log.Info().Str("http", s.Addr()).Str("http_server", string(s.opts.Server.withDefaults().Kind)).
+		Bool("nats_front", s.front != nil).Msg("router started")
 	<-ctx.Done()
 	if s.srv != nil {
 		sctx, scancel := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)

@@ -34,6 +34,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/router"
 )
 
 type config struct {
@@ -91,8 +93,8 @@ func main() {
 	flag.BoolVar(&c.verbose, "v", false, "print every run's table too")
 	flag.BoolVar(&c.keep, "keep", false, "keep the temp dir with the servers' logs")
 	flag.IntVar(&c.syncQueue, "router-sync-queue", 0, "experiment: nats.SyncQueueLen of the NATS router's connection (0: default)")
-	flag.StringVar(&c.routerRT, "router-runtime", "", "runtime settings of the router processes, e.g. gomaxprocs=1,gogc=100 (empty: the router command's defaults)")
-	flag.StringVar(&c.variant, "variant", "", "also measure, in the same run, a second pair of routers with these runtime settings (as -router-runtime), named router′ and NATS via router′")
+	flag.StringVar(&c.routerRT, "router-runtime", "", "runtime settings of the router processes and the HTTP router's server, e.g. gomaxprocs=1,gogc=100,server=std (empty: the router command's defaults)")
+	flag.StringVar(&c.variant, "variant", "", "also measure, in the same run, a second pair of routers with these settings (as -router-runtime, e.g. server=std), named router′ and NATS via router′")
 	flag.StringVar(&c.variantExe, "variant-exe", "", "run the -variant routers from this build of bench/proxy (e.g. one built from another commit), for a same-run A/B of router code; implies -variant")
 	flag.BoolVar(&c.coloc, "coloc", true, "also measure the router co-located with its NATS server (one process, connected in-process), against raw NATS through that server")
 	flag.StringVar(&c.groups, "groups", "http,nats", "which tables to measure: http, nats or both (comma-separated); the servers all start either way")
@@ -638,8 +640,15 @@ func runtimeArgs(spec string) ([]string, error) {
 			continue
 		}
 		k, v, ok := strings.Cut(f, "=")
+		if ok && k == "server" {
+			if _, err := router.ParseServerKind(v); err != nil {
+				return nil, fmt.Errorf("router setting %q: %w", f, err)
+			}
+			args = append(args, "-http-server="+v)
+			continue
+		}
 		if !ok || (k != "gomaxprocs" && k != "gogc" && k != "natswbuf") {
-			return nil, fmt.Errorf("runtime setting %q is not gomaxprocs=N, gogc=N or natswbuf=N", f)
+			return nil, fmt.Errorf("router setting %q is not gomaxprocs=N, gogc=N, natswbuf=N or server=std|fasthttp", f)
 		}
 		if _, err := strconv.Atoi(v); err != nil {
 			return nil, fmt.Errorf("runtime setting %q: %w", f, err)

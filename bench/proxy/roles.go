@@ -52,6 +52,7 @@ type roleFlags struct {
 	runtime    router.RuntimeOptions
 	cluster    string
 	writeBuf   int
+	httpServer string
 }
 
 func runRole(role string, args []string) error {
@@ -68,6 +69,7 @@ func runRole(role string, args []string) error {
 	fs.StringVar(&rf.cluster, "cluster", benchCluster, "router: frontend cluster (the NATS front's subject and queue group)")
 	fs.IntVar(&rf.writeBuf, "natswbuf", 0, "router-nats: nats.WriteBufferSize of the router's connection, the size at which a publish flushes in the publisher's goroutine (0: the nats.go default)")
 	fs.IntVar(&rf.runtime.MaxProcs, "gomaxprocs", 0, "router: GOMAXPROCS (0: the runtime's default)")
+	fs.StringVar(&rf.httpServer, "http-server", string(router.DefaultServerKind), "router-http: the HTTP server, fasthttp or std (net/http), as the router command's --http-server")
 	fs.IntVar(&rf.runtime.GCPercent, "gogc", router.DefaultGCPercent, "router: GOGC, as the router command's --gogc (0: the runtime's default)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -254,15 +256,17 @@ func roleRevProxy(ctx context.Context, rf roleFlags) error {
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
 	}
-	return serveHTTP(ctx, rp)
+	// The limits of the router's std server (router.ServerOptions' defaults).
+	return serveHTTP(ctx, &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
+		MaxHeaderBytes: 64 << 10})
 }
 
-func serveHTTP(ctx context.Context, h http.Handler) error {
+// serveHTTP serves srv on a free loopback port until ctx ends.
+func serveHTTP(ctx context.Context, srv router.Server) error {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
-	srv := router.NewServer(h, router.ServerOptions{Addr: ln.Addr().String()})
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	ready("http://" + ln.Addr().String())
@@ -314,7 +318,15 @@ func roleRouterHTTP(ctx context.Context, rf roleFlags) error {
 	if err != nil {
 		return err
 	}
-	return serveHTTP(ctx, h)
+	kind, err := router.ParseServerKind(rf.httpServer)
+	if err != nil {
+		return err
+	}
+	srv, err := router.NewServer(h, router.ServerOptions{Kind: kind})
+	if err != nil {
+		return err
+	}
+	return serveHTTP(ctx, srv)
 }
 
 // roleRouterNATS is the router's NATS front (sy.req.A.bench) forwarding

@@ -36,6 +36,7 @@ func routerCommand() command {
 			fs.BoolVar(&o.PreferNATS, "prefer-nats", false, "forward over NATS to engines that offer both HTTP and NATS")
 			fs.DurationVar(&o.StaleAfter, "stale-after", router.DefaultStaleAfter, "snapshot age past which the local policy takes over")
 			fs.DurationVar(&o.ReportInterval, "report-interval", time.Second, "how often to publish reports")
+			httpServer := fs.String("http-server", string(router.DefaultServerKind), "HTTP front's server: fasthttp (github.com/valyala/fasthttp) or std (Go's net/http)")
 			var rt router.RuntimeOptions
 			fs.IntVar(&rt.GCPercent, "gogc", router.DefaultGCPercent, "garbage collector target percentage, as GOGC (0: keep GOGC from the environment or Go's 100; negative: off up to --memlimit)")
 			memLimit := fs.String("memlimit", "", "soft memory limit, as GOMEMLIMIT, e.g. 512MiB (empty: keep GOMEMLIMIT from the environment, or none)")
@@ -57,6 +58,9 @@ func routerCommand() command {
 				log, err := mkLog()
 				if err != nil {
 					return err
+				}
+				if o.Server.Kind, err = router.ParseServerKind(*httpServer); err != nil {
+					return usagef("--http-server: %v", err)
 				}
 				if *memLimit != "" {
 					if rt.MemoryLimit, err = router.ParseMemoryLimit(*memLimit); err != nil {

@@ -257,9 +257,9 @@ func TestRouterEmbedNATSLeaf(t *testing.T) {
 	waitServedByE1(t, client, 10*time.Second, "requests flow again after the hub's restart")
 }
 
-// TestRouterEmbedNATSFlags checks that the --embed-nats flags are validated
-// before anything starts.
-func TestRouterEmbedNATSFlags(t *testing.T) {
+// TestRouterFlagValidation checks that the --embed-nats and --http-server
+// flags are validated before anything starts.
+func TestRouterFlagValidation(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -271,6 +271,7 @@ func TestRouterEmbedNATSFlags(t *testing.T) {
 		{"listen without port", []string{"--embed-nats", "--embed-nats-listen", "127.0.0.1"}, "--embed-nats-listen"},
 		{"listen port out of range", []string{"--embed-nats", "--embed-nats-listen", "127.0.0.1:70000"}, "1 to 65535"},
 		{"leaf not a URL", []string{"--embed-nats", "--embed-nats-listen", "", "--embed-nats-leaf", "127.0.0.1:7422"}, "nats-leaf://host:7422"},
+		{"unknown HTTP server", []string{"--http-server", "nginx"}, `--http-server: router: HTTP server "nginx": want "std" or "fasthttp"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr syncBuffer
