@@ -227,20 +227,22 @@ func TestRetryToAnotherEngine(t *testing.T) {
 // key there — the engine that served it holds its newest prefix — so the
 // key's next request goes there too, even once the first engine is healthy.
 func TestRetryMovesKey(t *testing.T) {
-	f := newPFront(t, []int32{mode500, modeOK, modeOK}, []float64{0.5, 0.25, 0.25}, nil, Options{})
-	s := f.sessionFor(t, 0)
-	r := f.do(streamBody("x"), map[string]string{headerSessionID: s})
-	served := r.header.Get(headerEngine)
-	if r.status != 200 || served == "e0" || served == "" {
-		t.Fatalf("first request: %d from %q %v, want a retry served elsewhere", r.status, served, r.err)
-	}
-	f.engines[0].mode.Store(modeOK)
-	for i := range 3 {
-		r = f.do(streamBody("x"), map[string]string{headerSessionID: s})
-		if got := r.header.Get(headerEngine); r.status != 200 || got != served {
-			t.Fatalf("request %d after the retry: %d from %q, want %q (where the retry put the key)", i+2, r.status, got, served)
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		f := newPFront(t, kind, []int32{mode500, modeOK, modeOK}, []float64{0.5, 0.25, 0.25}, nil, Options{})
+		s := f.sessionFor(t, 0)
+		r := f.do(streamBody("x"), map[string]string{headerSessionID: s})
+		served := r.header.Get(headerEngine)
+		if r.status != 200 || served == "e0" || served == "" {
+			t.Fatalf("first request: %d from %q %v, want a retry served elsewhere", r.status, served, r.err)
 		}
-	}
+		f.engines[0].mode.Store(modeOK)
+		for i := range 3 {
+			r = f.do(streamBody("x"), map[string]string{headerSessionID: s})
+			if got := r.header.Get(headerEngine); r.status != 200 || got != served {
+				t.Fatalf("request %d after the retry: %d from %q, want %q (where the retry put the key)", i+2, r.status, got, served)
+			}
+		}
+	})
 }
 
 func TestNoRetryAfterFirstByte(t *testing.T) {
