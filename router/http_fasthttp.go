@@ -24,15 +24,17 @@ import (
 // A streamed answer is relayed from fasthttp's body stream writer, which
 // flushes each event as one chunk; a failed write to the client cancels the
 // engine's request. A whole (non-streamed) answer is read into the response
-// and sent when complete, as nginx's default buffering does; a client that
-// goes away before it is complete is noticed only when the answer is sent,
-// not while the engine works on it.
+// and sent when complete, as nginx's default buffering does. A client that
+// goes away while the engine works — before the first byte, on a whole
+// answer, or between events — is noticed by the goneWatcher, which cancels
+// the request.
 type fastServer struct {
 	h      *Handler
 	srv    *fasthttp.Server
 	other  fasthttp.RequestHandler
 	xs     sync.Pool // *fastExchange
 	closed atomic.Bool
+	gone   *goneWatcher
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
@@ -44,7 +46,7 @@ type fastServer struct {
 
 func newFastServer(h *Handler, opts ServerOptions) *fastServer {
 	s := &fastServer{h: h, other: fasthttpadaptor.NewFastHTTPHandler(h), conns: map[net.Conn]struct{}{},
-		inBody: map[*fasthttp.RequestHeader]struct{}{}}
+		inBody: map[*fasthttp.RequestHeader]struct{}{}, gone: newGoneWatcher(goneWatchPeriod)}
 	s.xs.New = func() any { return &fastExchange{hdr: make(http.Header, 8)} }
 	bodyTimeout := h.opts.BodyReadTimeout
 	s.srv = &fasthttp.Server{
@@ -91,6 +93,7 @@ func (s *fastServer) connState(c net.Conn, st fasthttp.ConnState) {
 		s.conns[c] = struct{}{}
 	case fasthttp.StateClosed, fasthttp.StateHijacked:
 		delete(s.conns, c)
+		s.gone.forget(c)
 	}
 }
 
@@ -107,7 +110,9 @@ func (s *fastServer) Serve(ln net.Listener) error {
 // in progress until ctx ends.
 func (s *fastServer) Shutdown(ctx context.Context) error {
 	s.closed.Store(true)
-	return s.srv.ShutdownWithContext(ctx)
+	err := s.srv.ShutdownWithContext(ctx)
+	s.gone.close()
+	return err
 }
 
 // Close closes the listener and every connection.
@@ -117,10 +122,11 @@ func (s *fastServer) Close() error {
 	cancel()
 	_ = s.srv.ShutdownWithContext(ctx) // closes the listener and idle connections
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	for c := range s.conns {
 		_ = c.Close()
 	}
+	s.mu.Unlock()
+	s.gone.close()
 	return nil
 }
 
@@ -165,18 +171,25 @@ func (s *fastServer) serve(ctx *fasthttp.RequestCtx) {
 	x := s.xs.Get().(*fastExchange)
 	x.h, x.ctx = s.h, ctx
 	defer s.put(x)
-	a := s.h.serveInference(context.Background(), x, x, ep)
-	if a == nil {
+	// The request's work ends when the client goes away (see goneWatcher),
+	// as r.Context() makes it end on the std front.
+	rctx, cancel := context.WithCancel(context.Background())
+	watched := s.gone.watch(ctx.Conn(), cancel)
+	a := s.h.serveInference(rctx, x, x, ep)
+	if a == nil || !a.stream {
+		if a != nil {
+			a.relay(rctx, x)
+		}
+		s.gone.unwatch(watched)
+		cancel()
 		return
 	}
-	if !a.stream {
-		a.relay(context.Background(), x)
-		return
-	}
+	// A stream is relayed after the handler returns; the watch goes on
+	// until its end (and ends with the connection if it never starts).
 	conn := ctx.Conn()
 	ctx.SetBodyStreamWriter(func(bw *bufio.Writer) {
-		sctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
+		defer s.gone.unwatch(watched)
 		defer func() {
 			if p := recover(); p != nil {
 				s.h.log.Error().Str("server", string(ServerFast)).Interface("panic", p).Bytes("stack", debug.Stack()).
@@ -184,7 +197,7 @@ func (s *fastServer) serve(ctx *fasthttp.RequestCtx) {
 				_ = conn.Close()
 			}
 		}()
-		a.relay(sctx, &fastStream{bw: bw, gone: cancel})
+		a.relay(rctx, &fastStream{bw: bw, gone: cancel})
 	})
 }
 

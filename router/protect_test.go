@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -241,6 +242,38 @@ func TestRetryMovesKey(t *testing.T) {
 			if got := r.header.Get(headerEngine); r.status != 200 || got != served {
 				t.Fatalf("request %d after the retry: %d from %q, want %q (where the retry put the key)", i+2, r.status, got, served)
 			}
+		}
+	})
+}
+
+// TestClientGoneBeforeFirstByte: a client that goes away while its request
+// waits for the engine's first byte — streamed or not — cancels the
+// engine's request at once, not when the per-attempt deadline fires.
+func TestClientGoneBeforeFirstByte(t *testing.T) {
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		for _, stream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+				f := newPFront(t, kind, []int32{modeHang}, []float64{1}, nil, Options{Protection: ProtectionOptions{
+					FirstByteTimeout: time.Minute, WholeFirstByteTimeout: time.Minute}})
+				body := chatBody
+				if stream {
+					body = streamBody("x")
+				}
+				conn, err := net.Dial("tcp", strings.TrimPrefix(f.url, "http://"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer conn.Close()
+				if _, err := fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
+					t.Fatal(err)
+				}
+				waitFor(t, 5*time.Second, func() bool { return f.engines[0].inflight.Load() == 1 })
+				gone := time.Now()
+				_ = conn.Close()
+				waitFor(t, 5*time.Second, func() bool { return f.engines[0].inflight.Load() == 0 })
+				waitFor(t, 5*time.Second, func() bool { return f.h.Live("m").TotalInFlight() == 0 })
+				t.Logf("the engine's request ended %v after the client went away", time.Since(gone).Round(time.Millisecond))
+			})
 		}
 	})
 }

@@ -1,0 +1,7 @@
+//go:build !unix
+
+package router
+
+// peekGone cannot tell on this platform; a client that goes away is noticed
+// when the answer is written to it.
+func peekGone(uintptr) bool { return false }
