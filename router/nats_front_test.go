@@ -66,15 +66,7 @@ func TestNATSFrontConcurrencyLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = front.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	client := env.Dial(t, "client")
-	testenv.WaitFor(t, 5*time.Second, "the front subscribed", func() bool {
-		_, err := client.Request("sy.req.A.m", nil, 100*time.Millisecond)
-		return err == nil // a publish without a body still gets a 400 reply
-	})
+	client := runNATSFront(t, env, front, "A")
 
 	// request sends a non-streamed request (one reply) from any goroutine.
 	request := func(subject string) string {
@@ -122,13 +114,7 @@ func TestNATSFrontConcurrencyLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done2 := make(chan struct{})
-	go func() { defer close(done2); _ = front2.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done2 })
-	testenv.WaitFor(t, 5*time.Second, "the second front subscribed", func() bool {
-		_, err := client.Request("sy.req.B.m", nil, 100*time.Millisecond)
-		return err == nil
-	})
+	runNATSFront(t, env, front2, "B")
 	const burst = 200
 	var wg sync.WaitGroup
 	statuses := make(chan string, burst)
@@ -147,4 +133,21 @@ func TestNATSFrontConcurrencyLimit(t *testing.T) {
 	if n != burst {
 		t.Fatalf("burst: %d answers, want %d", n, burst)
 	}
+}
+
+// runNATSFront runs front, of cluster, until the test ends and returns a
+// client connection once the front answers on sy.req.<cluster>.m (a request
+// without a body gets a 400 reply, which no report counts).
+func runNATSFront(t *testing.T, env *testenv.NATS, front *router.NATSFront, cluster string) *nats.Conn {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = front.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	client := env.Dial(t, "client")
+	testenv.WaitFor(t, 5*time.Second, "the front of "+cluster+" subscribed", func() bool {
+		_, err := client.Request("sy.req."+cluster+".m", nil, 100*time.Millisecond)
+		return err == nil
+	})
+	return client
 }

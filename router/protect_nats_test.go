@@ -1,7 +1,6 @@
 package router_test
 
 import (
-	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -36,12 +35,7 @@ func TestNATSFrontShedAndReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = front.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	time.Sleep(50 * time.Millisecond) // let the subscription reach the server
-	client := env.Dial(t, "client")
+	client := runNATSFront(t, env, front, "A")
 	start := time.Now()
 	msgs := natsRequest(t, client, "sy.req.A.m", chatJSON("m", false, "x"), map[string]string{"x-switchyard-priority": "sheddable"})
 	if d := time.Since(start); d > time.Second {
