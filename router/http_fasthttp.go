@@ -99,7 +99,8 @@ func (s *fastServer) connState(c net.Conn, st fasthttp.ConnState) {
 
 // Serve accepts connections on ln until Shutdown or Close.
 func (s *fastServer) Serve(ln net.Listener) error {
-	err := s.srv.Serve(ln)
+	// Connections read and write with raw system calls (see rawConn).
+	err := s.srv.Serve(rawListen(ln))
 	if err == nil || s.closed.Load() {
 		return http.ErrServerClosed
 	}

@@ -149,6 +149,7 @@ func (t *HTTPTransport) dial(ctx context.Context, p *upstreamPool) (*upstreamCon
 	if err != nil {
 		return nil, err
 	}
+	nc = wrapRaw(nc) // reads and writes with raw system calls (see rawConn)
 	return &upstreamConn{nc: nc, br: bufio.NewReaderSize(nc, t.opts.bufSize()), bw: bufio.NewWriterSize(nc, t.opts.bufSize())}, nil
 }
 
