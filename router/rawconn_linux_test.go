@@ -128,6 +128,27 @@ func TestRawConnErrors(t *testing.T) {
 			t.Fatalf("Read after a reset: %#v; want a *net.OpError of op read", err)
 		}
 	})
+	t.Run("write after reset", func(t *testing.T) {
+		raw, plain := rawPair(t)
+		_ = plain.(*net.TCPConn).SetLinger(0)
+		_ = plain.Close()
+		// The first writes may land before the reset is seen; SIGPIPE is
+		// the runtime's to ignore, as for a plain connection.
+		var err error
+		for i := 0; i < 100 && err == nil; i++ {
+			_, err = raw.Write([]byte("x"))
+			if err == nil {
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+		if !errors.Is(err, syscall.EPIPE) && !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("Write to a reset connection: %v; want EPIPE or ECONNRESET", err)
+		}
+		var oe *net.OpError
+		if !errors.As(err, &oe) || oe.Op != "write" {
+			t.Fatalf("Write to a reset connection: %#v; want a *net.OpError of op write", err)
+		}
+	})
 	t.Run("read deadline", func(t *testing.T) {
 		raw, _ := rawPair(t)
 		_ = raw.SetReadDeadline(time.Now().Add(30 * time.Millisecond))
