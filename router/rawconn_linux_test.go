@@ -8,7 +8,9 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -213,5 +215,81 @@ func TestWrapRawOnlyTCP(t *testing.T) {
 	defer b.Close()
 	if c := wrapRaw(a); c != a {
 		t.Fatalf("wrapRaw(pipe) = %T, want the pipe itself", c)
+	}
+}
+
+// TestRawSocketsInUse: the fasthttp front serves its clients, and the HTTP
+// transport reaches engines, over rawConns (the point of rawConn: no
+// sysmon wake-up per request), and a request through both works.
+func TestRawSocketsInUse(t *testing.T) {
+	engineLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer := `{"id":"x","object":"chat.completion","choices":[]}`
+	engine := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, answer)
+	}), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = engine.Serve(engineLn) }()
+	t.Cleanup(func() { _ = engine.Close() })
+	engineURL := "http://" + engineLn.Addr().String()
+
+	tr := NewHTTPTransport(HTTPTransportOptions{})
+	tables := NewStaticTables()
+	tables.Set("m", mustTable(t, []Engine{{Name: "e", URL: engineURL, Weight: 1}}, TableOptions{}), Info{Mode: ModeSnapshot})
+	h, err := NewHandler(Options{Tables: tables, Transport: tr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := NewServer(h, ServerOptions{Kind: ServerFast})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := srv.(*fastServer)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	t.Cleanup(func() {
+		_ = srv.Close()
+		<-done
+	})
+
+	resp, err := testClient(t).Post("http://"+ln.Addr().String()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(body) != answer {
+		t.Fatalf("through the router: %d %q, want 200 and the engine's answer", resp.StatusCode, body)
+	}
+
+	fs.mu.Lock()
+	n := len(fs.conns)
+	for c := range fs.conns {
+		if _, ok := c.(*rawConn); !ok {
+			t.Errorf("the fasthttp front serves a client over a %T, want *rawConn", c)
+		}
+	}
+	fs.mu.Unlock()
+	if n == 0 {
+		t.Error("the fasthttp front has no client connection open after a keep-alive request")
+	}
+	p := tr.pool(engineURL)
+	p.mu.Lock()
+	idle := len(p.idle)
+	for _, c := range p.idle {
+		if _, ok := c.nc.(*rawConn); !ok {
+			t.Errorf("the transport reaches the engine over a %T, want *rawConn", c.nc)
+		}
+	}
+	p.mu.Unlock()
+	if idle == 0 {
+		t.Error("the transport pooled no connection to the engine after a request")
 	}
 }
