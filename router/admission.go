@@ -448,14 +448,16 @@ func (s *slotHold) full(now time.Time) bool {
 	return at > 0 && now.UnixMilli()-at <= slotFullHold.Milliseconds()
 }
 
-// admitSlot takes a batch slot for rt, whose pick is idx: on idx, else on
-// the first of the key's other candidates (not down) with a slot free.
-// When none is free and the bound is enforced (slotsEnforced), the request
-// waits for a slot freed on one of its candidates if its predicted wait is
-// short enough for its class (ProtectionOptions.SlotQueueWait), and is
-// otherwise, or when none came in time, shed (429). When the bound is not
-// enforced the request holds a slot on idx anyway (the engine queues it).
-// It returns the engine to send the request to.
+// admitSlot takes a batch slot for rt, whose pick is idx: on idx, else —
+// while every candidate engine is full by its own signals — on the first of
+// the key's other candidates (not down) with a slot free. When none is free
+// and the bound is enforced (slotsEnforced), the request waits for a slot
+// freed on one of its candidates if its predicted wait is short enough for
+// its class (ProtectionOptions.SlotQueueWait), and is otherwise shed (429),
+// or, when critical or when no slot came in time, sent beyond the bound to
+// the candidate this router exceeds least. When the bound is not enforced
+// the request holds a slot on idx anyway (the engine queues it). It returns
+// the engine to send the request to.
 func (h *Handler) admitSlot(ctx context.Context, rt *routed, idx int, f *Figures) (int, *APIError) {
 	if !h.prot.SlotAdmission {
 		return idx, nil
