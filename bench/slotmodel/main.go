@@ -47,6 +47,9 @@ type Params struct {
 	Allowance    int     // queued requests per engine beyond its slots
 	QueueCap     int     // queued requests beyond slots in all (negative: no cap)
 	Critical     float64 // share of arrivals that are critical: never shed, sent to the least occupied engine when every one is full
+	Sheddable    float64 // share of arrivals that are sheddable (the rest beyond Critical are standard)
+	KeyShed      float64 // share of all arrivals shed up front, from the sheddable ones (the router's relaxed snapshot shed by key)
+	Reserve      float64 // share of an engine's limit that sheddable requests leave free (the router's SlotReserve)
 	Seconds      float64 // simulated time; the first tenth is warm-up
 	Seed         uint64
 }
@@ -122,7 +125,14 @@ func Run(p Params) Result {
 				break
 			}
 			arrival += rng.ExpFloat64() / lambda
-			isCrit := p.Critical > 0 && rng.Float64() < p.Critical
+			isCrit, isShed := false, false
+			if p.Critical > 0 || p.Sheddable > 0 {
+				u := rng.Float64()
+				isCrit, isShed = u < p.Critical, u >= 1-p.Sheddable
+			}
+			if isShed && p.KeyShed > 0 && p.Sheddable > 0 && rng.Float64() < p.KeyShed/p.Sheddable {
+				continue // shed by key
+			}
 			queued := 0
 			for _, e := range engines {
 				queued += max(0, e.occupancy()-p.Batch)
@@ -132,6 +142,9 @@ func Run(p Params) Result {
 				limit := p.Batch
 				if p.QueueCap < 0 || queued < p.QueueCap {
 					limit += p.Allowance
+				}
+				if isShed && p.Reserve > 0 {
+					limit -= int(math.Ceil(p.Reserve * float64(limit)))
 				}
 				if e.occupancy() < limit && (pick == nil || e.occupancy() < pick.occupancy()) {
 					pick = e
@@ -213,13 +226,16 @@ func main() {
 	unloaded := flag.Float64("unloaded", 0.25, "load of the unloaded baseline")
 	maxAllow := flag.Int("max-allow", 3, "largest allowance of queued requests per engine to tabulate")
 	flag.Float64Var(&p.Critical, "critical", 0, "share of critical requests, never shed; with it, a second table")
+	flag.Float64Var(&p.Sheddable, "sheddable", 0, "share of sheddable requests (second table)")
+	flag.Float64Var(&p.KeyShed, "key-shed", 0, "share of all requests shed up front from the sheddable ones, as the router's relaxed snapshot shed does (second table)")
+	flag.Float64Var(&p.Reserve, "reserve", 0, "share of an engine's limit sheddable requests leave free, as the router's SlotReserve (second table)")
 	flag.Parse()
 	if p.Engines < 1 || p.Batch < 1 || p.OutputTokens < 1 || p.PromptTokens < 0 || !(p.BaseTBTMs > 0) || !(p.Load > 0) || !(p.Seconds > 0) {
 		fmt.Fprintln(os.Stderr, "slotmodel: engines, batch, output, tbt, load and seconds must be positive")
 		os.Exit(2)
 	}
 	base := p
-	base.Load, base.Allowance, base.QueueCap, base.Critical = *unloaded, p.Batch*10, -1, 0
+	base.Load, base.Allowance, base.QueueCap, base.Critical, base.Sheddable, base.KeyShed = *unloaded, p.Batch*10, -1, 0, 0, 0
 	u := Run(base)
 	fmt.Printf("%d engines x %d slots, %d output tokens, decode step %.0f ms (+%.1f per request), prefill %.1f ms: capacity %.1f req/s, %.2f completions per decode step per engine\n",
 		p.Engines, p.Batch, p.OutputTokens, p.BaseTBTMs, p.GrowthMs, float64(p.PromptTokens)*p.PrefillMs, p.Capacity()*float64(p.Engines),
@@ -240,7 +256,7 @@ func main() {
 		caps = append(caps, -1)
 		for _, c := range caps {
 			q := p
-			q.Allowance, q.QueueCap, q.Critical = allow, c, 0
+			q.Allowance, q.QueueCap, q.Critical, q.Sheddable, q.KeyShed, q.Reserve = allow, c, 0, 0, 0, 0
 			r := Run(q)
 			all := "any"
 			if c >= 0 {

@@ -70,3 +70,22 @@ func TestCriticalNeverShed(t *testing.T) {
 		t.Fatalf("critical requests admitted past the limits served less: %.3f < %.3f", crit.Served, plain.Served)
 	}
 }
+
+// TestRouterPolicyCosts: shedding sheddable requests by key up front and
+// reserving slots from them (the router's relaxed snapshot shed and
+// SlotReserve) each serve less than the oracle without them at the same
+// allowance.
+func TestRouterPolicyCosts(t *testing.T) {
+	p := Params{Engines: 2, Batch: 64, OutputTokens: 16, PromptTokens: 64, PrefillMs: 0.02, BaseTBTMs: 100, GrowthMs: 0.2,
+		Load: 1.5, Allowance: 2, QueueCap: -1, Seconds: 120, Seed: 1, Critical: 0.2, Sheddable: 0.4}
+	free := Run(p)
+	keyed := p
+	keyed.KeyShed = 1.0 / 6
+	reserved := p
+	reserved.Reserve = 0.05
+	for name, q := range map[string]Params{"key shed": keyed, "reserve": reserved} {
+		if r := Run(q); r.Served >= free.Served {
+			t.Errorf("%s: served %.3f, not less than %.3f without it", name, r.Served, free.Served)
+		}
+	}
+}
