@@ -64,8 +64,8 @@ type ProtectionOptions struct {
 	// admission.go). It is off by default: on the overload scenario's
 	// engines it holds served throughput within about a point of the 95%
 	// row (91–96% on a busy host), and on a slow host (the end-to-end case
-	// study under the race detector) it still sheds a few percent of a
-	// cluster's requests that the default router queues at the engines
+	// study under the race detector) it still shed 3–22% of a cluster's
+	// requests that the default router queues at the engines
 	// (BENCHMARKS.md, "Reliability on the real stack").
 	SlotAdmission bool
 	// SlotQueueWait bounds the predicted wait of a request that finds
