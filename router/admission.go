@@ -103,16 +103,22 @@ type slotHold struct {
 	rateRel int64      // released at rateAt
 	rate    float64    // this router's releases on the engine per second (moving average)
 	hist    [slotHistory]sentAt
-	histN   int // entries of hist written, ever (hist[histN%slotHistory] is the next)
+	histN   int          // entries of hist written, ever (hist[histN%slotHistory] is the next)
+	noteAt  atomic.Int64 // Unix ms of the newest entry of hist
 }
 
 // sentAt is slotHold.sent at a time, Unix ms.
 type sentAt struct{ at, sent int64 }
 
-// slotHistory is how many of its signals' arrivals a slotHold remembers
-// the count of sent requests at: enough to find the count at the time a
-// signal was taken when it arrives several intervals late.
-const slotHistory = 16
+// slotHistory is how many notes of the count of sent requests a slotHold
+// keeps: taken at most every slotNoteEvery on the send path and at each
+// signal's arrival, enough to find the count at the time a signal was
+// taken when it arrives a second late (as under the race detector).
+const slotHistory = 64
+
+// slotNoteEvery is the least time between two notes of the count of sent
+// requests taken on the send path.
+const slotNoteEvery = 20 * time.Millisecond
 
 // excess returns how many of n held requests occupancy does not count.
 func (s *slotHold) excess(n int64) int64 {
@@ -122,10 +128,32 @@ func (s *slotHold) excess(n int64) int64 {
 	return max(0, n-max(0, s.engBound.Load()+s.sent.Load()))
 }
 
-// hold counts a request sent to the engine holding a slot there.
-func (s *slotHold) hold() {
+// hold counts a request sent, at now, to the engine holding a slot there.
+func (s *slotHold) hold(now time.Time) {
 	s.held.Add(1)
-	s.sent.Add(1)
+	s.sentOne(now)
+}
+
+// sentOne counts a request sent to the engine at now, and notes the count
+// when the newest note is slotNoteEvery old.
+func (s *slotHold) sentOne(now time.Time) {
+	n := s.sent.Add(1)
+	ms := now.UnixMilli()
+	if ms-s.noteAt.Load() < slotNoteEvery.Milliseconds() {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ms-s.noteAt.Load() >= slotNoteEvery.Milliseconds() {
+		s.noteLocked(ms, n)
+	}
+}
+
+// noteLocked appends a note of the count of sent requests.
+func (s *slotHold) noteLocked(ms, sent int64) {
+	s.hist[s.histN%slotHistory] = sentAt{at: ms, sent: sent}
+	s.histN++
+	s.noteAt.Store(ms)
 }
 
 // occupancy returns how many of the engine's batch slots this router's
@@ -163,8 +191,7 @@ func (s *slotHold) recordSentLocked(sig *messages.EngineSignal, now time.Time) {
 			break
 		}
 	}
-	s.hist[s.histN%slotHistory] = sentAt{at: now.UnixMilli(), sent: sent}
-	s.histN++
+	s.noteLocked(now.UnixMilli(), sent)
 	if found {
 		s.engBound.Store(int64(sig.Queue+sig.Running) - base)
 	}
@@ -260,10 +287,10 @@ func reserveFor(p Priority, lim, share float64) float64 {
 
 // tryHold takes a slot for a request of class p when one is free beyond the
 // class's reserve, or when the engine's slots are unknown.
-func (s *slotHold) tryHold(p Priority, share float64) bool {
+func (s *slotHold) tryHold(p Priority, share float64, now time.Time) bool {
 	lim, known := s.limit()
 	if !known {
-		s.hold()
+		s.hold(now)
 		return true
 	}
 	need := lim - reserveFor(p, lim, share)
@@ -273,7 +300,7 @@ func (s *slotHold) tryHold(p Priority, share float64) bool {
 			return false
 		}
 		if s.held.CompareAndSwap(n, n+1) {
-			s.sent.Add(1)
+			s.sentOne(now)
 			return true
 		}
 	}
@@ -399,7 +426,7 @@ func (q *slotQueue) release(e *EngineLive, d time.Duration, now time.Time) {
 		for i, w := range q.waiting {
 			for k, c := range w.cands {
 				if c == e {
-					e.slot.sent.Add(1) // the slot passes to the waiter, which is sent there
+					e.slot.sentOne(now) // the slot passes to the waiter, which is sent there
 					w.done = true
 					w.got <- w.idx[k]
 					q.waiting = append(q.waiting[:i], q.waiting[i+1:]...)
@@ -478,7 +505,7 @@ func (h *Handler) admitSlot(ctx context.Context, rt *routed, idx int, f *Figures
 	// it is critical (waiters are critical or standard).
 	queued := rt.ms.slotq.n.Load() > 0 && rt.prio != PriorityCritical
 	take := func(j int) bool {
-		if e := rt.bound.Live(j); !queued && e.slot.tryHold(rt.prio, share) {
+		if e := rt.bound.Live(j); !queued && e.slot.tryHold(rt.prio, share, now) {
 			rt.hold, rt.heldAt = e, now
 			rt.ms.slotq.count(now, false)
 			h.slotAdmitted(slotFree, rt.prio)
@@ -588,8 +615,9 @@ func roomiest(b *Bound, cands []int) int {
 // queues the request) and returns idx.
 func (h *Handler) forceSlot(rt *routed, idx int) int {
 	e := rt.bound.Live(idx)
-	e.slot.hold()
-	rt.hold, rt.heldAt = e, h.opts.Now()
+	now := h.opts.Now()
+	e.slot.hold(now)
+	rt.hold, rt.heldAt = e, now
 	return idx
 }
 

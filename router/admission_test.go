@@ -140,7 +140,7 @@ func TestSlotQueueHandsOverReleasedSlot(t *testing.T) {
 	a, b := &EngineLive{}, &EngineLive{}
 	for _, e := range []*EngineLive{a, b} {
 		e.slot.observe(&messages.EngineSignal{MaxRunning: 1}, time.Now())
-		for e.slot.tryHold(PriorityStandard, 0) {
+		for e.slot.tryHold(PriorityStandard, 0, time.Now()) {
 		}
 	}
 	if got := a.slot.held.Load(); got != 1+slotAllowance {
@@ -266,7 +266,7 @@ func TestSlotHoldMovesWithRetry(t *testing.T) {
 	ib, _ := table.Index("b")
 	ea, eb := b.Live(ia), b.Live(ib)
 	ea.slot.observe(&messages.EngineSignal{MaxRunning: 1}, time.Now())
-	for ea.slot.tryHold(PriorityStandard, 0) {
+	for ea.slot.tryHold(PriorityStandard, 0, time.Now()) {
 	}
 	rt := &routed{bound: b, ms: ms, hold: ea, heldAt: time.Now(), now: time.Now}
 	w := &slotWaiter{prio: PriorityStandard, cands: []*EngineLive{ea}, idx: []int{ia}, got: make(chan int, 1)}
@@ -372,7 +372,7 @@ func TestSlotOccupancyFromEngineCount(t *testing.T) {
 	}
 	s.observe(sig(t0.Add(-time.Second), 0), t0) // older than any note: no bound yet
 	for i := 0; i < 4; i++ {
-		if !s.tryHold(PriorityStandard, 0) {
+		if !s.tryHold(PriorityStandard, 0, t0) {
 			t.Fatalf("slot %d refused", i)
 		}
 	}
@@ -383,21 +383,29 @@ func TestSlotOccupancyFromEngineCount(t *testing.T) {
 	// taken at t0+10ms shows the engine running 2: the 2 sent since the
 	// note count on top.
 	s.observe(sig(t0.Add(-time.Second), 0), t0.Add(5*time.Millisecond))
-	s.hold()
-	s.hold()
+	s.hold(t0.Add(6 * time.Millisecond))
+	s.hold(t0.Add(6 * time.Millisecond))
 	s.observe(sig(t0.Add(10*time.Millisecond), 2), t0.Add(500*time.Millisecond))
 	if got := s.occupancy(); got != 2+2 {
 		t.Fatalf("occupancy %d, want the engine's 2 plus the 2 sent since (of %d held)", got, s.held.Load())
 	}
 	// Room again for this router although it holds 6 of 4+1.
-	if !s.tryHold(PriorityStandard, 0) {
+	if !s.tryHold(PriorityStandard, 0, t0.Add(500*time.Millisecond)) {
 		t.Fatal("refused a slot the engine has room for")
 	}
 	if got := s.occupancy(); got != 5 {
 		t.Fatalf("occupancy %d after one more, want 5", got)
 	}
+	// Sends note the count on the way: a signal taken after a note made
+	// on the send path counts only what was sent after that note.
+	s.hold(t0.Add(530 * time.Millisecond)) // a note: 8 sent at t0+530ms
+	s.hold(t0.Add(540 * time.Millisecond)) // within 20 ms of it: no note
+	s.observe(sig(t0.Add(535*time.Millisecond), 3), t0.Add(545*time.Millisecond))
+	if got := s.occupancy(); got != 3+1 {
+		t.Fatalf("occupancy %d, want the engine's 3 plus the 1 sent after the note at t0+530ms", got)
+	}
 	// The engine is full by its own count: the held count binds again.
-	s.observe(sig(t0.Add(600*time.Millisecond), 7), t0.Add(700*time.Millisecond))
+	s.observe(sig(t0.Add(600*time.Millisecond), 12), t0.Add(700*time.Millisecond))
 	if got := s.occupancy(); got != s.held.Load() {
 		t.Fatalf("occupancy %d, want the %d held when the engine counts more", got, s.held.Load())
 	}

@@ -64,7 +64,7 @@ type ProtectionOptions struct {
 	// admission.go). It is off by default: on the overload scenario's
 	// engines it holds served throughput within about a point of the 95%
 	// row (91–96% on a busy host), and on a slow host (the end-to-end case
-	// study under the race detector) it still shed 3–22% of a cluster's
+	// study under the race detector) it still shed 1–6% of a cluster's
 	// requests that the default router queues at the engines
 	// (BENCHMARKS.md, "Reliability on the real stack").
 	SlotAdmission bool
@@ -208,7 +208,7 @@ func (rt *routed) moveHold(idx int) {
 	}
 	now := rt.now()
 	rt.ms.slotq.release(rt.hold, now.Sub(rt.heldAt), now)
-	e.slot.hold()
+	e.slot.hold(now)
 	rt.hold, rt.heldAt = e, now
 }
 
