@@ -35,6 +35,17 @@ func (f *pfront) observeSlots(maxRunning int) {
 	}
 }
 
+// observeFull gives every engine of f a signal with maxRunning batch slots,
+// all running and one request queued — the engine is full by its own
+// count — taken a second ago, so that its requests do not count as other
+// routers' (slotSignalFresh).
+func (f *pfront) observeFull(maxRunning int) {
+	for _, e := range f.engines {
+		f.h.ObserveSignal(&messages.EngineSignal{Model: "m", Engine: e.name, MaxRunning: maxRunning, Running: maxRunning, Queue: 1,
+			Time: time.Now().Add(-time.Second).UnixMilli()})
+	}
+}
+
 // TestSlotBoundSheds fills two engines of two batch slots each (three
 // requests each with the allowance) while the snapshot plans the fleet near
 // its limit: further sheddable and standard requests are shed at once with
@@ -44,7 +55,7 @@ func TestSlotBoundSheds(t *testing.T) {
 	forEachServer(t, func(t *testing.T, kind ServerKind) {
 		figs := &Figures{ShedFraction: 0.01} // sheds: the bound is on; no demand: the allotment sets no limit
 		f := newPFront(t, kind, []int32{modeHold, modeHold}, []float64{0.5, 0.5}, figs, Options{Protection: ProtectionOptions{SlotAdmission: true}})
-		f.observeSlots(2)
+		f.observeFull(2)
 		limit := 2 * (2 + slotAllowance)
 		inflight := func() int64 { return f.engines[0].inflight.Load() + f.engines[1].inflight.Load() }
 		var wg sync.WaitGroup
@@ -129,7 +140,7 @@ func TestSlotQueueHandsOverReleasedSlot(t *testing.T) {
 	a, b := &EngineLive{}, &EngineLive{}
 	for _, e := range []*EngineLive{a, b} {
 		e.slot.observe(&messages.EngineSignal{MaxRunning: 1}, time.Now())
-		for e.slot.tryHold(PriorityStandard, 0) {
+		for e.slot.tryHold(PriorityStandard, 0, time.Now()) {
 		}
 	}
 	if got := a.slot.held.Load(); got != 1+slotAllowance {
@@ -204,8 +215,20 @@ func TestSlotOverloadDetection(t *testing.T) {
 	if q.count(now.Add(3*slotWindow), true) {
 		t.Fatal("still enforced after the windows passed")
 	}
-	if !slotsEnforced(&Figures{ShedFraction: 0.1}, false) || slotsEnforced(&Figures{Utilisation: 0.95}, false) || !slotsEnforced(nil, true) {
-		t.Fatal("slotsEnforced")
+	for _, tc := range []struct {
+		f           *Figures
+		local, full bool
+		want        bool
+	}{
+		{&Figures{ShedFraction: 0.1}, false, true, true},
+		{&Figures{ShedFraction: 0.1}, true, false, false}, // the engines keep up by their own signals
+		{&Figures{Utilisation: 0.95}, false, true, false},
+		{nil, true, true, true},
+		{nil, true, false, false},
+	} {
+		if got := slotsEnforced(tc.f, tc.local, tc.full); got != tc.want {
+			t.Errorf("slotsEnforced(%+v, local %v, full %v) = %v, want %v", tc.f, tc.local, tc.full, got, tc.want)
+		}
 	}
 }
 
@@ -243,7 +266,7 @@ func TestSlotHoldMovesWithRetry(t *testing.T) {
 	ib, _ := table.Index("b")
 	ea, eb := b.Live(ia), b.Live(ib)
 	ea.slot.observe(&messages.EngineSignal{MaxRunning: 1}, time.Now())
-	for ea.slot.tryHold(PriorityStandard, 0) {
+	for ea.slot.tryHold(PriorityStandard, 0, time.Now()) {
 	}
 	rt := &routed{bound: b, ms: ms, hold: ea, heldAt: time.Now(), now: time.Now}
 	w := &slotWaiter{prio: PriorityStandard, cands: []*EngineLive{ea}, idx: []int{ia}, got: make(chan int, 1)}
@@ -267,5 +290,123 @@ func TestSlotHoldMovesWithRetry(t *testing.T) {
 	rt.release()
 	if eb.slot.held.Load() != 0 {
 		t.Fatalf("b holds %d after the release", eb.slot.held.Load())
+	}
+}
+
+// TestSlotBoundNotEnforcedWhileEnginesKeepUp: the snapshot sheds, every
+// slot is taken by this router's count, but the engines' own signals show
+// room (as when a slow host keeps requests on their way to and from the
+// engine for long): further requests are sent to their engines, not shed.
+func TestSlotBoundNotEnforcedWhileEnginesKeepUp(t *testing.T) {
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		figs := &Figures{ShedFraction: 0.05}
+		f := newPFront(t, kind, []int32{modeHold}, []float64{1}, figs, Options{Protection: ProtectionOptions{SlotAdmission: true}})
+		f.observeSlots(1)
+		n := 1 + slotAllowance + 3
+		var wg sync.WaitGroup
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func() { defer wg.Done(); f.do(streamBody("x"), map[string]string{HeaderPriority: "sheddable"}) }()
+		}
+		ok := poll(5*time.Second, func() bool { return f.engines[0].inflight.Load() == int64(n) })
+		close(f.engines[0].release)
+		wg.Wait()
+		if !ok {
+			t.Fatalf("%d of %d requests reached the engine", f.engines[0].inflight.Load(), n)
+		}
+		if s := metricValue(f.h.metrics.shed.WithLabelValues(string(ShedSlots), "sheddable")); s != 0 {
+			t.Fatalf("%v requests shed for slots while the engine's signal shows room", s)
+		}
+	})
+}
+
+// TestSlotAllowanceFollowsCompletions: the requests a router may hold
+// beyond an engine's batch slots follow its completions per decode step
+// there — its release rate times the signal's time between tokens, times
+// slotQueueSteps — and are at least slotAllowance.
+func TestSlotAllowanceFollowsCompletions(t *testing.T) {
+	var s slotHold
+	now := time.Now()
+	sig := &messages.EngineSignal{MaxRunning: 64, TBTMs: 100}
+	s.observe(sig, now)
+	if got := s.allow.Load(); got != slotAllowance {
+		t.Fatalf("before any release: allowance %d, want %d", got, slotAllowance)
+	}
+	// 100 releases a second for 10 s: 10 completions per 100 ms step, of
+	// which slotQueueSteps may wait in the engine's queue.
+	for i := 1; i <= 100; i++ {
+		s.released.Add(10)
+		s.observe(sig, now.Add(time.Duration(i)*100*time.Millisecond))
+	}
+	want := int64(math.Round(slotQueueSteps * 10))
+	if got := s.allow.Load(); got != want {
+		t.Fatalf("at 10 completions a step: allowance %d, want %d", got, want)
+	}
+	if lim, _ := s.limit(); lim != float64(64+want) {
+		t.Fatalf("limit %v, want %v", lim, 64+want)
+	}
+	// Releases stop: the rate decays and the allowance returns to its floor.
+	for i := 101; i <= 200; i++ {
+		s.observe(sig, now.Add(time.Duration(i)*100*time.Millisecond))
+	}
+	if got := s.allow.Load(); got != slotAllowance {
+		t.Fatalf("after the releases stopped: allowance %d, want %d", got, slotAllowance)
+	}
+	// A signal without a step time keeps the floor.
+	s.released.Add(1000)
+	s.observe(&messages.EngineSignal{MaxRunning: 64}, now.Add(201*100*time.Millisecond))
+	if got := s.allow.Load(); got != slotAllowance {
+		t.Fatalf("without a step time: allowance %d, want %d", got, slotAllowance)
+	}
+}
+
+// TestSlotOccupancyFromEngineCount: requests this router holds but the
+// engine no longer counts (answers still being relayed, on a slow host)
+// do not take its slots: occupancy is the engine's own count at its
+// newest signal plus what the router sent since, when that is fewer.
+func TestSlotOccupancyFromEngineCount(t *testing.T) {
+	var s slotHold
+	t0 := time.Now()
+	sig := func(at time.Time, running int) *messages.EngineSignal {
+		return &messages.EngineSignal{MaxRunning: 4, Running: running, Time: at.UnixMilli()}
+	}
+	s.observe(sig(t0.Add(-time.Second), 0), t0) // older than any note: no bound yet
+	for i := 0; i < 4; i++ {
+		if !s.tryHold(PriorityStandard, 0, t0) {
+			t.Fatalf("slot %d refused", i)
+		}
+	}
+	if got := s.occupancy(); got != 4 {
+		t.Fatalf("occupancy %d without an engine count, want the 4 held", got)
+	}
+	// A note of the 4 sent at t0+5ms; then two more are sent, and a signal
+	// taken at t0+10ms shows the engine running 2: the 2 sent since the
+	// note count on top.
+	s.observe(sig(t0.Add(-time.Second), 0), t0.Add(5*time.Millisecond))
+	s.hold(t0.Add(6 * time.Millisecond))
+	s.hold(t0.Add(6 * time.Millisecond))
+	s.observe(sig(t0.Add(10*time.Millisecond), 2), t0.Add(500*time.Millisecond))
+	if got := s.occupancy(); got != 2+2 {
+		t.Fatalf("occupancy %d, want the engine's 2 plus the 2 sent since (of %d held)", got, s.held.Load())
+	}
+	// Room again for this router although it holds 6 of 4+1.
+	if !s.tryHold(PriorityStandard, 0, t0.Add(500*time.Millisecond)) {
+		t.Fatal("refused a slot the engine has room for")
+	}
+	if got := s.occupancy(); got != 5 {
+		t.Fatalf("occupancy %d after one more, want 5", got)
+	}
+	// Sends note the count on the way: a signal taken after a note made
+	// on the send path counts only what was sent after that note.
+	s.hold(t0.Add(530 * time.Millisecond)) // a note: 8 sent at t0+530ms
+	s.hold(t0.Add(540 * time.Millisecond)) // within 20 ms of it: no note
+	s.observe(sig(t0.Add(535*time.Millisecond), 3), t0.Add(545*time.Millisecond))
+	if got := s.occupancy(); got != 3+1 {
+		t.Fatalf("occupancy %d, want the engine's 3 plus the 1 sent after the note at t0+530ms", got)
+	}
+	// The engine is full by its own count: the held count binds again.
+	s.observe(sig(t0.Add(600*time.Millisecond), 12), t0.Add(700*time.Millisecond))
+	if got := s.occupancy(); got != s.held.Load() {
+		t.Fatalf("occupancy %d, want the %d held when the engine counts more", got, s.held.Load())
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -267,14 +268,27 @@ func TestReliabilityOverload(t *testing.T) {
 	// lets them queue adds a 40 ms completion interval per queued request
 	// to the time to first token.
 	f.Sim.BaseTBTMs, f.Sim.TBTGrowthMs = 60, 0.2
+	if os.Getenv("SWITCHYARD_RELIABILITY_BIG_ENGINES") == "1" {
+		// Two engines of 64 slots and 100 ms steps (36 req/s each), which
+		// finish 4.3 requests a decode step rather than 1.3: with 20%
+		// critical requests that are never shed, admission by an oracle
+		// meets the served and TTFT rows together only on engines like
+		// these (go run ./bench/slotmodel -critical 0.2). Not the default:
+		// their synchronised bursts of 64 tokens pushed the default
+		// router's shed answers' p99 up 2-6x on a shared 2-core host
+		// (BENCHMARKS.md).
+		f.Engines = relEngines(2, "r1", 36)
+		f.Sim.BaseTBTMs = 100
+	}
 	s := relStart(t, ctx, f, optimizersvc.Options{}, true)
-	// The cluster's router runs with its default protections: slot
-	// admission (ProtectionOptions.SlotAdmission, opt-in) cuts the admitted
-	// TTFT tail from ~24x to ~2.5x the unloaded p99 here, but holds served
-	// throughput and shed latency within about a point and a few ms of
-	// their limits, and failed both in a CI run (94.9%, 8.3 ms); the rows
-	// this test enforces are judged on the router every deployment runs.
-	rt := relRouter(t, ctx, s, router.ProtectionOptions{})
+	// The cluster's router runs with its default protections, slot
+	// admission off (ProtectionOptions.SlotAdmission, opt-in): the rows this
+	// test enforces are judged on the router every deployment runs.
+	// SWITCHYARD_RELIABILITY_SLOTS=1 runs it with slot admission on, which
+	// cuts the admitted TTFT tail from ~24x to 2-3x the unloaded p99 here
+	// but holds served throughput within about a point of its limit
+	// (BENCHMARKS.md).
+	rt := relRouter(t, ctx, s, router.ProtectionOptions{SlotAdmission: os.Getenv("SWITCHYARD_RELIABILITY_SLOTS") == "1"})
 	relWaitReady(t, s, []*router.Service{rt})
 	capacity := relCapacity(s)
 	url := "http://" + rt.Addr()
@@ -307,6 +321,7 @@ func TestReliabilityOverload(t *testing.T) {
 		relLoad{URL: url, Rate: 0.4 * demand, To: end, Priority: "standard", Seed: 33},
 		relLoad{URL: url, Rate: 0.4 * demand, To: end, Priority: "sheddable", Seed: 34})
 	relLogRouter(t, rt)
+	relLogSlots(t, rt)
 	t.Logf("shed per second: %s", relPerSecond(rs, end, relResult.shed))
 	m := relWindow(rs, settle, end)
 	st := relSummarise(m)

@@ -46,6 +46,10 @@ type Params struct {
 	Load         float64 // offered demand over capacity
 	Allowance    int     // queued requests per engine beyond its slots
 	QueueCap     int     // queued requests beyond slots in all (negative: no cap)
+	Critical     float64 // share of arrivals that are critical: never shed, sent to the least occupied engine when every one is full
+	Sheddable    float64 // share of arrivals that are sheddable (the rest beyond Critical are standard)
+	KeyShed      float64 // share of all arrivals shed up front, from the sheddable ones (the router's relaxed snapshot shed by key)
+	Reserve      float64 // share of an engine's limit that sheddable requests leave free (the router's SlotReserve)
 	Seconds      float64 // simulated time; the first tenth is warm-up
 	Seed         uint64
 }
@@ -62,12 +66,14 @@ func (p Params) Capacity() float64 {
 type Result struct {
 	Served           float64 // completed req/s over the fleet's capacity
 	TTFTP50, TTFTP99 float64 // admitted requests' time to first token, ms
+	CriticalP99      float64 // critical requests' TTFT p99, ms (NaN without critical requests)
+	Forced           float64 // share of critical requests admitted beyond every limit
 }
 
 type engine struct {
 	running  []int     // tokens left per running request
-	queue    []float64 // arrival times, ms
-	admitted []float64 // arrival times of the requests in the current prefill step
+	queue    []float64 // arrival times, ms; negative for critical requests
+	admitted []float64 // arrival times of the requests in the current prefill step, negative for critical ones
 	prefill  bool
 	next     float64 // end of the current step; +Inf while idle
 }
@@ -85,8 +91,8 @@ func Run(p Params) Result {
 	}
 	end := p.Seconds * 1000
 	warm := end / 10
-	var ttft []float64
-	completed := 0
+	var ttft, crit []float64
+	completed, critical, forced := 0, 0, 0
 	start := func(e *engine, now float64) {
 		e.admitted = e.admitted[:0]
 		for len(e.queue) > 0 && len(e.running) < p.Batch {
@@ -119,24 +125,51 @@ func Run(p Params) Result {
 				break
 			}
 			arrival += rng.ExpFloat64() / lambda
+			isCrit, isShed := false, false
+			if p.Critical > 0 || p.Sheddable > 0 {
+				u := rng.Float64()
+				isCrit, isShed = u < p.Critical, u >= 1-p.Sheddable
+			}
+			if isShed && p.KeyShed > 0 && p.Sheddable > 0 && rng.Float64() < p.KeyShed/p.Sheddable {
+				continue // shed by key
+			}
 			queued := 0
 			for _, e := range engines {
 				queued += max(0, e.occupancy()-p.Batch)
 			}
-			var pick *engine
+			var pick, least *engine
 			for _, e := range engines {
 				limit := p.Batch
 				if p.QueueCap < 0 || queued < p.QueueCap {
 					limit += p.Allowance
 				}
+				if isShed && p.Reserve > 0 {
+					limit -= int(math.Ceil(p.Reserve * float64(limit)))
+				}
 				if e.occupancy() < limit && (pick == nil || e.occupancy() < pick.occupancy()) {
 					pick = e
+				}
+				if least == nil || e.occupancy() < least.occupancy() {
+					least = e
+				}
+			}
+			if isCrit && now > warm {
+				critical++
+			}
+			if pick == nil && isCrit {
+				pick = least
+				if now > warm {
+					forced++
 				}
 			}
 			if pick == nil {
 				continue // shed
 			}
-			pick.queue = append(pick.queue, now)
+			at := now
+			if isCrit {
+				at = -now
+			}
+			pick.queue = append(pick.queue, at)
 			if math.IsInf(pick.next, 1) {
 				start(pick, now)
 			}
@@ -146,8 +179,11 @@ func Run(p Params) Result {
 		if e.prefill {
 			n := len(e.admitted)
 			for _, a := range e.admitted {
-				if a > warm {
-					ttft = append(ttft, now-a)
+				if math.Abs(a) > warm {
+					ttft = append(ttft, now-math.Abs(a))
+					if a < 0 {
+						crit = append(crit, now+a)
+					}
 				}
 			}
 			for j := len(e.running) - n; j < len(e.running); j++ {
@@ -164,14 +200,15 @@ func Run(p Params) Result {
 		e.running = slices.DeleteFunc(e.running, func(left int) bool { return left <= 0 })
 		start(e, now)
 	}
-	slices.Sort(ttft)
-	pct := func(q float64) float64 {
-		if len(ttft) == 0 {
+	pct := func(xs []float64, q float64) float64 {
+		if len(xs) == 0 {
 			return math.NaN()
 		}
-		return ttft[int(q*float64(len(ttft)-1))]
+		slices.Sort(xs)
+		return xs[int(q*float64(len(xs)-1))]
 	}
-	return Result{Served: float64(completed) / ((end - warm) / 1000) / capacity, TTFTP50: pct(0.5), TTFTP99: pct(0.99)}
+	return Result{Served: float64(completed) / ((end - warm) / 1000) / capacity, TTFTP50: pct(ttft, 0.5), TTFTP99: pct(ttft, 0.99),
+		CriticalP99: pct(crit, 0.99), Forced: float64(forced) / float64(max(critical, 1))}
 }
 
 func main() {
@@ -187,13 +224,18 @@ func main() {
 	flag.Float64Var(&p.Seconds, "seconds", 600, "simulated seconds per run")
 	flag.Uint64Var(&p.Seed, "seed", 1, "seed")
 	unloaded := flag.Float64("unloaded", 0.25, "load of the unloaded baseline")
+	maxAllow := flag.Int("max-allow", 3, "largest allowance of queued requests per engine to tabulate")
+	flag.Float64Var(&p.Critical, "critical", 0, "share of critical requests, never shed; with it, a second table")
+	flag.Float64Var(&p.Sheddable, "sheddable", 0, "share of sheddable requests (second table)")
+	flag.Float64Var(&p.KeyShed, "key-shed", 0, "share of all requests shed up front from the sheddable ones, as the router's relaxed snapshot shed does (second table)")
+	flag.Float64Var(&p.Reserve, "reserve", 0, "share of an engine's limit sheddable requests leave free, as the router's SlotReserve (second table)")
 	flag.Parse()
 	if p.Engines < 1 || p.Batch < 1 || p.OutputTokens < 1 || p.PromptTokens < 0 || !(p.BaseTBTMs > 0) || !(p.Load > 0) || !(p.Seconds > 0) {
 		fmt.Fprintln(os.Stderr, "slotmodel: engines, batch, output, tbt, load and seconds must be positive")
 		os.Exit(2)
 	}
 	base := p
-	base.Load, base.Allowance, base.QueueCap = *unloaded, p.Batch*10, -1
+	base.Load, base.Allowance, base.QueueCap, base.Critical, base.Sheddable, base.KeyShed = *unloaded, p.Batch*10, -1, 0, 0, 0
 	u := Run(base)
 	fmt.Printf("%d engines x %d slots, %d output tokens, decode step %.0f ms (+%.1f per request), prefill %.1f ms: capacity %.1f req/s, %.2f completions per decode step per engine\n",
 		p.Engines, p.Batch, p.OutputTokens, p.BaseTBTMs, p.GrowthMs, float64(p.PromptTokens)*p.PrefillMs, p.Capacity()*float64(p.Engines),
@@ -202,7 +244,7 @@ func main() {
 	fmt.Printf("offered %.0f%% of capacity, admission by an oracle that sees every engine exactly:\n", 100*p.Load)
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "queued per engine\tqueued in all\tserved\tTTFT p50 ms\tp99 ms\tp99 / unloaded p99\t")
-	for allow := 0; allow <= 3; allow++ {
+	for allow := 0; allow <= *maxAllow; allow++ {
 		// Caps at or below (allow−1)·engines repeat the rows of a smaller
 		// allowance; caps at or above allow·engines bind nothing.
 		var caps []int
@@ -214,7 +256,7 @@ func main() {
 		caps = append(caps, -1)
 		for _, c := range caps {
 			q := p
-			q.Allowance, q.QueueCap = allow, c
+			q.Allowance, q.QueueCap, q.Critical, q.Sheddable, q.KeyShed, q.Reserve = allow, c, 0, 0, 0, 0
 			r := Run(q)
 			all := "any"
 			if c >= 0 {
@@ -224,4 +266,16 @@ func main() {
 		}
 	}
 	w.Flush()
+	if p.Critical > 0 {
+		fmt.Printf("with %.0f%% critical requests, never shed (sent to the least occupied engine when every one is full):\n", 100*p.Critical)
+		w = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(w, "queued per engine\tserved\tTTFT p99 ms\tp99 / unloaded p99\tcritical p99 ms\tcritical beyond the limits\t")
+		for allow := 0; allow <= *maxAllow; allow++ {
+			q := p
+			q.Allowance, q.QueueCap = allow, -1
+			r := Run(q)
+			fmt.Fprintf(w, "%d\t%.1f%%\t%.1f\t%.2fx\t%.1f\t%.1f%%\t\n", allow, 100*r.Served, r.TTFTP99, r.TTFTP99/u.TTFTP99, r.CriticalP99, 100*r.Forced)
+		}
+		w.Flush()
+	}
 }

@@ -45,7 +45,47 @@ func TestRunServesWhatItAdmits(t *testing.T) {
 	if all.Served < 0.99 || all.TTFTP99 < 5*low.TTFTP99 {
 		t.Fatalf("150%% load, unbounded queue: %+v, want capacity served and a long queue", all)
 	}
-	if again := Run(p); again != all {
+	if again := Run(p); again.Served != all.Served || again.TTFTP50 != all.TTFTP50 || again.TTFTP99 != all.TTFTP99 {
 		t.Fatalf("not deterministic: %+v then %+v", all, again)
+	}
+}
+
+// TestCriticalNeverShed: critical requests are admitted past every limit
+// (to the least occupied engine), so with them more is served than without
+// at the same allowance, some of them go beyond the limits at 150% of
+// capacity, and their TTFT p99 is reported; without them it is NaN.
+func TestCriticalNeverShed(t *testing.T) {
+	p := Params{Engines: 2, Batch: 64, OutputTokens: 16, PromptTokens: 64, PrefillMs: 0.02, BaseTBTMs: 100, GrowthMs: 0.2,
+		Load: 1.5, Allowance: 0, QueueCap: -1, Seconds: 120, Seed: 1}
+	plain := Run(p)
+	if !math.IsNaN(plain.CriticalP99) || plain.Forced != 0 {
+		t.Fatalf("without critical requests: %+v", plain)
+	}
+	p.Critical = 0.2
+	crit := Run(p)
+	if crit.Forced <= 0 || crit.Forced >= 1 || math.IsNaN(crit.CriticalP99) || crit.CriticalP99 < crit.TTFTP50 {
+		t.Fatalf("with 20%% critical requests: %+v", crit)
+	}
+	if crit.Served < plain.Served {
+		t.Fatalf("critical requests admitted past the limits served less: %.3f < %.3f", crit.Served, plain.Served)
+	}
+}
+
+// TestRouterPolicyCosts: shedding sheddable requests by key up front and
+// reserving slots from them (the router's relaxed snapshot shed and
+// SlotReserve) each serve less than the oracle without them at the same
+// allowance.
+func TestRouterPolicyCosts(t *testing.T) {
+	p := Params{Engines: 2, Batch: 64, OutputTokens: 16, PromptTokens: 64, PrefillMs: 0.02, BaseTBTMs: 100, GrowthMs: 0.2,
+		Load: 1.5, Allowance: 2, QueueCap: -1, Seconds: 120, Seed: 1, Critical: 0.2, Sheddable: 0.4}
+	free := Run(p)
+	keyed := p
+	keyed.KeyShed = 1.0 / 6
+	reserved := p
+	reserved.Reserve = 0.05
+	for name, q := range map[string]Params{"key shed": keyed, "reserve": reserved} {
+		if r := Run(q); r.Served >= free.Served {
+			t.Errorf("%s: served %.3f, not less than %.3f without it", name, r.Served, free.Served)
+		}
 	}
 }
