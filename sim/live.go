@@ -498,11 +498,26 @@ func runLiveSide(ctx context.Context, sc *Scenario, file *stack.File, arrivals [
 		defer os.RemoveAll(d)
 		dir = d
 	}
-	// The optimizer plans to the switchyard policy's target utilisation, as
-	// the simulator's control loop does.
+	// The optimizer plans to the switchyard policy's target utilisation, and
+	// an engine type's own where it has one, as the simulator's control loop
+	// does.
+	var engineTU map[string]float64
+	for k := range sc.Engines {
+		e := &sc.Engines[k]
+		for t := range sc.EngineTypes {
+			if tu := sc.EngineTypes[t].TargetUtilisation; sc.EngineTypes[t].Name == e.Type && tu > 0 {
+				if engineTU == nil {
+					engineTU = map[string]float64{}
+				}
+				for _, n := range e.names() {
+					engineTU[n] = tu
+				}
+			}
+		}
+	}
 	st, err := stack.Start(ctx, stack.Options{File: file, DataDir: dir, NATSPort: -1, RouterAddr: "127.0.0.1:0",
 		SignalInterval: time.Duration(sc.SignalPeriodMs * float64(time.Millisecond)), Logger: opts.Logger,
-		Optimizer: optimizersvc.Options{TargetUtilisation: sc.Policies.Switchyard.TargetUtilisation}})
+		Optimizer: optimizersvc.Options{TargetUtilisation: sc.Policies.Switchyard.TargetUtilisation, EngineTargetUtilisation: engineTU}})
 	if err != nil {
 		return nil, err
 	}

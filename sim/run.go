@@ -555,6 +555,7 @@ func (r *run) signal() {
 		s := &r.sig[j]
 		s.up = e.up
 		s.capacity = e.d.capacity * e.speed
+		s.idleMs = e.d.idleMs / e.speed // as an engine simulator reports it
 		if !e.up {
 			s.capacity = 0
 		}

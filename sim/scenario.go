@@ -84,6 +84,12 @@ type EngineType struct {
 	TBTPerKTokenMs float64 `yaml:"tbt_per_ktoken_ms"`
 	// KVBlocks is the KV cache size in 512-token blocks.
 	KVBlocks int `yaml:"kv_blocks"`
+	// TargetUtilisation is the switchyard control loop's target utilisation
+	// for engines of this type, in place of
+	// policies.switchyard.target_utilisation: an operator's extra headroom on
+	// a slower type, whose long generations make the end-to-end tail. 0
+	// means the policy's.
+	TargetUtilisation float64 `yaml:"target_utilisation"`
 }
 
 // EngineSpec places Count engines of a type in a region.
@@ -342,6 +348,9 @@ func (s *Scenario) Validate() error {
 		types[t.Name] = true
 		if t.MaxBatch < 1 || t.MaxBatch > 100000 {
 			return fieldf(f+".max_batch", t.MaxBatch, "want 1..100000")
+		}
+		if u := t.TargetUtilisation; !finite(u) || u < 0 || u > 1 || (u > 0 && u < 0.5) {
+			return fieldf(f+".target_utilisation", u, "want 0.5..1 (0: policies.switchyard.target_utilisation)")
 		}
 		if t.KVBlocks < 1 || t.KVBlocks > 1<<26 {
 			return fieldf(f+".kv_blocks", t.KVBlocks, "want 1..%d", 1<<26)

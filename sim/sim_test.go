@@ -255,6 +255,10 @@ clusters:
 	if _, err := ParseScenario("tu.yaml", []byte(tu)); err == nil || !strings.Contains(err.Error(), "policies.switchyard.target_utilisation: 0.3") {
 		t.Errorf("bad target utilisation: %v", err)
 	}
+	ttu := strings.Replace(base, "kv_blocks: 100}", "kv_blocks: 100, target_utilisation: 1.2}", 1)
+	if _, err := ParseScenario("ttu.yaml", []byte(ttu)); err == nil || !strings.Contains(err.Error(), "engine_types[0].target_utilisation: 1.2") {
+		t.Errorf("bad engine type target utilisation: %v", err)
+	}
 	ev := base + "events:\n  - {at_s: 1, fail: {engine: nope}}\n"
 	if _, err := ParseScenario("ev.yaml", []byte(ev)); err == nil || !strings.Contains(err.Error(), "events[0].fail.engine") {
 		t.Errorf("bad event target: %v", err)
@@ -377,6 +381,53 @@ policies:
 	}
 	if shed["1"] > 0.02 {
 		t.Errorf("target 1: shed %.3f, want (almost) none below capacity", shed["1"])
+	}
+}
+
+// TestTypeTargetUtilisation: an engine type's own target utilisation
+// replaces the policy's for its engines, and the routers keep to the plan:
+// of two identical engines at 66% load, one of a type with target 0.6 and
+// one at the default 0.95, the optimizer (equal profiles, so equal planned
+// utilisation of the planned capacities) gives the first 0.6/(0.6+0.95) =
+// 0.39 of the traffic instead of half.
+func TestTypeTargetUtilisation(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	const yaml = `
+name: ttu
+duration_s: 80
+warmup_s: 20
+seed: 3
+engine_types:
+  - {name: t, max_batch: 16, prefill_ms_per_token: 0.01, tbt_base_ms: 10, tbt_per_request_ms: 0.5, kv_blocks: 100000}
+  - {name: s, max_batch: 16, prefill_ms_per_token: 0.01, tbt_base_ms: 10, tbt_per_request_ms: 0.5, kv_blocks: 100000, target_utilisation: 0.6}
+engines:
+  - {name: a, region: r, type: t}
+  - {name: b, region: r, type: s}
+clusters:
+  - {name: c, region: r, poisson: {rate: 75}, prompt_tokens: 128, output_tokens: 16}
+`
+	sc, err := ParseScenario("ttu.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Run(sc, Options{Policies: []string{"switchyard"}, CalibrationRequests: 2000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	capacity := rep.Engines[0].CapacityRPS
+	if u := 75 / (2 * capacity); u < 0.6 || u > 0.8 {
+		t.Fatalf("offered load is %.2f of capacity; the test wants it between 0.6 and 0.8", u)
+	}
+	var share float64 // engine b's
+	samples := rep.Policies["switchyard"].Samples
+	for _, s := range samples {
+		share += s.Share[1] / float64(len(samples))
+	}
+	t.Logf("capacity %.1f req/s each; engine b (target 0.6) has %.3f of the traffic, %.3f of its capacity", capacity, share, share*75/capacity)
+	if want := 0.6 / (0.6 + DefaultTargetUtilisation); math.Abs(share-want) > 0.03 {
+		t.Errorf("engine b has %.3f of the traffic, want about %.3f", share, want)
 	}
 }
 

@@ -266,6 +266,7 @@ func (p *switchyard) solve(r *run, fit bool) {
 	tu := f.sc.Policies.Switchyard.TargetUtilisation
 	prob := &optimizer.Problem{}
 	var idx []int
+	var tus []float64 // by problem engine: its target utilisation
 	for j := range f.engines {
 		s := &r.sig[j]
 		if fit {
@@ -274,11 +275,19 @@ func (p *switchyard) solve(r *run, fit bool) {
 		if !s.up || !(s.capacity > 0) {
 			continue
 		}
+		// As services/optimizersvc's fit.baseMs: the fit, else the prior, and
+		// never below the engine's own idle latency.
 		base := p.fits[j].base
 		if !(base > 0) {
 			base = s.idleMs
 		}
-		prob.Engines = append(prob.Engines, optimizer.Engine{Name: f.engines[j].name, CapacityRPS: s.capacity * tu, Health: 1,
+		base = math.Max(base, s.idleMs)
+		tuj := tu
+		if t := f.engines[j].typ.TargetUtilisation; t > 0 {
+			tuj = t
+		}
+		tus = append(tus, tuj)
+		prob.Engines = append(prob.Engines, optimizer.Engine{Name: f.engines[j].name, CapacityRPS: s.capacity * tuj, Health: 1,
 			Profile: optimizer.QueueProfile{BaseMs: base}})
 		idx = append(idx, j)
 	}
@@ -315,9 +324,15 @@ func (p *switchyard) solve(r *run, fit bool) {
 		}
 		r.m.targetUtilN++
 	}
-	util := make([]float64, len(f.engines)) // planned, as the snapshot's Utilisation
+	// Planned utilisation, as the snapshot's Utilisation, of the capacity at
+	// the common target (as services/optimizersvc writes it): an engine type
+	// planned to a lower target of its own shows its plan as the lower share
+	// it is, so that the routers' planned-relative comparison keeps it there
+	// rather than rating it against its own, smaller planned capacity (which
+	// would undo the lower target: TestTypeTargetUtilisation).
+	util := make([]float64, len(f.engines))
 	for k, j := range idx {
-		if u := sol.Engines[k].Utilisation; u >= 0 && !math.IsInf(u, 0) {
+		if u := sol.Engines[k].Utilisation * tus[k] / tu; u >= 0 && !math.IsInf(u, 0) {
 			util[j] = math.Min(u, 1e6)
 		}
 	}

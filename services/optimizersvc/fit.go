@@ -78,12 +78,29 @@ func (f *fit) add(st *messages.EngineState, prior float64) {
 	}
 }
 
-// baseMs returns the fitted base latency, or prior when there is no sample yet.
-func (f *fit) baseMs(prior float64) float64 {
-	if f == nil || !(f.base > 0) {
-		return prior
+// baseMs returns the fitted base latency, or prior when there is no sample
+// yet, and never less than floor, the engine's own estimate of its idle
+// latency (0 when it reports none).
+//
+// An engine does not serve requests faster than it serves one alone, so a fit
+// below its own idle latency is the fit's error, not news: the queue model's
+// (1 − load/C) correction overshoots for a continuous-batching engine, whose
+// latency grows far more slowly with load (at 40% load about 1.2× its idle
+// latency where the queue model expects 1.67×, so the sample reads 0.73× the
+// idle latency), and how far it overshoots depends on the loads at which an
+// engine happened to be sampled. Engines sampled at higher loads looked
+// cheaper and were planned fuller: on the simulator's Azure trace at 85%
+// load the A100s, fitted at 0.25–0.7× their idle latency while the H100s
+// kept theirs, were planned to 0.86–0.89 of capacity against the H100s'
+// 0.84, and their slower tokens made the end-to-end p99 (BENCHMARKS.md).
+// The fit still raises the base above the floor for an engine slower than
+// it reports.
+func (f *fit) baseMs(prior, floor float64) float64 {
+	b := prior
+	if f != nil && f.base > 0 {
+		b = f.base
 	}
-	return f.base
+	return math.Max(b, floor)
 }
 
 // ttftMs returns the fitted TTFT at utilisation u (capped at 0.9), or 0

@@ -28,7 +28,11 @@
 // load/C); the fit's target is the median of the last FitWindow samples,
 // pulled towards Options.PriorBaseMs as if the prior were PriorSamples extra
 // samples, and the fit moves only FitAlpha of the way to the target per update,
-// so that it does not chase momentary latency.
+// so that it does not chase momentary latency. The base never goes below the
+// engine's own idle-latency estimate (EngineState.BaseLatencyMs) when it
+// reports one: samples below it are the queue model's correction overshooting
+// for a continuous-batching engine, and they would plan the engines sampled
+// at higher loads fuller (see fit.baseMs).
 //
 // The clusters of a model are those with a demand state <model>.<cluster> and
 // those listed in Options.Clusters. A cluster's demand is the fast window of
@@ -198,6 +202,16 @@ type Options struct {
 	// priority) rather than queued on the engines, and the utilisations in
 	// snapshots are relative to it. Zero means 1 (plan up to capacity).
 	TargetUtilisation float64
+	// EngineTargetUtilisation overrides TargetUtilisation for the engines it
+	// names (by engine name, in every model), each in (0, 1]: an operator's
+	// extra headroom on a slower engine type, whose long generations make the
+	// end-to-end latency tail. Such an engine's utilisation in snapshots is
+	// relative to TargetUtilisation, not to its own target, so that routers
+	// comparing live load with the plan keep it at its lower share (rated
+	// against its own target, an engine at its plan looks no fuller than
+	// the others at theirs, and the routers' comparison undoes the lower
+	// target).
+	EngineTargetUtilisation map[string]float64
 	// MinInterval is the least time between two solves. Zero means 100 ms.
 	MinInterval time.Duration
 	// MaxInterval is the longest time between two solves. Zero means 2 s.
@@ -322,6 +336,11 @@ func (o *Options) validate() error {
 	}
 	if !(o.TargetUtilisation > 0 && o.TargetUtilisation <= 1) {
 		return fmt.Errorf("%w: TargetUtilisation is %v, want a share in (0, 1]", ErrOptions, o.TargetUtilisation)
+	}
+	for e, tu := range o.EngineTargetUtilisation {
+		if !(tu > 0 && tu <= 1) {
+			return fmt.Errorf("%w: EngineTargetUtilisation[%s] is %v, want a share in (0, 1]", ErrOptions, e, tu)
+		}
 	}
 	if o.MinInterval < 0 || o.MaxInterval < o.MinInterval {
 		return fmt.Errorf("%w: MinInterval %s and MaxInterval %s: want 0 <= MinInterval <= MaxInterval", ErrOptions, o.MinInterval, o.MaxInterval)
@@ -559,4 +578,13 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// targetUtilisation returns the share of engine's effective capacity that the
+// problem plans for: its EngineTargetUtilisation, else TargetUtilisation.
+func (o *Options) targetUtilisation(engine string) float64 {
+	if tu, ok := o.EngineTargetUtilisation[engine]; ok {
+		return tu
+	}
+	return o.TargetUtilisation
 }

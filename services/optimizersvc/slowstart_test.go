@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/optimizer"
 )
 
 // newRampService returns a Service without NATS over one engine m.e1 of
@@ -204,6 +205,33 @@ func TestTargetUtilisation(t *testing.T) {
 	}
 	if e := b[0].problem.Engines[0]; math.Abs(e.EffectiveCapacity()-27) > 1e-9 {
 		t.Fatalf("engine of 30 req/s at target utilisation 0.9: effective capacity %v in the problem, want 27", e.EffectiveCapacity())
+	}
+	// An engine's own target replaces the common one.
+	s.opts.EngineTargetUtilisation = map[string]float64{"e1": 0.6}
+	if b := s.buildProblems(); len(b) != 1 || math.Abs(b[0].problem.Engines[0].EffectiveCapacity()-18) > 1e-9 {
+		t.Fatalf("engine of 30 req/s with its own target 0.6: problems %+v, want effective capacity 18", b)
+	}
+	// Its planned utilisation in the snapshot is relative to the common
+	// target: 9 req/s on 30 is 0.3 of its capacity, 0.5 of its own planned
+	// capacity, and 0.3/0.9 of the common target's.
+	s.opts.Clusters = []string{"c"}
+	s.opts.NetworkMs = map[string]map[string]float64{"c": {"e1": 1}}
+	b = s.buildProblems()
+	sol, err := optimizer.NewSolver(optimizer.DefaultOptions()).Solve(b[0].problem, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := sol.Engines[0].LoadRPS; math.Abs(got-1) > 1e-6 {
+		t.Fatalf("planned load %v req/s, want the minimum demand 1", got)
+	}
+	snap := s.snapshot(b[0], sol, 0, time.Now())
+	if got, want := snap.Utilisation["e1"], 1.0/30/0.9; math.Abs(got-want) > 1e-9 {
+		t.Errorf("engine with its own target 0.6: snapshot utilisation %v, want %v (of the common target 0.9)", got, want)
+	}
+	bad := Options{Conn: &nats.Conn{}, EngineTargetUtilisation: map[string]float64{"e1": 1.5}}
+	bad.setDefaults()
+	if err := bad.validate(); err == nil || !strings.Contains(err.Error(), "EngineTargetUtilisation[e1]") {
+		t.Errorf("EngineTargetUtilisation 1.5: validate said %v", err)
 	}
 	for _, tu := range []float64{-0.1, 1.5, math.NaN()} {
 		o := Options{Conn: &nats.Conn{}, TargetUtilisation: tu}

@@ -52,7 +52,7 @@ func (s *Service) buildProblems() []built {
 		if st.BaseLatencyMs > 0 {
 			prior = st.BaseLatencyMs // the engine's own idle-latency estimate
 		}
-		engines[st.Model] = append(engines[st.Model], engineIn{name: st.Engine, st: st, prior: s.fits[key].baseMs(prior)})
+		engines[st.Model] = append(engines[st.Model], engineIn{name: st.Engine, st: st, prior: s.fits[key].baseMs(prior, st.BaseLatencyMs)})
 	}
 	clusters := map[string]map[string]*messages.DemandState{}
 	for _, d := range s.demand {
@@ -78,7 +78,7 @@ func (s *Service) buildProblems() []built {
 			if !(e.st.CapacityRPS*health > 0) {
 				continue
 			}
-			p.Engines = append(p.Engines, optimizer.Engine{Name: e.name, CapacityRPS: e.st.CapacityRPS * s.opts.TargetUtilisation, Health: health,
+			p.Engines = append(p.Engines, optimizer.Engine{Name: e.name, CapacityRPS: e.st.CapacityRPS * s.opts.targetUtilisation(e.name), Health: health,
 				Profile: optimizer.QueueProfile{BaseMs: e.prior}})
 		}
 		names := map[string]*messages.DemandState{}
@@ -221,7 +221,8 @@ func (s *Service) snapshot(b built, sol *optimizer.Solution, i int, now time.Tim
 		snap.Weights[name] = w
 		sum += w
 		er := &sol.Engines[j]
-		if u := er.Utilisation; u >= 0 && !math.IsInf(u, 0) {
+		// Relative to the common target, as Options.EngineTargetUtilisation says.
+		if u := er.Utilisation * s.opts.targetUtilisation(name) / s.opts.TargetUtilisation; u >= 0 && !math.IsInf(u, 0) {
 			snap.Utilisation[name] = math.Min(u, 1e6)
 		}
 		if l := p.Network[i][k].Ms + er.LatencyMs; l >= 0 && !math.IsInf(l, 0) {
