@@ -240,13 +240,21 @@ func validHeaderValue(v string, max int) bool {
 	return true
 }
 
+// mimeJSON is the media type of request bodies; a Content-Type that is
+// exactly it needs no parsing.
+const mimeJSON = "application/json"
+
+// newRequestID returns "req_" and 24 random hex digits (one allocation).
 func (h *Handler) newRequestID() string {
 	var b [12]byte
 	for i := 0; i < len(b); i += 4 {
 		v := rand.Uint32()
 		b[i], b[i+1], b[i+2], b[i+3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
 	}
-	return "req_" + hex.EncodeToString(b[:])
+	var id [4 + 2*len(b)]byte
+	copy(id[:], "req_")
+	hex.Encode(id[4:], b[:])
+	return string(id[:])
 }
 
 // reject answers e and counts it under model.
@@ -316,8 +324,8 @@ func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r c
 			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", headerSessionID, maxSessionIDLen)))
 		return nil
 	}
-	if ct, _ := r.header("Content-Type"); ct != "" {
-		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+	if ct, _ := r.header("Content-Type"); ct != "" && ct != mimeJSON {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != mimeJSON {
 			h.reject(w, labelInvalid, newAPIError(http.StatusUnsupportedMediaType, ErrTypeInvalidRequest, "unsupported_media_type", "",
 				fmt.Sprintf("Content-Type %q is not application/json", ct)))
 			return nil

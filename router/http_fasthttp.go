@@ -85,14 +85,18 @@ func (l fastLogger) Printf(format string, args ...any) {
 	l.log.Debug().Str("server", string(ServerFast)).Msgf(format, args...)
 }
 
+// connState tracks the open connections for Close. fasthttp also reports
+// every request's StateActive and StateIdle, which take no lock.
 func (s *fastServer) connState(c net.Conn, st fasthttp.ConnState) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	switch st {
 	case fasthttp.StateNew:
+		s.mu.Lock()
 		s.conns[c] = struct{}{}
+		s.mu.Unlock()
 	case fasthttp.StateClosed, fasthttp.StateHijacked:
+		s.mu.Lock()
 		delete(s.conns, c)
+		s.mu.Unlock()
 		s.gone.forget(c)
 	}
 }
@@ -259,6 +263,9 @@ func (x *fastExchange) method() string {
 func (x *fastExchange) header(name string) (string, bool) {
 	h := &x.ctx.Request.Header
 	if v := h.Peek(name); len(v) > 0 {
+		if string(v) == mimeJSON {
+			return mimeJSON, true // the usual Content-Type, without a copy
+		}
 		return string(v), true
 	}
 	return "", len(h.PeekAll(name)) > 0
