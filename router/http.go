@@ -283,6 +283,15 @@ type clientRequest interface {
 	body() ([]byte, *APIError)
 }
 
+// headWriter is a response writer that writes an engine's answer head
+// without a header map: the headers set so far, then the engine's headers
+// but the hop-by-hop ones (each replacing any of its name set before),
+// then X-Switchyard-Engine and X-Request-Id, and the status — what
+// copyResponseHeaders, two Sets and WriteHeader do on an http.Header.
+type headWriter interface {
+	writeHead(status int, engine http.Header, engineName, requestID string)
+}
+
 // answer is a request whose engine answered and whose response head is
 // written: relay copies the body to the client and ends the request.
 type answer struct {
@@ -291,7 +300,7 @@ type answer struct {
 	at     *attempt
 	mm     *modelMetrics
 	bp     *[]byte
-	log    zerolog.Logger
+	log    *reqLog
 	start  time.Time
 	stream bool
 }
@@ -367,8 +376,7 @@ func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r c
 		h.reject(w, label, apiErr)
 		return nil
 	}
-	log := h.log.With().Str("model", req.Model).Str("request_id", reqID).Str("key", rt.src.String()).
-		Str("priority", prio.String()).Logger()
+	log := &reqLog{base: &h.log, model: req.Model, id: reqID, key: rt.src, prio: prio}
 	mm := h.modelMetrics(rt.ms, req.Model)
 	mm.inFlight.Inc()
 
@@ -399,11 +407,15 @@ func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r c
 	resp := at.resp
 	h.countRequest(mm, req.Model, resp.Status)
 
-	hdr := w.Header()
-	copyResponseHeaders(hdr, resp.Header)
-	hdr.Set(headerEngine, at.engine.Name)
-	hdr.Set(headerRequestID, reqID)
-	w.WriteHeader(resp.Status)
+	if hw, ok := w.(headWriter); ok {
+		hw.writeHead(resp.Status, resp.Header, at.engine.Name, reqID)
+	} else {
+		hdr := w.Header()
+		copyResponseHeaders(hdr, resp.Header)
+		hdr.Set(headerEngine, at.engine.Name)
+		hdr.Set(headerRequestID, reqID)
+		w.WriteHeader(resp.Status)
+	}
 	a = &answer{h: h, rt: rt, at: at, mm: mm, bp: bp, log: log, start: start, stream: req.Stream}
 	return a
 }

@@ -175,11 +175,11 @@ func (s *fastServer) serve(ctx *fasthttp.RequestCtx) {
 	}
 	x := s.xs.Get().(*fastExchange)
 	x.h, x.ctx = s.h, ctx
-	defer s.put(x)
 	// The request's work ends when the client goes away (see goneWatcher),
 	// as r.Context() makes it end on the std front.
 	rctx, cancel := context.WithCancel(context.Background())
-	watched := s.gone.watch(ctx.Conn(), cancel)
+	watched := &x.watch
+	s.gone.watch(watched, ctx.Conn(), cancel)
 	a := s.h.serveInference(rctx, x, x, ep)
 	if a == nil || !a.stream {
 		if a != nil {
@@ -187,8 +187,10 @@ func (s *fastServer) serve(ctx *fasthttp.RequestCtx) {
 		}
 		s.gone.unwatch(watched)
 		cancel()
+		s.put(x)
 		return
 	}
+	// x is not pooled again: its watch entry lives until the stream ends.
 	// A stream is relayed after the handler returns; the watch goes on
 	// until its end (and ends with the connection if it never starts).
 	conn := ctx.Conn()
@@ -208,7 +210,7 @@ func (s *fastServer) serve(ctx *fasthttp.RequestCtx) {
 
 func (s *fastServer) put(x *fastExchange) {
 	clear(x.hdr)
-	x.h, x.ctx, x.wrote = nil, nil, false
+	x.h, x.ctx, x.wrote, x.watch = nil, nil, false, goneEntry{}
 	s.xs.Put(x)
 }
 
@@ -251,6 +253,7 @@ type fastExchange struct {
 	ctx   *fasthttp.RequestCtx
 	hdr   http.Header
 	wrote bool
+	watch goneEntry // the request's entry in the goneWatcher
 }
 
 func (x *fastExchange) method() string {
@@ -303,15 +306,45 @@ func (x *fastExchange) WriteHeader(code int) {
 	x.wrote = true
 	rh := &x.ctx.Response.Header
 	for k, vs := range x.hdr {
-		for i, v := range vs {
-			if i == 0 {
-				rh.Set(k, v)
-			} else {
-				rh.Add(k, v)
-			}
-		}
+		setHeaderValues(rh, k, vs)
 	}
 	x.ctx.SetStatusCode(code)
+}
+
+// writeHead writes an engine's answer head straight into fasthttp's
+// response (see headWriter); later calls, or calls after WriteHeader, do
+// nothing.
+func (x *fastExchange) writeHead(code int, engine http.Header, engineName, requestID string) {
+	if x.wrote {
+		return
+	}
+	x.wrote = true
+	rh := &x.ctx.Response.Header
+	for k, vs := range x.hdr {
+		if _, ok := engine[k]; ok && !isHopHeader(k) {
+			continue // replaced by the engine's
+		}
+		setHeaderValues(rh, k, vs)
+	}
+	for k, vs := range engine {
+		if !isHopHeader(k) {
+			setHeaderValues(rh, k, vs)
+		}
+	}
+	rh.Set(headerEngine, engineName)
+	rh.Set(headerRequestID, requestID)
+	x.ctx.SetStatusCode(code)
+}
+
+// setHeaderValues sets k to vs in rh (the first value replacing any).
+func setHeaderValues(rh *fasthttp.ResponseHeader, k string, vs []string) {
+	for i, v := range vs {
+		if i == 0 {
+			rh.Set(k, v)
+		} else {
+			rh.Add(k, v)
+		}
+	}
 }
 
 // Write appends p to the response body.

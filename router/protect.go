@@ -10,8 +10,6 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
-
-	"github.com/rs/zerolog"
 )
 
 // Defaults of ProtectionOptions.
@@ -334,7 +332,7 @@ func bodyInHand(b io.Reader) bool {
 // first body bytes (read into buf) are in hand; nothing has been written
 // to the client. Structurally no retry can follow a byte sent to the
 // client: the caller writes only after forward returns.
-func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, buf []byte, log zerolog.Logger) (*attempt, *APIError) {
+func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, buf []byte, log *reqLog) (*attempt, *APIError) {
 	var triedBuf [8]int
 	tried := triedBuf[:0]
 	idx := rt.idx
@@ -558,7 +556,7 @@ func (rt *routed) spareEngine(ok func(j int) bool) (int, bool) {
 // logs and exports changes. 429s, cancelled requests and client errors are
 // neutral: they say nothing about the engine's health.
 func (h *Handler) ejectReport(model, engine string, live *EngineLive, res Result, resp *UpstreamResponse, probe bool,
-	cause error, log zerolog.Logger) {
+	cause error, log *reqLog) {
 	var ok bool
 	switch {
 	case res == ResultCanceled || res == Result429:
@@ -589,7 +587,7 @@ func (h *Handler) ejectReport(model, engine string, live *EngineLive, res Result
 }
 
 // finishAttempt records a committed attempt's outcome after its relay.
-func (h *Handler) finishAttempt(ctx context.Context, a *attempt, relayErr error, first, end time.Time, log zerolog.Logger) {
+func (h *Handler) finishAttempt(ctx context.Context, a *attempt, relayErr error, first, end time.Time, log *reqLog) {
 	o := responseOutcome(ctx, a.resp.Status, relayErr, a.start, first, end)
 	if a.recorded {
 		return
