@@ -177,7 +177,8 @@ func (s *fastServer) serve(ctx *fasthttp.RequestCtx) {
 	x.h, x.ctx = s.h, ctx
 	// The request's work ends when the client goes away (see goneWatcher),
 	// as r.Context() makes it end on the std front.
-	rctx, cancel := context.WithCancel(context.Background())
+	rctx := newRootCtx()
+	cancel := context.CancelFunc(rctx.cancel)
 	watched := &x.watch
 	s.gone.watch(watched, ctx.Conn(), cancel)
 	a := s.h.serveInference(rctx, x, x, ep)

@@ -8,7 +8,6 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"sync/atomic"
 	"time"
 )
 
@@ -356,9 +355,8 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 		tried = append(tried, idx)
 		rt.moveHold(idx)
 		rt.bound.Acquire(idx)
-		actx, cancel := context.WithCancel(ctx)
-		var fired atomic.Bool
-		timer := time.AfterFunc(timeout, func() { fired.Store(true); cancel() })
+		actx := newAttemptCtx(ctx, timeout) // ends with ctx, on cancel or after timeout
+		cancel := context.CancelFunc(actx.cancel)
 		h.metrics.attempts.Inc()
 		h.amp.add(0, 1)
 		start := h.opts.Now()
@@ -382,7 +380,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 				res = ResultConnect // the engine closed or failed before its first byte
 			}
 		}
-		if !timer.Stop() || fired.Load() {
+		if actx.timedOut() {
 			res = ResultTimeout // the deadline fired; the attempt's context is gone
 		}
 		if ctx.Err() != nil {
@@ -453,7 +451,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 		log.Warn().Err(err).Str("reason", retryReason(res)).Int("attempts", n).Str("no_retry", cause).Msg("forward failed")
 		if res == ResultTimeout {
 			msg := fmt.Sprintf("engine %q for model %q sent nothing within %v (%d attempts)", eng.Name, rt.model, timeout, n)
-			if !fired.Load() {
+			if !actx.timerFired() {
 				// A timeout below the attempt's deadline: connecting, or a
 				// network deadline; say which rather than the deadline.
 				msg = fmt.Sprintf("engine %q for model %q timed out after %v: %v (%d attempts)", eng.Name, rt.model,
