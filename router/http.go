@@ -303,6 +303,8 @@ type answer struct {
 	log    *reqLog
 	start  time.Time
 	stream bool
+	logv   reqLog          // what log points to
+	up     UpstreamRequest // the request forwarded to the engine
 }
 
 // serveInference answers an inference request up to the response head: it
@@ -376,12 +378,16 @@ func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r c
 		h.reject(w, label, apiErr)
 		return nil
 	}
-	log := &reqLog{base: &h.log, model: req.Model, id: reqID, key: rt.src, prio: prio}
 	mm := h.modelMetrics(rt.ms, req.Model)
 	mm.inFlight.Inc()
-
-	up := &UpstreamRequest{Endpoint: ep, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body,
-		Header: r.passHeaders()}
+	// One allocation for the answer, the request's logger and the request
+	// to the engine; the answer is returned only once the engine answered.
+	ans := &answer{h: h, rt: rt, mm: mm, start: start, stream: req.Stream,
+		logv: reqLog{base: &h.log, model: req.Model, id: reqID, key: rt.src, prio: prio},
+		up: UpstreamRequest{Endpoint: ep, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body,
+			Header: r.passHeaders()}}
+	log, up := &ans.logv, &ans.up
+	ans.log = log
 	bp := h.bufs.Get().(*[]byte)
 	var at *attempt
 	var a *answer
@@ -416,7 +422,8 @@ func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r c
 		hdr.Set(headerRequestID, reqID)
 		w.WriteHeader(resp.Status)
 	}
-	a = &answer{h: h, rt: rt, at: at, mm: mm, bp: bp, log: log, start: start, stream: req.Stream}
+	ans.at, ans.bp = at, bp
+	a = ans
 	return a
 }
 

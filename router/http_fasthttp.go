@@ -178,16 +178,15 @@ func (s *fastServer) serve(ctx *fasthttp.RequestCtx) {
 	// The request's work ends when the client goes away (see goneWatcher),
 	// as r.Context() makes it end on the std front.
 	rctx := newRootCtx()
-	cancel := context.CancelFunc(rctx.cancel)
 	watched := &x.watch
-	s.gone.watch(watched, ctx.Conn(), cancel)
+	s.gone.watch(watched, ctx.Conn(), rctx)
 	a := s.h.serveInference(rctx, x, x, ep)
 	if a == nil || !a.stream {
 		if a != nil {
 			a.relay(rctx, x)
 		}
 		s.gone.unwatch(watched)
-		cancel()
+		rctx.cancel()
 		s.put(x)
 		return
 	}
@@ -196,7 +195,7 @@ func (s *fastServer) serve(ctx *fasthttp.RequestCtx) {
 	// until its end (and ends with the connection if it never starts).
 	conn := ctx.Conn()
 	ctx.SetBodyStreamWriter(func(bw *bufio.Writer) {
-		defer cancel()
+		defer rctx.cancel()
 		defer s.gone.unwatch(watched)
 		defer func() {
 			if p := recover(); p != nil {
@@ -205,7 +204,7 @@ func (s *fastServer) serve(ctx *fasthttp.RequestCtx) {
 				_ = conn.Close()
 			}
 		}()
-		a.relay(rctx, &fastStream{bw: bw, gone: cancel})
+		a.relay(rctx, &fastStream{bw: bw, gone: rctx.cancel})
 	})
 }
 

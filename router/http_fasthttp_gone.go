@@ -1,7 +1,6 @@
 package router
 
 import (
-	"context"
 	"net"
 	"sync"
 	"syscall"
@@ -27,10 +26,13 @@ type goneWatcher struct {
 	stop   sync.Once
 }
 
+// canceler ends a request's work (a *hookCtx: no closure to allocate).
+type canceler interface{ cancel() }
+
 // goneEntry is one request in flight on conn.
 type goneEntry struct {
 	conn   net.Conn
-	cancel context.CancelFunc
+	cancel canceler
 	since  time.Time
 	gen    uint64 // tells a reused entry from the request it held
 }
@@ -50,7 +52,7 @@ func newGoneWatcher(period time.Duration) *goneWatcher {
 // The caller owns e (e.g. inside a pooled per-request struct) and may
 // reuse it once unwatch returned: the watcher tells a reused entry from the
 // request it checked by its generation.
-func (w *goneWatcher) watch(e *goneEntry, conn net.Conn, cancel context.CancelFunc) {
+func (w *goneWatcher) watch(e *goneEntry, conn net.Conn, cancel canceler) {
 	since := time.Now()
 	w.mu.Lock()
 	w.gen++
@@ -117,7 +119,7 @@ func (w *goneWatcher) run() {
 				}
 				w.mu.Unlock()
 				if still {
-					d.entry.cancel()
+					d.entry.cancel.cancel()
 				}
 			}
 			clear(due)

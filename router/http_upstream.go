@@ -234,8 +234,7 @@ func writeRequestHead(w *bufio.Writer, p *upstreamPool, req *UpstreamRequest) {
 	_, _ = w.WriteString(" HTTP/1.1\r\nHost: ")
 	_, _ = w.WriteString(p.host)
 	_, _ = w.WriteString("\r\nContent-Type: application/json\r\nContent-Length: ")
-	var nb [20]byte
-	_, _ = w.Write(strconv.AppendInt(nb[:0], int64(len(req.Body)), 10))
+	_, _ = w.Write(strconv.AppendInt(w.AvailableBuffer(), int64(len(req.Body)), 10))
 	_, _ = w.WriteString("\r\n")
 	if req.RequestID != "" && validFieldValue(req.RequestID) {
 		writeField(w, headerRequestID, req.RequestID)

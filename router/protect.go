@@ -294,7 +294,7 @@ type attempt struct {
 	recorded bool // outcome already recorded (a failed last attempt relayed as is)
 	start    time.Time
 	n        int
-	cancel   context.CancelFunc
+	ctx      *hookCtx // the attempt's context, canceled by finish
 	rt       *routed
 }
 
@@ -302,7 +302,7 @@ type attempt struct {
 // in-flight count.
 func (a *attempt) finish() {
 	_ = a.resp.Body.Close()
-	a.cancel()
+	a.ctx.cancel()
 	a.rt.bound.Release(a.idx)
 }
 
@@ -356,7 +356,6 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 		rt.moveHold(idx)
 		rt.bound.Acquire(idx)
 		actx := newAttemptCtx(ctx, timeout) // ends with ctx, on cancel or after timeout
-		cancel := context.CancelFunc(actx.cancel)
 		h.metrics.attempts.Inc()
 		h.amp.add(0, 1)
 		start := h.opts.Now()
@@ -401,7 +400,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 				h.ejectReport(rt.model, eng.Name, live, ResultOK, resp, probe, nil, log)
 			}
 			return &attempt{idx: idx, engine: eng, resp: resp, first: first, probe: probe, start: start, n: n,
-				cancel: cancel, rt: rt}, nil
+				ctx: actx, rt: rt}, nil
 		}
 		lat := h.opts.Now().Sub(start)
 		h.opts.Observer.Outcome(rt.model, eng.Name, Outcome{Result: res, Latency: lat})
@@ -420,7 +419,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 			if resp != nil {
 				_ = resp.Body.Close()
 			}
-			cancel()
+			actx.cancel()
 			rt.bound.Release(idx)
 			return nil, newAPIError(http.StatusBadGateway, ErrTypeServer, "canceled", "", errClientGone.Error())
 		}
@@ -435,7 +434,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 			if resp != nil {
 				_ = resp.Body.Close()
 			}
-			cancel()
+			actx.cancel()
 			rt.bound.Release(idx)
 			idx = next
 			continue
@@ -444,9 +443,9 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 		if resp != nil {
 			// No retry: relay the engine's own answer (a 5xx or 429).
 			return &attempt{idx: idx, engine: eng, resp: resp, probe: probe, recorded: true, start: start, n: n,
-				cancel: cancel, rt: rt}, nil
+				ctx: actx, rt: rt}, nil
 		}
-		cancel()
+		actx.cancel()
 		rt.bound.Release(idx)
 		log.Warn().Err(err).Str("reason", retryReason(res)).Int("attempts", n).Str("no_retry", cause).Msg("forward failed")
 		if res == ResultTimeout {
