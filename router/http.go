@@ -240,13 +240,21 @@ func validHeaderValue(v string, max int) bool {
 	return true
 }
 
+// mimeJSON is the media type of request bodies; a Content-Type that is
+// exactly it needs no parsing.
+const mimeJSON = "application/json"
+
+// newRequestID returns "req_" and 24 random hex digits (one allocation).
 func (h *Handler) newRequestID() string {
 	var b [12]byte
 	for i := 0; i < len(b); i += 4 {
 		v := rand.Uint32()
 		b[i], b[i+1], b[i+2], b[i+3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
 	}
-	return "req_" + hex.EncodeToString(b[:])
+	var id [4 + 2*len(b)]byte
+	copy(id[:], "req_")
+	hex.Encode(id[4:], b[:])
+	return string(id[:])
 }
 
 // reject answers e and counts it under model.
@@ -275,6 +283,15 @@ type clientRequest interface {
 	body() ([]byte, *APIError)
 }
 
+// headWriter is a response writer that writes an engine's answer head
+// without a header map: the headers set so far, then the engine's headers
+// but the hop-by-hop ones (each replacing any of its name set before),
+// then X-Switchyard-Engine and X-Request-Id, and the status — what
+// copyResponseHeaders, two Sets and WriteHeader do on an http.Header.
+type headWriter interface {
+	writeHead(status int, engine http.Header, engineName, requestID string)
+}
+
 // answer is a request whose engine answered and whose response head is
 // written: relay copies the body to the client and ends the request.
 type answer struct {
@@ -283,9 +300,11 @@ type answer struct {
 	at     *attempt
 	mm     *modelMetrics
 	bp     *[]byte
-	log    zerolog.Logger
+	log    *reqLog
 	start  time.Time
 	stream bool
+	logv   reqLog          // what log points to
+	up     UpstreamRequest // the request forwarded to the engine
 }
 
 // serveInference answers an inference request up to the response head: it
@@ -316,8 +335,8 @@ func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r c
 			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", headerSessionID, maxSessionIDLen)))
 		return nil
 	}
-	if ct, _ := r.header("Content-Type"); ct != "" {
-		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+	if ct, _ := r.header("Content-Type"); ct != "" && ct != mimeJSON {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != mimeJSON {
 			h.reject(w, labelInvalid, newAPIError(http.StatusUnsupportedMediaType, ErrTypeInvalidRequest, "unsupported_media_type", "",
 				fmt.Sprintf("Content-Type %q is not application/json", ct)))
 			return nil
@@ -359,13 +378,16 @@ func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r c
 		h.reject(w, label, apiErr)
 		return nil
 	}
-	log := h.log.With().Str("model", req.Model).Str("request_id", reqID).Str("key", rt.src.String()).
-		Str("priority", prio.String()).Logger()
 	mm := h.modelMetrics(rt.ms, req.Model)
 	mm.inFlight.Inc()
-
-	up := &UpstreamRequest{Endpoint: ep, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body,
-		Header: r.passHeaders()}
+	// One allocation for the answer, the request's logger and the request
+	// to the engine; the answer is returned only once the engine answered.
+	ans := &answer{h: h, rt: rt, mm: mm, start: start, stream: req.Stream,
+		logv: reqLog{base: &h.log, model: req.Model, id: reqID, key: rt.src, prio: prio},
+		up: UpstreamRequest{Endpoint: ep, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body,
+			Header: r.passHeaders()}}
+	log, up := &ans.logv, &ans.up
+	ans.log = log
 	bp := h.bufs.Get().(*[]byte)
 	var at *attempt
 	var a *answer
@@ -391,12 +413,17 @@ func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r c
 	resp := at.resp
 	h.countRequest(mm, req.Model, resp.Status)
 
-	hdr := w.Header()
-	copyResponseHeaders(hdr, resp.Header)
-	hdr.Set(headerEngine, at.engine.Name)
-	hdr.Set(headerRequestID, reqID)
-	w.WriteHeader(resp.Status)
-	a = &answer{h: h, rt: rt, at: at, mm: mm, bp: bp, log: log, start: start, stream: req.Stream}
+	if hw, ok := w.(headWriter); ok {
+		hw.writeHead(resp.Status, resp.Header, at.engine.Name, reqID)
+	} else {
+		hdr := w.Header()
+		copyResponseHeaders(hdr, resp.Header)
+		hdr.Set(headerEngine, at.engine.Name)
+		hdr.Set(headerRequestID, reqID)
+		w.WriteHeader(resp.Status)
+	}
+	ans.at, ans.bp = at, bp
+	a = ans
 	return a
 }
 

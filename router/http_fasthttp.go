@@ -85,14 +85,18 @@ func (l fastLogger) Printf(format string, args ...any) {
 	l.log.Debug().Str("server", string(ServerFast)).Msgf(format, args...)
 }
 
+// connState tracks the open connections for Close. fasthttp also reports
+// every request's StateActive and StateIdle, which take no lock.
 func (s *fastServer) connState(c net.Conn, st fasthttp.ConnState) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	switch st {
 	case fasthttp.StateNew:
+		s.mu.Lock()
 		s.conns[c] = struct{}{}
+		s.mu.Unlock()
 	case fasthttp.StateClosed, fasthttp.StateHijacked:
+		s.mu.Lock()
 		delete(s.conns, c)
+		s.mu.Unlock()
 		s.gone.forget(c)
 	}
 }
@@ -171,25 +175,27 @@ func (s *fastServer) serve(ctx *fasthttp.RequestCtx) {
 	}
 	x := s.xs.Get().(*fastExchange)
 	x.h, x.ctx = s.h, ctx
-	defer s.put(x)
 	// The request's work ends when the client goes away (see goneWatcher),
 	// as r.Context() makes it end on the std front.
-	rctx, cancel := context.WithCancel(context.Background())
-	watched := s.gone.watch(ctx.Conn(), cancel)
+	rctx := newRootCtx()
+	watched := &x.watch
+	s.gone.watch(watched, ctx.Conn(), rctx)
 	a := s.h.serveInference(rctx, x, x, ep)
 	if a == nil || !a.stream {
 		if a != nil {
 			a.relay(rctx, x)
 		}
 		s.gone.unwatch(watched)
-		cancel()
+		rctx.cancel()
+		s.put(x)
 		return
 	}
+	// x is not pooled again: its watch entry lives until the stream ends.
 	// A stream is relayed after the handler returns; the watch goes on
 	// until its end (and ends with the connection if it never starts).
 	conn := ctx.Conn()
 	ctx.SetBodyStreamWriter(func(bw *bufio.Writer) {
-		defer cancel()
+		defer rctx.cancel()
 		defer s.gone.unwatch(watched)
 		defer func() {
 			if p := recover(); p != nil {
@@ -198,13 +204,13 @@ func (s *fastServer) serve(ctx *fasthttp.RequestCtx) {
 				_ = conn.Close()
 			}
 		}()
-		a.relay(rctx, &fastStream{bw: bw, gone: cancel})
+		a.relay(rctx, &fastStream{bw: bw, gone: rctx.cancel})
 	})
 }
 
 func (s *fastServer) put(x *fastExchange) {
 	clear(x.hdr)
-	x.h, x.ctx, x.wrote = nil, nil, false
+	x.h, x.ctx, x.wrote, x.watch = nil, nil, false, goneEntry{}
 	s.xs.Put(x)
 }
 
@@ -247,6 +253,7 @@ type fastExchange struct {
 	ctx   *fasthttp.RequestCtx
 	hdr   http.Header
 	wrote bool
+	watch goneEntry // the request's entry in the goneWatcher
 }
 
 func (x *fastExchange) method() string {
@@ -259,6 +266,9 @@ func (x *fastExchange) method() string {
 func (x *fastExchange) header(name string) (string, bool) {
 	h := &x.ctx.Request.Header
 	if v := h.Peek(name); len(v) > 0 {
+		if string(v) == mimeJSON {
+			return mimeJSON, true // the usual Content-Type, without a copy
+		}
 		return string(v), true
 	}
 	return "", len(h.PeekAll(name)) > 0
@@ -296,15 +306,45 @@ func (x *fastExchange) WriteHeader(code int) {
 	x.wrote = true
 	rh := &x.ctx.Response.Header
 	for k, vs := range x.hdr {
-		for i, v := range vs {
-			if i == 0 {
-				rh.Set(k, v)
-			} else {
-				rh.Add(k, v)
-			}
-		}
+		setHeaderValues(rh, k, vs)
 	}
 	x.ctx.SetStatusCode(code)
+}
+
+// writeHead writes an engine's answer head straight into fasthttp's
+// response (see headWriter); later calls, or calls after WriteHeader, do
+// nothing.
+func (x *fastExchange) writeHead(code int, engine http.Header, engineName, requestID string) {
+	if x.wrote {
+		return
+	}
+	x.wrote = true
+	rh := &x.ctx.Response.Header
+	for k, vs := range x.hdr {
+		if _, ok := engine[k]; ok && !isHopHeader(k) {
+			continue // replaced by the engine's
+		}
+		setHeaderValues(rh, k, vs)
+	}
+	for k, vs := range engine {
+		if !isHopHeader(k) {
+			setHeaderValues(rh, k, vs)
+		}
+	}
+	rh.Set(headerEngine, engineName)
+	rh.Set(headerRequestID, requestID)
+	x.ctx.SetStatusCode(code)
+}
+
+// setHeaderValues sets k to vs in rh (the first value replacing any).
+func setHeaderValues(rh *fasthttp.ResponseHeader, k string, vs []string) {
+	for i, v := range vs {
+		if i == 0 {
+			rh.Set(k, v)
+		} else {
+			rh.Add(k, v)
+		}
+	}
 }
 
 // Write appends p to the response body.

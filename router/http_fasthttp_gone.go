@@ -1,7 +1,6 @@
 package router
 
 import (
-	"context"
 	"net"
 	"sync"
 	"syscall"
@@ -21,16 +20,21 @@ type goneWatcher struct {
 	period time.Duration
 	mu     sync.Mutex
 	reqs   map[*goneEntry]struct{}
+	gen    uint64 // entries watched so far
 	quit   chan struct{}
 	done   chan struct{}
 	stop   sync.Once
 }
 
+// canceler ends a request's work (a *hookCtx: no closure to allocate).
+type canceler interface{ cancel() }
+
 // goneEntry is one request in flight on conn.
 type goneEntry struct {
 	conn   net.Conn
-	cancel context.CancelFunc
+	cancel canceler
 	since  time.Time
+	gen    uint64 // tells a reused entry from the request it held
 }
 
 // goneWatchPeriod is how often the connections of long requests are checked,
@@ -43,14 +47,18 @@ func newGoneWatcher(period time.Duration) *goneWatcher {
 	return w
 }
 
-// watch starts watching conn for a request whose work cancel stops; pass
-// the entry to unwatch when the request is done.
-func (w *goneWatcher) watch(conn net.Conn, cancel context.CancelFunc) *goneEntry {
-	e := &goneEntry{conn: conn, cancel: cancel, since: time.Now()}
+// watch starts watching conn, in entry e, for a request whose work cancel
+// stops; pass e to unwatch when the request is done.
+// The caller owns e (e.g. inside a pooled per-request struct) and may
+// reuse it once unwatch returned: the watcher tells a reused entry from the
+// request it checked by its generation.
+func (w *goneWatcher) watch(e *goneEntry, conn net.Conn, cancel canceler) {
+	since := time.Now()
 	w.mu.Lock()
+	w.gen++
+	*e = goneEntry{conn: conn, cancel: cancel, since: since, gen: w.gen}
 	w.reqs[e] = struct{}{}
 	w.mu.Unlock()
-	return e
 }
 
 // unwatch stops watching e.
@@ -81,7 +89,11 @@ func (w *goneWatcher) run() {
 	defer close(w.done)
 	tick := time.NewTicker(w.period)
 	defer tick.Stop()
-	var due []*goneEntry
+	type dueEntry struct {
+		e     *goneEntry
+		entry goneEntry // its contents when found due
+	}
+	var due []dueEntry
 	for {
 		select {
 		case <-w.quit:
@@ -91,14 +103,23 @@ func (w *goneWatcher) run() {
 			w.mu.Lock()
 			for e := range w.reqs {
 				if now.Sub(e.since) >= w.period {
-					due = append(due, e)
+					due = append(due, dueEntry{e: e, entry: *e})
 				}
 			}
 			w.mu.Unlock()
-			for _, e := range due {
-				if peerClosed(e.conn) {
-					w.unwatch(e)
-					e.cancel()
+			for _, d := range due {
+				if !peerClosed(d.entry.conn) {
+					continue
+				}
+				w.mu.Lock()
+				_, still := w.reqs[d.e]
+				still = still && d.e.gen == d.entry.gen
+				if still {
+					delete(w.reqs, d.e)
+				}
+				w.mu.Unlock()
+				if still {
+					d.entry.cancel.cancel()
 				}
 			}
 			clear(due)

@@ -176,9 +176,9 @@ func (t *HTTPTransport) roundTrip(ctx context.Context, p *upstreamPool, req *Ups
 // exchange writes req on c and reads the response head. On success the
 // response's body owns c; on error c is closed.
 func (t *HTTPTransport) exchange(ctx context.Context, p *upstreamPool, c *upstreamConn, req *UpstreamRequest) (*UpstreamResponse, error) {
-	stop := context.AfterFunc(ctx, func() { _ = c.nc.Close() })
+	stop := closeOnCancel(ctx, c.nc)
 	fail := func(err error) (*UpstreamResponse, error) {
-		stop()
+		stop.stopClose()
 		_ = c.nc.Close()
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, fmt.Errorf("%w (%w)", cerr, err)
@@ -234,8 +234,7 @@ func writeRequestHead(w *bufio.Writer, p *upstreamPool, req *UpstreamRequest) {
 	_, _ = w.WriteString(" HTTP/1.1\r\nHost: ")
 	_, _ = w.WriteString(p.host)
 	_, _ = w.WriteString("\r\nContent-Type: application/json\r\nContent-Length: ")
-	var nb [20]byte
-	_, _ = w.Write(strconv.AppendInt(nb[:0], int64(len(req.Body)), 10))
+	_, _ = w.Write(strconv.AppendInt(w.AvailableBuffer(), int64(len(req.Body)), 10))
 	_, _ = w.WriteString("\r\n")
 	if req.RequestID != "" && validFieldValue(req.RequestID) {
 		writeField(w, headerRequestID, req.RequestID)
@@ -559,7 +558,7 @@ type upstreamBody struct {
 	t      *HTTPTransport
 	p      *upstreamPool
 	c      *upstreamConn
-	stop   func() bool
+	stop   closeStopper
 	chunks io.Reader // chunked bodies; nil otherwise
 	left   int64     // Content-Length bodies: bytes not yet read; -1: until the connection ends
 	keep   bool      // the connection may be reused once the body is read
@@ -635,7 +634,7 @@ func (b *upstreamBody) Close() error {
 		return nil
 	}
 	b.closed = true
-	live := b.stop()
+	live := b.stop.stopClose()
 	if live && b.done && b.keep && b.c.br.Buffered() == 0 {
 		b.p.put(b.c, b.t.now(), b.t.opts.MaxIdleConnsPerEngine)
 		return nil

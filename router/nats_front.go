@@ -288,8 +288,7 @@ func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 		return
 	}
 	defer rt.release()
-	log := f.log.With().Str("model", req.Model).Str("request_id", reqID).Str("key", rt.src.String()).
-		Str("priority", prio.String()).Str("front", "nats").Logger()
+	log := &reqLog{base: &f.log, model: req.Model, id: reqID, key: rt.src, prio: prio, front: "nats"}
 	mm := h.modelMetrics(rt.ms, req.Model)
 	mm.inFlight.Inc()
 	defer mm.inFlight.Dec()

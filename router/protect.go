@@ -8,10 +8,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"sync/atomic"
 	"time"
-
-	"github.com/rs/zerolog"
 )
 
 // Defaults of ProtectionOptions.
@@ -301,7 +298,7 @@ type attempt struct {
 	recorded bool // outcome already recorded (a failed last attempt relayed as is)
 	start    time.Time
 	n        int
-	cancel   context.CancelFunc
+	ctx      *hookCtx // the attempt's context, canceled by finish
 	rt       *routed
 }
 
@@ -309,7 +306,7 @@ type attempt struct {
 // in-flight count.
 func (a *attempt) finish() {
 	_ = a.resp.Body.Close()
-	a.cancel()
+	a.ctx.cancel()
 	a.rt.bound.Release(a.idx)
 }
 
@@ -338,7 +335,7 @@ func bodyInHand(b io.Reader) bool {
 // first body bytes (read into buf) are in hand; nothing has been written
 // to the client. Structurally no retry can follow a byte sent to the
 // client: the caller writes only after forward returns.
-func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, buf []byte, log zerolog.Logger) (*attempt, *APIError) {
+func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, buf []byte, log *reqLog) (*attempt, *APIError) {
 	var triedBuf [8]int
 	tried := triedBuf[:0]
 	idx := rt.idx
@@ -362,9 +359,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 		tried = append(tried, idx)
 		rt.moveHold(idx)
 		rt.bound.Acquire(idx)
-		actx, cancel := context.WithCancel(ctx)
-		var fired atomic.Bool
-		timer := time.AfterFunc(timeout, func() { fired.Store(true); cancel() })
+		actx := newAttemptCtx(ctx, timeout) // ends with ctx, on cancel or after timeout
 		h.metrics.attempts.Inc()
 		h.amp.add(0, 1)
 		start := h.opts.Now()
@@ -388,7 +383,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 				res = ResultConnect // the engine closed or failed before its first byte
 			}
 		}
-		if !timer.Stop() || fired.Load() {
+		if actx.timedOut() {
 			res = ResultTimeout // the deadline fired; the attempt's context is gone
 		}
 		if ctx.Err() != nil {
@@ -409,7 +404,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 				h.ejectReport(rt.model, eng.Name, live, ResultOK, resp, probe, nil, log)
 			}
 			return &attempt{idx: idx, engine: eng, resp: resp, first: first, probe: probe, start: start, n: n,
-				cancel: cancel, rt: rt}, nil
+				ctx: actx, rt: rt}, nil
 		}
 		lat := h.opts.Now().Sub(start)
 		h.opts.Observer.Outcome(rt.model, eng.Name, Outcome{Result: res, Latency: lat})
@@ -428,7 +423,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 			if resp != nil {
 				_ = resp.Body.Close()
 			}
-			cancel()
+			actx.cancel()
 			rt.bound.Release(idx)
 			return nil, newAPIError(http.StatusBadGateway, ErrTypeServer, "canceled", "", errClientGone.Error())
 		}
@@ -443,7 +438,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 			if resp != nil {
 				_ = resp.Body.Close()
 			}
-			cancel()
+			actx.cancel()
 			rt.bound.Release(idx)
 			idx = next
 			continue
@@ -452,14 +447,14 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 		if resp != nil {
 			// No retry: relay the engine's own answer (a 5xx or 429).
 			return &attempt{idx: idx, engine: eng, resp: resp, probe: probe, recorded: true, start: start, n: n,
-				cancel: cancel, rt: rt}, nil
+				ctx: actx, rt: rt}, nil
 		}
-		cancel()
+		actx.cancel()
 		rt.bound.Release(idx)
 		log.Warn().Err(err).Str("reason", retryReason(res)).Int("attempts", n).Str("no_retry", cause).Msg("forward failed")
 		if res == ResultTimeout {
 			msg := fmt.Sprintf("engine %q for model %q sent nothing within %v (%d attempts)", eng.Name, rt.model, timeout, n)
-			if !fired.Load() {
+			if !actx.timerFired() {
 				// A timeout below the attempt's deadline: connecting, or a
 				// network deadline; say which rather than the deadline.
 				msg = fmt.Sprintf("engine %q for model %q timed out after %v: %v (%d attempts)", eng.Name, rt.model,
@@ -562,7 +557,7 @@ func (rt *routed) spareEngine(ok func(j int) bool) (int, bool) {
 // logs and exports changes. 429s, cancelled requests and client errors are
 // neutral: they say nothing about the engine's health.
 func (h *Handler) ejectReport(model, engine string, live *EngineLive, res Result, resp *UpstreamResponse, probe bool,
-	cause error, log zerolog.Logger) {
+	cause error, log *reqLog) {
 	var ok bool
 	switch {
 	case res == ResultCanceled || res == Result429:
@@ -593,7 +588,7 @@ func (h *Handler) ejectReport(model, engine string, live *EngineLive, res Result
 }
 
 // finishAttempt records a committed attempt's outcome after its relay.
-func (h *Handler) finishAttempt(ctx context.Context, a *attempt, relayErr error, first, end time.Time, log zerolog.Logger) {
+func (h *Handler) finishAttempt(ctx context.Context, a *attempt, relayErr error, first, end time.Time, log *reqLog) {
 	o := responseOutcome(ctx, a.resp.Status, relayErr, a.start, first, end)
 	if a.recorded {
 		return
