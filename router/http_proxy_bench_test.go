@@ -19,27 +19,12 @@ const wholeAnswer = `{"id":"x","object":"chat.completion","choices":[{"index":0,
 
 func newWholeEngine(tb testing.TB) *wholeEngine {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("listen: %v", err)
-	}
-	e := &wholeEngine{ln: ln}
-	tb.Cleanup(func() { _ = ln.Close() })
-	go e.accept()
+	e := &wholeEngine{}
+	e.ln = serveLoopback(tb, e.serve)
 	return e
 }
 
 func (e *wholeEngine) url() string { return "http://" + e.ln.Addr().String() }
-
-func (e *wholeEngine) accept() {
-	for {
-		c, err := e.ln.Accept()
-		if err != nil {
-			return
-		}
-		go e.serve(c)
-	}
-}
 
 func (e *wholeEngine) serve(c net.Conn) {
 	defer c.Close()

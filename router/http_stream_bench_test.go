@@ -23,26 +23,32 @@ type pingPongEngine struct {
 
 func newPingPongEngine(tb testing.TB, events int) *pingPongEngine {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("listen: %v", err)
-	}
-	e := &pingPongEngine{ln: ln, events: events, next: make(chan struct{}, 1)}
-	tb.Cleanup(func() { _ = ln.Close() })
-	go e.accept()
+	e := &pingPongEngine{events: events, next: make(chan struct{}, 1)}
+	e.ln = serveLoopback(tb, e.serve)
 	return e
 }
 
 func (e *pingPongEngine) url() string { return "http://" + e.ln.Addr().String() }
 
-func (e *pingPongEngine) accept() {
-	for {
-		c, err := e.ln.Accept()
-		if err != nil {
-			return
-		}
-		go e.serve(c)
+// serveLoopback listens on a random port of 127.0.0.1 and serves every
+// connection accepted there in its own goroutine, until the test ends.
+func serveLoopback(tb testing.TB, serve func(net.Conn)) net.Listener {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("listen: %v", err)
 	}
+	tb.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go serve(c)
+		}
+	}()
+	return ln
 }
 
 func (e *pingPongEngine) serve(c net.Conn) {
