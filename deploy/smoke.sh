@@ -101,15 +101,35 @@ traffic() {
 	done
 }
 
-# generation KEY prints the generation of the newest snapshot of KEY, read
-# with the nats CLI and decoded by switchyard decode.
+# snapshot KEY prints the newest snapshot of KEY in sy_weights, read with
+# the nats CLI and decoded by switchyard decode, as one line of JSON. A
+# JetStream request can fail while the cluster settles (the check below
+# failed now and then with an empty answer right after startup), so it tries
+# for up to 10 s and then prints the last error to stderr and fails.
+snapshot() {
+	local deadline=$(($(date +%s) + 10)) raw err
+	raw=$(mktemp) err=$(mktemp)
+	while :; do
+		if nats -s "$servers" kv get sy_weights "$1" --raw >"$raw" 2>"$err" && [ -s "$raw" ] &&
+			"$sy" decode --compact <"$raw" 2>>"$err"; then
+			rm -f "$raw" "$err"
+			return 0
+		fi
+		if [ "$(date +%s)" -ge "$deadline" ]; then
+			echo "snapshot $1: $(tail -3 "$err")" >&2
+			rm -f "$raw" "$err"
+			return 1
+		fi
+		sleep 0.5
+	done
+}
+
+# generation KEY and writer KEY print a field of the newest snapshot of KEY.
 generation() {
-	nats -s "$servers" kv get sy_weights "$1" --raw 2>/dev/null | "$sy" decode --compact |
-		sed -n 's/.*"generation":\([0-9]*\).*/\1/p'
+	snapshot "$1" | sed -n 's/.*"generation":\([0-9]*\).*/\1/p'
 }
 writer() {
-	nats -s "$servers" kv get sy_weights "$1" --raw 2>/dev/null | "$sy" decode --compact |
-		sed -n 's/.*"writer":"\([^"]*\)".*/\1/p'
+	snapshot "$1" | sed -n 's/.*"writer":"\([^"]*\)".*/\1/p'
 }
 
 log "traffic through each router"
@@ -118,7 +138,7 @@ traffic
 log "sy_weights through the nats CLI and switchyard decode"
 declare -A gen
 for c in A B C; do
-	g=$(generation "llama.$c")
+	g=$(generation "llama.$c" || true)
 	[ -n "$g" ] || fail "no weight snapshot for llama.$c"
 	gen[$c]=$g
 	nats -s "$servers" stream get KV_sy_weights --last-for "\$KV.sy_weights.llama.$c" --translate "$sy decode --compact" 2>/dev/null | grep '"generation"' || fail "nats stream get --translate failed for llama.$c"
