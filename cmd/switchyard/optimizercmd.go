@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/switchyard-dev/switchyard/dashboard"
@@ -32,6 +34,18 @@ func optimizerCommand() command {
 			fs.Float64Var(&o.Solver.ProximalMs, "proximal-ms", 1, "anti-churn price: ms per req/s of traffic moved")
 			fs.Float64Var(&o.Solver.DeadBand, "dead-band", 0.01, "keep a cluster's weights unless they move by at least this total-variation distance")
 			fs.Float64Var(&o.TargetUtilisation, "target-utilisation", 1, "plan engines up to this share of their effective capacity, in (0, 1] (headroom for bursts; below 1 sheds earlier)")
+			fs.Func("engine-target-utilisation", "plan engine `NAME=U` up to U of its effective capacity instead of --target-utilisation, U in (0, 1] (headroom on a slower engine type; repeat for several engines)",
+				func(v string) error {
+					name, u, err := parseEngineTarget(v)
+					if err != nil {
+						return err
+					}
+					if o.EngineTargetUtilisation == nil {
+						o.EngineTargetUtilisation = map[string]float64{}
+					}
+					o.EngineTargetUtilisation[name] = u
+					return nil
+				})
 			fs.BoolVar(&o.PreferConfiguredNetwork, "prefer-configured-network", false, "use the configured network latency even where RTTs are measured (for emulated networks on one host)")
 			metricsAddr := fs.String("metrics-addr", "127.0.0.1:9091", "serve the live dashboard (/) and /metrics on this `address` (empty: off)")
 			replicas := fs.Int("replicas", 1, "provision streams and buckets with this replica count before starting (0: do not provision)")
@@ -97,4 +111,17 @@ func optimizerCommand() command {
 			}
 		},
 	}
+}
+
+// parseEngineTarget parses NAME=U, an engine's own target utilisation.
+func parseEngineTarget(v string) (string, float64, error) {
+	name, us, ok := strings.Cut(v, "=")
+	if !ok || name == "" {
+		return "", 0, fmt.Errorf("%q: want NAME=U, an engine name and a share in (0, 1]", v)
+	}
+	u, err := strconv.ParseFloat(us, 64)
+	if err != nil || !(u > 0 && u <= 1) {
+		return "", 0, fmt.Errorf("%q: target utilisation %q is not a share in (0, 1]", v, us)
+	}
+	return name, u, nil
 }
