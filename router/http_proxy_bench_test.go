@@ -76,13 +76,7 @@ func BenchmarkProxyWhole(b *testing.B) {
 	for _, kind := range serverKinds() {
 		b.Run(string(kind), func(b *testing.B) {
 			e := newWholeEngine(b)
-			tables := NewStaticTables()
-			tables.Set("m", mustTable(b, []Engine{{Name: "e", URL: e.url(), Weight: 1}}, TableOptions{}), Info{Mode: ModeSnapshot})
-			h, err := NewHandler(Options{Tables: tables})
-			if err != nil {
-				b.Fatal(err)
-			}
-			url := serveFront(b, kind, h, ServerOptions{})
+			url := serveOneEngine(b, kind, e.url())
 			c, err := net.Dial("tcp", url[len("http://"):])
 			if err != nil {
 				b.Fatal(err)

@@ -87,13 +87,7 @@ func BenchmarkStreamRelay(b *testing.B) {
 	for _, kind := range serverKinds() {
 		b.Run(string(kind), func(b *testing.B) {
 			e := newPingPongEngine(b, events)
-			tables := NewStaticTables()
-			tables.Set("m", mustTable(b, []Engine{{Name: "e", URL: e.url(), Weight: 1}}, TableOptions{}), Info{Mode: ModeSnapshot})
-			h, err := NewHandler(Options{Tables: tables})
-			if err != nil {
-				b.Fatal(err)
-			}
-			url := serveFront(b, kind, h, ServerOptions{})
+			url := serveOneEngine(b, kind, e.url())
 			client := testClient(b)
 			stream := func() int {
 				resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chatStreamBody))

@@ -93,6 +93,19 @@ func forEachServer(t *testing.T, test func(t *testing.T, kind ServerKind)) {
 	}
 }
 
+// serveOneEngine serves a default handler on a front of kind whose only
+// model, "m", has one engine, "e" at engineURL, and returns the front's URL.
+func serveOneEngine(t testing.TB, kind ServerKind, engineURL string) string {
+	t.Helper()
+	tables := NewStaticTables()
+	tables.Set("m", mustTable(t, []Engine{{Name: "e", URL: engineURL, Weight: 1}}, TableOptions{}), Info{Mode: ModeSnapshot})
+	h, err := NewHandler(Options{Tables: tables})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return serveFront(t, kind, h, ServerOptions{})
+}
+
 // serveFront serves h with a server of kind (and opts) on a loopback port
 // until the test ends, and returns its base URL.
 func serveFront(t testing.TB, kind ServerKind, h *Handler, opts ServerOptions) string {

@@ -702,13 +702,7 @@ func TestFirstByteSplitRelay(t *testing.T) {
 			}
 		}))
 		defer srv.Close()
-		tables := NewStaticTables()
-		tables.Set("m", mustTable(t, []Engine{{Name: "e", URL: srv.URL, Weight: 1}}, TableOptions{}), Info{Mode: ModeSnapshot})
-		h, err := NewHandler(Options{Tables: tables})
-		if err != nil {
-			t.Fatal(err)
-		}
-		front := serveFront(t, kind, h, ServerOptions{})
+		front := serveOneEngine(t, kind, srv.URL)
 		resp, err := testClient(t).Post(front+"/v1/chat/completions", "application/json", strings.NewReader(streamBody("x")))
 		if err != nil {
 			t.Fatal(err)
