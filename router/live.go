@@ -78,6 +78,7 @@ type Bound struct {
 	set     *LiveSet
 	table   *Table
 	engines []*EngineLive
+	times   atomic.Pointer[slotTimes] // SlotTimes' newest answer
 }
 
 // Table returns the table b is bound to.

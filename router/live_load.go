@@ -3,6 +3,7 @@ package router
 import (
 	"math"
 	"sync/atomic"
+	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
 )
@@ -18,6 +19,24 @@ import (
 type engineLoad struct {
 	others atomic.Int64  // outstanding at the newest signal that are not this router's
 	slots  atomic.Uint64 // math.Float64bits of the engine's batch slots; 0 before any signal
+	// slotSec and stepSec are math.Float64bits of the engine's slot time
+	// and decode step, seconds (see slotTime); 0 while unknown.
+	slotSec atomic.Uint64
+	stepSec atomic.Uint64
+}
+
+// slotTime returns how long one request holds a batch slot of an engine
+// serving at its capacity, seconds — by Little's law its batch slots over
+// its capacity in req/s — and its decode step (the signal's time between
+// tokens), seconds; each 0 when the signal does not tell.
+func slotTime(sig *messages.EngineSignal) (slot, step float64) {
+	if s := BatchSlots(sig); s > 0 && sig.CapacityRPS > 0 && !math.IsInf(sig.CapacityRPS, 0) {
+		slot = s / sig.CapacityRPS
+	}
+	if sig.TBTMs > 0 && !math.IsInf(sig.TBTMs, 0) {
+		step = sig.TBTMs / 1000
+	}
+	return slot, step
 }
 
 // load returns the load per batch slot given this router's in-flight
@@ -35,6 +54,9 @@ func (l *engineLoad) load(inflight int64) float64 {
 func (l *engineLoad) observe(sig *messages.EngineSignal, inflight int64) {
 	l.others.Store(max(0, int64(sig.Queue)+int64(sig.Running)-max(0, inflight)))
 	l.slots.Store(math.Float64bits(BatchSlots(sig)))
+	slot, step := slotTime(sig)
+	l.slotSec.Store(math.Float64bits(slot))
+	l.stepSec.Store(math.Float64bits(step))
 }
 
 // BatchSlots returns how many requests an engine runs at once, as its
@@ -79,4 +101,55 @@ func (b *Bound) Load(i int) float64 {
 // it accepts.
 func (h *Handler) ObserveSignal(sig *messages.EngineSignal) {
 	h.Live(sig.Model).ObserveSignal(sig)
+}
+
+// slotTimes is Bound.SlotTimes' answer at a time.
+type slotTimes struct {
+	at         time.Time
+	slot, step float64
+}
+
+// slotTimesEvery is how long Bound.SlotTimes reuses an answer: the weights
+// are fixed for the bound's life and an engine signals a few times a
+// second, so a request does not walk every engine of a large table.
+const slotTimesEvery = 100 * time.Millisecond
+
+// SlotTimes returns the weight-averaged slot time and decode step, seconds,
+// of the bound's engines of positive weight (see slotTime), over the
+// engines whose signals tell them; ok is false when those engines carry
+// less than half the table's weight. An answer is reused for
+// slotTimesEvery.
+func (b *Bound) SlotTimes() (slot, step float64, ok bool) {
+	now := b.set.now()
+	if c := b.times.Load(); c != nil && now.Sub(c.at) < slotTimesEvery && now.Sub(c.at) >= 0 {
+		return c.slot, c.step, c.slot > 0
+	}
+	var ws, ss, wt, st float64
+	for _, i := range b.table.active {
+		w := b.table.engines[i].Weight
+		l := &b.engines[i].load
+		if v := math.Float64frombits(l.slotSec.Load()); v > 0 {
+			ws += w
+			ss += w * v
+		}
+		if v := math.Float64frombits(l.stepSec.Load()); v > 0 {
+			wt += w
+			st += w * v
+		}
+	}
+	c := &slotTimes{at: now}
+	if ws > 0 && ws >= b.table.weight/2 {
+		c.slot = ss / ws
+		if wt > 0 {
+			c.step = st / wt
+		}
+	}
+	b.times.Store(c)
+	return c.slot, c.step, c.slot > 0
+}
+
+// slotTimesKnown reports whether SlotTimes has an answer.
+func (b *Bound) slotTimesKnown() bool {
+	_, _, ok := b.SlotTimes()
+	return ok
 }

@@ -48,7 +48,8 @@ type ProtectionOptions struct {
 	AdmissionSlack float64
 	// MinInFlight is the least allotment (default DefaultMinInFlight).
 	MinInFlight int
-	// NoAdmission turns local admission control off.
+	// NoAdmission turns local admission control off: the capacity
+	// allotment while the snapshot sheds, the latency allotment otherwise.
 	NoAdmission bool
 	// NoSnapshotShed turns off enforcing the snapshot's shed fractions.
 	NoSnapshotShed bool
@@ -73,10 +74,11 @@ type ProtectionOptions struct {
 	// waiting request is shed when no slot came within four times it.
 	SlotQueueWait time.Duration
 	// SlotHeadroom is how much more than the snapshot plans to serve the
-	// router lets through to the slot bound while the bound is on (default
-	// DefaultSlotHeadroom; negative: none): the snapshot's shed fraction s
-	// is enforced as RelaxedShed(s, SlotHeadroom) while the batch slots of
-	// an engine of the model are known from its signals. A fluid plan that fills
+	// router lets through to the slot bound, or to the capacity allotment
+	// (CapacityAllotment) when slot admission is off, while the snapshot
+	// sheds (default DefaultSlotHeadroom; negative: none): the snapshot's
+	// shed fraction s is enforced as RelaxedShed(s, SlotHeadroom) while the
+	// batch slots of an engine of the model are known from its signals. A fluid plan that fills
 	// the engines exactly, admitted through a bound on batch slots, would
 	// serve less than their capacity (requests arrive in bursts and a
 	// request that finds no free slot is shed, an Erlang loss); the
@@ -234,7 +236,7 @@ func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, k
 	if f != nil && !h.prot.NoSnapshotShed && (f.ShedFraction > 0 || f.HasShedByPriority) {
 		fr := f.ShedByPriority
 		switch {
-		case h.prot.SlotAdmission && h.prot.SlotHeadroom > 0 && bound.slotsKnown():
+		case h.prot.SlotHeadroom > 0 && (h.prot.SlotAdmission && bound.slotsKnown() || !h.prot.SlotAdmission && !h.prot.NoAdmission && bound.slotTimesKnown()):
 			// The slot bound sheds what the engines cannot take at once;
 			// the snapshot's shed, relaxed, keeps the order of classes
 			// and of keys (see ProtectionOptions.SlotHeadroom).
@@ -251,6 +253,22 @@ func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, k
 		u = f.Utilisation
 	}
 	n := ms.admitted.Add(1)
+	// While the snapshot sheds, the engines are planned at their capacity:
+	// the allotment is their batch slots plus a step's queue, not a
+	// latency prediction a backlog inflates (CapacityAllotment).
+	if f != nil && !h.prot.SlotAdmission && !h.prot.NoAdmission {
+		if slot, step, ok := bound.SlotTimes(); ok {
+			if lim := CapacityAllotment(f, h.prot.Routers, slot, step, p, h.prot.MinInFlight); lim > 0 {
+				if float64(n) > lim {
+					ms.admitted.Add(-1)
+					return 0, h.shedError(model, p, ShedAdmission,
+						fmt.Sprintf("%d requests in flight at this router, capacity allotment %.0f", n-1, lim))
+				}
+				std := CapacityAllotment(f, h.prot.Routers, slot, step, PriorityStandard, h.prot.MinInFlight)
+				return math.Max(u, float64(n)/std), nil
+			}
+		}
+	}
 	// Admission control guards a fleet the snapshot already plans near its
 	// limit (it sheds, or predicts the engines this router uses at 90% or
 	// more); with headroom a burst is the engines' to absorb.

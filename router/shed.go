@@ -201,6 +201,59 @@ func Allotment(f *Figures, routers int, slack float64, minInFlight int) float64 
 	return math.Max(float64(minInFlight), (1+slack)*m+4*math.Sqrt(m))
 }
 
+// queueSteps is how many decode steps' worth of requests beyond the
+// engines' batch slots the capacity allotment (CapacityAllotment) lets a
+// request of class p find in flight: a quarter of a step for a sheddable
+// request, three quarters for a standard one, twenty for a critical one.
+//
+// The first two set the trade between the overload rows of the reliability
+// scenario (BENCHMARKS.md): a request joins its engine's batch at a step
+// boundary, so a slot freed at a boundary stays empty for a step unless a
+// request already waits in the engine's queue there, and a router that
+// keeps the queues empty serves at most T/(T+1) of the engines' capacity
+// for T-token answers (94% at 16 tokens); each request it lets queue fills
+// such a slot but waits for a completion, a step or more. Measured on the
+// scenario's engines (3 runs each): slot+0/0.5 steps served 94.6–95.0% at
+// an admitted TTFT p99 of 1.4–1.7× the unloaded one, 0/0.75 steps
+// 95.3–95.6% at 2.1–2.4×, 0.25/0.5 steps 96.0–96.3% at 2.5–2.6×; these
+// values keep the served throughput a point clear of its 95% row. Critical
+// requests are shed by the allotment only behind a backlog of twenty steps
+// (over a second on those engines), so that none is shed while sheddable
+// requests are served.
+func queueSteps(p Priority) float64 {
+	switch p {
+	case PrioritySheddable:
+		return 0.25
+	case PriorityCritical:
+		return 20
+	}
+	return 0.75
+}
+
+// CapacityAllotment returns the in-flight requests of class p this router
+// may hold for a model while the snapshot f sheds: its share of the served
+// rate the snapshot plans (λ = DemandRPS·(1−ShedFraction)/routers, the
+// engines' capacity) times the time a request holds a batch slot at that
+// rate, slot seconds, plus queueSteps(p) decode steps of step seconds,
+//
+//	λ · (slot + queueSteps(p)·step)
+//
+// at least minInFlight. Unlike Allotment it does not rest on the latency
+// the snapshot predicts, which a backlog at the engines inflates (a
+// backlog built before the snapshot caught up with a rise in demand kept
+// itself: the measured latency, seconds long, allotted it): at the
+// engines' capacity the requests in flight that are not queued are their
+// batch slots, and what is allotted beyond them waits about queueSteps
+// steps. It returns 0 (no limit) when f is nil or does not shed, or slot
+// is not positive.
+func CapacityAllotment(f *Figures, routers int, slot, step float64, p Priority, minInFlight int) float64 {
+	if f == nil || !(f.ShedFraction > 0 || f.HasShedByPriority) || !(slot > 0) || f.DemandRPS <= 0 {
+		return 0
+	}
+	lam := f.DemandRPS * (1 - f.ShedFraction) / float64(max(routers, 1))
+	return math.Max(float64(minInFlight), lam*(slot+queueSteps(p)*math.Max(0, step)))
+}
+
 // mixWindow is the length of one window of the priority mix; the mix spans
 // the current and the previous window.
 const mixWindow = 10 * time.Second

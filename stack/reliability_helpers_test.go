@@ -604,7 +604,7 @@ func relLogRouter(t *testing.T, r *router.Service) {
 		relMetric(t, reg, "switchyard_router_retries_suppressed_total", nil),
 		relMetric(t, reg, "switchyard_router_retry_amplification", nil))
 	f := router.FiguresOf(&snap)
-	t.Logf("router %s: predicted latency %v, utilisation %.2f, allotment %.1f in flight; latency by engine %v; utilisation by engine %v",
+	t.Logf("router %s: predicted latency %v, utilisation %.2f, latency allotment (while the snapshot sheds nothing) %.1f in flight; latency by engine %v; utilisation by engine %v",
 		r.Name(), f.Latency, f.Utilisation, router.Allotment(f, 1, router.DefaultAdmissionSlack, router.DefaultMinInFlight),
 		relFmtWeights(snap.LatencyMs), relFmtWeights(snap.Utilisation))
 }

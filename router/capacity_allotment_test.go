@@ -1,0 +1,154 @@
+package router
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/switchyard-dev/switchyard/messages"
+)
+
+func TestCapacityAllotment(t *testing.T) {
+	shedding := &Figures{ShedFraction: 1.0 / 3, DemandRPS: 120}
+	byPrio := &Figures{HasShedByPriority: true, ShedByPriority: [numPriorities]float64{0.5}, DemandRPS: 80}
+	cases := []struct {
+		name       string
+		f          *Figures
+		routers    int
+		slot, step float64
+		p          Priority
+		min        int
+		want       float64
+	}{
+		{"no snapshot", nil, 1, 1, 0.1, PriorityStandard, 8, 0},
+		{"sheds nothing", &Figures{DemandRPS: 120, Latency: time.Second}, 1, 1, 0.1, PriorityStandard, 8, 0},
+		{"slot time unknown", shedding, 1, 0, 0.1, PriorityStandard, 8, 0},
+		{"no demand", &Figures{ShedFraction: 0.5}, 1, 1, 0.1, PriorityStandard, 8, 0},
+		// λ = 120·(2/3) = 80 req/s.
+		{"sheddable", shedding, 1, 1, 0.1, PrioritySheddable, 8, 80 * (1 + 0.25*0.1)},
+		{"standard", shedding, 1, 1, 0.1, PriorityStandard, 8, 80 * (1 + 0.75*0.1)},
+		{"critical", shedding, 1, 1, 0.1, PriorityCritical, 8, 80 * (1 + 20*0.1)},
+		{"two routers share it", shedding, 2, 1, 0.1, PriorityStandard, 8, 40 * (1 + 0.75*0.1)},
+		{"no step known: the slots alone", shedding, 1, 1, 0, PriorityStandard, 8, 80},
+		{"at least minInFlight", shedding, 1, 0.01, 0, PriorityStandard, 8, 8},
+		{"shed by priority only", byPrio, 1, 0.5, 0, PriorityStandard, 8, 40},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := CapacityAllotment(c.f, c.routers, c.slot, c.step, c.p, c.min)
+			if math.Abs(got-c.want) > 1e-9 {
+				t.Fatalf("CapacityAllotment = %v, want %v", got, c.want)
+			}
+		})
+	}
+	// The classes are ordered: a burst sheds sheddable requests first and
+	// critical ones last.
+	s := CapacityAllotment(shedding, 1, 1, 0.1, PrioritySheddable, 8)
+	d := CapacityAllotment(shedding, 1, 1, 0.1, PriorityStandard, 8)
+	c := CapacityAllotment(shedding, 1, 1, 0.1, PriorityCritical, 8)
+	if !(s < d && d < c) {
+		t.Fatalf("allotments sheddable %v, standard %v, critical %v: want increasing", s, d, c)
+	}
+}
+
+// TestBoundSlotTimes checks the weight-averaged slot time and step of a
+// bound's engines, that engines without a signal saying them are left out
+// unless they carry half the weight, and that an answer is reused for
+// slotTimesEvery.
+func TestBoundSlotTimes(t *testing.T) {
+	now := time.Unix(1000, 0)
+	set := newLiveSet(func() time.Time { return now })
+	table := mustTable(t, []Engine{{Name: "a", Weight: 0.5}, {Name: "b", Weight: 0.3}, {Name: "c", Weight: 0.2}, {Name: "d"}}, TableOptions{})
+	b := set.Bind(table)
+	if _, _, ok := b.SlotTimes(); ok {
+		t.Fatal("slot times known before any signal")
+	}
+	// Only c has told (weight 0.2 of 1): not enough.
+	set.ObserveSignal(&messages.EngineSignal{Model: "m", Engine: "c", MaxRunning: 10, CapacityRPS: 5, TBTMs: 40})
+	now = now.Add(slotTimesEvery)
+	if _, _, ok := b.SlotTimes(); ok {
+		t.Fatal("slot times known from a fifth of the weight")
+	}
+	// a: 20 slots at 10 req/s = 2 s, 50 ms steps; b: MaxRunning unknown, so
+	// capacity × idle latency = 4 slots at 8 req/s = 0.5 s, no step; d has
+	// no weight and does not count.
+	set.ObserveSignal(&messages.EngineSignal{Model: "m", Engine: "a", MaxRunning: 20, CapacityRPS: 10, TBTMs: 50})
+	set.ObserveSignal(&messages.EngineSignal{Model: "m", Engine: "b", CapacityRPS: 8, BaseLatencyMs: 500})
+	set.ObserveSignal(&messages.EngineSignal{Model: "m", Engine: "d", MaxRunning: 100, CapacityRPS: 1, TBTMs: 900})
+	// Within slotTimesEvery of the last answer: reused.
+	if _, _, ok := b.SlotTimes(); ok {
+		t.Fatal("answer not reused within slotTimesEvery")
+	}
+	now = now.Add(slotTimesEvery)
+	slot, step, ok := b.SlotTimes()
+	wantSlot := (0.5*2 + 0.3*0.5 + 0.2*2) / 1.0
+	wantStep := (0.5*0.05 + 0.2*0.04) / 0.7
+	if !ok || math.Abs(slot-wantSlot) > 1e-9 || math.Abs(step-wantStep) > 1e-9 {
+		t.Fatalf("SlotTimes = %v, %v, %v; want %v, %v, true", slot, step, ok, wantSlot, wantStep)
+	}
+}
+
+// TestCapacityAllotmentShedsBurst: while the snapshot sheds, a burst is
+// admitted up to the engines' batch slots plus each class's queue steps
+// (CapacityAllotment), not up to the latency-based allotment, and the rest
+// is shed at once with reason "admission": sheddable requests first,
+// critical ones last.
+func TestCapacityAllotmentShedsBurst(t *testing.T) {
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		// λ = 10 req/s (a shed of 1% relaxes to none, so no key is shed by
+		// the snapshot); each engine 4 slots at 5 req/s, 0.8 s a slot, and
+		// 1 s steps: sheddable 10·(0.8+0.25) = 10.5, standard
+		// 10·(0.8+0.75) = 15.5, critical 10·(0.8+20) = 208. The latency
+		// allotment would allow 1.5·m + 4·√m = 3,100 at m = 1,000.
+		figs := &Figures{ShedFraction: 0.01, DemandRPS: 10 / 0.99, Latency: 100 * time.Second, Utilisation: 1}
+		f := newPFront(t, kind, []int32{modeHold, modeHold}, []float64{0.5, 0.5}, figs, Options{})
+		for _, e := range f.engines {
+			f.h.ObserveSignal(&messages.EngineSignal{Model: "m", Engine: e.name, MaxRunning: 4, CapacityRPS: 5, TBTMs: 1000,
+				Time: time.Now().UnixMilli()})
+		}
+		var codes sync.Map
+		var wg sync.WaitGroup
+		burst := func(prio string, n int) {
+			for i := 0; i < n; i++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					r := f.do(streamBody("x"), map[string]string{HeaderPriority: prio})
+					v, _ := codes.LoadOrStore(fmt.Sprint(prio, r.status), new(atomic.Int64))
+					v.(*atomic.Int64).Add(1)
+				}()
+			}
+		}
+		count := func(k string) int64 {
+			v, ok := codes.Load(k)
+			if !ok {
+				return 0
+			}
+			return v.(*atomic.Int64).Load()
+		}
+		held := func() int64 { return f.engines[0].inflight.Load() + f.engines[1].inflight.Load() }
+		then := func(prio string, n int) bool { burst(prio, n); return true }
+		burst("sheddable", 14)
+		ok := poll(5*time.Second, func() bool { return held() == 10 && count("sheddable429") == 4 }) &&
+			then("standard", 8) &&
+			poll(5*time.Second, func() bool { return held() == 15 && count("standard429") == 3 }) &&
+			then("critical", 5) &&
+			poll(5*time.Second, func() bool { return held() == 20 })
+		for _, e := range f.engines {
+			close(e.release)
+		}
+		wg.Wait()
+		if !ok {
+			t.Fatalf("held %d; shed %d sheddable, %d standard, %d critical", held(), count("sheddable429"), count("standard429"), count("critical429"))
+		}
+		if count("sheddable200") != 10 || count("standard200") != 5 || count("critical200") != 5 {
+			t.Fatalf("served %d sheddable, %d standard, %d critical", count("sheddable200"), count("standard200"), count("critical200"))
+		}
+		if n := metricValue(f.h.metrics.shed.WithLabelValues(string(ShedAdmission), "standard")); n != 3 {
+			t.Fatalf("standard requests shed by admission: %v, want 3", n)
+		}
+	})
+}
