@@ -36,6 +36,7 @@ func routerCommand() command {
 			fs.BoolVar(&o.PreferNATS, "prefer-nats", false, "forward over NATS to engines that offer both HTTP and NATS")
 			fs.DurationVar(&o.StaleAfter, "stale-after", router.DefaultStaleAfter, "snapshot age past which the local policy takes over")
 			fs.DurationVar(&o.ReportInterval, "report-interval", time.Second, "how often to publish reports")
+			fs.IntVar(&o.Protection.Routers, "routers", 1, "routers serving this cluster: local admission control allots this router 1/N of the cluster's planned traffic")
 			httpServer := fs.String("http-server", string(router.DefaultServerKind), "HTTP front's server: fasthttp (github.com/valyala/fasthttp) or std (Go's net/http)")
 			var rt router.RuntimeOptions
 			fs.IntVar(&rt.GCPercent, "gogc", router.DefaultGCPercent, "garbage collector target percentage, as GOGC (0: keep GOGC from the environment or Go's 100; negative: off up to --memlimit)")
@@ -54,6 +55,9 @@ func routerCommand() command {
 				}
 				if err := messages.CheckName("--cluster", o.Cluster); err != nil {
 					return usageError{err}
+				}
+				if o.Protection.Routers < 1 {
+					return usagef("--routers %d: a cluster has at least one router", o.Protection.Routers)
 				}
 				log, err := mkLog()
 				if err != nil {

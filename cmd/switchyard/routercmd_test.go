@@ -271,6 +271,7 @@ func TestRouterFlagValidation(t *testing.T) {
 		{"listen without port", []string{"--embed-nats", "--embed-nats-listen", "127.0.0.1"}, "--embed-nats-listen"},
 		{"listen port out of range", []string{"--embed-nats", "--embed-nats-listen", "127.0.0.1:70000"}, "1 to 65535"},
 		{"leaf not a URL", []string{"--embed-nats", "--embed-nats-listen", "", "--embed-nats-leaf", "127.0.0.1:7422"}, "nats-leaf://host:7422"},
+		{"no routers", []string{"--routers", "0"}, "--routers 0: a cluster has at least one router"},
 		{"unknown HTTP server", []string{"--http-server", "nginx"}, `--http-server: router: HTTP server "nginx": want "std" or "fasthttp"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
