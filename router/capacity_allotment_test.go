@@ -1,10 +1,7 @@
 package router
 
 import (
-	"fmt"
 	"math"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -109,38 +106,15 @@ func TestCapacityAllotmentShedsBurst(t *testing.T) {
 			f.h.ObserveSignal(&messages.EngineSignal{Model: "m", Engine: e.name, MaxRunning: 4, CapacityRPS: 5, TBTMs: 1000,
 				Time: time.Now().UnixMilli()})
 		}
-		var codes sync.Map
-		var wg sync.WaitGroup
-		burst := func(prio string, n int) {
-			for i := 0; i < n; i++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					r := f.do(streamBody("x"), map[string]string{HeaderPriority: prio})
-					v, _ := codes.LoadOrStore(fmt.Sprint(prio, r.status), new(atomic.Int64))
-					v.(*atomic.Int64).Add(1)
-				}()
-			}
-		}
-		count := func(k string) int64 {
-			v, ok := codes.Load(k)
-			if !ok {
-				return 0
-			}
-			return v.(*atomic.Int64).Load()
-		}
-		held := func() int64 { return f.engines[0].inflight.Load() + f.engines[1].inflight.Load() }
-		then := func(prio string, n int) bool { burst(prio, n); return true }
-		burst("sheddable", 14)
+		b := &burster{f: f}
+		count, held := b.count, b.held
+		b.burst("sheddable", 14)
 		ok := poll(5*time.Second, func() bool { return held() == 10 && count("sheddable429") == 4 }) &&
-			then("standard", 8) &&
+			b.then("standard", 8) &&
 			poll(5*time.Second, func() bool { return held() == 15 && count("standard429") == 3 }) &&
-			then("critical", 5) &&
+			b.then("critical", 5) &&
 			poll(5*time.Second, func() bool { return held() == 20 })
-		for _, e := range f.engines {
-			close(e.release)
-		}
-		wg.Wait()
+		b.release()
 		if !ok {
 			t.Fatalf("held %d; shed %d sheddable, %d standard, %d critical", held(), count("sheddable429"), count("standard429"), count("critical429"))
 		}

@@ -638,49 +638,74 @@ func TestShedAnswerFast(t *testing.T) {
 	})
 }
 
+// burster sends bursts of streamed requests of a priority class to a front
+// whose engines hold every request, and counts the answers by class and
+// status ("standard429").
+type burster struct {
+	f     *pfront
+	codes sync.Map
+	wg    sync.WaitGroup
+}
+
+// burst sends n requests of class prio at once.
+func (b *burster) burst(prio string, n int) {
+	for i := 0; i < n; i++ {
+		b.wg.Add(1)
+		go func() {
+			defer b.wg.Done()
+			r := b.f.do(streamBody("x"), map[string]string{HeaderPriority: prio})
+			v, _ := b.codes.LoadOrStore(fmt.Sprint(prio, r.status), new(atomic.Int64))
+			v.(*atomic.Int64).Add(1)
+		}()
+	}
+}
+
+// then is burst for a chain of conditions; it returns true.
+func (b *burster) then(prio string, n int) bool { b.burst(prio, n); return true }
+
+// count returns the answers of class and status k, e.g. "critical200".
+func (b *burster) count(k string) int64 {
+	v, ok := b.codes.Load(k)
+	if !ok {
+		return 0
+	}
+	return v.(*atomic.Int64).Load()
+}
+
+// held returns the requests the engines hold.
+func (b *burster) held() int64 {
+	n := int64(0)
+	for _, e := range b.f.engines {
+		n += e.inflight.Load()
+	}
+	return n
+}
+
+// release lets the engines answer and waits for every burst's answers.
+func (b *burster) release() {
+	for _, e := range b.f.engines {
+		close(e.release)
+	}
+	b.wg.Wait()
+}
+
 func TestAdmissionShedsBurst(t *testing.T) {
 	forEachServer(t, func(t *testing.T, kind ServerKind) {
 		// Allotment: m = 4 req/s × 1 s in flight on average; max(8, 1.5·m + 4·√m)
 		// = 14; sheddable requests get 80% of it (11), critical ones 125% (17).
 		figs := &Figures{DemandRPS: 4, Latency: time.Second, Utilisation: 0.95} // near its limit: admission applies
 		f := newPFront(t, kind, []int32{modeHold, modeHold}, []float64{0.5, 0.5}, figs, Options{})
-		var codes sync.Map
-		var wg sync.WaitGroup
-		burst := func(prio string, n int) {
-			for i := 0; i < n; i++ {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					r := f.do(streamBody("x"), map[string]string{HeaderPriority: prio})
-					v, _ := codes.LoadOrStore(fmt.Sprint(prio, r.status), new(atomic.Int64))
-					v.(*atomic.Int64).Add(1)
-				}()
-			}
-		}
-		count := func(k string) int64 {
-			v, ok := codes.Load(k)
-			if !ok {
-				return 0
-			}
-			return v.(*atomic.Int64).Load()
-		}
-		held := func() int64 { return f.engines[0].inflight.Load() + f.engines[1].inflight.Load() }
-		burst("sheddable", 20)
-		release := func() {
-			for _, e := range f.engines {
-				close(e.release)
-			}
-		}
-		then := func(prio string, n int) bool { burst(prio, n); return true }
+		b := &burster{f: f}
+		count, held := b.count, b.held
+		b.burst("sheddable", 20)
 		// Poll without failing, so that the engines are released (and the
 		// bursts' goroutines end) whatever happens.
 		ok := poll(5*time.Second, func() bool { return held() == 11 && count("sheddable429") == 9 }) &&
-			then("standard", 10) &&
+			b.then("standard", 10) &&
 			poll(5*time.Second, func() bool { return held() == 14 && count("standard429") == 7 }) &&
-			then("critical", 10) &&
+			b.then("critical", 10) &&
 			poll(5*time.Second, func() bool { return held() == 17 && count("critical429") == 7 })
-		release()
-		wg.Wait()
+		b.release()
 		if !ok {
 			t.Fatalf("held %d; shed %d sheddable, %d standard, %d critical", held(), count("sheddable429"), count("standard429"), count("critical429"))
 		}
