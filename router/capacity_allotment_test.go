@@ -2,6 +2,8 @@ package router
 
 import (
 	"math"
+	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -100,12 +102,7 @@ func TestCapacityAllotmentShedsBurst(t *testing.T) {
 		// 1 s steps: sheddable 10·(0.8+0.25) = 10.5, standard
 		// 10·(0.8+0.75) = 15.5, critical 10·(0.8+20) = 208. The latency
 		// allotment would allow 1.5·m + 4·√m = 3,100 at m = 1,000.
-		figs := &Figures{ShedFraction: 0.01, DemandRPS: 10 / 0.99, Latency: 100 * time.Second, Utilisation: 1}
-		f := newPFront(t, kind, []int32{modeHold, modeHold}, []float64{0.5, 0.5}, figs, Options{})
-		for _, e := range f.engines {
-			f.h.ObserveSignal(&messages.EngineSignal{Model: "m", Engine: e.name, MaxRunning: 4, CapacityRPS: 5, TBTMs: 1000,
-				Time: time.Now().UnixMilli()})
-		}
+		f := newCapacityFront(t, kind)
 		b := &burster{f: f}
 		count, held := b.count, b.held
 		b.burst("sheddable", 14)
@@ -123,6 +120,70 @@ func TestCapacityAllotmentShedsBurst(t *testing.T) {
 		}
 		if n := metricValue(f.h.metrics.shed.WithLabelValues(string(ShedAdmission), "standard")); n != 3 {
 			t.Fatalf("standard requests shed by admission: %v, want 3", n)
+		}
+	})
+}
+
+// newCapacityFront returns a front of two holding engines whose snapshot
+// sheds (1%, relaxed to none, so no key is shed by the snapshot) at a
+// planned 10 req/s, and whose signals tell 4 slots at 5 req/s (0.8 s a
+// slot) and 1 s decode steps: capacity allotments of 10·(0.8+0.25) = 10.5
+// sheddable, 10·(0.8+0.75) = 15.5 standard and 10·(0.8+20) = 208 critical
+// requests, where the latency allotment would allow 3,100.
+func newCapacityFront(t *testing.T, kind ServerKind) *pfront {
+	t.Helper()
+	figs := &Figures{ShedFraction: 0.01, DemandRPS: 10 / 0.99, Latency: 100 * time.Second, Utilisation: 1}
+	f := newPFront(t, kind, []int32{modeHold, modeHold}, []float64{0.5, 0.5}, figs, Options{})
+	for _, e := range f.engines {
+		f.h.ObserveSignal(&messages.EngineSignal{Model: "m", Engine: e.name, MaxRunning: 4, CapacityRPS: 5, TBTMs: 1000,
+			Time: time.Now().UnixMilli()})
+	}
+	return f
+}
+
+// TestCapacityAllotmentKeepsOngoingConversations: when the capacity
+// allotment sheds standard requests, one whose session id this router has
+// routed before gets another step of queue (up to 10·(0.8+1.75) = 25.5 in
+// flight), so a new conversation is shed while an ongoing one goes on.
+func TestCapacityAllotmentKeepsOngoingConversations(t *testing.T) {
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		f := newCapacityFront(t, kind)
+		b := &burster{f: f}
+		var wg sync.WaitGroup
+		session := func(id string) chan int {
+			code := make(chan int, 1)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				code <- f.do(streamBody("x"), map[string]string{HeaderPriority: "standard", headerSessionID: id}).status
+			}()
+			return code
+		}
+		first := session("conv-a")
+		ok := poll(5*time.Second, func() bool { return b.held() == 1 }) &&
+			b.then("standard", 20) &&
+			poll(5*time.Second, func() bool { return b.held() == 15 && b.count("standard429") == 6 })
+		var newConv int
+		if ok {
+			newConv = f.do(streamBody("x"), map[string]string{HeaderPriority: "standard", headerSessionID: "conv-b"}).status
+		}
+		var second chan int
+		ok = ok && newConv == http.StatusTooManyRequests
+		if ok {
+			second = session("conv-a")
+			ok = poll(5*time.Second, func() bool { return b.held() == 16 })
+		}
+		held := b.held()
+		b.release()
+		wg.Wait()
+		if !ok {
+			t.Fatalf("held %d, new conversation answered %d, %d standard shed", held, newConv, b.count("standard429"))
+		}
+		if c := <-first; c != http.StatusOK {
+			t.Fatalf("the conversation's first request answered %d", c)
+		}
+		if c := <-second; c != http.StatusOK {
+			t.Fatalf("the ongoing conversation's request answered %d, want 200", c)
 		}
 	})
 }

@@ -489,7 +489,7 @@ func (h *Handler) route(ctx context.Context, req *Request, session string, prio 
 	if src == KeyNone {
 		key = SpreadKey(h.seq.Add(1))
 	}
-	u, apiErr := h.admit(req.Model, ms, info, bound, key, prio)
+	u, apiErr := h.admit(req.Model, ms, info, bound, key, src, prio)
 	if apiErr != nil {
 		return nil, apiErr
 	}

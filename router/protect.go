@@ -229,7 +229,7 @@ func (h *Handler) retryAfter() string {
 // admit applies the snapshot's shed fraction and the local admission
 // control to a request of class p with key on model, and returns the
 // fleet utilisation the retry budget earns at, or a 429.
-func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, key uint64, p Priority) (float64, *APIError) {
+func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, key uint64, src KeySource, p Priority) (float64, *APIError) {
 	f := info.Figures
 	now := h.opts.Now()
 	ms.mix.add(p, now)
@@ -259,7 +259,8 @@ func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, k
 	if f != nil && !h.prot.SlotAdmission && !h.prot.NoAdmission {
 		if slot, step, ok := bound.SlotTimes(); ok {
 			if lim := CapacityAllotment(f, h.prot.Routers, slot, step, p, h.prot.MinInFlight); lim > 0 {
-				if float64(n) > lim {
+				if float64(n) > lim && (p == PriorityCritical || !ongoing(src, key, ms.recent) ||
+					float64(n) > capacityAllotment(f, h.prot.Routers, slot, step, queueSteps(p)+ongoingSteps, h.prot.MinInFlight)) {
 					ms.admitted.Add(-1)
 					return 0, h.shedError(model, p, ShedAdmission,
 						fmt.Sprintf("%d requests in flight at this router, capacity allotment %.0f", n-1, lim))

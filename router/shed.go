@@ -247,11 +247,34 @@ func queueSteps(p Priority) float64 {
 // steps. It returns 0 (no limit) when f is nil or does not shed, or slot
 // is not positive.
 func CapacityAllotment(f *Figures, routers int, slot, step float64, p Priority, minInFlight int) float64 {
+	return capacityAllotment(f, routers, slot, step, queueSteps(p), minInFlight)
+}
+
+// capacityAllotment is CapacityAllotment with steps decode steps of queue.
+func capacityAllotment(f *Figures, routers int, slot, step, steps float64, minInFlight int) float64 {
 	if f == nil || !(f.ShedFraction > 0 || f.HasShedByPriority) || !(slot > 0) || f.DemandRPS <= 0 {
 		return 0
 	}
 	lam := f.DemandRPS * (1 - f.ShedFraction) / float64(max(routers, 1))
-	return math.Max(float64(minInFlight), lam*(slot+queueSteps(p)*math.Max(0, step)))
+	return math.Max(float64(minInFlight), lam*(slot+steps*math.Max(0, step)))
+}
+
+// ongoingSteps is how many decode steps of queue beyond its class's the
+// capacity allotment lets a sheddable or standard request of an ongoing
+// conversation add: one whose session id or user this router has routed
+// before (RecentKeys). When the bound sheds, new conversations go first,
+// so that one in progress is not cut off between two of its turns.
+const ongoingSteps = 1
+
+// ongoing reports whether a request's key names a conversation this
+// router has routed before: a session id or user field (not a prompt
+// prefix, which many conversations share) that rk remembers.
+func ongoing(src KeySource, key uint64, rk *RecentKeys) bool {
+	if rk == nil || (src != KeySession && src != KeyUser) {
+		return false
+	}
+	_, seen := rk.lookup(key)
+	return seen
 }
 
 // mixWindow is the length of one window of the priority mix; the mix spans
