@@ -254,8 +254,9 @@ func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, k
 	}
 	n := ms.admitted.Add(1)
 	// While the snapshot sheds, the engines are planned at their capacity:
-	// the allotment is their batch slots plus a step's queue, not a
-	// latency prediction a backlog inflates (CapacityAllotment).
+	// the allotment is their batch slots plus a fraction of a decode
+	// step's queue, not a latency prediction a backlog inflates
+	// (CapacityAllotment).
 	if f != nil && !h.prot.SlotAdmission && !h.prot.NoAdmission {
 		if slot, step, ok := bound.SlotTimes(); ok {
 			if lim := CapacityAllotment(f, h.prot.Routers, slot, step, p, h.prot.MinInFlight); lim > 0 {

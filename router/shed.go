@@ -213,10 +213,10 @@ func Allotment(f *Figures, routers int, slack float64, minInFlight int) float64 
 // keeps the queues empty serves at most T/(T+1) of the engines' capacity
 // for T-token answers (94% at 16 tokens); each request it lets queue fills
 // such a slot but waits for a completion, a step or more. Measured on the
-// scenario's engines (3 runs each): slot+0/0.5 steps served 94.6–95.0% at
-// an admitted TTFT p99 of 1.4–1.7× the unloaded one, 0/0.75 steps
-// 95.3–95.6% at 2.1–2.4×, 0.25/0.5 steps 96.0–96.3% at 2.5–2.6×; these
-// values keep the served throughput a point clear of its 95% row. Critical
+// scenario's engines (3 runs each, sheddable/standard steps): 0/0.5 served
+// 94.6–95.0% at an admitted TTFT p99 of 1.4–1.7× the unloaded one, 0/0.75
+// 95.3–95.6% at 2.1–2.4×, 0.25/0.75 96.0–96.3% at 2.5–2.6×; these values
+// keep the served throughput a point clear of its 95% row. Critical
 // requests are shed by the allotment only behind a backlog of twenty steps
 // (over a second on those engines), so that none is shed while sheddable
 // requests are served.
