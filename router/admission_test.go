@@ -46,6 +46,26 @@ func (f *pfront) observeFull(maxRunning int) {
 	}
 }
 
+// allReachEngine sends n requests with headers hdr at once to a front of
+// one holding engine, fails the test unless all of them reach it, and then
+// lets the engine answer them.
+func (f *pfront) allReachEngine(t *testing.T, n int, hdr map[string]string) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); f.do(streamBody("x"), hdr) }()
+	}
+	e := f.engines[0]
+	ok := poll(5*time.Second, func() bool { return e.inflight.Load() == int64(n) })
+	reached := e.inflight.Load()
+	close(e.release)
+	wg.Wait()
+	if !ok {
+		t.Fatalf("%d of %d requests reached the engine", reached, n)
+	}
+}
+
 // TestSlotBoundSheds fills two engines of two batch slots each (three
 // requests each with the allowance) while the snapshot plans the fleet near
 // its limit: further sheddable and standard requests are shed at once with
@@ -113,18 +133,7 @@ func TestSlotBoundNotEnforcedWithHeadroom(t *testing.T) {
 		figs := &Figures{Utilisation: 0.5}
 		f := newPFront(t, kind, []int32{modeHold}, []float64{1}, figs, Options{Protection: ProtectionOptions{SlotAdmission: true}})
 		f.observeSlots(1)
-		n := 1 + slotAllowance + 2 // two over the bound: fewer than slotOverloadMin
-		var wg sync.WaitGroup
-		for i := 0; i < n; i++ {
-			wg.Add(1)
-			go func() { defer wg.Done(); f.do(streamBody("x"), nil) }()
-		}
-		ok := poll(5*time.Second, func() bool { return f.engines[0].inflight.Load() == int64(n) })
-		close(f.engines[0].release)
-		wg.Wait()
-		if !ok {
-			t.Fatalf("%d of %d requests reached the engine", f.engines[0].inflight.Load(), n)
-		}
+		f.allReachEngine(t, 1+slotAllowance+2, nil) // two over the bound: fewer than slotOverloadMin
 		if s := metricValue(f.h.metrics.shed.WithLabelValues(string(ShedSlots), "standard")); s != 0 {
 			t.Fatalf("%v requests shed for slots with headroom planned", s)
 		}
@@ -302,18 +311,7 @@ func TestSlotBoundNotEnforcedWhileEnginesKeepUp(t *testing.T) {
 		figs := &Figures{ShedFraction: 0.05}
 		f := newPFront(t, kind, []int32{modeHold}, []float64{1}, figs, Options{Protection: ProtectionOptions{SlotAdmission: true}})
 		f.observeSlots(1)
-		n := 1 + slotAllowance + 3
-		var wg sync.WaitGroup
-		for i := 0; i < n; i++ {
-			wg.Add(1)
-			go func() { defer wg.Done(); f.do(streamBody("x"), map[string]string{HeaderPriority: "sheddable"}) }()
-		}
-		ok := poll(5*time.Second, func() bool { return f.engines[0].inflight.Load() == int64(n) })
-		close(f.engines[0].release)
-		wg.Wait()
-		if !ok {
-			t.Fatalf("%d of %d requests reached the engine", f.engines[0].inflight.Load(), n)
-		}
+		f.allReachEngine(t, 1+slotAllowance+3, map[string]string{HeaderPriority: "sheddable"})
 		if s := metricValue(f.h.metrics.shed.WithLabelValues(string(ShedSlots), "sheddable")); s != 0 {
 			t.Fatalf("%v requests shed for slots while the engine's signal shows room", s)
 		}

@@ -147,9 +147,3 @@ func (b *Bound) SlotTimes() (slot, step float64, ok bool) {
 	b.times.Store(c)
 	return c.slot, c.step, c.slot > 0
 }
-
-// slotTimesKnown reports whether SlotTimes has an answer.
-func (b *Bound) slotTimesKnown() bool {
-	_, _, ok := b.SlotTimes()
-	return ok
-}

@@ -233,10 +233,19 @@ func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, k
 	f := info.Figures
 	now := h.opts.Now()
 	ms.mix.add(p, now)
-	if f != nil && !h.prot.NoSnapshotShed && (f.ShedFraction > 0 || f.HasShedByPriority) {
+	shedding := f != nil && (f.ShedFraction > 0 || f.HasShedByPriority)
+	// While the snapshot sheds, the engines are planned at their capacity,
+	// and admission bounds the requests in flight by their batch slots
+	// (CapacityAllotment) when their signals tell them.
+	var slot, step float64
+	capacityBound := false
+	if shedding && !h.prot.SlotAdmission && !h.prot.NoAdmission {
+		slot, step, capacityBound = bound.SlotTimes()
+	}
+	if shedding && !h.prot.NoSnapshotShed {
 		fr := f.ShedByPriority
 		switch {
-		case h.prot.SlotHeadroom > 0 && (h.prot.SlotAdmission && bound.slotsKnown() || !h.prot.SlotAdmission && !h.prot.NoAdmission && bound.slotTimesKnown()):
+		case h.prot.SlotHeadroom > 0 && (h.prot.SlotAdmission && bound.slotsKnown() || capacityBound):
 			// The slot bound sheds what the engines cannot take at once;
 			// the snapshot's shed, relaxed, keeps the order of classes
 			// and of keys (see ProtectionOptions.SlotHeadroom).
@@ -253,23 +262,19 @@ func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, k
 		u = f.Utilisation
 	}
 	n := ms.admitted.Add(1)
-	// While the snapshot sheds, the engines are planned at their capacity:
-	// the allotment is their batch slots plus a fraction of a decode
-	// step's queue, not a latency prediction a backlog inflates
-	// (CapacityAllotment).
-	if f != nil && !h.prot.SlotAdmission && !h.prot.NoAdmission {
-		if slot, step, ok := bound.SlotTimes(); ok {
-			if lim := CapacityAllotment(f, h.prot.Routers, slot, step, p, h.prot.MinInFlight); lim > 0 {
-				if float64(n) > lim && (p == PriorityCritical || !ongoing(src, key, ms.recent) ||
-					float64(n) > capacityAllotment(f, h.prot.Routers, slot, step, queueSteps(p)+ongoingSteps, h.prot.MinInFlight)) {
-					ms.admitted.Add(-1)
-					return 0, h.shedError(model, p, ShedAdmission,
-						fmt.Sprintf("%d requests in flight at this router, capacity allotment %.0f", n-1, lim))
-				}
-				std := CapacityAllotment(f, h.prot.Routers, slot, step, PriorityStandard, h.prot.MinInFlight)
-				return math.Max(u, float64(n)/std), nil
-			}
+	// The capacity allotment: the batch slots plus a fraction of a decode
+	// step's queue, not Little's law on the snapshot's predicted latency,
+	// which its queue curve puts far above a batching engine's near
+	// capacity (see CapacityAllotment).
+	if lim := CapacityAllotment(f, h.prot.Routers, slot, step, p, h.prot.MinInFlight); capacityBound && lim > 0 {
+		if float64(n) > lim && (p == PriorityCritical || !ongoing(src, key, ms.recent) ||
+			float64(n) > capacityAllotment(f, h.prot.Routers, slot, step, queueSteps(p)+ongoingSteps, h.prot.MinInFlight)) {
+			ms.admitted.Add(-1)
+			return 0, h.shedError(model, p, ShedAdmission,
+				fmt.Sprintf("%d requests in flight at this router, capacity allotment %.0f", n-1, lim))
 		}
+		std := CapacityAllotment(f, h.prot.Routers, slot, step, PriorityStandard, h.prot.MinInFlight)
+		return math.Max(u, float64(n)/std), nil
 	}
 	// Admission control guards a fleet the snapshot already plans near its
 	// limit (it sheds, or predicts the engines this router uses at 90% or
