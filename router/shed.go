@@ -203,31 +203,33 @@ func Allotment(f *Figures, routers int, slack float64, minInFlight int) float64 
 
 // queueSteps is how many decode steps' worth of requests beyond the
 // engines' batch slots the capacity allotment (CapacityAllotment) lets a
-// request of class p find in flight: a quarter of a step for a sheddable
-// request, three quarters for a standard one, twenty for a critical one.
+// request of class p find in flight: none for a sheddable request, half a
+// step for a standard one, twenty for a critical one.
 //
-// The first two set the trade between the overload rows of the reliability
-// scenario (BENCHMARKS.md): a request joins its engine's batch at a step
-// boundary, so a slot freed at a boundary stays empty for a step unless a
-// request already waits in the engine's queue there, and a router that
-// keeps the queues empty serves at most T/(T+1) of the engines' capacity
-// for T-token answers (94% at 16 tokens); each request it lets queue fills
-// such a slot but waits for a completion, a step or more. Measured on the
-// scenario's engines (3 runs each, sheddable/standard steps): 0/0.5 served
-// 94.6–95.0% at an admitted TTFT p99 of 1.4–1.7× the unloaded one, 0/0.75
-// 95.3–95.6% at 2.1–2.4×, 0.25/0.75 96.0–96.3% at 2.5–2.6×; these values
-// keep the served throughput a point clear of its 95% row. Critical
+// The first two set the trade between the served-throughput and
+// admitted-TTFT rows of the reliability scenario's overload (BENCHMARKS.md):
+// a request joins its engine's batch at a step boundary, so a slot freed at
+// a boundary stays empty for a step unless a request already waits in the
+// engine's queue there, and a router that keeps the queues empty serves at
+// most T/(T+1) of the engines' capacity for T-token answers; each request it
+// lets queue fills such a slot but waits for a completion, a step or more.
+// At the engines' capacity a step's arrivals are a step's completions, so
+// half a step of standard requests waits about half a step. Measured on
+// 2 engines of 64 slots with 100 ms steps (3 runs each, sheddable/standard
+// steps): 0/0.25 served 95.6–96.0% at an admitted TTFT p99 of 1.70–1.79×
+// the unloaded one, 0/0.5 96.2–96.5% at 1.70–1.87×, 0.25/0.75 97.5–97.7% at
+// 1.90–2.09×; 0/0.5 keeps both rows clear of their limits. Critical
 // requests are shed by the allotment only behind a backlog of twenty steps
-// (over a second on those engines), so that none is shed while sheddable
+// (two seconds on those engines), so that none is shed while sheddable
 // requests are served.
 func queueSteps(p Priority) float64 {
 	switch p {
 	case PrioritySheddable:
-		return 0.25
+		return 0
 	case PriorityCritical:
 		return 20
 	}
-	return 0.75
+	return 0.5
 }
 
 // CapacityAllotment returns the in-flight requests of class p this router

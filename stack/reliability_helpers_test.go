@@ -10,7 +10,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -540,35 +539,14 @@ func relMet(ok bool) string {
 	return "NOT met"
 }
 
-// relKnownGaps are the criteria the stack does not meet yet (or not on
-// every run), each listed in BENCHMARKS.md's reliability table with its
-// cause. A miss on one of them is logged as NOT met and does not fail the
-// test unless SWITCHYARD_RELIABILITY_STRICT=1; a miss on any other
-// criterion always fails it, so what is met stays met.
-var relKnownGaps = map[string]bool{
-	"demand at 150% of capacity|admitted TTFT p99 <= 2x": true,
-}
-
 // relFigure logs one row of the reliability table in a fixed form and
-// fails the test when the criterion was not met (see relKnownGaps).
+// fails the test when the criterion was not met.
 func relFigure(t *testing.T, scenario, criterion, measured string, ok bool) {
 	t.Helper()
 	t.Logf("RELIABILITY | %s | %s | %s | %s", scenario, criterion, measured, relMet(ok))
-	if ok {
-		return
+	if !ok {
+		t.Errorf("%s: %s: measured %s", scenario, criterion, measured)
 	}
-	known := false
-	for k := range relKnownGaps {
-		sc, prefix, _ := strings.Cut(k, "|")
-		if sc == scenario && strings.HasPrefix(criterion, prefix) {
-			known = true
-		}
-	}
-	if known && os.Getenv("SWITCHYARD_RELIABILITY_STRICT") != "1" {
-		t.Logf("known gap, not failing the test (SWITCHYARD_RELIABILITY_STRICT=1 makes it fail): %s: %s", scenario, criterion)
-		return
-	}
-	t.Errorf("%s: %s: measured %s", scenario, criterion, measured)
 }
 
 func relPctStr(num, den int) string {
