@@ -10,6 +10,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -57,11 +58,36 @@ func relEngines(n int, region string, rps float64) []stack.Engine {
 	return out
 }
 
+// relRoles is how many of a deployment's separate processes share the
+// reliability tests' one process on a request's path: the clients, the
+// router and the engines.
+const relRoles = 3
+
+// relProcs gives the test process relRoles times its Ps (GOMAXPROCS, by
+// default the host's cores or its CPU quota) until the test ends. In a deployment the clients, the router and the
+// engines are separate processes, each with as many Ps as its host has
+// cores, and the kernel interleaves their threads; in one process with the
+// host's Ps they share Go's run queues, so that a router goroutine woken for
+// a new request waits behind every goroutine made runnable before it — at
+// each decode step, one engine's 64 token writes, the router's 64 relays and
+// the clients' 64 reads. On the 2-core host that put the overload
+// scenario's shed answers' p99 at 2.1–3.9 ms (and 5.15 ms in one CI run),
+// against 0.7–0.9 ms with 6 Ps (BENCHMARKS.md): the queueing of a process
+// shared with engines and clients, which no router has in a deployment. The
+// cores stay the host's: the roles still compete for them, through the
+// kernel's scheduler as separate processes do.
+func relProcs(t *testing.T) {
+	prev := runtime.GOMAXPROCS(0)
+	runtime.GOMAXPROCS(relRoles * prev)
+	t.Cleanup(func() { runtime.GOMAXPROCS(prev) })
+}
+
 // relStart starts a stack for a reliability scenario with fast signals (200
 // ms), a fast aggregator and the given optimizer options, and waits until
 // every router holds a snapshot naming every engine that is up.
 func relStart(t *testing.T, ctx context.Context, f *stack.File, opt optimizersvc.Options, noRouters bool) *stack.Stack {
 	t.Helper()
+	relProcs(t)
 	s, err := stack.Start(ctx, stack.Options{File: f, DataDir: t.TempDir(), NATSPort: -1, RouterAddr: "127.0.0.1:0",
 		SignalInterval: 200 * time.Millisecond, NoRouters: noRouters, Logger: zerolog.Nop(), Optimizer: opt,
 		Aggregator: aggregator.Options{StaleAfter: time.Second, DownAfter: 3 * time.Second, WriteInterval: 50 * time.Millisecond}})
