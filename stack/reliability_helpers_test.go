@@ -64,18 +64,19 @@ func relEngines(n int, region string, rps float64) []stack.Engine {
 const relRoles = 3
 
 // relProcs gives the test process relRoles times its Ps (GOMAXPROCS, by
-// default the host's cores or its CPU quota) until the test ends. In a deployment the clients, the router and the
-// engines are separate processes, each with as many Ps as its host has
-// cores, and the kernel interleaves their threads; in one process with the
-// host's Ps they share Go's run queues, so that a router goroutine woken for
-// a new request waits behind every goroutine made runnable before it — at
-// each decode step, one engine's 64 token writes, the router's 64 relays and
-// the clients' 64 reads. On the 2-core host that put the overload
-// scenario's shed answers' p99 at 2.1–3.9 ms (and 5.15 ms in one CI run),
-// against 0.7–0.9 ms with 6 Ps (BENCHMARKS.md): the queueing of a process
-// shared with engines and clients, which no router has in a deployment. The
-// cores stay the host's: the roles still compete for them, through the
-// kernel's scheduler as separate processes do.
+// default the host's cores or its CPU quota) until the test ends. In a
+// deployment the clients, the router and the engines are separate
+// processes, each with its own Ps, and the kernel interleaves their
+// threads; in one process with the host's Ps they share Go's run queues, so
+// that a router goroutine woken for a new request waits behind every
+// goroutine made runnable before it — at each decode step, one engine's 64
+// token writes, the router's 64 relays and the clients' 64 reads. On the
+// 2-core host that put the overload scenario's shed answers' p99 at
+// 1.0–3.9 ms (5.15 ms in one CI run), against 0.6–1.6 ms with 6 Ps
+// (BENCHMARKS.md): queueing that comes from sharing a process with engines
+// and clients, which no deployed router does. The cores stay the host's:
+// the roles still compete for them, through the kernel's scheduler, as
+// separate processes do.
 func relProcs(t *testing.T) {
 	prev := runtime.GOMAXPROCS(0)
 	runtime.GOMAXPROCS(relRoles * prev)
