@@ -28,9 +28,9 @@ func TestCapacityAllotment(t *testing.T) {
 		{"no demand", &Figures{ShedFraction: 0.5}, 1, 1, 0.1, PriorityStandard, 8, 0},
 		// λ = 120·(2/3) = 80 req/s.
 		{"sheddable: the slots alone", shedding, 1, 1, 0.1, PrioritySheddable, 8, 80},
-		{"standard", shedding, 1, 1, 0.1, PriorityStandard, 8, 80 * (1 + 0.5*0.1)},
+		{"standard", shedding, 1, 1, 0.1, PriorityStandard, 8, 80 * (1 + 0.375*0.1)},
 		{"critical", shedding, 1, 1, 0.1, PriorityCritical, 8, 80 * (1 + 20*0.1)},
-		{"two routers share it", shedding, 2, 1, 0.1, PriorityStandard, 8, 40 * (1 + 0.5*0.1)},
+		{"two routers share it", shedding, 2, 1, 0.1, PriorityStandard, 8, 40 * (1 + 0.375*0.1)},
 		{"no step known: the slots alone", shedding, 1, 1, 0, PriorityStandard, 8, 80},
 		{"at least minInFlight", shedding, 1, 0.01, 0, PriorityStandard, 8, 8},
 		{"shed by priority only", byPrio, 1, 0.5, 0, PriorityStandard, 8, 40},
@@ -99,8 +99,8 @@ func TestCapacityAllotmentShedsBurst(t *testing.T) {
 	forEachServer(t, func(t *testing.T, kind ServerKind) {
 		// λ = 10 req/s (a shed of 1% relaxes to none, so no key is shed by
 		// the snapshot); each engine 4 slots at 5 req/s, 0.8 s a slot, and
-		// 1 s steps: sheddable 10·0.8 = 8, standard 10·(0.8+0.5) = 13,
-		// critical 10·(0.8+20) = 208. The latency
+		// 1 s steps: sheddable 10·0.8 = 8, standard 10·(0.8+0.375) =
+		// 11.75, critical 10·(0.8+20) = 208. The latency
 		// allotment would allow 1.5·m + 4·√m = 3,100 at m = 1,000.
 		f := newCapacityFront(t, kind)
 		b := &burster{f: f}
@@ -108,18 +108,18 @@ func TestCapacityAllotmentShedsBurst(t *testing.T) {
 		b.burst("sheddable", 12)
 		ok := poll(5*time.Second, func() bool { return held() == 8 && count("sheddable429") == 4 }) &&
 			b.then("standard", 8) &&
-			poll(5*time.Second, func() bool { return held() == 13 && count("standard429") == 3 }) &&
+			poll(5*time.Second, func() bool { return held() == 11 && count("standard429") == 5 }) &&
 			b.then("critical", 5) &&
-			poll(5*time.Second, func() bool { return held() == 18 })
+			poll(5*time.Second, func() bool { return held() == 16 })
 		b.release()
 		if !ok {
 			t.Fatalf("held %d; shed %d sheddable, %d standard, %d critical", held(), count("sheddable429"), count("standard429"), count("critical429"))
 		}
-		if count("sheddable200") != 8 || count("standard200") != 5 || count("critical200") != 5 {
+		if count("sheddable200") != 8 || count("standard200") != 3 || count("critical200") != 5 {
 			t.Fatalf("served %d sheddable, %d standard, %d critical", count("sheddable200"), count("standard200"), count("critical200"))
 		}
-		if n := metricValue(f.h.metrics.shed.WithLabelValues(string(ShedAdmission), "standard")); n != 3 {
-			t.Fatalf("standard requests shed by admission: %v, want 3", n)
+		if n := metricValue(f.h.metrics.shed.WithLabelValues(string(ShedAdmission), "standard")); n != 5 {
+			t.Fatalf("standard requests shed by admission: %v, want 5", n)
 		}
 	})
 }
@@ -128,7 +128,7 @@ func TestCapacityAllotmentShedsBurst(t *testing.T) {
 // sheds (1%, relaxed to none, so no key is shed by the snapshot) at a
 // planned 10 req/s, and whose signals tell 4 slots at 5 req/s (0.8 s a
 // slot) and 1 s decode steps: capacity allotments of 10·0.8 = 8
-// sheddable, 10·(0.8+0.5) = 13 standard and 10·(0.8+20) = 208 critical
+// sheddable, 10·(0.8+0.375) = 11.75 standard and 10·(0.8+20) = 208 critical
 // requests, where the latency allotment would allow 3,100.
 func newCapacityFront(t *testing.T, kind ServerKind) *pfront {
 	t.Helper()
@@ -143,7 +143,7 @@ func newCapacityFront(t *testing.T, kind ServerKind) *pfront {
 
 // TestCapacityAllotmentKeepsOngoingConversations: when the capacity
 // allotment sheds standard requests, one whose session id this router has
-// routed before gets another step of queue (up to 10·(0.8+1.5) = 23 in
+// routed before gets another step of queue (up to 10·(0.8+1.375) = 21.75 in
 // flight), so a new conversation is shed while an ongoing one goes on.
 func TestCapacityAllotmentKeepsOngoingConversations(t *testing.T) {
 	forEachServer(t, func(t *testing.T, kind ServerKind) {
@@ -162,7 +162,7 @@ func TestCapacityAllotmentKeepsOngoingConversations(t *testing.T) {
 		first := session("conv-a")
 		ok := poll(5*time.Second, func() bool { return b.held() == 1 }) &&
 			b.then("standard", 20) &&
-			poll(5*time.Second, func() bool { return b.held() == 13 && b.count("standard429") == 8 })
+			poll(5*time.Second, func() bool { return b.held() == 11 && b.count("standard429") == 10 })
 		var newConv int
 		if ok {
 			newConv = f.do(streamBody("x"), map[string]string{HeaderPriority: "standard", headerSessionID: "conv-b"}).status
@@ -171,7 +171,7 @@ func TestCapacityAllotmentKeepsOngoingConversations(t *testing.T) {
 		ok = ok && newConv == http.StatusTooManyRequests
 		if ok {
 			second = session("conv-a")
-			ok = poll(5*time.Second, func() bool { return b.held() == 14 })
+			ok = poll(5*time.Second, func() bool { return b.held() == 12 })
 		}
 		held := b.held()
 		b.release()

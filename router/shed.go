@@ -203,8 +203,8 @@ func Allotment(f *Figures, routers int, slack float64, minInFlight int) float64 
 
 // queueSteps is how many decode steps' worth of requests beyond the
 // engines' batch slots the capacity allotment (CapacityAllotment) lets a
-// request of class p find in flight: none for a sheddable request, half a
-// step for a standard one, twenty for a critical one.
+// request of class p find in flight: none for a sheddable request, three
+// eighths of a step for a standard one, twenty for a critical one.
 //
 // The first two set the trade between the served-throughput and
 // admitted-TTFT rows of the reliability scenario's overload (BENCHMARKS.md):
@@ -214,14 +214,15 @@ func Allotment(f *Figures, routers int, slack float64, minInFlight int) float64 
 // most T/(T+1) of the engines' capacity for T-token answers; each request it
 // lets queue fills such a slot but waits for a completion, a step or more.
 // At the engines' capacity a step's arrivals are a step's completions, so
-// half a step of standard requests waits about half a step. Measured on
-// 2 engines of 64 slots with 100 ms steps (3 runs each, sheddable/standard
-// steps): 0/0.25 served 95.6–96.0% at an admitted TTFT p99 of 1.70–1.79×
-// the unloaded one, 0/0.5 96.2–96.5% at 1.70–1.87×, 0.25/0.75 97.5–97.7% at
-// 1.90–2.09×; 0/0.5 keeps both rows clear of their limits. Critical
-// requests are shed by the allotment only behind a backlog of twenty steps
-// (two seconds on those engines), so that none is shed while sheddable
-// requests are served.
+// three eighths of a step of standard requests wait about that long.
+// Measured on 2 engines of 64 slots with 100 ms steps (sheddable/standard
+// steps, runs alternated): 0/0.25 served 95.1–96.0% at an admitted TTFT p99
+// of 1.49–1.79× the unloaded one (7 runs), 0/0.375 96.2–96.5% at
+// 1.52–1.83× (10 runs), 0/0.5 96.2–97.0% at 1.66–1.96× (over 20 runs),
+// 0.25/0.75 97.5–97.7% at 1.90–2.09× (3 runs); three eighths keeps both
+// rows furthest from their limits. Critical requests are shed by the
+// allotment only behind a backlog of twenty steps (two seconds on those
+// engines), so that none is shed while sheddable requests are served.
 func queueSteps(p Priority) float64 {
 	switch p {
 	case PrioritySheddable:
@@ -229,7 +230,7 @@ func queueSteps(p Priority) float64 {
 	case PriorityCritical:
 		return 20
 	}
-	return 0.5
+	return 0.375
 }
 
 // CapacityAllotment returns the in-flight requests of class p this router
