@@ -244,17 +244,26 @@ func (h *hostileEnv) postBody(r *router.Service, body []byte) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// statuses sends n valid requests (distinct sessions) to each router and
-// returns the statuses counted per router.
+// statuses sends n valid requests (distinct sessions) to each router, all
+// at once, and returns the statuses counted per router.
 func (h *hostileEnv) statuses(n int) map[string]map[int]int {
 	out := map[string]map[int]int{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
 	for _, r := range h.s.Routers() {
-		m := map[int]int{}
+		out[r.Name()] = map[int]int{}
 		for i := range n {
-			m[h.chat(r, i)]++
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				st := h.chat(r, i)
+				mu.Lock()
+				out[r.Name()][st]++
+				mu.Unlock()
+			}()
 		}
-		out[r.Name()] = m
 	}
+	wg.Wait()
 	return out
 }
 
@@ -340,6 +349,18 @@ func (h *hostileEnv) requireHealthy(when string) time.Duration {
 	}
 	h.requireAlive(when)
 	return took
+}
+
+// requireStaysHealthy requires the fleet to stay healthy (see fleetState)
+// at every check over window.
+func (h *hostileEnv) requireStaysHealthy(when string, window time.Duration) {
+	h.t.Helper()
+	for end := time.Now().Add(window); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
+		h.requireAlive(when)
+		if reason := h.fleetState(); reason != "" {
+			h.t.Fatalf("%s: the stack recovered, then relapsed: %s\nlast log lines:\n%s", when, reason, h.log.last())
+		}
+	}
 }
 
 // requireRise waits up to within for the sum of refs to rise by at least

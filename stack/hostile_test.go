@@ -12,10 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/streams"
 )
@@ -25,7 +27,9 @@ import (
 // for each that every component stays up, that the input is counted, and
 // that the stack serves every valid request again within hostileRecover.
 // Its bounds are real-time, so it runs without -race (.ci/run's
-// TestReliability step).
+// TestReliability step). Each test runs its own stack; all but
+// TestReliabilityHostileClients, which measures the process's allocations,
+// run in parallel, as they spend most of their time waiting on bounds.
 
 // Metric series the cases expect to rise.
 var (
@@ -35,6 +39,12 @@ var (
 	routerBadSnap = metricRef{"switchyard_router_snapshots_rejected_total", nil}
 	optBadValues  = metricRef{"switchyard_optimizer_bad_values_total", nil}
 )
+
+// hostileSettle is how long a case's stack must stay healthy once it has
+// recovered, so that a late effect of an input (an engine marked down a
+// few signals later, weights moved on the next solve) fails that case and
+// not the next: several signal intervals, aggregator writes and a report.
+const hostileSettle = 1500 * time.Millisecond
 
 // hostileLogBudget bounds the warn-or-worse lines a burst of bad input may
 // cause: logging is rate-limited per source and capped globally, so a
@@ -81,16 +91,18 @@ func runBusCases(t *testing.T, h *hostileEnv, cases []busCase) {
 			for i, refs := range c.counted {
 				h.requireRise(c.name, refs, before[i], c.min, within)
 			}
+			counted := time.Since(sent)
 			took := h.requireHealthy("after " + c.name)
 			if c.check != nil {
 				c.check(h, sent)
 			}
+			h.requireStaysHealthy("after "+c.name, hostileSettle)
 			_, warnAfter := h.log.counts()
 			if n := warnAfter - warnBefore; n > hostileLogBudget {
 				t.Fatalf("%s: %d warn-or-worse log lines (budget %d); last lines:\n%s", c.name, n, hostileLogBudget, h.log.last())
 			}
-			t.Logf("%s: counted, serving again %s after the input (%.1fs since sent), %d warn lines",
-				c.name, took.Round(time.Millisecond), time.Since(sent).Seconds(), warnAfter-warnBefore)
+			t.Logf("%s: counted %s after it was sent, then serving every valid request within %s; %d warn lines",
+				c.name, counted.Round(time.Millisecond), took.Round(time.Millisecond), warnAfter-warnBefore)
 		})
 	}
 }
@@ -190,6 +202,7 @@ func (h *hostileEnv) requireDemandWritten(cluster string, t0 time.Time) {
 // shapes of the same kinds, to one running stack in turn.
 func TestReliabilityHostileBus(t *testing.T) {
 	relSkipUnderRace(t)
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	h := hostileStart(t, ctx, "")
@@ -206,10 +219,38 @@ func TestReliabilityHostileBus(t *testing.T) {
 		// the aggregator terminates it; every router's guard rejects it.
 		counted: [][]metricRef{{aggBadSignals}, {routerBadSig}}, min: 1,
 	})
-	for name, data := range oversizedShapes(messages.KindSignal, "tx", "tx", "m") {
+	signalShapes := oversizedShapes(messages.KindSignal, "tx", "tx", "m")
+	cases = append(cases, busCase{
+		name: fmt.Sprintf("signal-lying-headers-x%d", len(signalShapes)),
+		send: func(h *hostileEnv) {
+			for name, data := range signalShapes {
+				h.t.Logf("publishing %s (%d bytes)", name, len(data))
+				h.publish(signalSubject("engine-a"), data)
+				h.flush()
+			}
+		},
+		counted: [][]metricRef{{aggBadSignals}, {routerBadSig}}, min: float64(len(signalShapes)),
+	})
+	// Values a validator must refuse, on a real engine's subject (what held
+	// up in the probe, and must keep holding).
+	for name, mutate := range map[string]func(*messages.EngineSignal){
+		"ttft-nan":           func(s *messages.EngineSignal) { s.TTFTMs = math.NaN() },
+		"capacity-inf":       func(s *messages.EngineSignal) { s.CapacityRPS = math.Inf(1) },
+		"queue-negative":     func(s *messages.EngineSignal) { s.Queue = -1 },
+		"kv-use-above-1":     func(s *messages.EngineSignal) { s.KVUse = 1.5 },
+		"health-above-1":     func(s *messages.EngineSignal) { s.Health = 7 },
+		"version-2":          func(s *messages.EngineSignal) { s.Version = 2 },
+		"name-not-subject":   func(s *messages.EngineSignal) { s.Engine = "engine-c" },
+		"name-with-wildcard": func(s *messages.EngineSignal) { s.Engine = "engine-*" },
+	} {
 		cases = append(cases, busCase{
-			name:    "signal-" + name,
-			send:    func(h *hostileEnv) { h.publish(signalSubject("engine-a"), data) },
+			name: "signal-" + name,
+			send: func(h *hostileEnv) {
+				sig := h.realSignal("engine-a")
+				sig.Seq++
+				mutate(sig)
+				h.publish(signalSubject("engine-a"), rawEncode(h.t, sig))
+			},
 			counted: [][]metricRef{{aggBadSignals}, {routerBadSig}}, min: 1,
 		})
 	}
@@ -224,13 +265,18 @@ func TestReliabilityHostileBus(t *testing.T) {
 		},
 		counted: [][]metricRef{{aggBadReports}}, min: 200, countWithin: 5 * time.Second,
 	})
-	for name, data := range oversizedShapes(messages.KindReport, "eo", "pri", "ro") {
-		cases = append(cases, busCase{
-			name:    "report-" + name,
-			send:    func(h *hostileEnv) { h.publish(reportSubject("B", "B-1"), data) },
-			counted: [][]metricRef{{aggBadReports}}, min: 1,
-		})
-	}
+	reportShapes := oversizedShapes(messages.KindReport, "eo", "pri", "ro")
+	cases = append(cases, busCase{
+		name: fmt.Sprintf("report-lying-headers-x%d", len(reportShapes)),
+		send: func(h *hostileEnv) {
+			for name, data := range reportShapes {
+				h.t.Logf("publishing %s (%d bytes)", name, len(data))
+				h.publish(reportSubject("B", "B-1"), data)
+				h.flush()
+			}
+		},
+		counted: [][]metricRef{{aggBadReports}}, min: float64(len(reportShapes)),
+	})
 	cases = append(cases,
 		busCase{
 			name: "report-eo-entry-err-map32",
@@ -485,6 +531,7 @@ func (h *hostileEnv) requireOptimizerStarts(what string) {
 // over the optimizer's: generation 2^64−1, and a time a year ahead.
 func TestReliabilityHostileWeights(t *testing.T) {
 	relSkipUnderRace(t)
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	h := hostileStart(t, ctx, "")
@@ -567,6 +614,7 @@ func (h *hostileEnv) requireQuiet(window time.Duration) {
 // and the dashboard's /api/state stay bounded.
 func TestReliabilityHostileInventedEngines(t *testing.T) {
 	relSkipUnderRace(t)
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	h := hostileStart(t, ctx, "")
@@ -626,6 +674,7 @@ const hostileExpire = 60 * time.Second
 // healthy request may be shed meanwhile, and each comes back.
 func TestReliabilityHostileLayout(t *testing.T) {
 	relSkipUnderRace(t)
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	h := hostileStart(t, ctx, "")
@@ -682,6 +731,7 @@ func TestReliabilityHostileLayout(t *testing.T) {
 // down: it must start, count the poison, and serve.
 func TestReliabilityHostileRestart(t *testing.T) {
 	relSkipUnderRace(t)
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
@@ -806,6 +856,37 @@ func TestReliabilityHostileClients(t *testing.T) {
 			t.Fatalf("client errors not answered 4xx: %v", wrong)
 		}
 		h.requireNoBlame(before, "300 client errors")
+	})
+
+	t.Run("nats-front-client-errors", func(t *testing.T) {
+		h.t = t
+		before := h.blame()
+		ask := func(body []byte) (string, string) {
+			subject := "sy.req.A." + hostileModel
+			ctx, cancel := context.WithTimeout(h.ctx, 10*time.Second)
+			defer cancel()
+			m, err := h.nc.RequestMsgWithContext(ctx, &nats.Msg{Subject: subject, Data: body})
+			if err != nil {
+				t.Fatalf("request on %s: %v", subject, err)
+			}
+			return m.Header.Get(router.HeaderStatus), string(m.Data)
+		}
+		for i := range 10 {
+			body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"same conversation"}],"max_tokens":0}`, hostileModel)
+			if st, b := ask([]byte(body)); st != "400" {
+				t.Fatalf("NATS request %d with max_tokens 0 answered %s (%.200s), want 400", i, st, b)
+			}
+		}
+		// The largest body the embedded server carries (8 MiB, less
+		// headroom for the protocol), of messages:[1,1,…].
+		start := time.Now()
+		if st, b := ask(onesBody(8<<20 - 4096)); st != "400" && st != "413" {
+			t.Fatalf("NATS request of 8 MiB messages:[1,1,…] answered %s (%.200s), want 400", st, b)
+		}
+		if took := time.Since(start); took > 2*time.Second {
+			t.Fatalf("NATS request of 8 MiB messages:[1,1,…] answered after %s (want < 2s)", took)
+		}
+		h.requireNoBlame(before, "client errors over the NATS front")
 	})
 
 	t.Run("8MiB-messages-of-ones", func(t *testing.T) {
