@@ -889,6 +889,32 @@ func TestReliabilityHostileClients(t *testing.T) {
 		h.requireNoBlame(before, "client errors over the NATS front")
 	})
 
+	t.Run("bad-requests-on-an-engine-subject", func(t *testing.T) {
+		// Anyone who can publish can also skip the routers and ask an
+		// engine directly, on sy.infer.<model>.<engine>.
+		h.t = t
+		subject := "sy.infer." + hostileModel + ".engine-b"
+		for name, body := range map[string][]byte{
+			"max-tokens-0":   []byte(`{"model":"llama","messages":[{"role":"user","content":"x"}],"max_tokens":0}`),
+			"truncated-json": []byte(`{"model":"llama","messages":[{"role":"user"`),
+			"messages-of-1s": onesBody(8<<20 - 4096),
+			"binary-garbage": bytes.Repeat([]byte{0xc1, 0xff, 0x00}, 1000),
+			"empty":          nil,
+			"deeply-nested":  []byte(strings.Repeat("[", 100000)),
+		} {
+			ctx, cancel := context.WithTimeout(h.ctx, 10*time.Second)
+			m, err := h.nc.RequestMsgWithContext(ctx, &nats.Msg{Subject: subject, Data: body})
+			cancel()
+			if err != nil {
+				t.Fatalf("%s on %s: %v", name, subject, err)
+			}
+			if st := m.Header.Get(router.HeaderStatus); !strings.HasPrefix(st, "4") {
+				t.Fatalf("%s on %s answered %q (%.200s), want a 4xx status", name, subject, st, m.Data)
+			}
+		}
+		h.requireHealthy("after bad requests on an engine's subject")
+	})
+
 	t.Run("8MiB-messages-of-ones", func(t *testing.T) {
 		h.t = t
 		body := onesBody(8<<20 - 1024)
