@@ -157,7 +157,7 @@ func (s *Service) solveAll(ctx context.Context, weights, enginesKV jetstream.Key
 			continue
 		}
 		ms.prev = sol
-		s.metrics.solveDuration.Observe(sol.Diagnostics.Duration.Seconds())
+		s.metrics.solveDuration.WithLabelValues(sol.Diagnostics.Path).Observe(sol.Diagnostics.Duration.Seconds())
 		s.metrics.gap.WithLabelValues(b.model).Set(sol.Diagnostics.SolveRelGap)
 		s.mu.Lock()
 		s.solutions[b.model] = sol
