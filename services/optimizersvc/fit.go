@@ -92,7 +92,7 @@ func (f *fit) add(st *messages.EngineState, prior float64) {
 // cheaper and were planned fuller: on the simulator's Azure trace at 85%
 // load the A100s, fitted at 0.25–0.7× their idle latency while the H100s
 // kept theirs, were planned to 0.86–0.89 of capacity against the H100s'
-// 0.84, and their slower tokens made the end-to-end p99 (BENCHMARKS.md).
+// 0.84, and their slower tokens lengthened the end-to-end p99.
 // The fit still raises the base above the floor for an engine slower than
 // it reports.
 func (f *fit) baseMs(prior, floor float64) float64 {
