@@ -23,8 +23,8 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		solveDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "switchyard_optimizer_solve_duration_seconds",
-			Help: "Wall time of one model's solve, by the solver path that answered (optimizer.Diagnostics.Path: levels, newton, auction, each maybe +sweeps, or sweeps).",
+			Name:    "switchyard_optimizer_solve_duration_seconds",
+			Help:    "Wall time of one model's solve, by the solver path that answered (optimizer.Diagnostics.Path: levels, newton, auction, each maybe +sweeps, or sweeps).",
 			Buckets: prometheus.ExponentialBuckets(1e-5, 4, 12)}, []string{"path"}),
 		solveErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_optimizer_solve_errors_total", Help: "Solves that failed (invalid problem)."}),
