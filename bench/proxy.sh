@@ -4,7 +4,7 @@
 # Every argument is passed to the benchmark, e.g.:
 #
 #   bench/proxy.sh -runs 5
-#   bench/proxy.sh -runs 3 -profile /tmp/sy-prof
+#   bench/proxy.sh -runs 3 -profile prof   # CPU profiles in ./prof
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

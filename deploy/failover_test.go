@@ -4,8 +4,9 @@
 // router per frontend cluster — and checks that losing a NATS node, the
 // optimizer leader or the aggregator loses nothing while traffic flows.
 //
-// The folder also holds the container deployment: Dockerfile,
-// docker-compose.yml, build-images.sh and smoke.sh (see docs/deployment.md).
+// The folder also holds the container deployment's parts: Dockerfile,
+// build-images.sh and smoke.sh; the compose file is the top-level
+// docker-compose.yml (see docs/deployment.md).
 package deploy_test
 
 import (

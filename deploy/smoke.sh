@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compose smoke test of the clustered stack: build the image, start
-# docker-compose.yml, wait until every service is healthy, send traffic
+# the top-level docker-compose.yml, wait until every service is healthy, send traffic
 # through each router, read sy_weights with the nats CLI through
 # `switchyard decode`, then stop one NATS node (the weights bucket's leader)
 # and kill the optimizer leader, and check that traffic still flows and
@@ -27,7 +27,7 @@ else
 	compose=(docker-compose)
 fi
 project="switchyard-smoke"
-compose+=(-p "$project" -f "$here/docker-compose.yml")
+compose+=(-p "$project" -f "$here/../docker-compose.yml")
 # A fifth of the case study's demand: enough to route, light on small CI machines.
 export LOAD_RATE_A="${LOAD_RATE_A:-18}" LOAD_RATE_B="${LOAD_RATE_B:-24}" LOAD_RATE_C="${LOAD_RATE_C:-8}"
 servers="nats://127.0.0.1:4222,nats://127.0.0.1:4223,nats://127.0.0.1:4224"

@@ -2,13 +2,68 @@ package optimizer
 
 import (
 	"math"
-	"sort"
+	"slices"
 )
 
-// Sample is one observation of an engine: its load and the latencies seen at that load.
+// Defaults of FitOptions.
+const (
+	// DefaultFitWindow is how many recent samples the fit's median is taken
+	// over: enough that one outlier moves nothing, few enough that a real change
+	// of an engine shows within a minute of one-second state updates.
+	DefaultFitWindow = 32
+	// DefaultFitPriorSamples is how many samples the prior is worth: it
+	// dominates the first two updates and is outweighed soon after.
+	DefaultFitPriorSamples = 2
+	// DefaultFitAlpha is how far the fit moves towards its target per update,
+	// so that the profile does not chase momentary latency.
+	DefaultFitAlpha = 0.2
+	// DefaultFitMaxUtilisation is the highest utilisation at which a sample is
+	// taken. Below half load the queue model's (1 − load/C) correction is small
+	// and robust. Nearer capacity a continuous-batching engine's latency stays
+	// nearly flat until its batch fills, so dividing by (1 − load/C) would make
+	// a loaded engine look cheap, draw more traffic to it, and let the fit
+	// chase the load it causes; such samples are left out.
+	DefaultFitMaxUtilisation = 0.5
+)
+
+// FitOptions configures a BaseFit. Zero values take the defaults above.
+type FitOptions struct {
+	// Window is how many recent samples the median is taken over.
+	Window int
+	// PriorSamples is the weight of the prior, in samples.
+	PriorSamples float64
+	// Alpha is how far the fit moves towards its target per sample (0..1].
+	Alpha float64
+	// MaxUtilisation is the highest load/capacity at which a sample is taken (0..1).
+	MaxUtilisation float64
+}
+
+func (o FitOptions) withDefaults() FitOptions {
+	if o.Window <= 0 {
+		o.Window = DefaultFitWindow
+	}
+	if !(o.PriorSamples > 0) || math.IsInf(o.PriorSamples, 0) {
+		o.PriorSamples = DefaultFitPriorSamples
+	}
+	if !(o.Alpha > 0) || o.Alpha > 1 {
+		o.Alpha = DefaultFitAlpha
+	}
+	if !(o.MaxUtilisation > 0) || o.MaxUtilisation >= 1 {
+		o.MaxUtilisation = DefaultFitMaxUtilisation
+	}
+	return o
+}
+
+// Sample is one observation of an engine: its latencies at a load, and the
+// capacity that load is relative to.
 type Sample struct {
-	// LoadRPS is the engine's load when the sample was taken.
-	LoadRPS float64
+	// TimeMs orders samples: a sample not newer than the last one folded in is
+	// ignored (a restarted watcher delivers current values again). 0 means
+	// unordered: every sample is taken.
+	TimeMs int64
+	// LoadRPS is the engine's load when the sample was taken, and CapacityRPS
+	// its effective capacity then (capacity × health).
+	LoadRPS, CapacityRPS float64
 	// TTFTMs is the time to first token and TBTMs the time between tokens, in ms.
 	TTFTMs, TBTMs float64
 	// OutputTokens is the (mean) number of output tokens of the requests.
@@ -18,73 +73,123 @@ type Sample struct {
 // LatencyMs returns the sample's end-to-end engine latency: TTFT + output tokens × TBT.
 func (s Sample) LatencyMs() float64 { return s.TTFTMs + s.OutputTokens*s.TBTMs }
 
-// Fitter fits a queue profile per engine from samples. Each sample at load x on an engine of
-// capacity C implies a base latency latency·(1 - x/C); the fit is the median of these (robust to
-// outliers), shrunk towards a prior when there are few samples, and blended slowly with the
-// previous fit so that the profile does not chase momentary latency. Fitting is deterministic.
-type Fitter struct {
-	// PriorBaseMs is the base latency assumed for an engine without samples; 0 means 400.
-	PriorBaseMs float64
-	// PriorWeight is how many samples the prior is worth; 0 means 8.
-	PriorWeight float64
-	// Smoothing is the weight of a new fit against the previous one (0..1]; 0 means 0.2.
-	Smoothing float64
-	// MaxUtilisation ignores samples taken above this utilisation, where x/C is too close to 1
-	// for the implied base to be reliable; 0 means 0.95.
-	MaxUtilisation float64
+// BaseFit is the online fit of one engine's queue profile L(x) = base/(1 − x/C),
+// the one the optimizer service plans with and the simulator runs. Each sample
+// at load x of capacity C implies base = latency·(1 − x/C); the fit's target is
+// the median of the last Window samples (robust to outliers), pulled towards a
+// prior as if the prior were PriorSamples extra samples, and the fit moves
+// Alpha of the way to its target per sample. It also smooths the share of TTFT
+// in the latency, for the TTFT profile. Fitting is deterministic. The zero
+// value is ready to use with the default options.
+type BaseFit struct {
+	opts      FitOptions
+	ready     bool
+	samples   []float64 // ring of the last Window implied bases, ms
+	next      int
+	lastTime  int64
+	base      float64 // fitted base, ms; 0 until the first sample
+	ttftShare float64 // smoothed TTFT / latency
 }
 
-func (f Fitter) withDefaults() Fitter {
-	if !(f.PriorBaseMs > 0) || math.IsInf(f.PriorBaseMs, 0) {
-		f.PriorBaseMs = 400
-	}
-	if !(f.PriorWeight > 0) || math.IsInf(f.PriorWeight, 0) {
-		f.PriorWeight = 8
-	}
-	if !(f.Smoothing > 0) || f.Smoothing > 1 {
-		f.Smoothing = 0.2
-	}
-	if !(f.MaxUtilisation > 0) || f.MaxUtilisation >= 1 {
-		f.MaxUtilisation = 0.95
-	}
-	return f
+// NewBaseFit returns an empty fit with the given options.
+func NewBaseFit(o FitOptions) *BaseFit {
+	return &BaseFit{opts: o.withDefaults(), ready: true}
 }
 
-// Fit returns the queue profile of an engine of effective capacity capacityRPS given its
-// samples and its previous profile (nil for the first fit, which is not smoothed). Invalid
-// samples (NaN, infinite, negative, at or beyond the utilisation limit) are ignored; it also
-// returns how many samples were used.
-func (f Fitter) Fit(capacityRPS float64, samples []Sample, prev *QueueProfile) (QueueProfile, int) {
-	f = f.withDefaults()
-	implied := make([]float64, 0, len(samples))
-	for _, s := range samples {
-		l := s.LatencyMs()
-		if numberErr(s.LoadRPS) != nil || numberErr(l) != nil || !(l > 0) || !(capacityRPS > 0) {
-			continue
+// Add folds one sample into the fit and reports whether it was taken. prior
+// is the base latency assumed before any sample (the engine's own idle-latency
+// estimate when it reports one). Samples that are not newer than the last, or
+// without a positive finite latency and capacity, or above MaxUtilisation,
+// are skipped.
+func (f *BaseFit) Add(s Sample, prior float64) bool {
+	if !f.ready {
+		f.opts, f.ready = f.opts.withDefaults(), true
+	}
+	if s.TimeMs != 0 {
+		if s.TimeMs <= f.lastTime {
+			return false
 		}
-		u := s.LoadRPS / capacityRPS
-		if u > f.MaxUtilisation {
-			continue
-		}
-		implied = append(implied, l*(1-u))
+		f.lastTime = s.TimeMs
 	}
-	prior := f.PriorBaseMs
-	if prev != nil && prev.BaseMs > 0 {
-		prior = prev.BaseMs
+	lat := s.LatencyMs()
+	if !(lat > 0) || math.IsInf(lat, 0) || !(s.CapacityRPS > 0) || math.IsInf(s.CapacityRPS, 0) || !(s.LoadRPS >= 0) {
+		return false
 	}
-	est := prior
-	if n := float64(len(implied)); n > 0 {
-		sort.Float64s(implied)
-		var med float64
-		if m := len(implied); m%2 == 1 {
-			med = implied[m/2]
-		} else {
-			med = 0.5 * (implied[m/2-1] + implied[m/2])
-		}
-		est = (f.PriorWeight*f.PriorBaseMs + n*med) / (f.PriorWeight + n)
+	u := s.LoadRPS / s.CapacityRPS
+	if u > f.opts.MaxUtilisation {
+		return false
 	}
-	if prev != nil && prev.BaseMs > 0 {
-		est = prev.BaseMs + f.Smoothing*(est-prev.BaseMs)
+	b := lat * (1 - u)
+	if len(f.samples) < f.opts.Window {
+		f.samples = append(f.samples, b)
+	} else {
+		f.samples[f.next] = b
+		f.next = (f.next + 1) % f.opts.Window
 	}
-	return QueueProfile{BaseMs: est}, len(implied)
+	if share := s.TTFTMs / lat; f.ttftShare == 0 {
+		f.ttftShare = share
+	} else {
+		f.ttftShare += f.opts.Alpha * (share - f.ttftShare)
+	}
+	n := float64(len(f.samples))
+	target := (f.opts.PriorSamples*prior + n*Median(f.samples)) / (f.opts.PriorSamples + n)
+	if f.base == 0 {
+		f.base = target
+	} else {
+		f.base += f.opts.Alpha * (target - f.base)
+	}
+	return true
+}
+
+// Samples returns how many samples the fit's window holds.
+func (f *BaseFit) Samples() int {
+	if f == nil {
+		return 0
+	}
+	return len(f.samples)
+}
+
+// BaseMs returns the fitted base latency, or prior when there is no sample
+// yet, and never less than floor, the engine's own estimate of its idle
+// latency (0 when it reports none). A nil fit has no sample.
+//
+// An engine does not serve requests faster than it serves one alone, so a fit
+// below its own idle latency is the fit's error, not news: the queue model's
+// (1 − load/C) correction overshoots for a continuous-batching engine, whose
+// latency grows far more slowly with load (at 40% load about 1.2× its idle
+// latency where the queue model expects 1.67×, so the sample reads 0.73× the
+// idle latency), and how far it overshoots depends on the loads at which an
+// engine happened to be sampled: engines sampled at higher loads would look
+// cheaper and be planned fuller. The fit still raises the base above the
+// floor for an engine slower than it reports.
+func (f *BaseFit) BaseMs(prior, floor float64) float64 {
+	b := prior
+	if f != nil && f.base > 0 {
+		b = f.base
+	}
+	return math.Max(b, floor)
+}
+
+// TTFTMs returns the fitted TTFT at utilisation u (capped at 0.9), or 0 when
+// there is no fit yet.
+func (f *BaseFit) TTFTMs(u float64) float64 {
+	if f == nil || !(f.base > 0) || !(f.ttftShare > 0) {
+		return 0
+	}
+	u = math.Min(math.Max(u, 0), 0.9)
+	return f.base * f.ttftShare / (1 - u)
+}
+
+// Median returns the median of xs (which it does not modify); 0 for none.
+func Median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n == 0 {
+		return 0
+	}
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
 }

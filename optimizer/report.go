@@ -46,6 +46,7 @@ type DiagnosticsReport struct {
 	RelGap     *float64 `json:"relative_gap"`
 	Converged  bool     `json:"converged"`
 	Iterations int      `json:"iterations"`
+	Path       string   `json:"path,omitempty"`
 	DurationMs float64  `json:"duration_ms"`
 	Notes      []string `json:"notes"`
 }
@@ -64,6 +65,7 @@ func (s *Solution) Report() *Report {
 			RelGap:     finite(s.Diagnostics.RelGap),
 			Converged:  s.Diagnostics.Converged,
 			Iterations: s.Diagnostics.Iterations,
+			Path:       s.Diagnostics.Path,
 			DurationMs: float64(s.Diagnostics.Duration.Microseconds()) / 1000,
 			Notes:      append([]string{}, s.Diagnostics.Notes...),
 		},

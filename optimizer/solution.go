@@ -101,11 +101,33 @@ type Diagnostics struct {
 	OutOfTime bool
 	// Iterations is the number of sweeps over the clusters.
 	Iterations int
+	// Path names the solver path that answered: PathLevels, PathNewton or
+	// PathAuction (the fast path whose point was returned), the same with
+	// "+sweeps" when Gauss-Seidel sweeps went on from that point, or PathSweeps
+	// alone when the sweeps solved it from the previous solution or from zero.
+	// Baseline policies leave it empty.
+	Path string
 	// Duration is the wall time of the solve.
 	Duration time.Duration
 	// Notes are human-readable remarks, such as clusters that have no eligible engine.
 	Notes []string
 }
+
+// The solver paths named in Diagnostics.Path.
+const (
+	// PathLevels is the level solver: the clusters' marginal-cost levels
+	// balanced by bisection (dual.go), exact on small problems.
+	PathLevels = "levels"
+	// PathNewton is the Newton path on the dual (newton.go), first on problems
+	// of more than 20 clusters.
+	PathNewton = "newton"
+	// PathAuction is the auction (auction.go) that finds starting levels when
+	// the others do not balance, followed by the level solver.
+	PathAuction = "auction"
+	// PathSweeps is Gauss-Seidel equilibration over the clusters, the path of
+	// last resort, which always returns a feasible point.
+	PathSweeps = "sweeps"
+)
 
 // solution builds a Solution from the solver's flows.
 func (s *Solver) solution(p *Problem, policy string, notes []string) *Solution {

@@ -205,6 +205,7 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 		}
 	}
 	var first *measures // the certificate of the fast path's point, when it computed one
+	path := ""          // the fast path whose point the sweeps start from
 	if !s.equilibrium {
 		// On small problems the level solver from the previous levels (warm) or from a common
 		// level (cold) settles in a few rounds, exactly. On larger ones, and when it does not
@@ -217,6 +218,7 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 		rounds, bids := 0, 0
 		if levels {
 			rounds, ok = s.dualSolve(s.dualRounds(p, prev != nil))
+			path = PathLevels
 		}
 		if !ok {
 			if levels {
@@ -230,6 +232,7 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 			if ok = s.newtonSolve(!levels); ok {
 				first = &s.newt.m
 			}
+			path = PathNewton
 			if s.newt.partial {
 				// The Newton path with the shed modelled settled but did not close its
 				// certificate (at levels of shed prices the flows it reads off the levels
@@ -243,6 +246,7 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 			s.setup(p)
 			s.warm(p, prev, true)
 			rounds, ok = s.dualSolve(s.dualRounds(p, prev != nil))
+			path = PathLevels
 		}
 		if !ok && s.outOfTime {
 			// The fast paths used up their half of the time budget: the sweeps start from
@@ -254,6 +258,7 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 		if !ok && !s.outOfTime {
 			s.setup(p)
 			s.warm(p, prev, true)
+			path = PathAuction
 			if bids, ok = s.auctionSolve(); !ok {
 				s.auctionSave()
 				var r int
@@ -269,6 +274,12 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 		}
 	}
 	sweeps, m := s.iterate(p, first)
+	switch {
+	case path == "":
+		path = PathSweeps
+	case sweeps > 0:
+		path += "+" + PathSweeps
+	}
 	if m.relGap > s.opt.Tolerance {
 		notes = append(notes, fmt.Sprintf("relative gap %.3g above tolerance %.3g after %d sweeps", m.relGap, s.opt.Tolerance, sweeps))
 	}
@@ -300,6 +311,7 @@ func (s *Solver) Solve(p *Problem, prev *Solution) (*Solution, error) {
 	sol.Diagnostics.RelGap = m.relGap
 	sol.Diagnostics.SolveRelGap = solveRelGap
 	sol.Diagnostics.Iterations = sweeps
+	sol.Diagnostics.Path = path
 	sol.Diagnostics.Converged = m.relGap <= s.opt.Tolerance
 	sol.Diagnostics.OutOfTime = s.outOfTime
 	sol.Diagnostics.Duration = time.Since(t0)

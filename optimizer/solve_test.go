@@ -282,3 +282,47 @@ func TestWarmStartMatchesByName(t *testing.T) {
 		t.Errorf("warm start took %d sweeps, cold %d", second.Diagnostics.Iterations, first.Diagnostics.Iterations)
 	}
 }
+
+// TestDiagnosticsPath: every solve names the path that answered — the level
+// solver on small problems, the Newton path first above 20 clusters, sweeps
+// alone for the equilibrium baseline — and the report carries it.
+func TestDiagnosticsPath(t *testing.T) {
+	valid := map[string]bool{}
+	for _, p := range []string{PathLevels, PathNewton, PathAuction} {
+		valid[p], valid[p+"+"+PathSweeps] = true, true
+	}
+	valid[PathSweeps] = true
+	s := NewSolver(DefaultOptions())
+	for _, c := range []struct {
+		name   string
+		p      *Problem
+		prefix string
+	}{
+		{"case study", caseStudy(), PathLevels},
+		{"30 clusters", randomProblem(3, 30, 40, 6, 0.7), PathNewton},
+		{"overloaded", overloaded(5, 30, 40, 1.3), ""},
+	} {
+		sol, err := s.Solve(c.p, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		path := sol.Diagnostics.Path
+		if !valid[path] || !strings.HasPrefix(path, c.prefix) {
+			t.Errorf("%s: path %q, want a valid path starting with %q", c.name, path, c.prefix)
+		}
+		if got := sol.Report().Diagnostics.Path; got != path {
+			t.Errorf("%s: report path %q, want %q", c.name, got, path)
+		}
+	}
+	pol, err := PolicyByName("least-latency", DefaultOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	eq, err := pol.Solve(caseStudy(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if eq.Diagnostics.Path != PathSweeps {
+		t.Errorf("equilibrium path %q, want %q", eq.Diagnostics.Path, PathSweeps)
+	}
+}

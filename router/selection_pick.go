@@ -48,7 +48,7 @@ const TwoChoiceMargin = 0.05
 // affinity key it has not seen. Where such a key lands it stays, with the
 // prefix it caches there, for the key's lifetime, so a wider choice pays:
 // on the simulator's Mooncake trace 8 candidates against 2 raise the KV hit
-// rate and lower the TTFT tail (see BENCHMARKS.md).
+// rate and lower the TTFT tail (BENCHMARKS.md, mooncake).
 const NewKeyChoices = 8
 
 // within reports whether engine i, with load of this router's total
@@ -156,7 +156,7 @@ func (t *Table) Pick(key uint64, g Guard) (int, bool) {
 // so it loses to a candidate with a free slot, and two full candidates are
 // compared on raw load per slot. On the simulator's Azure trace
 // at 85% load this cut the requests missing the TTFT SLO from 50 to 15 of
-// 142,749 (BENCHMARKS.md). A request with affinity should use Pick or
+// 142,749 (BENCHMARKS.md, azure-85). A request with affinity should use Pick or
 // PickRecent: a second choice on every request would split its prefix
 // across engines.
 //

@@ -207,7 +207,7 @@ func Allotment(f *Figures, routers int, slack float64, minInFlight int) float64 
 // eighths of a step for a standard one, twenty for a critical one.
 //
 // The first two set the trade between the served-throughput and
-// admitted-TTFT rows of the reliability scenario's overload (BENCHMARKS.md):
+// admitted-TTFT rows of the reliability scenario's overload:
 // a request joins its engine's batch at a step boundary, so a slot freed at
 // a boundary stays empty for a step unless a request already waits in the
 // engine's queue there, and a router that keeps the queues empty serves at

@@ -8,15 +8,8 @@ import (
 	"github.com/switchyard-dev/switchyard/router"
 )
 
-// The optimizer service's fitting constants (services/optimizersvc: FitWindow,
-// PriorSamples, FitAlpha and maxUtilSample), and its demand floor.
-const (
-	fitWindow     = 32
-	priorSamples  = 2
-	fitAlpha      = 0.2
-	maxUtilSample = 0.5
-	minDemandRPS  = 1
-)
+// minDemandRPS is the optimizer service's demand floor.
+const minDemandRPS = 1
 
 // remapKeys is how many fixed keys measure key movement between tables.
 const remapKeys = 2048
@@ -190,49 +183,13 @@ type switchyard struct {
 	tables
 	solver *optimizer.Solver
 	prev   *optimizer.Solution
-	fits   []syFit
+	fits   []optimizer.BaseFit // by engine: the optimizer service's latency fit
 }
 
-type syFit struct {
-	samples []float64
-	next    int
-	base    float64
-}
-
-// add folds one engine state into the fit as services/optimizersvc does.
-func (f *syFit) add(s *engineSignal, prior float64) {
-	lat := s.ttft.slow + s.out.slow*s.tbt.slow
-	if !s.ttft.init || !(lat > 0) || !(s.capacity > 0) {
-		return
-	}
-	u := s.load.slow / s.capacity
-	if u > maxUtilSample {
-		return
-	}
-	b := lat * (1 - u)
-	if len(f.samples) < fitWindow {
-		f.samples = append(f.samples, b)
-	} else {
-		f.samples[f.next] = b
-		f.next = (f.next + 1) % fitWindow
-	}
-	n := float64(len(f.samples))
-	target := (priorSamples*prior + n*median(f.samples)) / (priorSamples + n)
-	if f.base == 0 {
-		f.base = target
-	} else {
-		f.base += fitAlpha * (target - f.base)
-	}
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
+// fitSample is the latency-fit sample of an engine's signal windows; it
+// carries no time, since every control period folds in a new one.
+func fitSample(s *engineSignal) optimizer.Sample {
+	return optimizer.Sample{LoadRPS: s.load.slow, CapacityRPS: s.capacity, TTFTMs: s.ttft.slow, TBTMs: s.tbt.slow, OutputTokens: s.out.slow}
 }
 
 func (p *switchyard) init(r *run) {
@@ -251,7 +208,7 @@ func (p *switchyard) init(r *run) {
 	opt := optimizer.DefaultOptions()
 	opt.TimeBudget = -1
 	p.solver = optimizer.NewSolver(opt)
-	p.fits = make([]syFit, len(r.f.engines))
+	p.fits = make([]optimizer.BaseFit, len(r.f.engines))
 	p.solve(r, false)
 }
 
@@ -269,19 +226,14 @@ func (p *switchyard) solve(r *run, fit bool) {
 	var tus []float64 // by problem engine: its target utilisation
 	for j := range f.engines {
 		s := &r.sig[j]
-		if fit {
-			p.fits[j].add(s, s.idleMs)
+		if fit && s.ttft.init {
+			p.fits[j].Add(fitSample(s), s.idleMs)
 		}
 		if !s.up || !(s.capacity > 0) {
 			continue
 		}
-		// As services/optimizersvc's fit.baseMs: the fit, else the prior, and
-		// never below the engine's own idle latency.
-		base := p.fits[j].base
-		if !(base > 0) {
-			base = s.idleMs
-		}
-		base = math.Max(base, s.idleMs)
+		// The fit, else the prior, and never below the engine's own idle latency.
+		base := p.fits[j].BaseMs(s.idleMs, s.idleMs)
 		tuj := tu
 		if t := f.engines[j].typ.TargetUtilisation; t > 0 {
 			tuj = t

@@ -73,7 +73,7 @@ const relRoles = 3
 // token writes, the router's 64 relays and the clients' 64 reads. On the
 // 2-core host that put the overload scenario's shed answers' p99 at
 // 1.0–3.9 ms (5.15 ms in one CI run), against 0.6–1.6 ms with 6 Ps
-// (BENCHMARKS.md): queueing that comes from sharing a process with engines
+// (BENCHMARKS.md, reliability): queueing that comes from sharing a process with engines
 // and clients, which no deployed router does. The cores stay the host's:
 // the roles still compete for them, through the kernel's scheduler, as
 // separate processes do.

@@ -273,7 +273,7 @@ func TestReliabilityOverload(t *testing.T) {
 	// both rows there (go run ./bench/slotmodel -critical 0.2);
 	// on these engines the oracle has 95.6% at 1.26x and 96.8% at 1.58x
 	// (-engines 2 -batch 64 -tbt 100). SWITCHYARD_RELIABILITY_SMALL_ENGINES=1
-	// runs the 20-slot shape, for comparison (BENCHMARKS.md).
+	// runs the 20-slot shape, for comparison (BENCHMARKS.md, reliability).
 	f := relFile([]stack.Cluster{{Name: "A", Region: "r1"}}, relEngines(2, "r1", 36))
 	f.Sim.BaseTBTMs, f.Sim.TBTGrowthMs = 100, 0.2
 	if os.Getenv("SWITCHYARD_RELIABILITY_SMALL_ENGINES") == "1" {
@@ -287,7 +287,7 @@ func TestReliabilityOverload(t *testing.T) {
 	// Its capacity allotment (router.CapacityAllotment) holds the admitted
 	// TTFT p99 to 1.5-1.8x the unloaded p99 with served throughput over a
 	// point above its row; SWITCHYARD_RELIABILITY_SLOTS=1 runs it with slot
-	// admission on instead (BENCHMARKS.md).
+	// admission on instead (BENCHMARKS.md, reliability).
 	rt := relRouter(t, ctx, s, router.ProtectionOptions{SlotAdmission: os.Getenv("SWITCHYARD_RELIABILITY_SLOTS") == "1"})
 	relWaitReady(t, s, []*router.Service{rt})
 	capacity := relCapacity(s)

@@ -17,63 +17,6 @@ func engineState(ttft, tbt, otok, load, capacity float64, at int64) *messages.En
 		OutputTokens: messages.Window{Slow: otok}, LoadRPS: messages.Window{Slow: load}, CapacityRPS: capacity, Health: 1}
 }
 
-func TestFit(t *testing.T) {
-	var f fit
-	if got := f.baseMs(500, 0); got != 500 {
-		t.Errorf("no samples: %v, want the prior 500", got)
-	}
-	// 800 ms at half load: base 400.
-	for i := range 100 {
-		f.add(engineState(300, 5, 100, 50, 100, int64(1000+i)), 500)
-	}
-	if got := f.baseMs(500, 0); math.Abs(got-(2*500+32*400)/34.0) > 1 {
-		t.Errorf("after 100 samples of base 400: %v", got)
-	}
-	before := f.baseMs(500, 0)
-	// One outlier barely moves the fit (median), a repeated time is ignored.
-	f.add(engineState(30000, 5, 100, 50, 100, 2000), 500)
-	f.add(engineState(30000, 5, 100, 50, 100, 2000), 500)
-	if got := f.baseMs(500, 0); math.Abs(got-before) > 1 {
-		t.Errorf("one outlier moved the fit from %v to %v", before, got)
-	}
-	// Samples near saturation and without latency are skipped.
-	n := len(f.samples)
-	f.add(engineState(300, 5, 100, 99, 100, 3000), 500)
-	f.add(engineState(0, 0, 0, 10, 100, 3001), 500)
-	if len(f.samples) != n {
-		t.Errorf("unusable samples were kept")
-	}
-}
-
-// TestFitFloor: the fit never plans an engine below its own idle-latency
-// estimate, however low the samples read, and still raises it above.
-func TestFitFloor(t *testing.T) {
-	var f fit
-	if got := f.baseMs(500, 600); got != 600 {
-		t.Errorf("no samples, prior 500, floor 600: %v, want 600", got)
-	}
-	// 400 ms at 20% load: base 320, below the engine's idle latency 500.
-	for i := range 100 {
-		f.add(engineState(300, 1, 100, 20, 100, int64(1000+i)), 500)
-	}
-	if f.base >= 500 {
-		t.Fatalf("fitted base %v, want it below 500 for this test", f.base)
-	}
-	if got := f.baseMs(500, 500); got != 500 {
-		t.Errorf("fitted %v, floor 500: %v, want 500", f.base, got)
-	}
-	if got := f.baseMs(500, 0); got != f.base {
-		t.Errorf("no floor: %v, want the fit %v", got, f.base)
-	}
-	// 1500 ms at 20% load: base 1200, above the floor, is kept.
-	for i := range 200 {
-		f.add(engineState(300, 12, 100, 20, 100, int64(2000+i)), 500)
-	}
-	if got := f.baseMs(500, 500); got < 1000 {
-		t.Errorf("a slow engine's fit %v is not raised above the floor: %v", f.base, got)
-	}
-}
-
 func TestDistance(t *testing.T) {
 	a := &messages.WeightSnapshot{Weights: map[string]float64{"x": 0.5, "y": 0.5}}
 	b := &messages.WeightSnapshot{Weights: map[string]float64{"x": 0.4, "z": 0.5}, ShedFraction: 0.1}

@@ -3,7 +3,7 @@ package optimizersvc
 import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
-	solveDuration prometheus.Histogram
+	solveDuration *prometheus.HistogramVec
 	solveErrors   prometheus.Counter
 	outOfTime     *prometheus.CounterVec
 	gap           *prometheus.GaugeVec
@@ -22,9 +22,10 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
-		solveDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "switchyard_optimizer_solve_duration_seconds", Help: "Wall time of one model's solve.",
-			Buckets: prometheus.ExponentialBuckets(1e-5, 4, 12)}),
+		solveDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "switchyard_optimizer_solve_duration_seconds",
+			Help:    "Wall time of one model's solve, by the solver path that answered (optimizer.Diagnostics.Path: levels, newton, auction, each maybe +sweeps, or sweeps).",
+			Buckets: prometheus.ExponentialBuckets(1e-5, 4, 12)}, []string{"path"}),
 		solveErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_optimizer_solve_errors_total", Help: "Solves that failed (invalid problem)."}),
 		outOfTime: prometheus.NewCounterVec(prometheus.CounterOpts{

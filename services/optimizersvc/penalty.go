@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/optimizer"
 )
 
 // PenaltyOptions are the outlier rules and the penalty schedule (see the
@@ -124,7 +125,7 @@ func fleetOf(outs []*messages.EngineOutcomes) fleet {
 	}
 	var f fleet
 	if len(errs) > 0 {
-		f.errorMedian, f.timeoutMedian = median(errs), median(tos)
+		f.errorMedian, f.timeoutMedian = optimizer.Median(errs), optimizer.Median(tos)
 	}
 	return f
 }

@@ -146,7 +146,7 @@ func (s *Service) updatePenalties(ctx context.Context, kv jetstream.KeyValue) {
 			outs[key] = o
 		}
 		if c := st.CapacityRPS * st.Health; c > 0 {
-			expect[key] = s.fits[key].ttftMs(st.LoadRPS.Fast / c)
+			expect[key] = s.fits[key].TTFTMs(st.LoadRPS.Fast / c)
 		}
 	}
 	for _, model := range sortedKeys(byModel) {

@@ -25,14 +25,16 @@
 // (C the effective capacity, so the prior's shape comes from the engine's
 // capacity) whose base_ms is fitted from the engine state's slow windows: every
 // state update gives one sample base = (TTFT + output_tokens × TBT) × (1 −
-// load/C); the fit's target is the median of the last FitWindow samples,
-// pulled towards Options.PriorBaseMs as if the prior were PriorSamples extra
-// samples, and the fit moves only FitAlpha of the way to the target per update,
-// so that it does not chase momentary latency. The base never goes below the
+// load/C), folded into an optimizer.BaseFit with its default options (the
+// same fit the simulator runs): the fit's target is the median of the last
+// optimizer.DefaultFitWindow samples, pulled towards Options.PriorBaseMs as if
+// the prior were optimizer.DefaultFitPriorSamples extra samples, and the fit
+// moves only optimizer.DefaultFitAlpha of the way to the target per update, so
+// that it does not chase momentary latency. The base never goes below the
 // engine's own idle-latency estimate (EngineState.BaseLatencyMs) when it
 // reports one: samples below it are the queue model's correction overshooting
 // for a continuous-batching engine, and they would plan the engines sampled
-// at higher loads fuller (see fit.baseMs).
+// at higher loads fuller (see optimizer.BaseFit.BaseMs).
 //
 // The clusters of a model are those with a demand state <model>.<cluster> and
 // those listed in Options.Clusters. A cluster's demand is the fast window of
@@ -160,16 +162,6 @@ const LeaseKey = "optimizer"
 
 // StaleHealthFactor multiplies the health of an engine whose state is "stale".
 const StaleHealthFactor = 0.5
-
-// Fitting constants of the queue-profile fitter (see the package comment).
-const (
-	// FitWindow is the number of recent samples whose median is the fit's target.
-	FitWindow = 32
-	// PriorSamples is the weight of the prior, in samples.
-	PriorSamples = 2
-	// FitAlpha is how far the fit moves towards its target per state update.
-	FitAlpha = 0.2
-)
 
 // Options configures a Service. Zero values take the defaults documented per field.
 type Options struct {
@@ -367,7 +359,7 @@ type Service struct {
 	engines   map[string]*messages.EngineState // by <model>.<engine>
 	demand    map[string]*messages.DemandState // by <model>.<cluster>
 	rtt       map[string]float64               // one-way ms by <cluster>.<engine>
-	fits      map[string]*fit                  // by <model>.<engine>
+	fits      map[string]*optimizer.BaseFit    // by <model>.<engine>
 	solutions map[string]*optimizer.Solution   // by model
 	pens      map[string]*penalty              // by <model>.<engine>
 	ramps     map[string]*ramp                 // slow starts, by <model>.<engine>
@@ -420,7 +412,7 @@ func New(opts Options) (*Service, error) {
 		engines:   make(map[string]*messages.EngineState),
 		demand:    make(map[string]*messages.DemandState),
 		rtt:       make(map[string]float64),
-		fits:      make(map[string]*fit),
+		fits:      make(map[string]*optimizer.BaseFit),
 		solutions: make(map[string]*optimizer.Solution),
 		changed:   make(chan struct{}, 1),
 		gained:    make(chan struct{}, 1),

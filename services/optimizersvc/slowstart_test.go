@@ -20,7 +20,7 @@ func newRampService() (*Service, *messages.EngineState) {
 	opts := Options{Penalties: PenaltyOptions{SlowStart: 10 * time.Second}, Logger: zerolog.Nop(), Registerer: reg}
 	opts.setDefaults()
 	s := &Service{opts: opts, log: opts.Logger, metrics: newMetrics(reg), engines: map[string]*messages.EngineState{},
-		demand: map[string]*messages.DemandState{}, rtt: map[string]float64{}, fits: map[string]*fit{},
+		demand: map[string]*messages.DemandState{}, rtt: map[string]float64{}, fits: map[string]*optimizer.BaseFit{},
 		pens: map[string]*penalty{}, ramps: map[string]*ramp{}, operators: map[string]*messages.Operator{}}
 	st := &messages.EngineState{Model: "m", Engine: "e1", Status: messages.StatusUp, CapacityRPS: 30, Health: 1}
 	s.engines["m.e1"] = st

@@ -48,11 +48,8 @@ func (s *Service) buildProblems() []built {
 	}
 	for _, key := range sortedKeys(s.engines) {
 		st := s.engines[key]
-		prior := s.opts.PriorBaseMs
-		if st.BaseLatencyMs > 0 {
-			prior = st.BaseLatencyMs // the engine's own idle-latency estimate
-		}
-		engines[st.Model] = append(engines[st.Model], engineIn{name: st.Engine, st: st, prior: s.fits[key].baseMs(prior, st.BaseLatencyMs)})
+		prior := fitPrior(st, s.opts.PriorBaseMs)
+		engines[st.Model] = append(engines[st.Model], engineIn{name: st.Engine, st: st, prior: s.fits[key].BaseMs(prior, st.BaseLatencyMs)})
 	}
 	clusters := map[string]map[string]*messages.DemandState{}
 	for _, d := range s.demand {
@@ -160,7 +157,7 @@ func (s *Service) solveAll(ctx context.Context, weights, enginesKV jetstream.Key
 			continue
 		}
 		ms.prev = sol
-		s.metrics.solveDuration.Observe(sol.Diagnostics.Duration.Seconds())
+		s.metrics.solveDuration.WithLabelValues(sol.Diagnostics.Path).Observe(sol.Diagnostics.Duration.Seconds())
 		s.metrics.gap.WithLabelValues(b.model).Set(sol.Diagnostics.SolveRelGap)
 		s.mu.Lock()
 		s.solutions[b.model] = sol
@@ -402,4 +399,20 @@ func (s *Service) keyState(ctx context.Context, weights jetstream.KeyValue, key 
 	s.maxGen[key] = max(s.maxGen[key], ks.gen)
 	s.keys[key] = ks
 	return ks, nil
+}
+
+// fitSample is the latency-fit sample of one engine state: its slow windows,
+// relative to its effective capacity.
+func fitSample(st *messages.EngineState) optimizer.Sample {
+	return optimizer.Sample{TimeMs: st.Time, LoadRPS: st.LoadRPS.Slow, CapacityRPS: st.CapacityRPS * st.Health,
+		TTFTMs: st.TTFTMs.Slow, TBTMs: st.TBTMs.Slow, OutputTokens: st.OutputTokens.Slow}
+}
+
+// fitPrior is the base latency an engine's fit starts from: its own
+// idle-latency estimate when it reports one, else the configured prior.
+func fitPrior(st *messages.EngineState, prior float64) float64 {
+	if st.BaseLatencyMs > 0 {
+		return st.BaseLatencyMs
+	}
+	return prior
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/optimizer"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
@@ -68,10 +69,10 @@ func (s *Service) handleEngine(e jetstream.KeyValueEntry) {
 	s.engines[key] = &st
 	f := s.fits[key]
 	if f == nil {
-		f = &fit{}
+		f = optimizer.NewBaseFit(optimizer.FitOptions{})
 		s.fits[key] = f
 	}
-	f.add(&st, s.opts.PriorBaseMs)
+	f.Add(fitSample(&st), fitPrior(&st, s.opts.PriorBaseMs))
 	s.mu.Unlock()
 	s.notify()
 }
