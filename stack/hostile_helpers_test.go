@@ -61,13 +61,18 @@ type hostileEnv struct {
 	js      jetstream.JetStream
 	dashURL string
 	client  *http.Client
+	// probed, set by hostileStart with a probe, returns the statuses of
+	// the valid requests sent from the start.
+	probed func() map[int]int
 }
 
 // hostileStart starts the stack on data dir dir (a new one when empty) as
 // `up` runs it, with the dashboard served on a 127.0.0.1 port, and waits
 // until it serves: every engine up, every router on a snapshot answering
-// valid requests.
-func hostileStart(t *testing.T, ctx context.Context, dir string) *hostileEnv {
+// valid requests. With probe set, valid requests go to every router from
+// the moment the stack has started (see startProbe), and h.probed waits
+// for their statuses.
+func hostileStart(t *testing.T, ctx context.Context, dir string, probe time.Duration) *hostileEnv {
 	t.Helper()
 	if dir == "" {
 		dir = t.TempDir()
@@ -83,6 +88,9 @@ func hostileStart(t *testing.T, ctx context.Context, dir string) *hostileEnv {
 	}
 	h.s = s
 	t.Cleanup(h.stop)
+	if probe > 0 {
+		h.probed = h.startProbe(probe)
+	}
 
 	dash, err := dashboard.New(dashboard.Options{Conn: s.Conn(), Logger: log, Routers: dashboard.RouterStatuses(s.Routers)})
 	if err != nil {
@@ -111,6 +119,35 @@ func hostileStart(t *testing.T, ctx context.Context, dir string) *hostileEnv {
 	}
 	h.requireHealthy("at start")
 	return h
+}
+
+// startProbe sends valid requests to every router, one every 50 ms each,
+// for d from now, and returns a function that waits until the probe ends
+// and returns the statuses counted.
+func (h *hostileEnv) startProbe(d time.Duration) func() map[int]int {
+	out := map[int]int{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	end := time.Now().Add(d)
+	for _, r := range h.s.Routers() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; time.Now().Before(end) && h.ctx.Err() == nil && i < int(d/(50*time.Millisecond))+1; i++ {
+				st := h.chat(r, i)
+				mu.Lock()
+				out[st]++
+				mu.Unlock()
+				time.Sleep(50 * time.Millisecond)
+			}
+		}()
+	}
+	return func() map[int]int {
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		return out
+	}
 }
 
 // stop stops the stack (once).

@@ -205,7 +205,7 @@ func TestReliabilityHostileBus(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	h := hostileStart(t, ctx, "")
+	h := hostileStart(t, ctx, "", 0)
 
 	var cases []busCase
 	cases = append(cases, busCase{
@@ -534,7 +534,7 @@ func TestReliabilityHostileWeights(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	h := hostileStart(t, ctx, "")
+	h := hostileStart(t, ctx, "", 0)
 	future := func(cluster string, mutate func(*messages.WeightSnapshot)) func(h *hostileEnv) {
 		return func(h *hostileEnv) {
 			kv, err := h.js.KeyValue(h.ctx, "sy_weights")
@@ -609,15 +609,17 @@ func (h *hostileEnv) requireQuiet(window time.Duration) {
 }
 
 // TestReliabilityHostileInventedEngines publishes valid signals for 3,000
-// engines nobody runs (advertising an address where nothing listens): they
-// must not take traffic, and their state must expire, so that sy_engines
-// and the dashboard's /api/state stay bounded.
+// engines nobody runs (advertising an address where nothing listens) and
+// valid reports from 3,000 routers nobody runs: the ghosts must not take
+// traffic, and their state (engine records, router records, RTT pairs)
+// must expire, so that sy_engines, sy_demand and the dashboard's
+// /api/state stay bounded.
 func TestReliabilityHostileInventedEngines(t *testing.T) {
 	relSkipUnderRace(t)
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	h := hostileStart(t, ctx, "")
+	h := hostileStart(t, ctx, "", 0)
 	keysBefore, err := h.kvKeys("sy_engines", "")
 	if err != nil {
 		t.Fatal(err)
@@ -635,9 +637,20 @@ func TestReliabilityHostileInventedEngines(t *testing.T) {
 		sig.Transports = []messages.Transport{{Kind: "http", Address: "http://127.0.0.1:1"}}
 		h.publish(signalSubject(sig.Engine), rawEncode(t, &sig))
 	}
+	// And 3,000 routers nobody runs, in cluster A, each measuring the
+	// round trip to a ghost: reports of no requests (demand is not what
+	// is tested here), but a router record and an RTT pair each.
+	rep := h.realReport("A", "A-1")
+	for i := range ghosts {
+		r := *rep
+		r.Router, r.Seq, r.Time = fmt.Sprintf("ghost-r%04d", i), 1, time.Now().UnixMilli()
+		r.Requests, r.Shed, r.Retries, r.DemandByPriority, r.Engines = 0, 0, 0, nil, nil
+		r.RTTMs = map[string]float64{fmt.Sprintf("ghost-%04d", i): 3}
+		h.publish(reportSubject("A", r.Router), rawEncode(t, &r))
+	}
 	h.flush()
 	// While they are fresh, valid traffic is served: no ghost takes any.
-	h.requireHealthy("while 3,000 invented engines publish")
+	h.requireHealthy("while 3,000 invented engines and routers publish")
 
 	// Their state expires (or was never written): sy_engines and the
 	// dashboard return to what they held.
@@ -646,13 +659,25 @@ func TestReliabilityHostileInventedEngines(t *testing.T) {
 		if err != nil {
 			return false, err.Error()
 		}
+		rttLeft, err := h.kvKeys("sy_demand", "rtt.A.ghost-")
+		if err != nil {
+			return false, err.Error()
+		}
+		routersLeft := 0
+		if d := h.demand("A"); d != nil {
+			for r := range d.Routers {
+				if strings.HasPrefix(r, "ghost-") {
+					routersLeft++
+				}
+			}
+		}
 		size, engines, err := h.dashboardState()
 		if err != nil {
 			return false, err.Error()
 		}
-		return ghostsLeft == 0 && engines <= enginesBefore && size < 2*sizeBefore+4096,
-			fmt.Sprintf("%d ghost keys in sy_engines, /api/state %d bytes listing %d engines (before: %d bytes, %d engines)",
-				ghostsLeft, size, engines, sizeBefore, enginesBefore)
+		return ghostsLeft == 0 && rttLeft == 0 && routersLeft == 0 && engines <= enginesBefore && size < 2*sizeBefore+4096,
+			fmt.Sprintf("%d ghost keys in sy_engines, %d ghost RTT pairs and %d ghost routers in sy_demand, /api/state %d bytes listing %d engines (before: %d bytes, %d engines)",
+				ghostsLeft, rttLeft, routersLeft, size, engines, sizeBefore, enginesBefore)
 	})
 	keysAfter, err := h.kvKeys("sy_engines", "")
 	if err != nil {
@@ -677,7 +702,7 @@ func TestReliabilityHostileLayout(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	h := hostileStart(t, ctx, "")
+	h := hostileStart(t, ctx, "", 0)
 	names := streams.DefaultNames()
 	for _, c := range []struct {
 		name   string
@@ -735,8 +760,9 @@ func TestReliabilityHostileRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
-	h := hostileStart(t, ctx, dir)
+	h := hostileStart(t, ctx, dir, hostileStartProbe)
 	tmpl := h.realSignal("engine-a")
+	fresh := h.probed()
 	h.stop()
 
 	// While it is down, the attacker writes into the store.
@@ -787,7 +813,7 @@ func TestReliabilityHostileRestart(t *testing.T) {
 	// requires every engine up and every router serving), and counted the
 	// poison it found.
 	restarted := time.Now()
-	h2 := hostileStart(t, ctx, dir)
+	h2 := hostileStart(t, ctx, dir, hostileStartProbe)
 	h2.requireRise("restart", []metricRef{aggBadSignals}, 0, float64(len(signals)), 5*time.Second)
 	h2.requireRise("restart", []metricRef{aggBadReports}, 0, float64(len(reports)), 5*time.Second)
 	h2.requireRise("restart", []metricRef{optBadValues}, 0, 1, 5*time.Second)
@@ -795,7 +821,21 @@ func TestReliabilityHostileRestart(t *testing.T) {
 	h2.requireNewSnapshot("C", restarted)
 	t.Logf("restarted with poison in the store: serving %.1fs after the start", time.Since(restarted).Seconds())
 	h2.requireQuiet(3 * time.Second)
+	// From its first moment, the restarted stack answered valid requests
+	// as the fresh one did: none failed or was shed.
+	again := h2.probed()
+	t.Logf("valid requests in the first %s: fresh start %v, restart with poison %v", hostileStartProbe, fresh, again)
+	for code, n := range again {
+		if code != http.StatusOK && n > fresh[code] {
+			t.Fatalf("in its first %s the restarted stack answered %d valid requests %d (fresh start: %d); all: fresh %v, restart %v",
+				hostileStartProbe, n, code, fresh[code], fresh, again)
+		}
+	}
 }
+
+// hostileStartProbe is how long valid requests are counted from a start:
+// the first 10 s, as issue 16 compares restarts and fresh starts.
+const hostileStartProbe = 10 * time.Second
 
 // TestReliabilityHostileClients sends client errors and pathological
 // bodies to the routers over HTTP.
@@ -803,7 +843,7 @@ func TestReliabilityHostileClients(t *testing.T) {
 	relSkipUnderRace(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	h := hostileStart(t, ctx, "")
+	h := hostileStart(t, ctx, "", 0)
 
 	t.Run("10-max-tokens-0-on-one-engine", func(t *testing.T) {
 		h.t = t
