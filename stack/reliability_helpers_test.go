@@ -653,4 +653,3 @@ func relSkipUnderRace(t *testing.T) {
 		t.Skip("real-time reliability figures; run without -race: go test -count=1 -run TestReliability ./stack/")
 	}
 }
-
