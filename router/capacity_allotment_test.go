@@ -187,3 +187,20 @@ func TestCapacityAllotmentKeepsOngoingConversations(t *testing.T) {
 		}
 	})
 }
+
+func TestRelaxedShed(t *testing.T) {
+	for _, tc := range []struct{ s, h, want float64 }{
+		{0, 0.25, 0},
+		{1.0 / 3, 0.25, 1.0 / 6},
+		{0.1, 0.25, 0},   // 1.25 × 0.9 > 1: nothing shed by key
+		{0.5, 0, 0.5},    // no headroom: as planned
+		{1, 0.25, 1},     // nothing served stays nothing served
+		{0.6, 0.5, 0.4},  // 1 − 1.5 × 0.4
+		{-1, 0.25, 0},    // clamped
+		{0.9, -0.5, 0.9}, // negative headroom: none
+	} {
+		if got := RelaxedShed(tc.s, tc.h); math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("RelaxedShed(%v, %v) = %v, want %v", tc.s, tc.h, got, tc.want)
+		}
+	}
+}

@@ -129,7 +129,6 @@ type modelState struct {
 	bound    atomic.Pointer[Bound]
 	mix      priorityMix
 	admitted atomic.Int64 // admitted requests not yet answered
-	slotq    slotQueue    // requests waiting for a batch slot (admitSlot)
 	// met holds the model's metric children, made on first use.
 	met atomic.Pointer[modelMetrics]
 }
@@ -493,7 +492,7 @@ func (h *Handler) route(ctx context.Context, req *Request, session string, prio 
 	if apiErr != nil {
 		return nil, apiErr
 	}
-	rt := &routed{model: req.Model, table: table, bound: bound, ms: ms, key: key, src: src, prio: prio, now: h.opts.Now}
+	rt := &routed{model: req.Model, table: table, bound: bound, ms: ms, key: key, src: src, prio: prio}
 	if info.Figures != nil {
 		rt.spare = info.Figures.Spare
 	}
@@ -514,10 +513,6 @@ func (h *Handler) route(ctx context.Context, req *Request, session string, prio 
 		rt.release()
 		return nil, newAPIError(http.StatusServiceUnavailable, ErrTypeUnavailable, "no_engine_available", "",
 			fmt.Sprintf("no engine is available for model %q", req.Model))
-	}
-	if idx, apiErr = h.admitSlot(ctx, rt, idx, info.Figures); apiErr != nil {
-		rt.release()
-		return nil, apiErr
 	}
 	rt.idx = idx
 	h.budget.Earn(u)

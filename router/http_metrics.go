@@ -22,7 +22,6 @@ type metrics struct {
 	retrySuppressed *prometheus.CounterVec
 	attempts        prometheus.Counter
 	shed            *prometheus.CounterVec
-	slotAdmitted    *prometheus.CounterVec
 }
 
 // latencyBuckets span 1 ms to about 2 minutes.
@@ -72,10 +71,6 @@ func newMetrics(reg prometheus.Registerer, tables Tables, now func() time.Time, 
 			Name: "switchyard_router_shed_total",
 			Help: "Requests shed with a 429, by reason (snapshot: the snapshot's shed fraction; admission: local admission control) and priority.",
 		}, []string{"reason", "priority"}),
-		slotAdmitted: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "switchyard_router_slot_admitted_total",
-			Help: "Requests admitted by slot admission, by how (free: a free batch slot; waited: a slot freed while it waited; unbound: the bound was off; critical: every slot taken, a critical request; timeout: no slot came in its wait) and priority.",
-		}, []string{"how", "priority"}),
 	}
 	budget := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "switchyard_router_retry_budget_tokens",
@@ -86,7 +81,7 @@ func newMetrics(reg prometheus.Registerer, tables Tables, now func() time.Time, 
 		Help: "Upstream attempts per client request over the last 10 s (1 when idle).",
 	}, amplification)
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.engineRequests, m.inFlight,
-		m.ejected, m.retries, m.retrySuppressed, m.attempts, m.shed, m.slotAdmitted, budget, amp,
+		m.ejected, m.retries, m.retrySuppressed, m.attempts, m.shed, budget, amp,
 		&snapshotCollector{tables: tables, now: now}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -14,7 +14,6 @@ type EngineLive struct {
 	down     atomic.Bool
 	eject    ejectState
 	load     engineLoad
-	slot     slotHold
 }
 
 // InFlight returns the engine's in-flight requests at this router.

@@ -79,7 +79,6 @@ func BatchSlots(sig *messages.EngineSignal) float64 {
 func (s *LiveSet) ObserveSignal(sig *messages.EngineSignal) {
 	e := s.Engine(sig.Engine)
 	e.load.observe(sig, e.inflight.Load())
-	e.slot.observe(sig, s.now())
 }
 
 // Load returns engine i's load per batch slot as this router sees it: the

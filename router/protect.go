@@ -56,51 +56,17 @@ type ProtectionOptions struct {
 	// RetryAfter is the Retry-After of shed answers (default
 	// DefaultRetryAfter, rounded up to whole seconds).
 	RetryAfter time.Duration
-	// SlotAdmission turns on the bound of this router's requests per engine
-	// to its share of the engine's batch slots while the fleet is past its
-	// capacity and the engines are full by their own signals (see
-	// admission.go). It is off by default: on the overload scenario's
-	// engines it holds served throughput within about a point of the 95%
-	// row (91–96% on a busy host), and on a slow host (the end-to-end case
-	// study under the race detector) it still shed 1–6% of a cluster's
-	// requests that the default router queues at the engines
-	// (BENCHMARKS.md, "Reliability on the real stack").
-	SlotAdmission bool
-	// SlotQueueWait bounds the predicted wait of a request that finds
-	// every candidate engine's batch slots taken: a standard request whose
-	// predicted wait for a freed slot is within it waits for one, a
-	// critical one within twice it, a sheddable one never; the others are
-	// shed at once (default DefaultSlotQueueWait; negative: no waiting). A
-	// waiting request is shed when no slot came within four times it.
-	SlotQueueWait time.Duration
 	// SlotHeadroom is how much more than the snapshot plans to serve the
-	// router lets through to the slot bound, or to the capacity allotment
-	// (CapacityAllotment) when slot admission is off, while the snapshot
-	// sheds (default DefaultSlotHeadroom; negative: none): the snapshot's
-	// shed fraction s is enforced as RelaxedShed(s, SlotHeadroom) while the
-	// batch slots of an engine of the model are known from its signals. A fluid plan that fills
-	// the engines exactly, admitted through a bound on batch slots, would
-	// serve less than their capacity (requests arrive in bursts and a
-	// request that finds no free slot is shed, an Erlang loss); the
-	// headroom keeps the slots full and the bound sheds the rest at once,
-	// sheddable requests first (SlotReserve).
+	// router lets through to the capacity allotment (CapacityAllotment)
+	// while the snapshot sheds (default DefaultSlotHeadroom; negative:
+	// none): the snapshot's shed fraction s is enforced as RelaxedShed(s,
+	// SlotHeadroom) while the batch slots of an engine of the model are
+	// known from its signals. A fluid plan that fills the engines exactly,
+	// admitted through a bound on batch slots, would serve less than their
+	// capacity (requests arrive in bursts and a request that finds no free
+	// slot is shed, an Erlang loss); the headroom keeps the slots full and
+	// the allotment sheds the rest at once, sheddable requests first.
 	SlotHeadroom float64
-	// SlotReserve is the share of an engine's batch slots that sheddable
-	// requests leave free for the other classes (default
-	// DefaultSlotReserve; negative: none).
-	SlotReserve float64
-}
-
-// slotWait returns the longest predicted wait for a batch slot within
-// which a request of class p waits for one.
-func (o ProtectionOptions) slotWait(p Priority) time.Duration {
-	switch p {
-	case PriorityCritical:
-		return 2 * max(0, o.SlotQueueWait)
-	case PriorityStandard:
-		return max(0, o.SlotQueueWait)
-	}
-	return 0
 }
 
 func (o ProtectionOptions) withDefaults() ProtectionOptions {
@@ -127,20 +93,11 @@ func (o ProtectionOptions) withDefaults() ProtectionOptions {
 	if o.RetryAfter <= 0 {
 		o.RetryAfter = DefaultRetryAfter
 	}
-	if o.SlotQueueWait == 0 {
-		o.SlotQueueWait = DefaultSlotQueueWait
-	}
 	switch {
 	case o.SlotHeadroom == 0:
 		o.SlotHeadroom = DefaultSlotHeadroom
 	case o.SlotHeadroom < 0:
 		o.SlotHeadroom = 0
-	}
-	switch {
-	case o.SlotReserve == 0:
-		o.SlotReserve = DefaultSlotReserve
-	case o.SlotReserve < 0:
-		o.SlotReserve = 0
 	}
 	return o
 }
@@ -178,38 +135,12 @@ type routed struct {
 	key      uint64
 	src      KeySource
 	prio     Priority
-	spare    []string    // the snapshot's engines of weight zero, nearest first (Figures.Spare)
-	fallback bool        // every engine was ejected: ejections are ignored
-	hold     *EngineLive // the engine whose batch slot the request holds (admitSlot)
-	heldAt   time.Time   // when it took the slot
-	now      func() time.Time
+	spare    []string // the snapshot's engines of weight zero, nearest first (Figures.Spare)
+	fallback bool     // every engine was ejected: ejections are ignored
 }
 
-// release ends the request's admission and gives back its batch slot, to
-// the first request waiting for it.
-func (rt *routed) release() {
-	rt.ms.admitted.Add(-1)
-	if e := rt.hold; e != nil {
-		rt.hold = nil
-		now := rt.now()
-		rt.ms.slotq.release(e, now.Sub(rt.heldAt), now)
-	}
-}
-
-// moveHold moves rt's batch slot to engine idx when a retry (or a skip of
-// an engine ejected since the pick) sends the request there: the slot it
-// held on the engine it leaves is given back, to the first request waiting
-// for it, and one is taken on idx without the bound (retries are not shed).
-func (rt *routed) moveHold(idx int) {
-	e := rt.bound.Live(idx)
-	if rt.hold == nil || rt.hold == e {
-		return
-	}
-	now := rt.now()
-	rt.ms.slotq.release(rt.hold, now.Sub(rt.heldAt), now)
-	e.slot.hold(now)
-	rt.hold, rt.heldAt = e, now
-}
+// release ends the request's admission.
+func (rt *routed) release() { rt.ms.admitted.Add(-1) }
 
 // shedError is the answer to a shed request.
 func (h *Handler) shedError(model string, p Priority, reason ShedReason, detail string) *APIError {
@@ -239,14 +170,14 @@ func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, k
 	// (CapacityAllotment) when their signals tell them.
 	var slot, step float64
 	capacityBound := false
-	if shedding && !h.prot.SlotAdmission && !h.prot.NoAdmission {
+	if shedding && !h.prot.NoAdmission {
 		slot, step, capacityBound = bound.SlotTimes()
 	}
 	if shedding && !h.prot.NoSnapshotShed {
 		fr := f.ShedByPriority
 		switch {
-		case h.prot.SlotHeadroom > 0 && (h.prot.SlotAdmission && bound.slotsKnown() || capacityBound):
-			// The slot bound sheds what the engines cannot take at once;
+		case h.prot.SlotHeadroom > 0 && capacityBound:
+			// The capacity allotment sheds what the engines cannot take at once;
 			// the snapshot's shed, relaxed, keeps the order of classes
 			// and of keys (see ProtectionOptions.SlotHeadroom).
 			fr = ShedFractions(RelaxedShed(f.ShedFraction, h.prot.SlotHeadroom), ms.mix.shares(now))
@@ -382,7 +313,6 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 		}
 		eng := rt.table.Engine(idx)
 		tried = append(tried, idx)
-		rt.moveHold(idx)
 		rt.bound.Acquire(idx)
 		actx := newAttemptCtx(ctx, timeout) // ends with ctx, on cancel or after timeout
 		h.metrics.attempts.Inc()

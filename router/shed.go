@@ -167,9 +167,6 @@ const (
 	ShedSnapshot ShedReason = "snapshot"
 	// ShedAdmission: the router's in-flight requests are over its allotment.
 	ShedAdmission ShedReason = "admission"
-	// ShedSlots: every candidate engine's batch slots are taken (see
-	// ProtectionOptions.SlotAdmission).
-	ShedSlots ShedReason = "slots"
 )
 
 // admissionFactor scales the allotment per class: sheddable requests are
@@ -359,4 +356,25 @@ func (m *priorityMix) shares(now time.Time) [numPriorities]float64 {
 		}
 	}
 	return out
+}
+
+// DefaultSlotHeadroom is ProtectionOptions.SlotHeadroom's default: at 150%
+// of capacity (a shed fraction of 1/3) the snapshot then sheds 1/6 of the
+// demand by key and the capacity allotment the rest, sheddable first.
+const DefaultSlotHeadroom = 0.25
+
+// RelaxedShed returns the shed fraction a router enforces for a snapshot's
+// shed fraction s when it bounds its requests to the engines' batch slots:
+// it lets through 1+headroom times the share 1−s the snapshot serves,
+//
+//	max(0, 1 − (1+headroom)·(1−s)),
+//
+// so that at 150% of capacity (s = 1/3) and headroom 0.25 it sheds 1/6 of
+// the demand by key and the slot bound the rest.
+func RelaxedShed(s, headroom float64) float64 {
+	s = clamp01(s)
+	if s == 0 || !(headroom > 0) {
+		return s
+	}
+	return shedClamp(1 - (1+headroom)*(1-s))
 }

@@ -653,24 +653,3 @@ func relSkipUnderRace(t *testing.T) {
 		t.Skip("real-time reliability figures; run without -race: go test -count=1 -run TestReliability ./stack/")
 	}
 }
-
-// relLogSlots logs how the router's slot admission admitted requests, by
-// priority (switchyard_router_slot_admitted_total), when it admitted any.
-func relLogSlots(t *testing.T, r *router.Service) {
-	t.Helper()
-	reg := r.Handler().Registry()
-	var b strings.Builder
-	total := 0.0
-	for _, p := range []string{"critical", "standard", "sheddable"} {
-		fmt.Fprintf(&b, " %s:", p)
-		for _, how := range []string{"free", "waited", "unbound", "critical", "timeout"} {
-			n := relMetric(t, reg, "switchyard_router_slot_admitted_total", map[string]string{"how": how, "priority": p})
-			total += n
-			fmt.Fprintf(&b, " %s %.0f", how, n)
-		}
-		fmt.Fprintf(&b, " shed %.0f;", relMetric(t, reg, "switchyard_router_shed_total", map[string]string{"reason": "slots", "priority": p}))
-	}
-	if total > 0 {
-		t.Logf("router %s slot admission (whole run):%s", r.Name(), b.String())
-	}
-}

@@ -281,14 +281,12 @@ func TestReliabilityOverload(t *testing.T) {
 		f.Sim.BaseTBTMs = 60
 	}
 	s := relStart(t, ctx, f, optimizersvc.Options{}, true)
-	// The cluster's router runs with its default protections, slot
-	// admission off (ProtectionOptions.SlotAdmission, opt-in): the rows this
-	// test enforces are judged on the router every deployment runs.
-	// Its capacity allotment (router.CapacityAllotment) holds the admitted
-	// TTFT p99 to 1.5-1.8x the unloaded p99 with served throughput over a
-	// point above its row; SWITCHYARD_RELIABILITY_SLOTS=1 runs it with slot
-	// admission on instead (BENCHMARKS.md, reliability).
-	rt := relRouter(t, ctx, s, router.ProtectionOptions{SlotAdmission: os.Getenv("SWITCHYARD_RELIABILITY_SLOTS") == "1"})
+	// The cluster's router runs with its default protections: the rows this
+	// test enforces are judged on the router every deployment runs. Its
+	// capacity allotment (router.CapacityAllotment) holds the admitted TTFT
+	// p99 to 1.5-1.8x the unloaded p99 with served throughput over a point
+	// above its row.
+	rt := relRouter(t, ctx, s, router.ProtectionOptions{})
 	relWaitReady(t, s, []*router.Service{rt})
 	capacity := relCapacity(s)
 	url := "http://" + rt.Addr()
@@ -321,7 +319,6 @@ func TestReliabilityOverload(t *testing.T) {
 		relLoad{URL: url, Rate: 0.4 * demand, To: end, Priority: "standard", Seed: 33},
 		relLoad{URL: url, Rate: 0.4 * demand, To: end, Priority: "sheddable", Seed: 34})
 	relLogRouter(t, rt)
-	relLogSlots(t, rt)
 	t.Logf("shed per second: %s", relPerSecond(rs, end, relResult.shed))
 	m := relWindow(rs, settle, end)
 	st := relSummarise(m)
