@@ -101,8 +101,12 @@ func runBusCases(t *testing.T, h *hostileEnv, cases []busCase) {
 			if n := warnAfter - warnBefore; n > hostileLogBudget {
 				t.Fatalf("%s: %d warn-or-worse log lines (budget %d); last lines:\n%s", c.name, n, hostileLogBudget, h.log.last())
 			}
-			t.Logf("%s: counted %s after it was sent, then serving every valid request within %s; %d warn lines",
-				c.name, counted.Round(time.Millisecond), took.Round(time.Millisecond), warnAfter-warnBefore)
+			what := "counted"
+			if len(c.counted) == 0 {
+				what = "sent" // nothing to count: the input is not bad in itself
+			}
+			t.Logf("%s: %s %s after it was sent, then serving every valid request within %s; %d warn lines",
+				c.name, what, counted.Round(time.Millisecond), took.Round(time.Millisecond), warnAfter-warnBefore)
 		})
 	}
 }
@@ -198,8 +202,8 @@ func (h *hostileEnv) requireDemandWritten(cluster string, t0 time.Time) {
 	})
 }
 
-// TestReliabilityHostileBus sends the bus inputs of issue 16, and more
-// shapes of the same kinds, to one running stack in turn.
+// TestReliabilityHostileBus publishes the signals and reports of issue 16,
+// and more shapes of the same kinds, to one running stack in turn.
 func TestReliabilityHostileBus(t *testing.T) {
 	relSkipUnderRace(t)
 	t.Parallel()
@@ -411,6 +415,29 @@ func TestReliabilityHostileBus(t *testing.T) {
 			counted: [][]metricRef{{aggBadReports}}, min: 3000, countWithin: 20 * time.Second,
 		},
 		busCase{
+			name: "signal-on-a-subject-with-extra-tokens",
+			send: func(h *hostileEnv) {
+				sig := h.realSignal("engine-a")
+				sig.Seq++
+				h.publish(signalSubject("engine-a")+".extra", rawEncode(h.t, sig))
+			},
+			counted: [][]metricRef{{aggBadSignals}, {routerBadSig}}, min: 1,
+		},
+	)
+	runBusCases(t, h, cases)
+}
+
+// TestReliabilityHostileValues puts poison and abuse into the buckets the
+// services watch (sy_engines, sy_demand, sy_weights, sy_leases) of one
+// running stack, in turn.
+func TestReliabilityHostileValues(t *testing.T) {
+	relSkipUnderRace(t)
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	h := hostileStart(t, ctx, "", 0)
+	runBusCases(t, h, []busCase{
+		{
 			name: "engine-state-value-tx-array32-27-bytes",
 			send: func(h *hostileEnv) {
 				if len(poisonEngineState) != 27 {
@@ -423,28 +450,28 @@ func TestReliabilityHostileBus(t *testing.T) {
 			// start, count it and keep running.
 			check: func(h *hostileEnv, _ time.Time) { h.requireOptimizerStarts("engine state poison in sy_engines") },
 		},
-		busCase{
+		{
 			name: "engine-state-value-over-a-real-engine",
 			send: func(h *hostileEnv) {
 				h.kvPut("sy_engines", hostileModel+".engine-c", poison(messages.KindEngineState, "ttft", mp(nil).map32(math.MaxInt32)))
 			},
 			counted: [][]metricRef{{optBadValues}}, min: 1,
 		},
-		busCase{
+		{
 			name: "penalty-value-poison",
 			send: func(h *hostileEnv) {
 				h.kvPut("sy_engines", "penalty."+hostileModel+".engine-a", poison(messages.KindPenalty, "why", mp(nil).str32(math.MaxInt32)))
 			},
 			counted: [][]metricRef{{optBadValues}}, min: 1,
 		},
-		busCase{
+		{
 			name: "operator-value-poison",
 			send: func(h *hostileEnv) {
 				h.kvPut("sy_engines", "operator.engine-b", poison(messages.KindOperator, "a", mp(nil).str32(math.MaxInt32)))
 			},
 			counted: [][]metricRef{{optBadValues}}, min: 1,
 		},
-		busCase{
+		{
 			name: "demand-value-poison",
 			send: func(h *hostileEnv) {
 				h.kvPut("sy_demand", hostileModel+".Z", poison(messages.KindDemandState, "ro", mp(nil).map32(math.MaxInt32)))
@@ -452,7 +479,7 @@ func TestReliabilityHostileBus(t *testing.T) {
 			counted: [][]metricRef{{optBadValues}}, min: 1,
 			check: func(h *hostileEnv, _ time.Time) { h.requireOptimizerStarts("demand poison in sy_demand") },
 		},
-		busCase{
+		{
 			name: "weights-value-poison-over-a-real-cluster",
 			send: func(h *hostileEnv) {
 				h.kvPut("sy_weights", hostileModel+".A", poison(messages.KindWeights, "w", mp(nil).map32(math.MaxInt32)))
@@ -463,7 +490,47 @@ func TestReliabilityHostileBus(t *testing.T) {
 			counted: [][]metricRef{{routerBadSnap}}, min: 1,
 			check: func(h *hostileEnv, sent time.Time) { h.requireNewSnapshot("A", sent) },
 		},
-		busCase{
+		{
+			name: "weights-key-deleted",
+			send: func(h *hostileEnv) {
+				kv, err := h.js.KeyValue(h.ctx, "sy_weights")
+				if err != nil {
+					h.t.Fatal(err)
+				}
+				if err := kv.Purge(h.ctx, hostileModel+".C"); err != nil {
+					h.t.Fatal(err)
+				}
+			},
+			// the router of C keeps routing on its snapshot (fleetState
+			// requires snapshot mode) until the optimizer writes again.
+			check: func(h *hostileEnv, sent time.Time) { h.requireNewSnapshot("C", sent) },
+		},
+		{
+			name: "real-engine-state-purged",
+			send: func(h *hostileEnv) {
+				kv, err := h.js.KeyValue(h.ctx, "sy_engines")
+				if err != nil {
+					h.t.Fatal(err)
+				}
+				if err := kv.Purge(h.ctx, hostileModel+".engine-b"); err != nil {
+					h.t.Fatal(err)
+				}
+			},
+		},
+		{
+			name: "optimizer-lease-taken-by-an-intruder",
+			send: func(h *hostileEnv) {
+				h.kvPut("sy_leases", optimizersvc.LeaseKey, []byte("intruder"))
+			},
+			// the optimizer gets its lease back (at the latest when the
+			// intruder's expires) and writes snapshots again.
+			check: func(h *hostileEnv, sent time.Time) {
+				for _, c := range []string{"A", "B", "C"} {
+					h.requireNewSnapshot(c, time.Now())
+				}
+			},
+		},
+		{
 			name: "weights-value-slots-bin32",
 			send: func(h *hostileEnv) {
 				h.kvPut("sy_weights", hostileModel+".B", poison(messages.KindWeights, "sl", mp(nil).bin32(math.MaxInt32)))
@@ -471,8 +538,7 @@ func TestReliabilityHostileBus(t *testing.T) {
 			counted: [][]metricRef{{routerBadSnap}}, min: 1,
 			check: func(h *hostileEnv, sent time.Time) { h.requireNewSnapshot("B", sent) },
 		},
-	)
-	runBusCases(t, h, cases)
+	})
 }
 
 // requireNewSnapshot waits until cluster's router holds a snapshot the
