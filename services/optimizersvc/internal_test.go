@@ -12,11 +12,6 @@ import (
 	"github.com/switchyard-dev/switchyard/router"
 )
 
-func engineState(ttft, tbt, otok, load, capacity float64, at int64) *messages.EngineState {
-	return &messages.EngineState{Time: at, TTFTMs: messages.Window{Slow: ttft}, TBTMs: messages.Window{Slow: tbt},
-		OutputTokens: messages.Window{Slow: otok}, LoadRPS: messages.Window{Slow: load}, CapacityRPS: capacity, Health: 1}
-}
-
 func TestDistance(t *testing.T) {
 	a := &messages.WeightSnapshot{Weights: map[string]float64{"x": 0.5, "y": 0.5}}
 	b := &messages.WeightSnapshot{Weights: map[string]float64{"x": 0.4, "z": 0.5}, ShedFraction: 0.1}
