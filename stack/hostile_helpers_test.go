@@ -336,7 +336,8 @@ func (h *hostileEnv) engineState(engine string) *messages.EngineState {
 
 // fleetState describes what is not yet healthy, "" when everything is:
 // every simulated engine up in sy_engines, every router on a snapshot (not
-// its local policy), and every router answering valid requests with 200.
+// its local policy), every router answering valid requests with 200, and
+// the dashboard answering /api/state.
 func (h *hostileEnv) fleetState() string {
 	for _, e := range h.s.Engines() {
 		st := h.engineState(e.Name())
@@ -354,6 +355,9 @@ func (h *hostileEnv) fleetState() string {
 	}
 	if st := h.statuses(3); !allOK(st) {
 		return fmt.Sprintf("valid requests answered %v", st)
+	}
+	if _, _, err := h.dashboardState(); err != nil {
+		return "dashboard: " + err.Error()
 	}
 	return ""
 }

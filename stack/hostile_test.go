@@ -526,7 +526,7 @@ func TestReliabilityHostileValues(t *testing.T) {
 			// intruder's expires) and writes snapshots again.
 			check: func(h *hostileEnv, sent time.Time) {
 				for _, c := range []string{"A", "B", "C"} {
-					h.requireNewSnapshot(c, time.Now())
+					h.requireNewSnapshot(c, sent)
 				}
 			},
 		},
