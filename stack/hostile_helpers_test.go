@@ -23,6 +23,7 @@ import (
 	"github.com/switchyard-dev/switchyard/dashboard"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/services/aggregator"
 	"github.com/switchyard-dev/switchyard/stack"
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -66,14 +67,24 @@ type hostileEnv struct {
 	probed func() map[int]int
 }
 
-// hostileStart starts the stack on data dir dir (a new one when empty) as
-// `up` runs it, with the dashboard served on a 127.0.0.1 port, and waits
-// until it serves: every engine up, every router on a snapshot answering
-// valid requests. With probe set, valid requests go to every router from
-// the moment the stack has started (see startProbe), and h.probed waits
-// for their statuses.
-func hostileStart(t *testing.T, ctx context.Context, dir string, probe time.Duration) *hostileEnv {
+// hostileOptions are what a hostile test may change in the stack `up` runs.
+type hostileOptions struct {
+	// dir is the data dir; empty means a new one.
+	dir string
+	// probe, when set, sends valid requests to every router from the
+	// moment the stack has started, for that long (see startProbe);
+	// h.probed waits for their statuses.
+	probe time.Duration
+	// aggregator holds aggregator options (zero: `up`'s defaults).
+	aggregator aggregator.Options
+}
+
+// hostileStart starts the stack as `up` runs it, with the dashboard served
+// on a 127.0.0.1 port, and waits until it serves: every engine up, every
+// router on a snapshot answering valid requests.
+func hostileStart(t *testing.T, ctx context.Context, o hostileOptions) *hostileEnv {
 	t.Helper()
+	dir, probe := o.dir, o.probe
 	if dir == "" {
 		dir = t.TempDir()
 	}
@@ -82,7 +93,7 @@ func hostileStart(t *testing.T, ctx context.Context, dir string, probe time.Dura
 	log := zerolog.New(h.log).Level(zerolog.InfoLevel).With().Timestamp().Logger()
 	s, err := stack.Start(ctx, stack.Options{DataDir: dir, NATSHost: "127.0.0.1", NATSPort: -1,
 		SignalInterval: 200 * time.Millisecond, RouterAddr: "127.0.0.1:0", EmulateNetwork: true,
-		Logger: log, Registerer: h.reg})
+		Aggregator: o.aggregator, Logger: log, Registerer: h.reg})
 	if err != nil {
 		t.Fatalf("start the stack on %s: %v", dir, err)
 	}

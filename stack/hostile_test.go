@@ -209,7 +209,7 @@ func TestReliabilityHostileBus(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	h := hostileStart(t, ctx, "", 0)
+	h := hostileStart(t, ctx, hostileOptions{})
 
 	var cases []busCase
 	cases = append(cases, busCase{
@@ -435,7 +435,7 @@ func TestReliabilityHostileValues(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	h := hostileStart(t, ctx, "", 0)
+	h := hostileStart(t, ctx, hostileOptions{})
 	runBusCases(t, h, []busCase{
 		{
 			name: "engine-state-value-tx-array32-27-bytes",
@@ -600,7 +600,7 @@ func TestReliabilityHostileWeights(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	h := hostileStart(t, ctx, "", 0)
+	h := hostileStart(t, ctx, hostileOptions{})
 	future := func(cluster string, mutate func(*messages.WeightSnapshot)) func(h *hostileEnv) {
 		return func(h *hostileEnv) {
 			kv, err := h.js.KeyValue(h.ctx, "sy_weights")
@@ -685,7 +685,7 @@ func TestReliabilityHostileInventedEngines(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	h := hostileStart(t, ctx, "", 0)
+	h := hostileStart(t, ctx, hostileOptions{})
 	keysBefore, err := h.kvKeys("sy_engines", "")
 	if err != nil {
 		t.Fatal(err)
@@ -768,7 +768,7 @@ func TestReliabilityHostileLayout(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	h := hostileStart(t, ctx, "", 0)
+	h := hostileStart(t, ctx, hostileOptions{})
 	names := streams.DefaultNames()
 	for _, c := range []struct {
 		name   string
@@ -826,7 +826,7 @@ func TestReliabilityHostileRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
-	h := hostileStart(t, ctx, dir, hostileStartProbe)
+	h := hostileStart(t, ctx, hostileOptions{dir: dir, probe: hostileStartProbe})
 	tmpl := h.realSignal("engine-a")
 	fresh := h.probed()
 	h.stop()
@@ -879,7 +879,7 @@ func TestReliabilityHostileRestart(t *testing.T) {
 	// requires every engine up and every router serving), and counted the
 	// poison it found.
 	restarted := time.Now()
-	h2 := hostileStart(t, ctx, dir, hostileStartProbe)
+	h2 := hostileStart(t, ctx, hostileOptions{dir: dir, probe: hostileStartProbe})
 	h2.requireRise("restart", []metricRef{aggBadSignals}, 0, float64(len(signals)), 5*time.Second)
 	h2.requireRise("restart", []metricRef{aggBadReports}, 0, float64(len(reports)), 5*time.Second)
 	h2.requireRise("restart", []metricRef{optBadValues}, 0, 1, 5*time.Second)
@@ -909,7 +909,7 @@ func TestReliabilityHostileClients(t *testing.T) {
 	relSkipUnderRace(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	h := hostileStart(t, ctx, "", 0)
+	h := hostileStart(t, ctx, hostileOptions{})
 
 	t.Run("10-max-tokens-0-on-one-engine", func(t *testing.T) {
 		h.t = t
