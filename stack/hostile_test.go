@@ -101,12 +101,12 @@ func runBusCases(t *testing.T, h *hostileEnv, cases []busCase) {
 			if n := warnAfter - warnBefore; n > hostileLogBudget {
 				t.Fatalf("%s: %d warn-or-worse log lines (budget %d); last lines:\n%s", c.name, n, hostileLogBudget, h.log.last())
 			}
-			what := "counted"
+			counting := "counted " + counted.Round(time.Millisecond).String() + " after it was sent"
 			if len(c.counted) == 0 {
-				what = "sent" // nothing to count: the input is not bad in itself
+				counting = "sent (not bad in itself: nothing to count)"
 			}
-			t.Logf("%s: %s %s after it was sent, then serving every valid request within %s; %d warn lines",
-				c.name, what, counted.Round(time.Millisecond), took.Round(time.Millisecond), warnAfter-warnBefore)
+			t.Logf("%s: %s, then every valid request served within %s; %d warn lines",
+				c.name, counting, took.Round(time.Millisecond), warnAfter-warnBefore)
 		})
 	}
 }
@@ -354,28 +354,9 @@ func TestReliabilityHostileBus(t *testing.T) {
 			counted: [][]metricRef{{aggBadReports}}, min: 1,
 			check: func(h *hostileEnv, sent time.Time) { h.requireDemandWritten("C", sent) },
 		},
-		busCase{
-			name: "report-seq-far-ahead-for-a-real-router",
-			send: func(h *hostileEnv) {
-				rep := h.realReport("A", "A-1")
-				rep.Seq = rep.Seq + 1<<40
-				h.publish(reportSubject("A", "A-1"), rawEncode(h.t, rep))
-			},
-			// A-1's own reports must be folded in again: a sequence far
-			// ahead is a restarted sender, not a reason to drop A-1's.
-			check: func(h *hostileEnv, sent time.Time) {
-				h.checkFor(hostileRecover, "router A-1's real reports folded in after a far-ahead seq", func() (bool, string) {
-					d := h.demand("A")
-					if d == nil {
-						return false, "no demand for A"
-					}
-					r, ok := d.Routers["A-1"]
-					return ok && r.LastReport > sent.Add(2*time.Second).UnixMilli() && r.Seq < 1<<40,
-						fmt.Sprintf("A-1 in sy_demand: seq %d, last report %s (input sent %s)", r.Seq,
-							time.UnixMilli(r.LastReport).Format(time.TimeOnly), sent.Format(time.TimeOnly))
-				})
-			},
-		},
+		reportAheadCase("report-seq-far-ahead-for-a-real-router", 0),
+		// the same with a time just inside the future skew allowed.
+		reportAheadCase("report-seq-and-time-ahead-for-a-real-router", messages.MaxFutureSkew-time.Second),
 		busCase{
 			name: "report-dated-next-year-for-a-real-router",
 			send: func(h *hostileEnv) {
@@ -539,6 +520,36 @@ func TestReliabilityHostileValues(t *testing.T) {
 			check: func(h *hostileEnv, sent time.Time) { h.requireNewSnapshot("B", sent) },
 		},
 	})
+}
+
+// reportAheadCase publishes, under real router A-1's name, a report whose
+// sequence number is far ahead of A-1's (2^64−2) and whose time is ahead by
+// ahead: A-1's own reports must be folded in again afterwards (its sequence
+// number, not the intruder's, in sy_demand, with a report more than 2 s
+// after the intrusion, two report intervals), as a sequence far ahead is a
+// restarted sender, not a reason to drop A-1's.
+func reportAheadCase(name string, ahead time.Duration) busCase {
+	const poisonSeq = math.MaxUint64 - 1
+	return busCase{
+		name: name,
+		send: func(h *hostileEnv) {
+			rep := h.realReport("A", "A-1")
+			rep.Seq, rep.Time = poisonSeq, time.Now().Add(ahead).UnixMilli()
+			h.publish(reportSubject("A", "A-1"), rawEncode(h.t, rep))
+		},
+		check: func(h *hostileEnv, sent time.Time) {
+			h.checkFor(hostileRecover, "router A-1's real reports folded in after a far-ahead seq", func() (bool, string) {
+				d := h.demand("A")
+				if d == nil {
+					return false, "no demand for A"
+				}
+				r, ok := d.Routers["A-1"]
+				return ok && r.LastReport > sent.Add(2*time.Second).UnixMilli() && r.Seq < poisonSeq,
+					fmt.Sprintf("A-1 in sy_demand: seq %d, last report %s (input sent %s)", r.Seq,
+						time.UnixMilli(r.LastReport).Format(time.TimeOnly), sent.Format(time.TimeOnly))
+			})
+		},
+	}
 }
 
 // requireNewSnapshot waits until cluster's router holds a snapshot the
