@@ -107,10 +107,10 @@
 // snapshots until they restart, so do not.
 //
 // Every snapshot written carries the selection table routers install
-// (SlotEngines, Slots): router.AssignSlots computes it from the table of the
+// (SlotEngines, Slots): selection.AssignSlots computes it from the table of the
 // snapshot this instance last read or wrote for the key (so a new leader
 // continues from its predecessor's), for the engines of positive weight and
-// router.SlotCount of them slots, never fewer than the previous table's. A
+// selection.SlotCount of them slots, never fewer than the previous table's. A
 // key then moves between engines only as far as the weight change requires
 // (the total-variation distance, up to one slot per engine of rounding),
 // and every router maps keys alike whatever snapshots it saw before. A
