@@ -13,7 +13,7 @@
 //   - status "down", or an effective capacity (capacity_rps × health) of zero:
 //     the engine is left out of the problem;
 //   - status "stale": the engine stays in, with its health multiplied by
-//     StaleHealthFactor (0.5): it has stopped signalling recently, so it gets
+//     optimizer.StaleHealthFactor (0.5): it has stopped signalling recently, so it gets
 //     less traffic until the aggregator decides whether it is down;
 //   - status "up": capacity_rps and health as reported.
 //
@@ -159,9 +159,6 @@ import (
 
 // LeaseKey is the key of the optimizer's lease in the leases bucket.
 const LeaseKey = "optimizer"
-
-// StaleHealthFactor multiplies the health of an engine whose state is "stale".
-const StaleHealthFactor = 0.5
 
 // Options configures a Service. Zero values take the defaults documented per field.
 type Options struct {
