@@ -285,6 +285,7 @@ type Violation struct {
 	Problem string
 }
 
+// String renders the violation with the document line of its rule.
 func (v Violation) String() string {
 	if v.Line > 0 {
 		return fmt.Sprintf("docs/architecture.md:%d: %s", v.Line, v.Problem)
