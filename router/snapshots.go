@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
@@ -416,7 +417,7 @@ func (s *SnapshotStore) buildSnapshotTable(snap *messages.WeightSnapshot) (*Tabl
 				es = append(es, engine(name))
 			}
 		}
-		idx, err := DecodeSlots(snap.Slots)
+		idx, err := selection.DecodeSlots(snap.Slots)
 		if err == nil {
 			var t *Table
 			if t, err = NewTableFromSlots(es, idx, s.opts.Table); err == nil {

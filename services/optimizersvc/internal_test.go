@@ -9,7 +9,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/optimizer"
-	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 func TestDistance(t *testing.T) {
@@ -68,11 +68,11 @@ func TestWithSlots(t *testing.T) {
 	if err := snap.Validate(time.UnixMilli(1)); err != nil {
 		t.Fatalf("snapshot with slots invalid: %v", err)
 	}
-	if got := strings.Join(snap.SlotEngines, ","); got != "a,b,c" || len(snap.Slots) != 2*router.SlotCount(3) {
+	if got := strings.Join(snap.SlotEngines, ","); got != "a,b,c" || len(snap.Slots) != 2*selection.SlotCount(3) {
 		t.Fatalf("slot engines %q, %d slot bytes", got, len(snap.Slots))
 	}
 	counts := func(s *messages.WeightSnapshot) map[string]int {
-		idx, err := router.DecodeSlots(s.Slots)
+		idx, err := selection.DecodeSlots(s.Slots)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,8 +95,8 @@ func TestWithSlots(t *testing.T) {
 	for e, n := range before {
 		need += max(0, n-after[e])
 	}
-	pi, _ := router.DecodeSlots(snap.Slots)
-	ni, _ := router.DecodeSlots(next.Slots)
+	pi, _ := selection.DecodeSlots(snap.Slots)
+	ni, _ := selection.DecodeSlots(next.Slots)
 	moved := 0
 	for s := range pi {
 		if snap.SlotEngines[pi[s]] != next.SlotEngines[ni[s]] {

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/switchyard-dev/switchyard/messages"
-	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/testenv"
@@ -216,7 +216,7 @@ func (r *recorder) checkSlots(t *testing.T) {
 			t.Errorf("%s generation %d: no slot table", u.key, snap.Generation)
 			continue
 		}
-		idx, err := router.DecodeSlots(snap.Slots)
+		idx, err := selection.DecodeSlots(snap.Slots)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -227,7 +227,7 @@ func (r *recorder) checkSlots(t *testing.T) {
 				positive++
 			}
 		}
-		if len(snap.SlotEngines) != positive || len(idx) != router.SlotCount(positive) {
+		if len(snap.SlotEngines) != positive || len(idx) != selection.SlotCount(positive) {
 			t.Errorf("%s generation %d: %d slot engines, %d slots for %d engines with weight",
 				u.key, snap.Generation, len(snap.SlotEngines), len(idx), positive)
 		}

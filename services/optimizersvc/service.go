@@ -13,7 +13,7 @@
 //   - status "down", or an effective capacity (capacity_rps × health) of zero:
 //     the engine is left out of the problem;
 //   - status "stale": the engine stays in, with its health multiplied by
-//     StaleHealthFactor (0.5): it has stopped signalling recently, so it gets
+//     optimizer.StaleHealthFactor (0.5): it has stopped signalling recently, so it gets
 //     less traffic until the aggregator decides whether it is down;
 //   - status "up": capacity_rps and health as reported.
 //
@@ -107,10 +107,10 @@
 // snapshots until they restart, so do not.
 //
 // Every snapshot written carries the selection table routers install
-// (SlotEngines, Slots): router.AssignSlots computes it from the table of the
+// (SlotEngines, Slots): selection.AssignSlots computes it from the table of the
 // snapshot this instance last read or wrote for the key (so a new leader
 // continues from its predecessor's), for the engines of positive weight and
-// router.SlotCount of them slots, never fewer than the previous table's. A
+// selection.SlotCount of them slots, never fewer than the previous table's. A
 // key then moves between engines only as far as the weight change requires
 // (the total-variation distance, up to one slot per engine of rounding),
 // and every router maps keys alike whatever snapshots it saw before. A
@@ -159,9 +159,6 @@ import (
 
 // LeaseKey is the key of the optimizer's lease in the leases bucket.
 const LeaseKey = "optimizer"
-
-// StaleHealthFactor multiplies the health of an engine whose state is "stale".
-const StaleHealthFactor = 0.5
 
 // Options configures a Service. Zero values take the defaults documented per field.
 type Options struct {
