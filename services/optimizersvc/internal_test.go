@@ -124,10 +124,11 @@ func TestNewRejectsBadOptions(t *testing.T) {
 }
 
 func TestWithSlots(t *testing.T) {
-	snap := &messages.WeightSnapshot{Model: "m", Cluster: "A", Generation: 1, Time: 1,
+	at := time.UnixMilli(messages.EpochMs + 1)
+	snap := &messages.WeightSnapshot{Model: "m", Cluster: "A", Generation: 1, Time: at.UnixMilli(),
 		Weights: map[string]float64{"a": 0.5, "b": 0.3, "c": 0.1, "z": 0}, ShedFraction: 0.1}
 	withSlots(snap, nil)
-	if err := snap.Validate(time.UnixMilli(1)); err != nil {
+	if err := snap.Validate(at); err != nil {
 		t.Fatalf("snapshot with slots invalid: %v", err)
 	}
 	if got := strings.Join(snap.SlotEngines, ","); got != "a,b,c" || len(snap.Slots) != 2*router.SlotCount(3) {
@@ -149,7 +150,7 @@ func TestWithSlots(t *testing.T) {
 	}
 	// The next snapshot continues from this one: several weights change,
 	// an engine joins; the moved slots are exactly the required ones.
-	next := &messages.WeightSnapshot{Model: "m", Cluster: "A", Generation: 2, Time: 1,
+	next := &messages.WeightSnapshot{Model: "m", Cluster: "A", Generation: 2, Time: at.UnixMilli(),
 		Weights: map[string]float64{"a": 0.3, "b": 0.35, "c": 0.05, "d": 0.3}}
 	withSlots(next, snap)
 	before, after := counts(snap), counts(next)
