@@ -37,6 +37,13 @@ const (
 	// forwards.
 	MaxRouterRate = 1e6
 
+	// MaxPenaltySpan bounds how long a penalty record may keep an engine
+	// penalised, and how long its recovery may last: a day, far above the
+	// optimizer's longest penalty (PenaltyOptions.Max, 5 minutes by
+	// default) and its slow start. A record claiming longer would keep an
+	// engine out for good once adopted.
+	MaxPenaltySpan = 24 * time.Hour
+
 	// MaxRate bounds every rate in a message and in the state the services
 	// write (capacity, load, demand summed over a cluster's routers), req/s.
 	MaxRate = maxRate

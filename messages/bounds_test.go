@@ -71,6 +71,15 @@ func TestValueBounds(t *testing.T) {
 		{"demand router report in 1970", &DemandState{Model: "llama", Cluster: "A", Time: nowMs,
 			Routers: map[string]RouterDemand{"A-1": {LastReport: 5}}}, []error{ErrInvalid}},
 		{"operator in 1970", &Operator{Engine: "e", Action: ActionDrain, Time: 1}, []error{ErrInvalid}},
+		{"penalty of a day", penaltyWith(func(p *Penalty) { p.Until = p.Since + 86_400_000; p.RecoverUntil = p.Until + 10_000 }), nil},
+		{"penalty of a day and a millisecond", penaltyWith(func(p *Penalty) { p.Until = p.Since + 86_400_001; p.RecoverUntil = p.Until }), []error{ErrInvalid}},
+		{"penalty until the year 9999", penaltyWith(func(p *Penalty) { p.Until = 253_402_300_799_000; p.RecoverUntil = p.Until }), []error{ErrInvalid}},
+		{"penalty recovering for a year", penaltyWith(func(p *Penalty) { p.RecoverUntil = p.Until + 365*86_400_000 }), []error{ErrInvalid}},
+		{"penalty starting tomorrow", penaltyWith(func(p *Penalty) {
+			p.Since += 86_400_000
+			p.Until += 86_400_000
+			p.RecoverUntil += 86_400_000
+		}), []error{ErrInvalid, ErrFuture}},
 		{"operator a year old", &Operator{Engine: "e", Action: ActionDrain, Time: nowMs - 365*86_400_000}, nil},
 	}
 	for _, tc := range cases {
@@ -159,6 +168,13 @@ func reportWith(f func(*RouterReport)) *RouterReport {
 	r := goodReport()
 	f(r)
 	return r
+}
+
+func penaltyWith(f func(*Penalty)) *Penalty {
+	p := &Penalty{Model: "llama", Engine: "engine-a", Time: testNow.UnixMilli(), Phase: PhasePenalised, Reason: ReasonErrorRate,
+		Since: testNow.UnixMilli() - 1000, Until: testNow.UnixMilli() + 4000, RecoverUntil: testNow.UnixMilli() + 14000, Strikes: 1}
+	f(p)
+	return p
 }
 
 func snapshotWith(f func(*WeightSnapshot)) *WeightSnapshot {

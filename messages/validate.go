@@ -274,6 +274,13 @@ func (m *Penalty) Validate(now time.Time) error {
 	c.text("detail", m.Detail)
 	if m.Since <= 0 || m.Until < m.Since || m.RecoverUntil < m.Until {
 		c.fail("until_ms", "since %d, until %d, recover until %d: want 0 < since <= until <= recover_until", m.Since, m.Until, m.RecoverUntil)
+	} else {
+		c.time("since_ms", m.Since, now)
+		span := MaxPenaltySpan.Milliseconds()
+		if m.Until-m.Since > span || m.RecoverUntil-m.Until > span {
+			c.fail("until_ms", "since %s, until %s, recover until %s: want a penalty and a recovery of at most %s each",
+				fmtMs(m.Since), fmtMs(m.Until), fmtMs(m.RecoverUntil), MaxPenaltySpan)
+		}
 	}
 	c.count("strikes", int64(m.Strikes))
 	return c.err

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/optimizer"
 	"github.com/switchyard-dev/switchyard/router"
@@ -185,5 +186,27 @@ func TestWithSlots(t *testing.T) {
 	withSlots(none, snap)
 	if none.SlotEngines != nil || none.Slots != nil {
 		t.Errorf("a snapshot without weight got a slot table")
+	}
+}
+
+// TestPenaltySpanBounded: penalties longer than a penalty record may claim
+// (messages.MaxPenaltySpan) are refused, since their records would not
+// validate.
+func TestPenaltySpanBounded(t *testing.T) {
+	for _, tc := range []struct {
+		p  PenaltyOptions
+		ok bool
+	}{
+		{PenaltyOptions{}, true},
+		{PenaltyOptions{Max: messages.MaxPenaltySpan, SlowStart: messages.MaxPenaltySpan}, true},
+		{PenaltyOptions{Max: 48 * time.Hour}, false},
+		{PenaltyOptions{SlowStart: messages.MaxPenaltySpan + time.Second}, false},
+	} {
+		o := Options{Conn: &nats.Conn{}, Penalties: tc.p}
+		o.setDefaults()
+		err := o.validate()
+		if (err == nil) != tc.ok || (err != nil && !strings.Contains(err.Error(), "MaxPenaltySpan")) {
+			t.Errorf("penalties %+v: validate = %v, want ok=%v", tc.p, err, tc.ok)
+		}
 	}
 }

@@ -336,6 +336,11 @@ func (o *Options) validate() error {
 			}
 		}
 	}
+	// Penalty records must validate (messages.MaxPenaltySpan) to be written.
+	if o.Penalties.Max > messages.MaxPenaltySpan || o.Penalties.SlowStart > messages.MaxPenaltySpan {
+		return fmt.Errorf("%w: Penalties.Max %s and SlowStart %s, want at most %s each (messages.MaxPenaltySpan)",
+			ErrOptions, o.Penalties.Max, o.Penalties.SlowStart, messages.MaxPenaltySpan)
+	}
 	for field, v := range map[string]float64{"MinDemandRPS": o.MinDemandRPS, "PriorBaseMs": o.PriorBaseMs} {
 		if math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 {
 			return fmt.Errorf("%w: %s is %v, want a finite positive number", ErrOptions, field, v)
