@@ -163,3 +163,49 @@ func TestForgedReportsKeepRealDemand(t *testing.T) {
 		return ok && real && time.UnixMilli(d.Time).After(written) && math.Abs(d.RPS.Fast-20) < 2
 	})
 }
+
+// TestForgedSignalKeepsRealEngine: a signal under a real engine's name with
+// the highest sequence number and a time 59 s ahead does not make the
+// engine's next signals look already seen: they keep being folded in and the
+// engine stays up. (Both the fold and the write hold the stored time at most
+// a second ahead of the clock; this guards the rule for signals.)
+func TestForgedSignalKeepsRealEngine(t *testing.T) {
+	env := testenv.StartNATS(t)
+	reg := prometheus.NewRegistry()
+	defer startAggregator(t, env, reg)()
+	kv, err := env.JS.KeyValue(context.Background(), env.Names.EnginesBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := &fakeEngine{name: "engine-a", ttft: 100, tbt: 20, seq: uint64(time.Now().UnixMicro())}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // bounds the engine's publishing
+	done := make(chan struct{})
+	go func() { defer close(done); eng.run(ctx, t, env.JS, 50*time.Millisecond) }()
+	defer func() { cancel(); <-done }()
+	testenv.WaitFor(t, 10*time.Second, "the engine up", func() bool {
+		st, ok := engineState(t, kv, "llama.engine-a")
+		return ok && st.Status == messages.StatusUp && st.Signals > 3
+	})
+	data, err := messages.Encode(&messages.EngineSignal{Model: "llama", Engine: "engine-a", Time: time.Now().Add(59 * time.Second).UnixMilli(),
+		Seq: math.MaxUint64, TTFTMs: 100, TBTMs: 20, CapacityRPS: 100, Replicas: 1, Health: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.JS.Publish(context.Background(), "sy.signal.llama.engine-a", data); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 5*time.Second, "the forged signal folded in", func() bool {
+		st, ok := engineState(t, kv, "llama.engine-a")
+		return ok && st.LastSeq == math.MaxUint64
+	})
+	before, _ := engineState(t, kv, "llama.engine-a")
+	// DownAfter is 800 ms in these tests: had the real signals been taken
+	// for duplicates, the engine would be down by the end of the wait.
+	testenv.WaitFor(t, 5*time.Second, "the real signals folded in again", func() bool {
+		st, ok := engineState(t, kv, "llama.engine-a")
+		return ok && st.LastSeq != math.MaxUint64 && st.Signals > before.Signals+10 && st.Status == messages.StatusUp
+	})
+	if st, _ := engineState(t, kv, "llama.engine-a"); st.LastSignal > time.Now().Add(2*time.Second).UnixMilli() {
+		t.Errorf("stored last signal %s, ahead of the clock", time.UnixMilli(st.LastSignal))
+	}
+}
