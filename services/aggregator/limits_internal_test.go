@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-dev/switchyard/internal/logthrottle"
 	"github.com/switchyard-dev/switchyard/messages"
 )
 
@@ -34,5 +35,32 @@ func TestDemandStateWithMostRoutersEncodes(t *testing.T) {
 	t.Logf("%d routers: %d bytes of %d", maxRoutersPerCluster, len(data), messages.MaxMessageSize)
 	if sum := maxRoutersPerCluster * messages.MaxRouterRate; sum > messages.MaxRate {
 		t.Errorf("%d routers at %g req/s sum to %g, above %g", maxRoutersPerCluster, messages.MaxRouterRate, float64(sum), messages.MaxRate)
+	}
+}
+
+// TestEncodeDemandDropsBadRouters: a demand state that does not encode
+// because of one router's entry (an infinite rate, a time in 1970) is written
+// without that entry, with the others' sum.
+func TestEncodeDemandDropsBadRouters(t *testing.T) {
+	now := time.Now()
+	ms := now.UnixMilli()
+	a := &Aggregator{opts: Options{DownAfter: time.Hour}, metrics: newMetrics(nil), badLog: logthrottle.New(10*time.Second, 100)}
+	st := messages.DemandState{Model: "llama", Cluster: "A", Time: ms, LastReport: ms, Routers: map[string]messages.RouterDemand{
+		"good":   {LastReport: ms, Seq: 1, RPS: messages.Window{Fast: 20, Slow: 20}},
+		"inf":    {LastReport: ms, Seq: 1, RPS: messages.Window{Fast: math.Inf(1), Slow: math.NaN()}},
+		"epoch":  {LastReport: 1, Seq: 1, RPS: messages.Window{Fast: 1, Slow: 1}},
+		"good-2": {LastReport: ms, Seq: 1, RPS: messages.Window{Fast: 5, Slow: 5}},
+	}}
+	a.sumDemand(&st, now)
+	data, err := a.encodeDemand(&st, now)
+	if err != nil {
+		t.Fatalf("encodeDemand: %v", err)
+	}
+	var got messages.DemandState
+	if err := messages.DecodeIntoAt(data, &got, now); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Routers) != 2 || got.RPS.Fast != 25 {
+		t.Fatalf("written %d routers at %v req/s, want the 2 good ones at 25", len(got.Routers), got.RPS.Fast)
 	}
 }
