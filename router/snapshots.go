@@ -122,6 +122,9 @@ const (
 	rejectKey    = "key"
 	rejectOld    = "old_generation"
 	rejectTable  = "table"
+	// rejectStale: older than StaleAfter on arrival, while the installed
+	// snapshot is fresh.
+	rejectStale = "stale"
 	// rejectFuture: a time more than messages.MaxFutureSkew ahead, or a
 	// generation above messages.GenerationCeiling.
 	rejectFuture = "future"
@@ -164,7 +167,7 @@ func NewSnapshotStore(opts StoreOptions) (*SnapshotStore, error) {
 		}, []string{"model"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_router_snapshots_rejected_total",
-			Help: "Weight snapshot updates not installed, by reason (decode, key, old_generation, table, future).",
+			Help: "Weight snapshot updates not installed, by reason (decode, key, old_generation, table, future, stale).",
 		}, []string{"reason"}),
 		restarts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_router_weights_watch_restarts_total",
@@ -357,7 +360,8 @@ func (s *SnapshotStore) installBytes(key string, data []byte) (bool, error) {
 // messages.MaxFutureSkew ahead, or a generation above
 // messages.GenerationCeiling — is counted (reason "future"), logged at a
 // bounded rate and not installed: the installed snapshot stays, and the
-// optimizer's next one is installed as usual. Run calls it for every value the watcher delivers; tests
+// optimizer's next one is installed as usual. Likewise a snapshot already
+// older than StaleAfter is not installed over a fresh one (reason "stale"). Run calls it for every value the watcher delivers; tests
 // and single-process setups may call it directly. snap must be valid
 // (messages.WeightSnapshot.Validate) and is not modified.
 func (s *SnapshotStore) Install(snap *messages.WeightSnapshot) (bool, error) {
@@ -384,6 +388,13 @@ func (s *SnapshotStore) Install(snap *messages.WeightSnapshot) (bool, error) {
 		return false, fmt.Errorf("snapshot %s/%s generation %d: %w (%d)", snap.Model, snap.Cluster, snap.Generation,
 			errOldGeneration, m.snap.Generation)
 	}
+	if m != nil && m.snap != nil && s.staleAt(m.snap, now) == nil && s.staleAt(snap, now) != nil {
+		// Already stale on arrival while the installed one is fresh: a
+		// past-dated value would only switch the model to the local policy.
+		s.rejected.WithLabelValues(rejectStale).Inc()
+		return false, fmt.Errorf("snapshot %s/%s generation %d: %w (installed generation %d is fresh)", snap.Model, snap.Cluster,
+			snap.Generation, s.staleAt(snap, now), m.snap.Generation)
+	}
 	t, err := s.buildSnapshotTable(snap)
 	if err != nil {
 		s.rejected.WithLabelValues(rejectTable).Inc()
@@ -401,6 +412,14 @@ func (s *SnapshotStore) Install(snap *messages.WeightSnapshot) (bool, error) {
 		Float64("shed", snap.ShedFraction).Msg("weight snapshot installed")
 	s.refreshLocked(s.opts.Now(), true)
 	return true, nil
+}
+
+// staleAt returns an error when snap is older than StaleAfter at now, else nil.
+func (s *SnapshotStore) staleAt(snap *messages.WeightSnapshot, now time.Time) error {
+	if age := now.Sub(time.UnixMilli(snap.Time)); age > s.opts.StaleAfter {
+		return fmt.Errorf("stale on arrival: %s old, stale after %s", age.Round(time.Millisecond), s.opts.StaleAfter)
+	}
+	return nil
 }
 
 // rejectFuture counts and logs (at most once per futureLogInterval per key) a

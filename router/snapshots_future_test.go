@@ -109,3 +109,37 @@ func rejected(t *testing.T, reg *prometheus.Registry, reason string) float64 {
 	}
 	return 0
 }
+
+// TestSnapshotStaleOnArrivalIgnored: a snapshot already older than
+// StaleAfter, though of a higher generation, is not installed over a fresh
+// one (it would only switch the model to the local policy); once the
+// installed one is stale itself, it is.
+func TestSnapshotStaleOnArrivalIgnored(t *testing.T) {
+	env := testenv.StartNATS(t)
+	reg := prometheus.NewRegistry()
+	now := time.Now()
+	clock := func() time.Time { return now }
+	st, err := router.NewSnapshotStore(router.StoreOptions{Conn: env.Conn, Cluster: "A", Registry: reg, Now: clock, StaleAfter: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := map[string]float64{"e1": 0.5, "e2": 0.5}
+	fresh := snapshot("m", "A", 10, now, w)
+	if ok, err := st.Install(&fresh); !ok {
+		t.Fatal(err)
+	}
+	old := snapshot("m", "A", 11, now.Add(-time.Minute), w)
+	if ok, err := st.Install(&old); ok || err == nil {
+		t.Fatalf("a snapshot a minute old installed over a fresh one: %v", err)
+	}
+	if _, info, _ := st.Table("m"); info.Generation != 10 || info.Mode != router.ModeSnapshot {
+		t.Fatalf("generation %d (%s), want 10 kept in snapshot mode", info.Generation, info.Mode)
+	}
+	if n := rejected(t, reg, "stale"); n != 1 {
+		t.Errorf("rejected{reason=stale} = %v, want 1", n)
+	}
+	now = now.Add(31 * time.Second) // the installed one is stale now
+	if ok, err := st.Install(&old); !ok {
+		t.Fatalf("a newer generation not installed over a stale snapshot: %v", err)
+	}
+}
