@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
-	"github.com/switchyard-dev/switchyard/services/optimizersvc"
+	"github.com/switchyard-dev/switchyard/optimizer"
 )
 
 // State is the body of GET /api/state.
@@ -84,7 +84,7 @@ type EngineView struct {
 	// CapacityRPS is the engine's reported capacity, req/s.
 	CapacityRPS float64 `json:"capacity_rps"`
 	// EffectiveCapacityRPS is the capacity the optimizer plans with:
-	// capacity × health, halved again (optimizersvc.StaleHealthFactor) when
+	// capacity × health, halved again (optimizer.StaleHealthFactor) when
 	// stale, and 0 when down.
 	EffectiveCapacityRPS float64 `json:"effective_capacity_rps"`
 	// LoadRPS is the arrival rate (fast EWMA), req/s; LoadSlowRPS the slow one.
@@ -168,7 +168,7 @@ func effectiveCapacity(st *messages.EngineState) float64 {
 	case messages.StatusDown:
 		return 0
 	case messages.StatusStale:
-		return st.CapacityRPS * st.Health * optimizersvc.StaleHealthFactor
+		return st.CapacityRPS * st.Health * optimizer.StaleHealthFactor
 	}
 	return st.CapacityRPS * st.Health
 }

@@ -82,12 +82,12 @@ func (c *checker) model(v string, optional bool) {
 }
 
 func (c *checker) time(field string, ms int64, now time.Time) {
-	if ms <= 0 {
-		c.fail(field, "is %d, want a positive Unix time in ms", ms)
+	if ms < EpochMs {
+		c.fail(field, "is %d, want a Unix time in ms from %s (EpochMs) on", ms, fmtMs(EpochMs))
 		return
 	}
 	if limit := now.Add(MaxFutureSkew).UnixMilli(); ms > limit {
-		c.fail(field, "is %s, more than %s in the future", time.UnixMilli(ms).UTC().Format(time.RFC3339Nano), MaxFutureSkew)
+		c.failWith(ErrFuture, field, "is %s, more than %s in the future", fmtMs(ms), MaxFutureSkew)
 	}
 }
 
@@ -117,7 +117,8 @@ func (c *checker) transports(field string, ts []Transport) {
 	}
 }
 
-// Validate checks every field of the signal.
+// Validate checks every field of the signal; its time must be at most
+// MaxMessageAge old (checked last, so that ErrExpired says the rest is valid).
 func (m *EngineSignal) Validate(now time.Time) error {
 	c := checker{kind: KindSignal}
 	c.model(m.Model, false)
@@ -137,28 +138,39 @@ func (m *EngineSignal) Validate(now time.Time) error {
 	c.fraction("health", m.Health)
 	c.nonNeg("base_latency_ms", m.BaseLatencyMs, maxLatency)
 	c.transports("transports", m.Transports)
+	c.fresh("time_ms", m.Time, now)
 	return c.err
 }
 
-// Validate checks every field of the report.
+// Validate checks every field of the report: besides ranges, the interval is
+// at least MinReportInterval and no count implies a rate above MaxRouterRate.
 func (m *RouterReport) Validate(now time.Time) error {
 	c := checker{kind: KindReport}
 	c.model(m.Model, false)
 	c.name("cluster", m.Cluster, false)
 	c.name("router", m.Router, false)
 	c.time("time_ms", m.Time, now)
-	if c.finite("interval_s", m.IntervalS) && (m.IntervalS <= 0 || m.IntervalS > 3600) {
-		c.fail("interval_s", "is %v, want 0 < interval <= 3600", m.IntervalS)
+	iv := 0.0 // the interval rates are checked over; 0 when invalid
+	if c.finite("interval_s", m.IntervalS) {
+		if m.IntervalS < MinReportInterval || m.IntervalS > 3600 {
+			c.fail("interval_s", "is %v, want %v <= interval <= 3600", m.IntervalS, MinReportInterval)
+		} else {
+			iv = m.IntervalS
+		}
 	}
 	c.count("requests", m.Requests)
 	c.count("shed", m.Shed)
 	c.count("retries", m.Retries)
+	c.rate("requests", m.Requests, iv)
+	c.rate("shed", m.Shed, iv)
+	c.rate("retries", m.Retries, iv)
 	c.mapLen("demand_by_priority", len(m.DemandByPriority))
 	for p, n := range m.DemandByPriority {
 		if !ValidPriority(p) {
 			c.fail("demand_by_priority", "has key %q, want critical, standard or sheddable", p)
 		}
 		c.count("demand_by_priority."+p, n)
+		c.rate("demand_by_priority."+p, n, iv)
 	}
 	c.mapLen("engines", len(m.Engines))
 	for e, o := range m.Engines {
@@ -167,6 +179,9 @@ func (m *RouterReport) Validate(now time.Time) error {
 		c.count(f+".sent", o.Sent)
 		c.count(f+".succeeded", o.Succeeded)
 		c.count(f+".timeouts", o.Timeouts)
+		c.rate(f+".sent", o.Sent, iv)
+		c.rate(f+".succeeded", o.Succeeded, iv)
+		c.rate(f+".timeouts", o.Timeouts, iv)
 		c.nonNeg(f+".latency_ms", o.LatencyMs, maxLatency)
 		c.nonNeg(f+".ttft_ms", o.TTFTMs, maxLatency)
 		if len(o.Errors) > 16 {
@@ -175,6 +190,7 @@ func (m *RouterReport) Validate(now time.Time) error {
 		for class, n := range o.Errors {
 			c.name(f+".errors key", class, false)
 			c.count(f+".errors."+class, n)
+			c.rate(f+".errors."+class, n, iv)
 		}
 	}
 	c.mapLen("rtt_ms", len(m.RTTMs))
@@ -182,6 +198,7 @@ func (m *RouterReport) Validate(now time.Time) error {
 		c.name("rtt_ms key", e, false)
 		c.nonNeg("rtt_ms."+e, v, maxLatency)
 	}
+	c.fresh("time_ms", m.Time, now)
 	return c.err
 }
 
@@ -257,6 +274,13 @@ func (m *Penalty) Validate(now time.Time) error {
 	c.text("detail", m.Detail)
 	if m.Since <= 0 || m.Until < m.Since || m.RecoverUntil < m.Until {
 		c.fail("until_ms", "since %d, until %d, recover until %d: want 0 < since <= until <= recover_until", m.Since, m.Until, m.RecoverUntil)
+	} else {
+		c.time("since_ms", m.Since, now)
+		span := MaxPenaltySpan.Milliseconds()
+		if m.Until-m.Since > span || m.RecoverUntil-m.Until > span {
+			c.fail("until_ms", "since %s, until %s, recover until %s: want a penalty and a recovery of at most %s each",
+				fmtMs(m.Since), fmtMs(m.Until), fmtMs(m.RecoverUntil), MaxPenaltySpan)
+		}
 	}
 	c.count("strikes", int64(m.Strikes))
 	return c.err
@@ -330,7 +354,8 @@ func (m *RTTState) Validate(now time.Time) error {
 }
 
 // Validate checks every field of the snapshot; weights and the shed fraction
-// must sum to 1 within 1e-6 unless the snapshot has no weights at all.
+// must sum to 1 within 1e-6 unless the snapshot has no weights at all, and the
+// generation must be at most GenerationCeiling(now).
 func (m *WeightSnapshot) Validate(now time.Time) error {
 	c := checker{kind: KindWeights}
 	c.model(m.Model, false)
@@ -339,6 +364,8 @@ func (m *WeightSnapshot) Validate(now time.Time) error {
 	c.time("time_ms", m.Time, now)
 	if m.Generation == 0 {
 		c.fail("generation", "is 0, want >= 1")
+	} else if ceiling := GenerationCeiling(now); m.Generation > ceiling {
+		c.failWith(ErrFuture, "generation", "is %d, above %d, the ceiling at %s (GenerationCeiling)", m.Generation, ceiling, fmtMs(now.UnixMilli()))
 	}
 	c.fraction("shed_fraction", m.ShedFraction)
 	c.nonNeg("demand_rps", m.DemandRPS, maxRate)

@@ -124,6 +124,13 @@ type Engine struct {
 	Profile Profile
 }
 
+// StaleHealthFactor multiplies the health planned for an engine that has
+// stopped signalling recently but is not yet known to be down (its state is
+// "stale"): it gets less traffic while the aggregator decides, rather than
+// all or none. Every builder of a problem from engine state applies it, and
+// what shows the planned capacity (the dashboard) uses the same factor.
+const StaleHealthFactor = 0.5
+
 // EffectiveCapacity returns CapacityRPS × Health, the hard limit on the engine's load.
 func (e *Engine) EffectiveCapacity() float64 { return e.CapacityRPS * e.Health }
 

@@ -1,5 +1,7 @@
 package router
 
+import "github.com/switchyard-dev/switchyard/router/selection"
+
 // MaxPrefixBytes bounds how much leading prompt content the affinity key
 // hashes.
 const MaxPrefixBytes = 2048
@@ -48,19 +50,19 @@ const (
 // KeyNone when there is nothing to hash. It does not allocate.
 func AffinityKey(sessionID string, req *Request) (uint64, KeySource) {
 	if sessionID != "" {
-		h := newHasher(seedSession, len(sessionID))
-		h.writeString(sessionID)
-		return h.sum(), KeySession
+		h := selection.NewHasher(seedSession, len(sessionID))
+		h.WriteString(sessionID)
+		return h.Sum(), KeySession
 	}
 	if req == nil {
 		return 0, KeyNone
 	}
 	if req.User != "" {
-		h := newHasher(seedUser, len(req.User))
-		h.writeString(req.User)
-		return h.sum(), KeyUser
+		h := selection.NewHasher(seedUser, len(req.User))
+		h.WriteString(req.User)
+		return h.Sum(), KeyUser
 	}
-	h := newHasher(seedPrefix, MaxPrefixBytes)
+	h := selection.NewHasher(seedPrefix, MaxPrefixBytes)
 	wrote := false
 	switch req.Endpoint {
 	case EndpointChat:
@@ -83,23 +85,23 @@ func AffinityKey(sessionID string, req *Request) (uint64, KeySource) {
 				continue
 			}
 			for _, s := range req.Messages[i].Text {
-				h.writeString(s)
+				h.WriteString(s)
 				wrote = wrote || s != ""
 			}
-			h.writeSep()
+			h.WriteSep()
 		}
 	case EndpointCompletions:
 		switch {
 		case len(req.Prompts) > 0:
-			h.writeString(req.Prompts[0])
+			h.WriteString(req.Prompts[0])
 			wrote = req.Prompts[0] != ""
 		case len(req.PromptTokens) > 0:
-			h.writeBytes(req.PromptTokens)
+			h.WriteBytes(req.PromptTokens)
 			wrote = true
 		}
 	}
 	if !wrote {
 		return 0, KeyNone
 	}
-	return h.sum(), KeyPrefix
+	return h.Sum(), KeyPrefix
 }

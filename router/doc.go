@@ -14,7 +14,7 @@
 //     strictly, installs a snapshot only if its generation is newer, and
 //     publishes immutable per-model tables through an atomic pointer, so a
 //     request never waits on NATS. A snapshot's own slot table (computed
-//     by the optimizer with AssignSlots) is installed as is
+//     by the optimizer with selection.AssignSlots) is installed as is
 //     (NewTableFromSlots), so every router maps keys alike and weight
 //     changes move the fewest keys; snapshots without one get NewTable's. A model with no snapshot, or one older
 //     than StaleAfter, routes by the local policy: engines that live

@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
+
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // Header names the router reads or writes.
@@ -486,7 +488,7 @@ func (h *Handler) route(ctx context.Context, req *Request, session string, prio 
 	bound := h.bind(req.Model, table)
 	key, src := AffinityKey(session, req)
 	if src == KeyNone {
-		key = SpreadKey(h.seq.Add(1))
+		key = selection.SpreadKey(h.seq.Add(1))
 	}
 	u, apiErr := h.admit(req.Model, ms, info, bound, key, src, prio)
 	if apiErr != nil {

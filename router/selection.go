@@ -1,12 +1,13 @@
 package router
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"math/bits"
 	"sort"
 	"strings"
+
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // DefaultSlots is the number of slots of a selection table when
@@ -65,7 +66,7 @@ type TableOptions struct {
 //
 // A key picks the slot given by its top bits; the slot's owner is the key's
 // engine. Slots come from one of two places. A snapshot that carries a slot
-// table (computed by the optimizer with AssignSlots from the previous one)
+// table (computed by the optimizer with selection.AssignSlots from the previous one)
 // is installed as is with NewTableFromSlots: every router maps keys alike,
 // and a weight change moves the minimum fraction of keys, the
 // total-variation distance δ (up to one slot per engine of rounding),
@@ -127,7 +128,12 @@ func NewTable(engines []Engine, opts TableOptions) (*Table, error) {
 	if len(t.active) == 0 {
 		return t, nil
 	}
-	t.slots = buildSlots(t.engines, t.active, m, opts.Seed)
+	names := make([]string, len(t.engines))
+	weights := make([]float64, len(t.engines))
+	for i, e := range t.engines {
+		names[i], weights[i] = e.Name, e.Weight
+	}
+	t.slots = selection.RendezvousSlots(names, weights, t.active, m, opts.Seed)
 	t.finishSlots()
 	return t, nil
 }
@@ -244,108 +250,6 @@ func (t *Table) finishSlots() {
 	}
 	for i := range t.share {
 		t.share[i] /= float64(m)
-	}
-}
-
-// errNoSlots is an internal sanity error; buildSlots fills every slot when at
-// least one engine has positive weight.
-var errNoSlots = errors.New("router: slot left without an engine")
-
-// buildSlots assigns each of m slots to argmin_j E(s,j)/w_j without
-// evaluating every (slot, engine) pair. For engine j it walks a Poisson
-// process of rate m over time, each arrival landing on a uniformly chosen
-// slot; the first arrival on slot s is E(s,j) ~ Exp(1), independent across
-// slots and determined by the engine's name alone. Arrivals come in
-// increasing time, so an engine stops as soon as its arrival time divided by
-// its weight exceeds the largest current slot minimum (kept in a max tree).
-// The pruning changes the cost, never the result.
-func buildSlots(engines []Engine, active []int32, m int, seed uint64) []uint32 {
-	best := make([]float64, m)
-	owner := make([]int32, m)
-	for s := range best {
-		best[s] = math.Inf(1)
-		owner[s] = -1
-	}
-	// The max tree is built once every slot has an owner; until then the
-	// largest slot minimum is +Inf and no engine can stop early.
-	var tree *maxTree
-	unfilled := m
-
-	order := append([]int32(nil), active...)
-	sort.Slice(order, func(a, b int) bool {
-		wa, wb := engines[order[a]].Weight, engines[order[b]].Weight
-		if wa != wb {
-			return wa > wb
-		}
-		return order[a] < order[b]
-	})
-	mask := uint64(m - 1)
-	fm := float64(m)
-	for _, j := range order {
-		w := engines[j].Weight
-		rng := splitmix{s: HashString(engines[j].Name) ^ mix64(seed)}
-		t := 0.0
-		for {
-			t += -math.Log(rng.unit()) / fm
-			v := t / w
-			if tree != nil && v > tree.max() {
-				break
-			}
-			s := rng.next() & mask
-			if v < best[s] || (v == best[s] && j < owner[s]) {
-				if owner[s] < 0 {
-					unfilled--
-				}
-				best[s] = v
-				owner[s] = j
-				if tree != nil {
-					tree.set(int(s), v)
-				} else if unfilled == 0 {
-					tree = newMaxTree(best)
-				}
-			}
-		}
-	}
-	slots := make([]uint32, m)
-	for s, j := range owner {
-		if j < 0 {
-			panic(errNoSlots)
-		}
-		slots[s] = uint32(j)
-	}
-	return slots
-}
-
-// maxTree is a complete binary tree over m leaves holding the maximum of its
-// subtree at each inner node.
-type maxTree struct {
-	n    int
-	node []float64
-}
-
-// newMaxTree builds the tree over the given leaf values in O(len(leaves)).
-func newMaxTree(leaves []float64) *maxTree {
-	m := len(leaves)
-	t := &maxTree{n: m, node: make([]float64, 2*m)}
-	copy(t.node[m:], leaves)
-	for i := m - 1; i >= 1; i-- {
-		t.node[i] = math.Max(t.node[2*i], t.node[2*i+1])
-	}
-	return t
-}
-
-func (t *maxTree) max() float64 { return t.node[1] }
-
-func (t *maxTree) set(i int, v float64) {
-	i += t.n
-	t.node[i] = v
-	for i > 1 {
-		i >>= 1
-		v = math.Max(t.node[2*i], t.node[2*i+1])
-		if t.node[i] == v {
-			return
-		}
-		t.node[i] = v
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 var benchSizes = []int{10, 100, 1000, 10000}
@@ -44,7 +45,7 @@ func BenchmarkPickTwo(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; b.Loop(); i++ {
-				if _, ok := tbl.PickTwo(SpreadKey(uint64(i)), g); !ok {
+				if _, ok := tbl.PickTwo(selection.SpreadKey(uint64(i)), g); !ok {
 					b.Fatal("no engine")
 				}
 			}
@@ -80,7 +81,7 @@ func BenchmarkPickRecent(b *testing.B) {
 }
 
 // BenchmarkPickSlots is BenchmarkPick on a table built from snapshot slots
-// (AssignSlots with SlotCount's slot count, NewTableFromSlots).
+// (selection.AssignSlots with SlotCount's slot count, NewTableFromSlots).
 func BenchmarkPickSlots(b *testing.B) {
 	for _, n := range benchSizes {
 		b.Run(fmt.Sprintf("engines=%d", n), func(b *testing.B) {
@@ -94,32 +95,6 @@ func BenchmarkPickSlots(b *testing.B) {
 			for i := 0; b.Loop(); i++ {
 				if _, ok := tbl.Pick(keys[i&4095], g); !ok {
 					b.Fatal("no engine")
-				}
-			}
-		})
-	}
-}
-
-// BenchmarkAssignSlots measures the optimizer's step: a new slot table from
-// the previous one after every weight changed a little (SlotCount slots).
-func BenchmarkAssignSlots(b *testing.B) {
-	for _, n := range benchSizes {
-		b.Run(fmt.Sprintf("engines=%d", n), func(b *testing.B) {
-			r := rand.New(rand.NewPCG(uint64(n), 3))
-			es := engineSet(randomWeights(r, n, 1))
-			prev := assign(b, slotState{}, es)
-			next := 0
-			es2 := perturb(r, es, 0, &next)
-			names := make([]string, len(es2))
-			ws := make([]float64, len(es2))
-			for i, e := range es2 {
-				names[i], ws[i] = e.Name, e.Weight
-			}
-			m := SlotCount(n)
-			b.ReportAllocs()
-			for b.Loop() {
-				if AssignSlots(prev.idx, prev.names, names, ws, m) == nil {
-					b.Fatal("nil")
 				}
 			}
 		})
@@ -170,7 +145,7 @@ func BenchmarkPickLive(b *testing.B) {
 		b.Run(fmt.Sprintf("two/engines=%d", n), func(b *testing.B) {
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
-				if _, ok := tbl.PickTwo(SpreadKey(uint64(i)), g); !ok {
+				if _, ok := tbl.PickTwo(selection.SpreadKey(uint64(i)), g); !ok {
 					b.Fatal("no engine")
 				}
 			}
@@ -190,7 +165,7 @@ func BenchmarkPickLive(b *testing.B) {
 			rk := mustRecent(b, DefaultRecentKeys)
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
-				if _, ok := tbl.PickRecent(mix64(uint64(i)+0x5eed), g, rk); !ok {
+				if _, ok := tbl.PickRecent(selection.Mix64(uint64(i)+0x5eed), g, rk); !ok {
 					b.Fatal("no engine")
 				}
 			}

@@ -1,6 +1,10 @@
 package router
 
-import "math"
+import (
+	"math"
+
+	"github.com/switchyard-dev/switchyard/router/selection"
+)
 
 // maxProbes is how many slots Pick examines (the key's own slot and its
 // first spill candidates) before it falls back to the least-loaded live
@@ -64,7 +68,7 @@ func (t *Table) probe(key uint64, k int) uint64 {
 	if k == 0 {
 		return key >> t.shift
 	}
-	step := mix64(key)>>t.shift | 1
+	step := selection.Mix64(key)>>t.shift | 1
 	return (key>>t.shift + uint64(k)*step) & t.mask
 }
 
@@ -116,7 +120,7 @@ func (t *Table) Pick(key uint64, g Guard) (int, bool) {
 			break
 		}
 		if k == 1 {
-			step = mix64(key)>>t.shift | 1
+			step = selection.Mix64(key)>>t.shift | 1
 		}
 		s = (s + step) & t.mask
 		i = int(t.slots[s])
@@ -199,7 +203,7 @@ func (t *Table) pickLeast(key uint64, g LoadGuard, d int) (int, bool) {
 	best, br, bl, bfull := i, ri-TwoChoiceMargin, li-TwoChoiceMargin, li >= 1
 	total := float64(g.TotalInFlight())
 	s := key >> t.shift
-	step := mix64(key)>>t.shift | 1
+	step := selection.Mix64(key)>>t.shift | 1
 	for k, n := 1, 1; k < maxProbes && n < d; k++ {
 		s = (s + step) & t.mask
 		j := int(t.slots[s])

@@ -3,6 +3,8 @@ package router
 import (
 	"fmt"
 	"sync/atomic"
+
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // RecentKeys remembers, for the affinity keys a router has routed lately,
@@ -77,7 +79,7 @@ func (rk *RecentKeys) rememberName(key uint64, name string) {
 
 // engineID is an engine's identity in RecentKeys: a hash of its name, the
 // same in every table.
-func engineID(name string) uint32 { return uint32(HashString(name)) }
+func engineID(name string) uint32 { return uint32(selection.HashString(name)) }
 
 // PickRecent picks the engine for a request with affinity key and remembers
 // the choice in rk:

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // Figures are the parts of a weight snapshot the router's guards use:
@@ -153,7 +154,7 @@ func ShedFractions(s float64, mix [numPriorities]float64) [numPriorities]float64
 // key's slot, so that shedding the keys below a fraction spreads over all
 // engines and a key is always on the same side of a fixed fraction.
 func KeyUnit(key uint64) float64 {
-	return float64(mix64(key^0x6a09e667f3bcc909)>>11) / (1 << 53)
+	return float64(selection.Mix64(key^0x6a09e667f3bcc909)>>11) / (1 << 53)
 }
 
 // ShedReason says why a request was shed, the reason label of

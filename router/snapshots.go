@@ -15,7 +15,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/internal/logthrottle"
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
@@ -111,6 +113,8 @@ type SnapshotStore struct {
 	rejected  *prometheus.CounterVec
 	restarts  prometheus.Counter
 	watching  atomic.Bool
+	// futureLog bounds the logs of snapshots from the future, per key.
+	futureLog *logthrottle.Throttle
 }
 
 // Rejection reasons counted in switchyard_router_snapshots_rejected_total.
@@ -119,7 +123,17 @@ const (
 	rejectKey    = "key"
 	rejectOld    = "old_generation"
 	rejectTable  = "table"
+	// rejectStale: older than StaleAfter on arrival, while the installed
+	// snapshot is fresh.
+	rejectStale = "stale"
+	// rejectFuture: a time more than messages.MaxFutureSkew ahead, or a
+	// generation above messages.GenerationCeiling.
+	rejectFuture = "future"
 )
+
+// futureLogInterval is how often a snapshot from the future is logged per
+// key: a writer that keeps writing them is alarmed about without flooding.
+const futureLogInterval = 10 * time.Second
 
 // NewSnapshotStore returns a store for opts; Run starts watching.
 func NewSnapshotStore(opts StoreOptions) (*SnapshotStore, error) {
@@ -154,7 +168,7 @@ func NewSnapshotStore(opts StoreOptions) (*SnapshotStore, error) {
 		}, []string{"model"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_router_snapshots_rejected_total",
-			Help: "Weight snapshot updates not installed, by reason (decode, key, old_generation, table).",
+			Help: "Weight snapshot updates not installed, by reason (decode, key, old_generation, table, future, stale).",
 		}, []string{"reason"}),
 		restarts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_router_weights_watch_restarts_total",
@@ -162,6 +176,7 @@ func NewSnapshotStore(opts StoreOptions) (*SnapshotStore, error) {
 		}),
 	}
 	s.view.Store(&storeView{tables: map[string]tableEntry{}})
+	s.futureLog = logthrottle.New(futureLogInterval, 10000)
 	if opts.Registry != nil {
 		for _, c := range []prometheus.Collector{s.installed, s.rejected, s.restarts} {
 			if err := opts.Registry.Register(c); err != nil {
@@ -322,6 +337,10 @@ var errOldGeneration = errors.New("generation not newer than the installed one")
 func (s *SnapshotStore) installBytes(key string, data []byte) (bool, error) {
 	var snap messages.WeightSnapshot
 	if err := messages.DecodeIntoAt(data, &snap, s.opts.Now()); err != nil {
+		if errors.Is(err, messages.ErrFuture) {
+			s.rejectFuture(key, err)
+			return false, err
+		}
 		s.rejected.WithLabelValues(rejectDecode).Inc()
 		s.log.Warn().Err(err).Str("key", key).Msg("undecodable weight snapshot ignored")
 		return false, err
@@ -338,7 +357,12 @@ func (s *SnapshotStore) installBytes(key string, data []byte) (bool, error) {
 
 // Install installs snap when it is for the store's cluster and its
 // generation is newer than the installed one for its model, and reports
-// whether it did. Run calls it for every value the watcher delivers; tests
+// whether it did. A snapshot from the future — a time more than
+// messages.MaxFutureSkew ahead, or a generation above
+// messages.GenerationCeiling — is counted (reason "future"), logged at a
+// bounded rate and not installed: the installed snapshot stays, and the
+// optimizer's next one is installed as usual. Likewise a snapshot already
+// older than StaleAfter is not installed over a fresh one (reason "stale"). Run calls it for every value the watcher delivers; tests
 // and single-process setups may call it directly. snap must be valid
 // (messages.WeightSnapshot.Validate) and is not modified.
 func (s *SnapshotStore) Install(snap *messages.WeightSnapshot) (bool, error) {
@@ -350,6 +374,13 @@ func (s *SnapshotStore) Install(snap *messages.WeightSnapshot) (bool, error) {
 		s.rejected.WithLabelValues(rejectKey).Inc()
 		return false, err
 	}
+	now := s.opts.Now()
+	if ceiling := messages.GenerationCeiling(now); snap.Generation > ceiling || snap.Time > now.Add(messages.MaxFutureSkew).UnixMilli() {
+		err := fmt.Errorf("snapshot %s/%s generation %d of %s: %w (generation ceiling %d, time skew %s)", snap.Model, snap.Cluster,
+			snap.Generation, time.UnixMilli(snap.Time).UTC().Format(time.RFC3339Nano), messages.ErrFuture, ceiling, messages.MaxFutureSkew)
+		s.rejectFuture(snap.Model+"."+snap.Cluster, err)
+		return false, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m := s.models[snap.Model]
@@ -357,6 +388,13 @@ func (s *SnapshotStore) Install(snap *messages.WeightSnapshot) (bool, error) {
 		s.rejected.WithLabelValues(rejectOld).Inc()
 		return false, fmt.Errorf("snapshot %s/%s generation %d: %w (%d)", snap.Model, snap.Cluster, snap.Generation,
 			errOldGeneration, m.snap.Generation)
+	}
+	if m != nil && m.snap != nil && s.staleAt(m.snap, now) == nil && s.staleAt(snap, now) != nil {
+		// Already stale on arrival while the installed one is fresh: a
+		// past-dated value would only switch the model to the local policy.
+		s.rejected.WithLabelValues(rejectStale).Inc()
+		return false, fmt.Errorf("snapshot %s/%s generation %d: %w (installed generation %d is fresh)", snap.Model, snap.Cluster,
+			snap.Generation, s.staleAt(snap, now), m.snap.Generation)
 	}
 	t, err := s.buildSnapshotTable(snap)
 	if err != nil {
@@ -375,6 +413,33 @@ func (s *SnapshotStore) Install(snap *messages.WeightSnapshot) (bool, error) {
 		Float64("shed", snap.ShedFraction).Msg("weight snapshot installed")
 	s.refreshLocked(s.opts.Now(), true)
 	return true, nil
+}
+
+// staleAt returns an error when snap is older than StaleAfter at now, else nil.
+func (s *SnapshotStore) staleAt(snap *messages.WeightSnapshot, now time.Time) error {
+	if age := now.Sub(time.UnixMilli(snap.Time)); age > s.opts.StaleAfter {
+		return fmt.Errorf("stale on arrival: %s old, stale after %s", age.Round(time.Millisecond), s.opts.StaleAfter)
+	}
+	return nil
+}
+
+// rejectFuture counts and logs (at most once per futureLogInterval per key) a
+// snapshot from the future: a time or a generation no honest writer gives it
+// (messages.GenerationCeiling). Installing it would leave the router unable
+// to install the optimizer's next snapshots; the installed one is kept.
+func (s *SnapshotStore) rejectFuture(key string, err error) {
+	s.rejected.WithLabelValues(rejectFuture).Inc()
+	if !s.futureLog.Allow(key, time.Now()) {
+		return
+	}
+	ev := s.log.Warn().Err(err).Str("key", key)
+	if model, _, ok := streams.SplitKey(key); ok {
+		ev = ev.Str("model", model)
+		if snap, ok := s.Snapshot(model); ok {
+			ev = ev.Uint64("installed_generation", snap.Generation)
+		}
+	}
+	ev.Msg("weight snapshot from the future ignored; keeping the installed one (logged at most once per 10s per key)")
 }
 
 // buildSnapshotTable turns a snapshot into a selection table, with the
@@ -416,7 +481,7 @@ func (s *SnapshotStore) buildSnapshotTable(snap *messages.WeightSnapshot) (*Tabl
 				es = append(es, engine(name))
 			}
 		}
-		idx, err := DecodeSlots(snap.Slots)
+		idx, err := selection.DecodeSlots(snap.Slots)
 		if err == nil {
 			var t *Table
 			if t, err = NewTableFromSlots(es, idx, s.opts.Table); err == nil {

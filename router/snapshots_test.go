@@ -12,6 +12,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/services/engine"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/testenv"
@@ -295,11 +296,11 @@ func slotSnapshot(t *testing.T, gen uint64, weights map[string]float64, prevEngi
 	for i, e := range names {
 		ws[i] = weights[e]
 	}
-	idx := router.AssignSlots(prev, prevEngines, names, ws, max(router.SlotCount(len(names)), len(prev)))
+	idx := selection.AssignSlots(prev, prevEngines, names, ws, max(selection.SlotCount(len(names)), len(prev)))
 	if idx == nil {
 		t.Fatal("AssignSlots returned nil")
 	}
-	snap.SlotEngines, snap.Slots = names, router.EncodeSlots(idx)
+	snap.SlotEngines, snap.Slots = names, selection.EncodeSlots(idx)
 	if err := snap.Validate(time.Now()); err != nil {
 		t.Fatalf("snapshot with slots invalid: %v", err)
 	}
@@ -351,7 +352,7 @@ func TestSnapshotSlotsIdenticalAcrossRouters(t *testing.T) {
 	moved := 0
 	const keys = 100_000
 	for k := 0; k < keys; k++ {
-		key := router.HashString(fmt.Sprintf("conversation-%d", k))
+		key := selection.HashString(fmt.Sprintf("conversation-%d", k))
 		i, _ := ta.Pick(key, nil)
 		j, _ := tb.Pick(key, nil)
 		l, _ := want.Pick(key, nil)

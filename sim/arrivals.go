@@ -6,7 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 
-	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/workload"
 )
 
@@ -269,4 +269,4 @@ func (s *Scenario) replay(evs []Event, c int, rng *rand.Rand, reqs []workload.Re
 }
 
 // spreadKey returns the key of the n-th keyless request, as the router does.
-func spreadKey(n uint64) uint64 { return router.SpreadKey(n) }
+func spreadKey(n uint64) uint64 { return selection.SpreadKey(n) }

@@ -58,7 +58,7 @@ func compile(sc *Scenario, lastMs float64) (*fleet, error) {
 	}
 	for k := range sc.Engines {
 		e := &sc.Engines[k]
-		for _, n := range e.names() {
+		for _, n := range e.Names() {
 			ti := typeIdx[e.Type]
 			f.engines = append(f.engines, engineDesc{name: n, region: e.Region, typ: &sc.EngineTypes[ti], typeIdx: ti})
 		}

@@ -386,7 +386,7 @@ func (s *Scenario) Validate() error {
 		if e.Count < 0 || e.Count > 10000 {
 			return fieldf(f+".count", e.Count, "want 0..10000")
 		}
-		for _, n := range e.names() {
+		for _, n := range e.Names() {
 			if names[n] {
 				return fieldf(f+".name", n, "duplicate engine name")
 			}
@@ -577,8 +577,9 @@ func (s *Scenario) Validate() error {
 	return nil
 }
 
-// names returns the engine names an EngineSpec stands for.
-func (e *EngineSpec) names() []string {
+// Names returns the engine names an EngineSpec stands for: its name, or
+// name-1 … name-count when it stands for several.
+func (e *EngineSpec) Names() []string {
 	if e.Count <= 1 {
 		return []string{e.Name}
 	}

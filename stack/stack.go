@@ -16,6 +16,7 @@ import (
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/streams"
+	"github.com/switchyard-dev/switchyard/streams/natsembed"
 )
 
 // Options configures an in-process stack.
@@ -57,7 +58,7 @@ type Options struct {
 type Stack struct {
 	opts    Options
 	file    *File
-	nats    *streams.Embedded
+	nats    *natsembed.Server
 	conn    *nats.Conn
 	engines []*enginesim.Engine
 	routers []*router.Service
@@ -81,7 +82,7 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		return nil, errors.New("stack: Options.DataDir is required")
 	}
 	log := opts.Logger
-	srv, err := streams.StartEmbedded(streams.EmbeddedOptions{DataDir: opts.DataDir, Host: opts.NATSHost, Port: opts.NATSPort,
+	srv, err := natsembed.Start(natsembed.Options{DataDir: opts.DataDir, Host: opts.NATSHost, Port: opts.NATSPort,
 		Logger: &log, ServerName: "switchyard-up"})
 	if err != nil {
 		return nil, err

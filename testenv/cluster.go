@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	"github.com/switchyard-dev/switchyard/streams"
+	"github.com/switchyard-dev/switchyard/streams/natsembed"
 )
 
 // ClusterOptions configures StartClusterWith.
@@ -51,7 +52,7 @@ type ClusterNode struct {
 	// DataDir is the node's JetStream store directory.
 	DataDir string
 
-	srv *streams.Embedded // nil while stopped
+	srv *natsembed.Server // nil while stopped
 }
 
 // URL returns the node's client URL (also while it is stopped).
@@ -63,7 +64,7 @@ func (n *ClusterNode) RouteURL() string {
 }
 
 // Server returns the running server, or nil while the node is stopped.
-func (n *ClusterNode) Server() *streams.Embedded { return n.srv }
+func (n *ClusterNode) Server() *natsembed.Server { return n.srv }
 
 // Cluster is a real NATS cluster of embedded JetStream servers started for
 // one test: every node on 127.0.0.1 with its own client and route port and a
@@ -130,7 +131,7 @@ func StartClusterWith(tb testing.TB, opts ClusterOptions) *Cluster {
 			break
 		}
 		c.stopServers()
-		if !errors.Is(err, streams.ErrPortInUse) {
+		if !errors.Is(err, natsembed.ErrPortInUse) {
 			break
 		}
 	}
@@ -192,13 +193,13 @@ func (c *Cluster) startLocked(i int) error {
 			routes = append(routes, o.RouteURL())
 		}
 	}
-	eo := streams.EmbeddedOptions{DataDir: n.DataDir, Port: n.Port, ServerName: n.Name,
+	eo := natsembed.Options{DataDir: n.DataDir, Port: n.Port, ServerName: n.Name,
 		ClusterName: c.opts.Name, ClusterPort: n.ClusterPort, Routes: routes}
 	if c.opts.Logger != nil {
 		l := c.opts.Logger.With().Str("nats_server", n.Name).Logger()
 		eo.Logger = &l
 	}
-	srv, err := streams.StartEmbedded(eo)
+	srv, err := natsembed.Start(eo)
 	if err != nil {
 		return fmt.Errorf("node %s (client port %d, route port %d): %w", n.Name, n.Port, n.ClusterPort, err)
 	}
@@ -355,7 +356,7 @@ func (c *Cluster) StartNode(tb testing.TB, i int) {
 	// The port was just released by this process; give the kernel a moment if it is not yet free.
 	var err error
 	for attempt := 0; attempt < 50; attempt++ {
-		if err = c.startLocked(i); err == nil || !errors.Is(err, streams.ErrPortInUse) {
+		if err = c.startLocked(i); err == nil || !errors.Is(err, natsembed.ErrPortInUse) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)

@@ -10,12 +10,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	"github.com/switchyard-dev/switchyard/streams"
+	"github.com/switchyard-dev/switchyard/streams/natsembed"
 )
 
 // NATS is an embedded JetStream server started for one test, with a client
 // connection and the Switchyard layout provisioned.
 type NATS struct {
-	Server *streams.Embedded
+	Server *natsembed.Server
 	Conn   *nats.Conn
 	JS     jetstream.JetStream
 	Names  streams.Names
@@ -43,7 +44,7 @@ func StartNATS(tb testing.TB) *NATS {
 
 func (n *NATS) start(tb testing.TB, port int) {
 	tb.Helper()
-	srv, err := streams.StartEmbedded(streams.EmbeddedOptions{DataDir: n.DataDir, Port: port})
+	srv, err := natsembed.Start(natsembed.Options{DataDir: n.DataDir, Port: port})
 	if err != nil {
 		tb.Fatalf("start embedded NATS: %v", err)
 	}
@@ -85,7 +86,7 @@ func (n *NATS) StopServer() {
 // StartServer starts the server again on the same port and store.
 func (n *NATS) StartServer(tb testing.TB) {
 	tb.Helper()
-	srv, err := streams.StartEmbedded(streams.EmbeddedOptions{DataDir: n.DataDir, Port: n.Port})
+	srv, err := natsembed.Start(natsembed.Options{DataDir: n.DataDir, Port: n.Port})
 	if err != nil {
 		tb.Fatalf("restart embedded NATS on port %d: %v", n.Port, err)
 	}

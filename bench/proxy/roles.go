@@ -24,6 +24,7 @@ import (
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/streams"
+	"github.com/switchyard-dev/switchyard/streams/natsembed"
 )
 
 // The benchmark runs every server in its own process, as in production and
@@ -134,7 +135,7 @@ func connect(ctx context.Context, url, name string) (*nats.Conn, error) {
 // roleNATS runs an embedded NATS server (JetStream in memory, the layout
 // provisioned so that router reports have their stream).
 func roleNATS(ctx context.Context, rf roleFlags) error {
-	srv, err := streams.StartEmbedded(streams.EmbeddedOptions{DataDir: rf.dataDir, Port: -1})
+	srv, err := natsembed.Start(natsembed.Options{DataDir: rf.dataDir, Port: -1})
 	if err != nil {
 		return err
 	}
@@ -396,7 +397,7 @@ func serveNATSFront(ctx context.Context, rf roleFlags, nc *nats.Conn, extra ...s
 // server and router). Ready line: the server's client URL and the front's
 // subject. The engine connects to that URL over TCP as to any server.
 func roleRouterNATSColoc(ctx context.Context, rf roleFlags) error {
-	srv, err := streams.StartEmbedded(streams.EmbeddedOptions{DataDir: rf.dataDir, Port: -1})
+	srv, err := natsembed.Start(natsembed.Options{DataDir: rf.dataDir, Port: -1})
 	if err != nil {
 		return err
 	}

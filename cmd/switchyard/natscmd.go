@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/switchyard-dev/switchyard/streams"
+	"github.com/switchyard-dev/switchyard/streams/natsembed"
 )
 
 // defaultDataDir is where `up` and `nats` keep their JetStream store.
@@ -49,7 +50,7 @@ func natsCommand() command {
 					return err
 				}
 				log = log.With().Str("component", "nats").Logger()
-				opts := streams.EmbeddedOptions{DataDir: *dataDir, Host: *host, Port: *port, ServerName: *name, HTTPPort: *httpPort, LeafPort: *leafPort, Logger: &log}
+				opts := natsembed.Options{DataDir: *dataDir, Host: *host, Port: *port, ServerName: *name, HTTPPort: *httpPort, LeafPort: *leafPort, Logger: &log}
 				if *leafPort < 0 || *leafPort > 65535 {
 					return usagef("--leaf-port %d: the port must be 0 (off) to 65535", *leafPort)
 				}
@@ -64,7 +65,7 @@ func natsCommand() command {
 						}
 					}
 				}
-				srv, err := streams.StartEmbedded(opts)
+				srv, err := natsembed.Start(opts)
 				if err != nil {
 					return err
 				}

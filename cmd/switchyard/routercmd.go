@@ -19,6 +19,7 @@ import (
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/stack"
 	"github.com/switchyard-dev/switchyard/streams"
+	"github.com/switchyard-dev/switchyard/streams/natsembed"
 )
 
 func routerCommand() command {
@@ -145,8 +146,8 @@ type embedOptions struct {
 // any): a leaf node of the main NATS without JetStream when em.leaf is set
 // (it starts while the hub is down and joins it when it comes), else a
 // standalone server with JetStream whose layout it provisions.
-func startEmbeddedNATS(ctx context.Context, em embedOptions, name string, log zerolog.Logger) (*streams.Embedded, error) {
-	so := streams.EmbeddedOptions{Port: 0, ServerName: name}
+func startEmbeddedNATS(ctx context.Context, em embedOptions, name string, log zerolog.Logger) (*natsembed.Server, error) {
+	so := natsembed.Options{Port: 0, ServerName: name}
 	if name == "" {
 		name = "switchyard-router"
 	}
@@ -180,7 +181,7 @@ func startEmbeddedNATS(ctx context.Context, em embedOptions, name string, log ze
 	}
 	slog := log.With().Str("component", "nats").Logger()
 	so.Logger = &slog
-	srv, err := streams.StartEmbedded(so)
+	srv, err := natsembed.Start(so)
 	if err != nil {
 		return nil, err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/streams"
+	"github.com/switchyard-dev/switchyard/streams/natsembed"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
@@ -205,9 +206,9 @@ func TestRouterEmbedNATSStandalone(t *testing.T) {
 func TestRouterEmbedNATSLeaf(t *testing.T) {
 	hubPort, leafPort, httpPort := freePort(t), freePort(t), freePort(t)
 	dataDir := t.TempDir()
-	startHub := func() *streams.Embedded {
+	startHub := func() *natsembed.Server {
 		t.Helper()
-		hub, err := streams.StartEmbedded(streams.EmbeddedOptions{DataDir: dataDir, Port: hubPort, LeafPort: leafPort, ServerName: "hub"})
+		hub, err := natsembed.Start(natsembed.Options{DataDir: dataDir, Port: hubPort, LeafPort: leafPort, ServerName: "hub"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/sim"
+	"github.com/switchyard-dev/switchyard/sim/livecheck"
 	"github.com/switchyard-dev/switchyard/sim/simplot"
 )
 
@@ -46,7 +47,7 @@ func simCommand() command {
 					if len(bad) > 0 {
 						return usagef("--live takes --scenario, --seed, --json and --quiet, not %s", strings.Join(bad, ", "))
 					}
-					opts := sim.LiveOptions{}
+					opts := livecheck.LiveOptions{}
 					fs.Visit(func(f *flag.Flag) {
 						if f.Name == "seed" {
 							opts.Seed, opts.SeedSet = *seed, true
@@ -119,22 +120,22 @@ func simCommand() command {
 }
 
 // runLiveCheck runs `switchyard sim --live`.
-func runLiveCheck(ctx context.Context, e *env, scenario, jsonOut string, quiet bool, opts sim.LiveOptions) error {
-	sc := sim.LiveScenario()
+func runLiveCheck(ctx context.Context, e *env, scenario, jsonOut string, quiet bool, opts livecheck.LiveOptions) error {
+	sc := livecheck.LiveScenario()
 	if scenario != "" {
 		var err error
 		if sc, err = sim.LoadScenario(scenario); err != nil {
 			return usageError{err}
 		}
 	}
-	if _, err := sim.LiveStackFile(sc); err != nil {
+	if _, err := livecheck.LiveStackFile(sc); err != nil {
 		return usageError{err}
 	}
 	if !quiet {
 		opts.Progress = e.stderr
 		fmt.Fprintf(e.stderr, "live check of scenario %s: simulating, then %g s through the real services\n", sc.Name, sc.DurationS)
 	}
-	cmp, err := sim.RunLive(ctx, sc, opts)
+	cmp, err := livecheck.RunLive(ctx, sc, opts)
 	if err != nil {
 		return err
 	}

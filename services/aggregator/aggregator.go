@@ -347,6 +347,12 @@ func (a *Aggregator) bad(msg jetstream.Msg, stream string, err error) {
 		reason = "too_large"
 	case errors.Is(err, messages.ErrKind):
 		reason = "kind"
+	case errors.Is(err, messages.ErrExpired):
+		reason = "expired"
+	case errors.Is(err, messages.ErrFuture):
+		reason = "future"
+	case errors.Is(err, errTooManyRouters):
+		reason = "too_many_routers"
 	}
 	a.metrics.bad.WithLabelValues(stream, reason).Inc()
 	if a.badLog.Allow(msg.Subject(), time.Now()) {
@@ -388,6 +394,10 @@ func (a *Aggregator) foldSignal(sig *messages.EngineSignal, now time.Time) {
 	}
 	st := &e.state
 	first := st.Signals == 0
+	// A stored time ahead of the clock (a signal dated in the future, or a
+	// state loaded from the bucket) counts as now: neither dedup nor the
+	// windows' weights wait for it.
+	st.LastSignal = dedupHorizon(st.LastSignal, now)
 	if !first && sig.Seq <= st.LastSeq && sig.Time <= st.LastSignal {
 		a.metrics.duplicates.Inc()
 		return // redelivered or out of order: already folded in
@@ -407,9 +417,7 @@ func (a *Aggregator) foldSignal(sig *messages.EngineSignal, now time.Time) {
 	st.Health = sig.Health
 	st.BaseLatencyMs = sig.BaseLatencyMs
 	st.Transports = append(st.Transports[:0], sig.Transports...)
-	if sig.Time > st.LastSignal {
-		st.LastSignal = sig.Time
-	}
+	st.LastSignal = max(st.LastSignal, dedupHorizon(sig.Time, now))
 	st.LastSeq = sig.Seq
 	st.Signals++
 	st.Status = messages.StatusUp
@@ -429,15 +437,56 @@ func (a *Aggregator) handleReport(msg jetstream.Msg) {
 		a.bad(msg, "reports", fmt.Errorf("%w: report for %s.%s.%s published on subject %s", messages.ErrInvalid, rep.Model, rep.Cluster, rep.Router, msg.Subject()))
 		return
 	}
-	a.metrics.reports.Inc()
 	a.mu.Lock()
-	a.foldReport(&rep, now)
-	a.pending["reports"] = msg
+	err := a.foldReport(&rep, now)
+	if err == nil {
+		a.pending["reports"] = msg
+	}
 	a.mu.Unlock()
+	if err != nil {
+		a.bad(msg, "reports", err)
+		return
+	}
+	a.metrics.reports.Inc()
 }
 
-// foldReport folds one valid router report into demand and RTT state. Callers hold a.mu.
-func (a *Aggregator) foldReport(rep *messages.RouterReport, now time.Time) {
+// maxRoutersPerCluster bounds the routers a cluster's demand state lists
+// for one model: the state must encode within messages.MaxMessageSize, and
+// 160 routers with the longest names and every window take about 40 KiB.
+// With each router's rates bounded by messages.MaxRouterRate, it also keeps
+// a cluster's summed demand below messages.MaxRate. A report from one more
+// router is refused until a listed one expires (silent for 10 × DownAfter),
+// so that invented router names cannot block the cluster's demand.
+const maxRoutersPerCluster = 160
+
+// errTooManyRouters is returned by foldReport for a report of a router a
+// full demand state does not list.
+var errTooManyRouters = errors.New("aggregator: too many routers in the cluster")
+
+// dedupClockTolerance is how far ahead of the aggregator's clock a stored
+// last-signal or last-report time may be (dedupHorizon). Redelivered messages
+// from senders whose clocks run ahead by less are still recognised; a message
+// dated further ahead — a forged far-future time — can make a real sender's
+// next messages look already seen for at most this long (one report at the
+// default interval), not until its date.
+const dedupClockTolerance = time.Second
+
+// dedupHorizon returns ms, or the aggregator's now plus dedupClockTolerance
+// when that is earlier: the latest time a stored state may claim to have
+// seen, against which a message's time is compared.
+func dedupHorizon(ms int64, now time.Time) int64 {
+	return min(ms, now.Add(dedupClockTolerance).UnixMilli())
+}
+
+// foldReport folds one valid router report into demand and RTT state; it
+// refuses (errTooManyRouters) a report of a new router when its cluster lists
+// maxRoutersPerCluster already. A report whose sequence number and time are
+// both not newer than the router's is a redelivery, skipped; one with a lower
+// sequence number but a newer time is a restarted router's, folded in. The
+// router's time is stored at most dedupClockTolerance ahead of now, so that
+// a report dated in the future cannot make the router's next ones look seen.
+// Callers hold a.mu.
+func (a *Aggregator) foldReport(rep *messages.RouterReport, now time.Time) error {
 	key := rep.Model + "." + rep.Cluster
 	d, ok := a.demand[key]
 	if !ok {
@@ -449,9 +498,17 @@ func (a *Aggregator) foldReport(rep *messages.RouterReport, now time.Time) {
 		st.Routers = make(map[string]messages.RouterDemand)
 	}
 	r, seen := st.Routers[rep.Router]
+	r.LastReport = dedupHorizon(r.LastReport, now)
 	if seen && rep.Seq <= r.Seq && rep.Time <= r.LastReport {
 		a.metrics.duplicates.Inc()
-		return
+		return nil
+	}
+	if !seen && len(st.Routers) >= maxRoutersPerCluster {
+		a.sumDemand(st, now) // forgets routers silent long enough
+		if len(st.Routers) >= maxRoutersPerCluster {
+			return fmt.Errorf("%w: report of %s for %s in %s, which lists %d routers already (limit %d)",
+				errTooManyRouters, rep.Router, rep.Model, rep.Cluster, len(st.Routers), maxRoutersPerCluster)
+		}
 	}
 	first := !seen
 	dt := float64(rep.Time-r.LastReport) / 1000
@@ -468,12 +525,10 @@ func (a *Aggregator) foldReport(rep *messages.RouterReport, now time.Time) {
 		}
 		r.Priority = pri
 	}
-	r.LastReport = max(r.LastReport, rep.Time)
+	r.LastReport = max(r.LastReport, dedupHorizon(rep.Time, now))
 	r.Seq = rep.Seq
 	st.Routers[rep.Router] = r
-	if rep.Time > st.LastReport {
-		st.LastReport = rep.Time
-	}
+	st.LastReport = max(st.LastReport, dedupHorizon(rep.Time, now))
 	st.Reports++
 	a.sumDemand(st, now)
 	d.dirty = true
@@ -502,9 +557,10 @@ func (a *Aggregator) foldReport(rep *messages.RouterReport, now time.Time) {
 		dt := float64(rep.Time-e.state.Time) / 1000
 		s.Update(&e.state.RTTMs, ms, dt, e.state.Samples == 0)
 		e.state.Samples++
-		e.state.Time = max(e.state.Time, rep.Time)
+		e.state.Time = max(e.state.Time, dedupHorizon(rep.Time, now))
 		e.dirty = true
 	}
+	return nil
 }
 
 // sumDemand recomputes a cluster's demand as the sum over its live routers and
@@ -580,7 +636,7 @@ func (a *Aggregator) flush(ctx context.Context) error {
 		}
 		data, err := messages.EncodeAt(&e.state, now)
 		if err != nil {
-			a.log.Error().Err(err).Str("key", key).Msg("cannot encode engine state")
+			a.encodeFailed(key, "engine state", err)
 			e.dirty = false
 			continue
 		}
@@ -598,9 +654,9 @@ func (a *Aggregator) flush(ctx context.Context) error {
 			continue
 		}
 		d.state.Time = nowMs
-		data, err := messages.EncodeAt(&d.state, now)
+		data, err := a.encodeDemand(&d.state, now)
 		if err != nil {
-			a.log.Error().Err(err).Str("key", key).Msg("cannot encode demand state")
+			a.encodeFailed(key, "demand state", err)
 			d.dirty = false
 			continue
 		}
@@ -614,7 +670,7 @@ func (a *Aggregator) flush(ctx context.Context) error {
 		}
 		data, err := messages.EncodeAt(&r.state, now)
 		if err != nil {
-			a.log.Error().Err(err).Str("key", key).Msg("cannot encode RTT state")
+			a.encodeFailed(key, "RTT state", err)
 			r.dirty = false
 			continue
 		}
@@ -655,6 +711,40 @@ func (a *Aggregator) flush(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// encodeFailed logs, at most once per 10 s per key, a state that could not be
+// encoded (and so is not written).
+func (a *Aggregator) encodeFailed(key, what string, err error) {
+	if a.badLog.Allow("encode/"+key, time.Now()) {
+		a.log.Error().Err(err).Str("key", key).Msg("cannot encode " + what + "; not written (logged at most once per 10s per key)")
+	}
+}
+
+// encodeDemand encodes a cluster's demand state. Should it not encode (a
+// router's windows out of range, which validated reports cannot cause), the
+// routers whose entries do not validate on their own are dropped, counted,
+// and the sums recomputed, so that one router's entry never blocks the
+// cluster's demand.
+func (a *Aggregator) encodeDemand(st *messages.DemandState, now time.Time) ([]byte, error) {
+	data, err := messages.EncodeAt(st, now)
+	if err == nil || len(st.Routers) == 0 {
+		return data, err
+	}
+	for name, r := range st.Routers {
+		one := messages.DemandState{Model: st.Model, Cluster: st.Cluster, Time: st.Time,
+			Routers: map[string]messages.RouterDemand{name: r}}
+		if verr := one.Validate(now); verr != nil {
+			delete(st.Routers, name)
+			a.metrics.dropped.Inc()
+			if a.badLog.Allow("drop/"+st.Model+"."+st.Cluster+"."+name, time.Now()) {
+				a.log.Warn().Err(verr).Str("model", st.Model).Str("cluster", st.Cluster).Str("router", name).
+					Msg("router's demand entry dropped: the cluster's demand did not encode with it (logged at most once per 10s per router)")
+			}
+		}
+	}
+	a.sumDemand(st, now)
+	return messages.EncodeAt(st, now)
 }
 
 // publish writes the values with asynchronous KV puts and waits for all acks.

@@ -10,6 +10,9 @@ type metrics struct {
 	writes     prometheus.Counter
 	lag        prometheus.Gauge
 	engines    *prometheus.GaugeVec
+	// dropped counts router entries removed from a demand state that did
+	// not encode.
+	dropped prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -29,8 +32,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "switchyard_aggregator_lag_seconds", Help: "Age of the newest signal when it was folded in."}),
 		engines: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "switchyard_aggregator_engines", Help: "Engines by status."}, []string{"status"}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_aggregator_demand_routers_dropped_total",
+			Help: "Routers' entries dropped from a cluster's demand state because it did not encode with them."}),
 	}
 	if reg != nil {
+		reg.MustRegister(m.dropped)
 		reg.MustRegister(m.signals, m.reports, m.duplicates, m.bad, m.writes, m.lag, m.engines)
 	}
 	return m

@@ -100,7 +100,9 @@ func (a *outcomeAcc) fold(out *messages.EngineOutcomes, o messages.EngineOutcome
 func (a *outcomeAcc) render(out *messages.EngineOutcomes, s Smoother) {
 	fs, fe, ft, fl := a.fast.rates(s.Fast)
 	ss, se, st, sl := a.slow.rates(s.Slow)
-	out.SentRPS = messages.Window{Fast: fs, Slow: ss}
+	// Each report's rates are bounded (messages.MaxRouterRate), their sum
+	// over many routers is not: bounded here so the state always encodes.
+	out.SentRPS = messages.Window{Fast: math.Min(fs, messages.MaxRate), Slow: math.Min(ss, messages.MaxRate)}
 	out.ErrorRate = messages.Window{Fast: fe, Slow: se}
 	out.TimeoutRate = messages.Window{Fast: ft, Slow: st}
 	// Keep the last TTFT seen while no attempt succeeds.

@@ -3,6 +3,7 @@ package engine_test
 import (
 	"encoding/hex"
 	"fmt"
+	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
 )
@@ -20,7 +21,9 @@ func Example_signalWireFormat() {
 			{Kind: messages.TransportNATS, Address: "sy.infer.llama.engine-b"},
 		},
 	}
-	data, err := messages.Encode(&s)
+	// Validated as of the signal's own time: a real engine stamps it now,
+	// and messages older than messages.MaxMessageAge are refused.
+	data, err := messages.EncodeAt(&s, time.UnixMilli(s.Time))
 	if err != nil {
 		panic(err)
 	}

@@ -7,9 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/optimizer"
-	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 func TestDistance(t *testing.T) {
@@ -62,17 +63,18 @@ func TestNewRejectsBadOptions(t *testing.T) {
 }
 
 func TestWithSlots(t *testing.T) {
-	snap := &messages.WeightSnapshot{Model: "m", Cluster: "A", Generation: 1, Time: 1,
+	at := time.UnixMilli(messages.EpochMs + 1)
+	snap := &messages.WeightSnapshot{Model: "m", Cluster: "A", Generation: 1, Time: at.UnixMilli(),
 		Weights: map[string]float64{"a": 0.5, "b": 0.3, "c": 0.1, "z": 0}, ShedFraction: 0.1}
 	withSlots(snap, nil)
-	if err := snap.Validate(time.UnixMilli(1)); err != nil {
+	if err := snap.Validate(at); err != nil {
 		t.Fatalf("snapshot with slots invalid: %v", err)
 	}
-	if got := strings.Join(snap.SlotEngines, ","); got != "a,b,c" || len(snap.Slots) != 2*router.SlotCount(3) {
+	if got := strings.Join(snap.SlotEngines, ","); got != "a,b,c" || len(snap.Slots) != 2*selection.SlotCount(3) {
 		t.Fatalf("slot engines %q, %d slot bytes", got, len(snap.Slots))
 	}
 	counts := func(s *messages.WeightSnapshot) map[string]int {
-		idx, err := router.DecodeSlots(s.Slots)
+		idx, err := selection.DecodeSlots(s.Slots)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -87,7 +89,7 @@ func TestWithSlots(t *testing.T) {
 	}
 	// The next snapshot continues from this one: several weights change,
 	// an engine joins; the moved slots are exactly the required ones.
-	next := &messages.WeightSnapshot{Model: "m", Cluster: "A", Generation: 2, Time: 1,
+	next := &messages.WeightSnapshot{Model: "m", Cluster: "A", Generation: 2, Time: at.UnixMilli(),
 		Weights: map[string]float64{"a": 0.3, "b": 0.35, "c": 0.05, "d": 0.3}}
 	withSlots(next, snap)
 	before, after := counts(snap), counts(next)
@@ -95,8 +97,8 @@ func TestWithSlots(t *testing.T) {
 	for e, n := range before {
 		need += max(0, n-after[e])
 	}
-	pi, _ := router.DecodeSlots(snap.Slots)
-	ni, _ := router.DecodeSlots(next.Slots)
+	pi, _ := selection.DecodeSlots(snap.Slots)
+	ni, _ := selection.DecodeSlots(next.Slots)
 	moved := 0
 	for s := range pi {
 		if snap.SlotEngines[pi[s]] != next.SlotEngines[ni[s]] {
@@ -122,5 +124,27 @@ func TestWithSlots(t *testing.T) {
 	withSlots(none, snap)
 	if none.SlotEngines != nil || none.Slots != nil {
 		t.Errorf("a snapshot without weight got a slot table")
+	}
+}
+
+// TestPenaltySpanBounded: penalties longer than a penalty record may claim
+// (messages.MaxPenaltySpan) are refused, since their records would not
+// validate.
+func TestPenaltySpanBounded(t *testing.T) {
+	for _, tc := range []struct {
+		p  PenaltyOptions
+		ok bool
+	}{
+		{PenaltyOptions{}, true},
+		{PenaltyOptions{Max: messages.MaxPenaltySpan, SlowStart: messages.MaxPenaltySpan}, true},
+		{PenaltyOptions{Max: 48 * time.Hour}, false},
+		{PenaltyOptions{SlowStart: messages.MaxPenaltySpan + time.Second}, false},
+	} {
+		o := Options{Conn: &nats.Conn{}, Penalties: tc.p}
+		o.setDefaults()
+		err := o.validate()
+		if (err == nil) != tc.ok || (err != nil && !strings.Contains(err.Error(), "MaxPenaltySpan")) {
+			t.Errorf("penalties %+v: validate = %v, want ok=%v", tc.p, err, tc.ok)
+		}
 	}
 }

@@ -18,6 +18,9 @@ type metrics struct {
 	penalties     *prometheus.CounterVec
 	operator      *prometheus.GaugeVec
 	slowStart     *prometheus.GaugeVec
+	// Weights keys whose stored value could not be followed.
+	generationAhead prometheus.Counter
+	overwritten     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -61,8 +64,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "switchyard_optimizer_slow_start_multiplier",
 			Help: "Health multiplier of an engine in slow start after its capacity came back from about zero (absent when none)."},
 			[]string{"model", "engine"}),
+		generationAhead: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_optimizer_generation_ahead_total",
+			Help: "Snapshot writes put off because the key's generation was above this clock's ceiling (messages.GenerationCeiling: the clock stepped back)."}),
+		overwritten: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_optimizer_weights_overwritten_total",
+			Help: "Weights keys found holding a value that could not be followed (undecodable, invalid or from the future) and overwritten with a new generation."}),
 	}
 	if reg != nil {
+		reg.MustRegister(m.generationAhead, m.overwritten)
 		reg.MustRegister(m.solveDuration, m.solveErrors, m.outOfTime, m.gap, m.generations, m.conflicts, m.leader,
 			m.problems, m.clusters, m.engines, m.bad, m.penalised, m.penalties, m.operator, m.slowStart)
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/switchyard-dev/switchyard/messages"
-	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/testenv"
@@ -216,7 +216,7 @@ func (r *recorder) checkSlots(t *testing.T) {
 			t.Errorf("%s generation %d: no slot table", u.key, snap.Generation)
 			continue
 		}
-		idx, err := router.DecodeSlots(snap.Slots)
+		idx, err := selection.DecodeSlots(snap.Slots)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -227,7 +227,7 @@ func (r *recorder) checkSlots(t *testing.T) {
 				positive++
 			}
 		}
-		if len(snap.SlotEngines) != positive || len(idx) != router.SlotCount(positive) {
+		if len(snap.SlotEngines) != positive || len(idx) != selection.SlotCount(positive) {
 			t.Errorf("%s generation %d: %d slot engines, %d slots for %d engines with weight",
 				u.key, snap.Generation, len(snap.SlotEngines), len(idx), positive)
 		}
@@ -326,8 +326,9 @@ func TestCaseStudy(t *testing.T) {
 		if math.Abs(sum-1) > 1e-6 {
 			t.Errorf("%s: weights %v and shed %v sum to %v", c, u.snap.Weights, u.snap.ShedFraction, sum)
 		}
-		if u.snap.Writer != "opt-1" || u.snap.Generation != 1 {
-			t.Errorf("%s: writer %q generation %d, want opt-1 and 1", c, u.snap.Writer, u.snap.Generation)
+		// A key's first generation is the clock's (messages.NextGeneration).
+		if want := uint64(u.snap.Time - messages.EpochMs); u.snap.Writer != "opt-1" || u.snap.Generation != want {
+			t.Errorf("%s: writer %q generation %d, want opt-1 and %d (ms since the epoch)", c, u.snap.Writer, u.snap.Generation, want)
 		}
 		if u.snap.ShedFraction > 1e-6 {
 			t.Errorf("%s: shed %v with capacity to spare", c, u.snap.ShedFraction)
@@ -480,8 +481,8 @@ func TestDeadBand(t *testing.T) {
 	if age < heartbeat {
 		t.Errorf("A rewritten %s after the previous snapshot, before the heartbeat %s", age, heartbeat)
 	}
-	if next.snap.Generation != first.snap.Generation+1 {
-		t.Errorf("generation %d → %d, want +1", first.snap.Generation, next.snap.Generation)
+	if want := uint64(next.snap.Time - messages.EpochMs); next.snap.Generation != want {
+		t.Errorf("generation %d → %d, want %d (the clock's, ms since the epoch)", first.snap.Generation, next.snap.Generation, want)
 	}
 	r.checkRising(t)
 }
@@ -495,7 +496,8 @@ func TestConflict(t *testing.T) {
 	r := record(t, env)
 	start(t, env, optimizersvc.Options{Instance: "opt-1", MinInterval: 20 * time.Millisecond})
 	waitSnapshots(t, r, "A", "B", "C")
-	intruder := &messages.WeightSnapshot{Model: model, Cluster: "B", Generation: 100, Time: time.Now().UnixMilli(),
+	cur, _ := r.latest(model + ".B")
+	intruder := &messages.WeightSnapshot{Model: model, Cluster: "B", Generation: cur.snap.Generation + 100, Time: time.Now().UnixMilli(),
 		Weights: map[string]float64{"engine-a": 1}, DemandRPS: 120, Writer: "intruder"}
 	put(t, kv(t, env.JS, env.Names.WeightsBucket), model+".B", intruder)
 	putDemand(t, kv(t, env.JS, env.Names.DemandBucket), "B", 125)
@@ -504,8 +506,8 @@ func TestConflict(t *testing.T) {
 		return u.snap.Writer == "opt-1" && u.snap.DemandRPS == 125
 	})
 	u, _ := r.latest(model + ".B")
-	if u.snap.Generation != 101 {
-		t.Errorf("generation after the intruder's 100: %d, want 101", u.snap.Generation)
+	if want := max(intruder.Generation+1, uint64(u.snap.Time-messages.EpochMs)); u.snap.Generation != want {
+		t.Errorf("generation after the intruder's %d: %d, want %d (one above, or the clock's)", intruder.Generation, u.snap.Generation, want)
 	}
 	r.checkRising(t)
 }

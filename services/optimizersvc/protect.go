@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/optimizer"
 )
 
 // PenaltyKey is the sy_engines key of an engine's penalty record:
@@ -253,7 +254,7 @@ func truncate(s string, n int) string {
 func (s *Service) healthOf(model, key string, st *messages.EngineState, now time.Time) (health, penalty float64, excluded bool) {
 	health = st.Health
 	if st.Status == messages.StatusStale {
-		health *= StaleHealthFactor
+		health *= optimizer.StaleHealthFactor
 	}
 	if op := s.operatorFor(model, st.Engine); op != nil {
 		switch op.Action {

@@ -13,7 +13,7 @@
 //   - status "down", or an effective capacity (capacity_rps × health) of zero:
 //     the engine is left out of the problem;
 //   - status "stale": the engine stays in, with its health multiplied by
-//     StaleHealthFactor (0.5): it has stopped signalling recently, so it gets
+//     optimizer.StaleHealthFactor (0.5): it has stopped signalling recently, so it gets
 //     less traffic until the aggregator decides whether it is down;
 //   - status "up": capacity_rps and health as reported.
 //
@@ -98,19 +98,26 @@
 // dead band from the snapshot in the bucket, when shedding starts or stops, or
 // when the snapshot in the bucket is older than Heartbeat (a heartbeat rewrite
 // carries the current solution). Writes are compare-and-set on the key's
-// revision and carry a generation one above the key's current one (read when
-// the instance first writes the key after gaining the lease). On a conflict the
-// service re-reads the key and does not write it again in that round; the next
-// round compares against what is there now. A key that is absent is created
-// at generation 1, or above the highest generation this instance has seen for
-// it: deleting weight keys while routers run makes them ignore the new
-// snapshots until they restart, so do not.
+// revision and carry the generation messages.NextGeneration gives after the
+// key's current one (read when the instance first writes the key after gaining
+// the lease) and the highest this instance has seen for it: one above, or the
+// milliseconds since messages.EpochMs when that is more, so that generations
+// follow the clock and routers can tell one from the future
+// (messages.GenerationCeiling). On a conflict the service re-reads the key
+// and does not write it again in that round; the next round compares against
+// what is there now. A key that is absent is created the same way, so a
+// deleted and re-created key still carries a generation above the ones
+// routers hold. A key whose value cannot be followed — undecodable, invalid,
+// or from the future (a generation above the ceiling, as a forged 2^64-1 is)
+// — is counted in switchyard_optimizer_bad_values_total, overwritten by the
+// next round's snapshot (switchyard_optimizer_weights_overwritten_total) and
+// logged at most once per 10 s per key.
 //
 // Every snapshot written carries the selection table routers install
-// (SlotEngines, Slots): router.AssignSlots computes it from the table of the
+// (SlotEngines, Slots): selection.AssignSlots computes it from the table of the
 // snapshot this instance last read or wrote for the key (so a new leader
 // continues from its predecessor's), for the engines of positive weight and
-// router.SlotCount of them slots, never fewer than the previous table's. A
+// selection.SlotCount of them slots, never fewer than the previous table's. A
 // key then moves between engines only as far as the weight change requires
 // (the total-variation distance, up to one slot per engine of rounding),
 // and every router maps keys alike whatever snapshots it saw before. A
@@ -159,9 +166,6 @@ import (
 
 // LeaseKey is the key of the optimizer's lease in the leases bucket.
 const LeaseKey = "optimizer"
-
-// StaleHealthFactor multiplies the health of an engine whose state is "stale".
-const StaleHealthFactor = 0.5
 
 // Options configures a Service. Zero values take the defaults documented per field.
 type Options struct {
@@ -320,6 +324,11 @@ func (o *Options) validate() error {
 				return fmt.Errorf("%w: NetworkMs[%s][%s] is %v, want a finite latency >= 0 ms", ErrOptions, c, e, ms)
 			}
 		}
+	}
+	// Penalty records must validate (messages.MaxPenaltySpan) to be written.
+	if o.Penalties.Max > messages.MaxPenaltySpan || o.Penalties.SlowStart > messages.MaxPenaltySpan {
+		return fmt.Errorf("%w: Penalties.Max %s and SlowStart %s, want at most %s each (messages.MaxPenaltySpan)",
+			ErrOptions, o.Penalties.Max, o.Penalties.SlowStart, messages.MaxPenaltySpan)
 	}
 	for field, v := range map[string]float64{"MinDemandRPS": o.MinDemandRPS, "PriorBaseMs": o.PriorBaseMs} {
 		if math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 {

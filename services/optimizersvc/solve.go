@@ -307,7 +307,24 @@ func (s *Service) publish(ctx context.Context, weights jetstream.KeyValue, b bui
 				continue
 			}
 		}
-		snap.Generation = max(ks.gen, s.maxGen[key]) + 1
+		gen, ok := messages.NextGeneration(max(ks.gen, s.maxGen[key]), now)
+		if !ok {
+			// Only after the clock stepped back by more than
+			// messages.MaxFutureSkew: a generation routers would take for
+			// one from the future. Wait for the clock rather than write it.
+			s.metrics.generationAhead.Inc()
+			if s.badLog.Allow("generation/"+key, time.Now()) {
+				s.log.Warn().Str("key", key).Uint64("generation", max(ks.gen, s.maxGen[key])).
+					Uint64("ceiling", messages.GenerationCeiling(now)).
+					Msg("weights key's generation is ahead of this clock's ceiling; not writing it until the clock catches up (logged at most once per 10s per key)")
+			}
+			continue
+		}
+		if ks.rev != 0 && ks.last == nil && s.badLog.Allow("corrupt/"+key, time.Now()) {
+			s.log.Warn().Str("key", key).Uint64("generation", gen).Uint64("revision", ks.rev).
+				Msg("weights key holds a value that cannot be followed (undecodable, invalid, or from the future); overwriting it (logged at most once per 10s per key)")
+		}
+		snap.Generation = gen
 		withSlots(snap, ks.last)
 		data, err := messages.EncodeAt(snap, now)
 		if errors.Is(err, messages.ErrTooLarge) && len(snap.Slots) > 0 {
@@ -321,7 +338,9 @@ func (s *Service) publish(ctx context.Context, weights jetstream.KeyValue, b bui
 			data, err = messages.EncodeAt(snap, now)
 		}
 		if err != nil {
-			s.log.Error().Err(err).Str("key", key).Msg("snapshot does not encode; not written")
+			if s.badLog.Allow("encode/"+key, time.Now()) {
+				s.log.Error().Err(err).Str("key", key).Msg("snapshot does not encode; not written (logged at most once per 10s per key)")
+			}
 			continue
 		}
 		if !s.Leader() {
@@ -355,6 +374,9 @@ func (s *Service) publish(ctx context.Context, weights jetstream.KeyValue, b bui
 				s.notify()
 			}
 			return
+		}
+		if ks.rev != 0 && ks.last == nil {
+			s.metrics.overwritten.Inc()
 		}
 		ks.rev, ks.gen, ks.last = rev, snap.Generation, snap
 		s.maxGen[key] = snap.Generation

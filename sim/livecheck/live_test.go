@@ -1,4 +1,4 @@
-package sim
+package livecheck
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/sim"
 )
 
 func TestLiveStackFile(t *testing.T) {
@@ -21,11 +23,11 @@ func TestLiveStackFile(t *testing.T) {
 	if c := f.Engines[0].CapacityRPS; math.Abs(c-51.2) > 0.1 {
 		t.Errorf("engine-a capacity %.2f req/s, want about 51.2", c)
 	}
-	for _, bad := range []struct{ edit func(*Scenario) string }{
-		{func(s *Scenario) string { s.Clusters[0].TokenDist = "exponential"; return "clusters[0].token_dist" }},
-		{func(s *Scenario) string { s.EngineTypes[1].TBTBaseMs = 12; return "engine_types[1]" }},
-		{func(s *Scenario) string { s.EngineTypes[0].KVBlocks = 3; return "engine_types[0].kv_blocks" }},
-		{func(s *Scenario) string { s.Events = []Event{{AtS: 1}}; return "events" }},
+	for _, bad := range []struct{ edit func(*sim.Scenario) string }{
+		{func(s *sim.Scenario) string { s.Clusters[0].TokenDist = "exponential"; return "clusters[0].token_dist" }},
+		{func(s *sim.Scenario) string { s.EngineTypes[1].TBTBaseMs = 12; return "engine_types[1]" }},
+		{func(s *sim.Scenario) string { s.EngineTypes[0].KVBlocks = 3; return "engine_types[0].kv_blocks" }},
+		{func(s *sim.Scenario) string { s.Events = []sim.Event{{AtS: 1}}; return "events" }},
 	} {
 		sc := LiveScenario()
 		field := bad.edit(sc)

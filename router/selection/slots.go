@@ -1,7 +1,6 @@
-package router
+package selection
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"math/bits"
@@ -34,10 +33,10 @@ func SlotCount(n int) int {
 
 // AssignSlots returns the slot table for engines with the given weights,
 // computed from the previous table so that as few slots as possible change
-// engine. It is the stateful counterpart of NewTable's rendezvous slots: the
-// single writer of snapshots (the optimizer service) calls it with the table
-// of the snapshot it last wrote and ships the result in the new snapshot, and
-// routers install it with NewTableFromSlots.
+// engine. It is the stateful counterpart of RendezvousSlots (router.NewTable's
+// slots): the single writer of snapshots (the optimizer service) calls it
+// with the table of the snapshot it last wrote and ships the result in the
+// new snapshot, and routers install it with router.NewTableFromSlots.
 //
 // out[s] is an index into engines. prev[s] is an index into prevEngines (an
 // index out of range, or an engine no longer listed, frees the slot); prev
@@ -57,8 +56,9 @@ func SlotCount(n int) int {
 //     count − new count): the total-variation distance between the old and
 //     the new slot shares, times slots, which is the least any assignment
 //     with these counts can move.
-//   - Without prev, the start is NewTable's weighted rendezvous assignment
-//     (seed 0) for the same slot count, rebalanced to the exact counts.
+//   - Without prev, the start is the weighted rendezvous assignment
+//     (RendezvousSlots, seed 0, as router.NewTable builds) for the same
+//     slot count, rebalanced to the exact counts.
 //   - When len(prev) differs from slots (both powers of two), prev is first
 //     resized with the key → slot mapping preserved: doubling splits each
 //     slot in two, which moves no key; halving keeps one engine of each
@@ -124,16 +124,15 @@ func AssignSlots(prev []uint16, prevEngines []string, engines []string, weights 
 			}
 		}
 	default:
-		es := make([]Engine, len(engines))
+		ws := make([]float64, len(engines))
 		var active []int32
-		for i, name := range engines {
-			es[i] = Engine{Name: name}
+		for i := range engines {
 			if target[i] > 0 {
-				es[i].Weight = weights[i]
+				ws[i] = weights[i]
 				active = append(active, int32(i))
 			}
 		}
-		for s, i := range buildSlots(es, active, slots, 0) {
+		for s, i := range RendezvousSlots(engines, ws, active, slots, 0) {
 			cur[s] = int32(i)
 		}
 	}
@@ -256,64 +255,11 @@ func EncodeSlots(idx []uint16) []byte {
 // DecodeSlots parses messages.WeightSnapshot.Slots into slot indexes.
 func DecodeSlots(b []byte) ([]uint16, error) {
 	if len(b)%2 != 0 {
-		return nil, fmt.Errorf("router: decode slots: odd length %d", len(b))
+		return nil, fmt.Errorf("selection: decode slots: odd length %d", len(b))
 	}
 	idx := make([]uint16, len(b)/2)
 	for s := range idx {
 		idx[s] = uint16(b[2*s]) | uint16(b[2*s+1])<<8
 	}
 	return idx, nil
-}
-
-var errSlotEngine = errors.New("slot refers to no engine with positive weight")
-
-// NewTableFromSlots builds a table whose slots are given: slots[s] is an
-// index into engines, the engine that owns slot s (AssignSlots computes
-// them; a snapshot carries them). Pick, Primary and Candidates work as for
-// NewTable: a key picks the slot given by its top bits, and its spill and
-// retry candidates are the owners of a key-derived probe sequence of other
-// slots. Engines' weights set the bounded-load limits and which engines are
-// eligible when probing finds none; engines with positive weight may own no
-// slot.
-//
-// Engines are checked as by NewTable. It also fails when len(slots) is not
-// a power of two in [1, MaxAssignedSlots], when a slot refers to an index
-// out of range or to an engine whose weight is zero, or when there are more
-// than 65,536 engines. opts.Slots and opts.Seed are ignored. With no slots
-// and no positive weight the table is valid and picks nothing.
-//
-// The result depends only on the (name, weight) pairs and on slots as a
-// mapping from slot to engine name: not on the order of engines.
-func NewTableFromSlots(engines []Engine, slots []uint16, opts TableOptions) (*Table, error) {
-	m := len(slots)
-	if m > MaxAssignedSlots || (m > 0 && m&(m-1) != 0) {
-		return nil, fmt.Errorf("router: new table from slots: %d slots is not a power of two in [1, %d]", m, MaxAssignedSlots)
-	}
-	if len(engines) > 1<<16 {
-		return nil, fmt.Errorf("router: new table from slots: %d engines, at most %d", len(engines), 1<<16)
-	}
-	t, err := newTableBase(engines, opts)
-	if err != nil {
-		return nil, fmt.Errorf("router: new table from slots: %w", err)
-	}
-	if m == 0 {
-		if len(t.active) > 0 {
-			return nil, errors.New("router: new table from slots: no slots but engines with positive weight")
-		}
-		return t, nil
-	}
-	// t.engines is engines sorted by name; map input indexes onto it.
-	sorted := make([]uint32, len(engines))
-	for i, e := range engines {
-		sorted[i] = uint32(t.index[e.Name])
-	}
-	t.slots = make([]uint32, m)
-	for s, j := range slots {
-		if int(j) >= len(engines) || engines[j].Weight <= 0 {
-			return nil, fmt.Errorf("router: new table from slots: slot %d: engine index %d: %w", s, j, errSlotEngine)
-		}
-		t.slots[s] = sorted[j]
-	}
-	t.finishSlots()
-	return t, nil
 }

@@ -1,4 +1,4 @@
-package streams
+package natsembed
 
 import (
 	"errors"
@@ -13,9 +13,9 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// EmbeddedOptions configures an embedded NATS server, with JetStream unless
+// Options configures an embedded NATS server, with JetStream unless
 // NoJetStream is set.
-type EmbeddedOptions struct {
+type Options struct {
 	// DataDir holds the JetStream file store. Required unless NoJetStream.
 	DataDir string
 	// NoJetStream runs the server without JetStream of its own. As a leaf
@@ -54,23 +54,23 @@ type EmbeddedOptions struct {
 	StartTimeout time.Duration
 }
 
-// ErrPortInUse is returned by StartEmbedded when the client or cluster port is taken.
-var ErrPortInUse = errors.New("streams: port already in use")
+// ErrPortInUse is returned by Start when the client or cluster port is taken.
+var ErrPortInUse = errors.New("natsembed: port already in use")
 
-// Embedded is a running embedded NATS server.
-type Embedded struct {
+// Server is a running embedded NATS server.
+type Server struct {
 	srv *server.Server
 }
 
-// StartEmbedded starts an embedded NATS server (with JetStream unless
+// Start starts an embedded NATS server (with JetStream unless
 // opts.NoJetStream) and waits until it accepts connections.
-func StartEmbedded(opts EmbeddedOptions) (*Embedded, error) {
+func Start(opts Options) (*Server, error) {
 	if !opts.NoJetStream {
 		if opts.DataDir == "" {
-			return nil, errors.New("streams: embedded server needs a data directory")
+			return nil, errors.New("natsembed: embedded server needs a data directory")
 		}
 		if err := os.MkdirAll(opts.DataDir, 0o755); err != nil {
-			return nil, fmt.Errorf("streams: create data directory %s: %w", opts.DataDir, err)
+			return nil, fmt.Errorf("natsembed: create data directory %s: %w", opts.DataDir, err)
 		}
 	}
 	host := opts.Host
@@ -111,7 +111,7 @@ func StartEmbedded(opts EmbeddedOptions) (*Embedded, error) {
 		for _, r := range opts.Routes {
 			u, err := url.Parse(r)
 			if err != nil {
-				return nil, fmt.Errorf("streams: route %q: %w", r, err)
+				return nil, fmt.Errorf("natsembed: route %q: %w", r, err)
 			}
 			so.Routes = append(so.Routes, u)
 		}
@@ -133,7 +133,7 @@ func StartEmbedded(opts EmbeddedOptions) (*Embedded, error) {
 		for _, r := range opts.LeafRemotes {
 			u, err := url.Parse(r)
 			if err != nil || u.Host == "" {
-				return nil, fmt.Errorf("streams: leaf-node remote %q is not a URL like nats-leaf://host:7422", r)
+				return nil, fmt.Errorf("natsembed: leaf-node remote %q is not a URL like nats-leaf://host:7422", r)
 			}
 			remote.URLs = append(remote.URLs, u)
 		}
@@ -151,7 +151,7 @@ func StartEmbedded(opts EmbeddedOptions) (*Embedded, error) {
 	}
 	srv, err := server.NewServer(so)
 	if err != nil {
-		return nil, fmt.Errorf("streams: configure embedded NATS server: %w", err)
+		return nil, fmt.Errorf("natsembed: configure embedded NATS server: %w", err)
 	}
 	if opts.Logger != nil {
 		srv.SetLoggerV2(&serverLogger{log: *opts.Logger}, false, false, false)
@@ -163,9 +163,9 @@ func StartEmbedded(opts EmbeddedOptions) (*Embedded, error) {
 	}
 	if !srv.ReadyForConnections(timeout) {
 		srv.Shutdown()
-		return nil, fmt.Errorf("streams: embedded NATS server (data dir %s) not ready within %s", opts.DataDir, timeout)
+		return nil, fmt.Errorf("natsembed: embedded NATS server (data dir %s) not ready within %s", opts.DataDir, timeout)
 	}
-	return &Embedded{srv: srv}, nil
+	return &Server{srv: srv}, nil
 }
 
 func checkFree(host string, port int) error {
@@ -178,10 +178,10 @@ func checkFree(host string, port int) error {
 }
 
 // Server returns the underlying nats-server, e.g. for in-process connections.
-func (e *Embedded) Server() *server.Server { return e.srv }
+func (e *Server) Server() *server.Server { return e.srv }
 
 // ClientURL returns the URL clients connect to, or "" without a client listener.
-func (e *Embedded) ClientURL() string {
+func (e *Server) ClientURL() string {
 	if e.srv.Addr() == nil {
 		return ""
 	}
@@ -189,7 +189,7 @@ func (e *Embedded) ClientURL() string {
 }
 
 // ClusterURL returns the nats-route:// URL of this node's cluster listener, or "".
-func (e *Embedded) ClusterURL() string {
+func (e *Server) ClusterURL() string {
 	a := e.srv.ClusterAddr()
 	if a == nil {
 		return ""
@@ -198,7 +198,7 @@ func (e *Embedded) ClusterURL() string {
 }
 
 // LeafURL returns the nats-leaf:// URL of this server's leaf-node listener, or "".
-func (e *Embedded) LeafURL() string {
+func (e *Server) LeafURL() string {
 	v, err := e.srv.Varz(nil)
 	if err != nil || v.LeafNode.Port <= 0 {
 		return ""
@@ -208,10 +208,10 @@ func (e *Embedded) LeafURL() string {
 
 // LeafConnected reports whether this server has a leaf-node connection up
 // (to its hub, or from a leaf node).
-func (e *Embedded) LeafConnected() bool { return e.srv.NumLeafNodes() > 0 }
+func (e *Server) LeafConnected() bool { return e.srv.NumLeafNodes() > 0 }
 
 // Shutdown stops the server and waits until it has stopped.
-func (e *Embedded) Shutdown() {
+func (e *Server) Shutdown() {
 	e.srv.Shutdown()
 	e.srv.WaitForShutdown()
 }

@@ -1,4 +1,4 @@
-package sim
+package livecheck
 
 import (
 	"context"
@@ -20,15 +20,10 @@ import (
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/services/loadgen"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
+	"github.com/switchyard-dev/switchyard/sim"
 	"github.com/switchyard-dev/switchyard/stack"
 	"github.com/switchyard-dev/switchyard/workload"
 )
-
-// The live check: one small scenario run twice on the same arrivals, through
-// the real services (embedded NATS, aggregator, optimizer service, one router
-// per cluster and simulated engines, all in this process, load over real
-// HTTP) and through the simulator's switchyard policy, so that the simulator
-// stays honest about the real system. See docs/simulation.md.
 
 // liveScenario is the built-in scenario of the live check. Its max_batch
 // values are what the engine simulator needs for 51.2 and 40.3 req/s with
@@ -59,8 +54,8 @@ network:
 // LiveScenario returns the live check's built-in scenario: the case study at
 // half scale (demand 45, 60 and 20 req/s onto engines of about 51, 51 and 40
 // req/s), 10 s of warm-up and 30 s measured.
-func LiveScenario() *Scenario {
-	sc, err := ParseScenario("(built-in live scenario)", []byte(liveScenario))
+func LiveScenario() *sim.Scenario {
+	sc, err := sim.ParseScenario("(built-in live scenario)", []byte(liveScenario))
 	if err != nil {
 		panic("built-in live scenario does not parse: " + err.Error())
 	}
@@ -117,41 +112,6 @@ type LiveOptions struct {
 	Logger zerolog.Logger
 }
 
-// LiveSide is what one side of the live check measured over the requests
-// arriving in the measured period.
-type LiveSide struct {
-	// Requests counts measured arrivals; OK, Shed and Failed split them
-	// (Failed: errors, requests dropped by the load generator, or unfinished).
-	Requests int `json:"requests"`
-	OK       int `json:"ok"`
-	Shed     int `json:"shed"`
-	Failed   int `json:"failed"`
-	// Latencies of served requests as the client sees them, network included, ms.
-	E2EMeanMs float64 `json:"e2e_mean_ms"`
-	E2EP50Ms  float64 `json:"e2e_p50_ms"`
-	E2EP99Ms  float64 `json:"e2e_p99_ms"`
-	TTFTP50Ms float64 `json:"ttft_p50_ms"`
-	TTFTP99Ms float64 `json:"ttft_p99_ms"`
-	// Shares[cluster][engine] is the share of the cluster's served requests
-	// that the engine served.
-	Shares map[string]map[string]float64 `json:"shares"`
-	// TimerLateP50Ms and TimerLateP99Ms (live side only) are how late a
-	// 1 ms sleep woke up during the run: the host's scheduling delay, which
-	// every engine step and proxied token also suffers. Above a few ms the
-	// host is too busy for the live run to mean much.
-	TimerLateP50Ms float64 `json:"timer_late_p50_ms,omitempty"`
-	TimerLateP99Ms float64 `json:"timer_late_p99_ms,omitempty"`
-	// EngineTTFTMs and EngineTBTMs (live side only) are each engine's own
-	// mean TTFT and time between tokens over the whole run, warm-up
-	// included, without the router, HTTP and network: where time went.
-	EngineTTFTMs map[string]float64 `json:"engine_ttft_ms,omitempty"`
-	EngineTBTMs  map[string]float64 `json:"engine_tbt_ms,omitempty"`
-	// CapacityRPS is each engine's capacity as this side knows it: the
-	// simulator's calibrated saturation throughput, or the engine
-	// simulator's analytic capacity that the live engines signal.
-	CapacityRPS map[string]float64 `json:"capacity_rps"`
-}
-
 // LiveRow is one compared quantity.
 type LiveRow struct {
 	Metric string  `json:"metric"`
@@ -178,8 +138,8 @@ type LiveComparison struct {
 	MeasuredS float64       `json:"measured_s"`
 	WallS     float64       `json:"wall_s"`
 	Tolerance LiveTolerance `json:"tolerance"`
-	Live      LiveSide      `json:"live"`
-	Sim       LiveSide      `json:"sim"`
+	Live      sim.LiveSide  `json:"live"`
+	Sim       sim.LiveSide  `json:"sim"`
 	Rows      []LiveRow     `json:"rows"`
 	// OK is true when every checked row is within tolerance.
 	OK bool `json:"ok"`
@@ -192,12 +152,12 @@ type LiveComparison struct {
 var ErrLiveScenario = errors.New("sim: scenario not fit for the live check")
 
 func liveErr(field string, v any, format string, args ...any) error {
-	return fmt.Errorf("%w: %s", ErrLiveScenario, fieldf(field, v, format, args...))
+	return fmt.Errorf("%w: %s: %v: %s", ErrLiveScenario, field, v, fmt.Sprintf(format, args...))
 }
 
 // liveTokens returns the prompt and output lengths every request of a
 // scenario fit for the live check has.
-func liveTokens(sc *Scenario) (prompt, output int) {
+func liveTokens(sc *sim.Scenario) (prompt, output int) {
 	return sc.Clusters[0].PromptTokens, sc.Clusters[0].OutputTokens
 }
 
@@ -212,7 +172,7 @@ func liveTokens(sc *Scenario) (prompt, output int) {
 // per-pair network latencies. Each engine's capacity_rps is the engine
 // simulator's capacity at its type's max_batch, so that the stack derives
 // that batch size back.
-func LiveStackFile(sc *Scenario) (*stack.File, error) {
+func LiveStackFile(sc *sim.Scenario) (*stack.File, error) {
 	if len(sc.Events) > 0 {
 		return nil, liveErr("events", len(sc.Events), "want none: the live stack runs no timed events")
 	}
@@ -238,7 +198,7 @@ func LiveStackFile(sc *Scenario) (*stack.File, error) {
 		}
 	}
 	prompt, output := liveTokens(sc)
-	types := map[string]*EngineType{}
+	types := map[string]*sim.EngineType{}
 	for k := range sc.EngineTypes {
 		t := &sc.EngineTypes[k]
 		t0 := &sc.EngineTypes[0]
@@ -280,7 +240,7 @@ func LiveStackFile(sc *Scenario) (*stack.File, error) {
 		if b, err := enginesim.BatchForCapacity(eo, capRPS); err != nil || b != t.MaxBatch {
 			return nil, liveErr(fmt.Sprintf("engines[%d]", k), e.Name, "the engine simulator derives batch %d, not %d, from capacity %.3f req/s (%v)", b, t.MaxBatch, capRPS, err)
 		}
-		for _, n := range e.names() {
+		for _, n := range e.Names() {
 			if !messages.ValidName(n) || !messages.ValidName(e.Region) {
 				return nil, liveErr(fmt.Sprintf("engines[%d].name", k), n, "want names of A-Z a-z 0-9 _ - (NATS tokens)")
 			}
@@ -309,7 +269,7 @@ func loadgenPromptTokens(p int) int { return max(4, p-1) }
 
 // RunLive runs the live check on sc: the live stack and the simulator on
 // the same arrivals, compared with the tolerances of opts.
-func RunLive(ctx context.Context, sc *Scenario, opts LiveOptions) (*LiveComparison, error) {
+func RunLive(ctx context.Context, sc *sim.Scenario, opts LiveOptions) (*LiveComparison, error) {
 	file, err := LiveStackFile(sc)
 	if err != nil {
 		return nil, err
@@ -331,7 +291,7 @@ func RunLive(ctx context.Context, sc *Scenario, opts LiveOptions) (*LiveComparis
 	if len(arrivals) == 0 {
 		return nil, fmt.Errorf("sim: scenario %s generates no requests", sc.Name)
 	}
-	simSide, err := runSimSide(ctx, sc, arrivals, seed, opts.CalibrationRequests)
+	simSide, err := sim.RunLiveSide(ctx, sc, arrivals, seed, opts.CalibrationRequests)
 	if err != nil {
 		return nil, err
 	}
@@ -342,79 +302,15 @@ func RunLive(ctx context.Context, sc *Scenario, opts LiveOptions) (*LiveComparis
 	}
 	cmp := &LiveComparison{Scenario: sc.Name, Seed: seed, WarmupS: sc.WarmupS, Tolerance: opts.Tolerance,
 		Live: *liveSide, Sim: *simSide, WallS: time.Since(start).Seconds()}
-	f, err := compile(sc, arrivals[len(arrivals)-1].AtMs)
+	f, err := sc.LiveLayout(arrivals)
 	if err != nil {
 		return nil, err
 	}
-	cmp.MeasuredS = (f.measureTo - f.measureFrom) / 1000
-	for _, c := range f.clusters {
-		cmp.Clusters = append(cmp.Clusters, c.name)
-	}
-	for _, e := range f.engines {
-		cmp.Engines = append(cmp.Engines, e.name)
-	}
+	cmp.MeasuredS = (f.MeasureToMs - f.MeasureFromMs) / 1000
+	cmp.Clusters = append(cmp.Clusters, f.Clusters...)
+	cmp.Engines = append(cmp.Engines, f.Engines...)
 	cmp.compare()
 	return cmp, nil
-}
-
-// runSimSide simulates the switchyard policy on arrivals, keeping each
-// cluster's engine shares.
-func runSimSide(ctx context.Context, sc *Scenario, arrivals []Arrival, seed uint64, calib int) (*LiveSide, error) {
-	f, err := compile(sc, arrivals[len(arrivals)-1].AtMs)
-	if err != nil {
-		return nil, err
-	}
-	mix := arrivals[:min(len(arrivals), calibMix)]
-	profiles := map[int]Profile{}
-	side := &LiveSide{Shares: map[string]map[string]float64{}, CapacityRPS: map[string]float64{}}
-	for j := range f.engines {
-		e := &f.engines[j]
-		p, ok := profiles[e.typeIdx]
-		if !ok {
-			if p, err = calibrate(sc, e.typeIdx, mix, seed, calib); err != nil {
-				return nil, err
-			}
-			profiles[e.typeIdx] = p
-		}
-		e.capacity, e.idleMs = p.CapacityRPS, p.IdleMs
-		side.CapacityRPS[e.name] = p.CapacityRPS
-	}
-	pol, err := newPolicy("switchyard", sc)
-	if err != nil {
-		return nil, err
-	}
-	r := newRun(f, arrivals, pol, seed)
-	r.ctx = ctx
-	r.simulate(true)
-	if ctx.Err() != nil {
-		return nil, fmt.Errorf("sim: live check: %w", ctx.Err())
-	}
-	counts := grid[int](len(f.clusters), len(f.engines))
-	served := make([]int, len(f.clusters))
-	for q := range r.reqs {
-		if r.m.counts(r, int32(q)) && r.reqs[q].state == rsDone {
-			c := r.arrivals[q].Cluster
-			counts[c][r.reqs[q].engine]++
-			served[c]++
-		}
-	}
-	res := r.m.result(r, "switchyard")
-	side.Requests = int(res.Requests)
-	side.OK = int(r.m.served)
-	side.Shed = int(r.m.shedN)
-	side.Failed = int(r.m.failedN)
-	side.E2EMeanMs, side.E2EP50Ms, side.E2EP99Ms = res.E2EMeanMs, quantile(res.E2ESorted, 0.5), res.E2EP99Ms
-	side.TTFTP50Ms, side.TTFTP99Ms = res.TTFTP50Ms, res.TTFTP99Ms
-	for c := range f.clusters {
-		row := map[string]float64{}
-		for j := range f.engines {
-			if served[c] > 0 {
-				row[f.engines[j].name] = float64(counts[c][j]) / float64(served[c])
-			}
-		}
-		side.Shares[f.clusters[c].name] = row
-	}
-	return side, nil
 }
 
 // liveRecord is one request as the live client saw it.
@@ -488,7 +384,7 @@ func (b *recordedBody) finish(eof bool) {
 
 // runLiveSide starts the stack, sends each cluster's arrivals through its
 // router and measures what came back.
-func runLiveSide(ctx context.Context, sc *Scenario, file *stack.File, arrivals []Arrival, seed uint64, opts LiveOptions) (*LiveSide, error) {
+func runLiveSide(ctx context.Context, sc *sim.Scenario, file *stack.File, arrivals []sim.Arrival, seed uint64, opts LiveOptions) (*sim.LiveSide, error) {
 	dir := opts.DataDir
 	if dir == "" {
 		d, err := os.MkdirTemp("", "switchyard-live-")
@@ -509,7 +405,7 @@ func runLiveSide(ctx context.Context, sc *Scenario, file *stack.File, arrivals [
 				if engineTU == nil {
 					engineTU = map[string]float64{}
 				}
-				for _, n := range e.names() {
+				for _, n := range e.Names() {
 					engineTU[n] = tu
 				}
 			}
@@ -522,7 +418,7 @@ func runLiveSide(ctx context.Context, sc *Scenario, file *stack.File, arrivals [
 		return nil, err
 	}
 	defer st.Close()
-	side := &LiveSide{Shares: map[string]map[string]float64{}, CapacityRPS: map[string]float64{}}
+	side := &sim.LiveSide{Shares: map[string]map[string]float64{}, CapacityRPS: map[string]float64{}}
 	for _, e := range file.Engines {
 		side.CapacityRPS[e.Name] = e.CapacityRPS
 	}
@@ -602,13 +498,13 @@ func runLiveSide(ctx context.Context, sc *Scenario, file *stack.File, arrivals [
 		to = sc.DurationS * 1000
 	}
 	var e2e, ttft []float64
-	f, err := compile(sc, arrivals[len(arrivals)-1].AtMs)
+	f, err := sc.LiveLayout(arrivals)
 	if err != nil {
 		return nil, err
 	}
 	engIdx := map[string]int{}
-	for j, e := range f.engines {
-		engIdx[e.name] = j
+	for j, name := range f.Engines {
+		engIdx[name] = j
 	}
 	for c := range nc {
 		counts := map[string]int{}
@@ -628,7 +524,7 @@ func runLiveSide(ctx context.Context, sc *Scenario, file *stack.File, arrivals [
 			default:
 				// The live stack runs on one machine: the modelled network
 				// round trip is added as the simulator adds it.
-				rtt := 2 * f.oneWay[c][j]
+				rtt := 2 * f.OneWayMs[c][j]
 				e2e = append(e2e, float64(rec.end.Sub(rec.sent))/float64(time.Millisecond)+rtt)
 				ttft = append(ttft, float64(rec.headers.Sub(rec.sent))/float64(time.Millisecond)+rtt)
 				counts[rec.engine]++
@@ -640,12 +536,12 @@ func runLiveSide(ctx context.Context, sc *Scenario, file *stack.File, arrivals [
 		side.Failed += sums[c].Dropped
 		side.Requests += sums[c].Dropped
 		row := map[string]float64{}
-		for _, e := range f.engines {
+		for _, name := range f.Engines {
 			if served > 0 {
-				row[e.name] = float64(counts[e.name]) / float64(served)
+				row[name] = float64(counts[name]) / float64(served)
 			}
 		}
-		side.Shares[f.clusters[c].name] = row
+		side.Shares[f.Clusters[c]] = row
 	}
 	slices.Sort(e2e)
 	slices.Sort(ttft)
@@ -861,7 +757,7 @@ func (c *LiveComparison) WriteJSON(w io.Writer) error {
 			}
 		}
 	}
-	for _, s := range []*LiveSide{&cp.Live, &cp.Sim} {
+	for _, s := range []*sim.LiveSide{&cp.Live, &cp.Sim} {
 		for _, p := range []*float64{&s.E2EMeanMs, &s.E2EP50Ms, &s.E2EP99Ms, &s.TTFTP50Ms, &s.TTFTP99Ms} {
 			if math.IsNaN(*p) {
 				*p = -1

@@ -1,4 +1,4 @@
-package router
+package selection
 
 import "math/bits"
 
@@ -12,8 +12,9 @@ const (
 // counter by it gives a low-discrepancy (Weyl) sequence in the high bits.
 const golden = 0x9E3779B97F4A7C15
 
-// mix64 is the SplitMix64 finaliser: a bijective avalanche of all 64 bits.
-func mix64(x uint64) uint64 {
+// Mix64 is the SplitMix64 finaliser: a bijective avalanche of all 64 bits.
+// Selection derives probe steps and shedding draws from keys with it.
+func Mix64(x uint64) uint64 {
 	x ^= x >> 30
 	x *= 0xBF58476D1CE4E5B9
 	x ^= x >> 27
@@ -22,18 +23,22 @@ func mix64(x uint64) uint64 {
 	return x
 }
 
-// hasher is an allocation-free streaming FNV-1a 64 hash with a byte budget:
-// bytes written after the budget is spent are ignored.
-type hasher struct {
+// Hasher is an allocation-free streaming FNV-1a 64 hash with a byte budget:
+// bytes written after the budget is spent are ignored. Affinity keys are
+// hashed with it.
+type Hasher struct {
 	h    uint64
 	left int
 }
 
-func newHasher(seed uint64, budget int) hasher {
-	return hasher{h: fnvOffset64 ^ seed, left: budget}
+// NewHasher returns a Hasher seeded with seed that hashes at most budget
+// bytes.
+func NewHasher(seed uint64, budget int) Hasher {
+	return Hasher{h: fnvOffset64 ^ seed, left: budget}
 }
 
-func (h *hasher) writeString(s string) {
+// WriteString hashes the bytes of s, as far as the budget allows.
+func (h *Hasher) WriteString(s string) {
 	if len(s) > h.left {
 		s = s[:h.left]
 	}
@@ -46,7 +51,8 @@ func (h *hasher) writeString(s string) {
 	h.left -= len(s)
 }
 
-func (h *hasher) writeBytes(b []byte) {
+// WriteBytes hashes b, as far as the budget allows.
+func (h *Hasher) WriteBytes(b []byte) {
 	if len(b) > h.left {
 		b = b[:h.left]
 	}
@@ -59,20 +65,21 @@ func (h *hasher) writeBytes(b []byte) {
 	h.left -= len(b)
 }
 
-// writeSep mixes a separator that no byte string can produce, so that
+// WriteSep mixes a separator that no byte string can produce, so that
 // ("ab","c") and ("a","bc") hash differently. It does not use the budget.
-func (h *hasher) writeSep() {
+func (h *Hasher) WriteSep() {
 	h.h = bits.RotateLeft64(h.h^0xFF51AFD7ED558CCD, 29) * fnvPrime64
 }
 
-func (h *hasher) sum() uint64 { return mix64(h.h) }
+// Sum returns the hash of what was written, well mixed.
+func (h *Hasher) Sum() uint64 { return Mix64(h.h) }
 
 // HashString returns a well-mixed 64-bit hash of s, suitable as a selection
-// key for Table.Pick. It does not allocate and is the same on every platform.
+// key for router.Table.Pick. It does not allocate and is the same on every platform.
 func HashString(s string) uint64 {
-	h := newHasher(0, len(s))
-	h.writeString(s)
-	return h.sum()
+	h := NewHasher(0, len(s))
+	h.WriteString(s)
+	return h.Sum()
 }
 
 // SpreadKey turns a request sequence number into a selection key for
@@ -86,7 +93,7 @@ type splitmix struct{ s uint64 }
 
 func (r *splitmix) next() uint64 {
 	r.s += golden
-	return mix64(r.s)
+	return Mix64(r.s)
 }
 
 // unit returns a float64 uniform in (0, 1].

@@ -1,6 +1,6 @@
 //go:build !race
 
-package sim
+package livecheck
 
 // raceEnabled reports whether the tests run under the race detector.
 const raceEnabled = false
