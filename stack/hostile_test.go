@@ -20,6 +20,7 @@ import (
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/streams"
+	"github.com/switchyard-dev/switchyard/streams/natsembed"
 )
 
 // The hostile-input suite: every input of issue 16 (and shapes beyond it)
@@ -843,7 +844,7 @@ func TestReliabilityHostileRestart(t *testing.T) {
 	h.stop()
 
 	// While it is down, the attacker writes into the store.
-	srv, err := streams.StartEmbedded(streams.EmbeddedOptions{DataDir: dir, Host: "127.0.0.1", Port: -1})
+	srv, err := natsembed.Start(natsembed.Options{DataDir: dir, Host: "127.0.0.1", Port: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
