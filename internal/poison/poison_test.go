@@ -1,0 +1,109 @@
+package poison
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/internal/logthrottle"
+	"github.com/switchyard-dev/switchyard/messages"
+)
+
+func TestRecover(t *testing.T) {
+	var buf bytes.Buffer
+	reg := prometheus.NewRegistry()
+	g, err := New(Options{Component: "test", Logger: zerolog.New(&buf), Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A second guard of the component shares the counter.
+	g2, err := New(Options{Component: "test", Registerer: reg})
+	if err != nil {
+		t.Fatalf("second guard on one registry: %v", err)
+	}
+	dropped := 0
+	handle := func(subject string, boom bool) {
+		defer g.Recover("signals", subject, func() { dropped++ })
+		if boom {
+			var m map[string]int
+			m["x"] = 1 // a real runtime panic: assignment to a nil map
+		}
+	}
+	handle("sy.signal.m.a", false)
+	if dropped != 0 || g.Panics("signals") != 0 {
+		t.Fatalf("no panic: dropped %d, counted %v", dropped, g.Panics("signals"))
+	}
+	handle("sy.signal.m.a", true)
+	handle("sy.signal.m.b", true)
+	if dropped != 2 || g.Panics("signals") != 2 || g2.Panics("signals") != 2 {
+		t.Fatalf("after 2 panics: dropped %d, counted %v and %v", dropped, g.Panics("signals"), g2.Panics("signals"))
+	}
+	out := buf.String()
+	for _, want := range []string{"sy.signal.m.a", "sy.signal.m.b", "assignment to entry in nil map", "poison_test.go", `"handler":"signals"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %q:\n%s", want, out)
+		}
+	}
+	// A drop function that panics is contained too.
+	func() {
+		defer g.Recover("signals", "x", func() { panic("drop failed") })
+		panic("first")
+	}()
+	if g.Panics("signals") != 3 {
+		t.Fatalf("counted %v, want 3", g.Panics("signals"))
+	}
+}
+
+func TestLogBounded(t *testing.T) {
+	var buf bytes.Buffer
+	now := time.Unix(1000, 0)
+	g, err := New(Options{Component: "test", Logger: zerolog.New(&buf),
+		Throttle: logthrottle.Options{Interval: 10 * time.Second, MaxLines: 3},
+		Now:      func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3000 {
+		now = now.Add(time.Millisecond)
+		g.Log(fmt.Sprint("sy.signal.m.e", i)).Str("subject", "s").Msg("bad")
+	}
+	if n := strings.Count(buf.String(), "\n"); n != 3 {
+		t.Fatalf("%d lines for 3000 sources in 3s, want 3:\n%s", n, buf.String())
+	}
+	now = now.Add(10 * time.Second)
+	g.Flush()
+	out := buf.String()
+	if !strings.Contains(out, "dropped 2997 log lines for 2997 sources") {
+		t.Fatalf("no summary line:\n%s", out)
+	}
+	g.Flush()
+	if n := strings.Count(buf.String(), "\n"); n != 4 {
+		t.Fatalf("%d lines, want 4 (3 and one summary)", n)
+	}
+}
+
+func TestReason(t *testing.T) {
+	cases := []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("x: %w", messages.ErrDecode), ReasonDecode},
+		{fmt.Errorf("x: %w", messages.ErrVersion), ReasonVersion},
+		{fmt.Errorf("x: %w", messages.ErrTooLarge), ReasonTooLarge},
+		{fmt.Errorf("x: %w", messages.ErrKind), ReasonKind},
+		{fmt.Errorf("x: %w", messages.ErrInvalid), ReasonInvalid},
+		{fmt.Errorf("other"), ReasonInvalid},
+	}
+	for _, c := range cases {
+		if got := Reason(c.err); got != c.want {
+			t.Errorf("Reason(%v) = %q, want %q", c.err, got, c.want)
+		}
+	}
+	if _, err := New(Options{Component: "a.b"}); err == nil {
+		t.Error("component with a dot accepted")
+	}
+}
