@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/streams"
 )
@@ -61,6 +62,11 @@ type StoreOptions struct {
 	Registry prometheus.Registerer
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// OnValue, when set, is called with the key and bytes of every value
+	// the weights watcher delivers, before it is decoded, inside the
+	// handler's panic recovery; it must not keep data. For inspection and
+	// tests (a handler that panics on a chosen value).
+	OnValue func(key string, data []byte)
 }
 
 // tableEntry is one model's published table.
@@ -111,6 +117,7 @@ type SnapshotStore struct {
 	rejected  *prometheus.CounterVec
 	restarts  prometheus.Counter
 	watching  atomic.Bool
+	poison    *poison.Guard
 }
 
 // Rejection reasons counted in switchyard_router_snapshots_rejected_total.
@@ -119,6 +126,7 @@ const (
 	rejectKey    = "key"
 	rejectOld    = "old_generation"
 	rejectTable  = "table"
+	rejectPanic  = poison.ReasonPanic
 )
 
 // NewSnapshotStore returns a store for opts; Run starts watching.
@@ -144,9 +152,15 @@ func NewSnapshotStore(opts StoreOptions) (*SnapshotStore, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	log := opts.Logger.With().Str("component", "router").Str("cluster", opts.Cluster).Logger()
+	guard, err := poison.New(poison.Options{Component: "router", Logger: log, Registerer: opts.Registry, Now: opts.Now})
+	if err != nil {
+		return nil, fmt.Errorf("router: new snapshot store: %w", err)
+	}
 	s := &SnapshotStore{
 		opts:   opts,
-		log:    opts.Logger.With().Str("component", "router").Str("cluster", opts.Cluster).Logger(),
+		log:    log,
+		poison: guard,
 		models: make(map[string]*storeModel),
 		installed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_router_snapshots_installed_total",
@@ -154,7 +168,7 @@ func NewSnapshotStore(opts StoreOptions) (*SnapshotStore, error) {
 		}, []string{"model"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_router_snapshots_rejected_total",
-			Help: "Weight snapshot updates not installed, by reason (decode, key, old_generation, table).",
+			Help: "Weight snapshot updates not installed, by reason (decode, key, old_generation, table, panic).",
 		}, []string{"reason"}),
 		restarts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_router_weights_watch_restarts_total",
@@ -205,6 +219,7 @@ func (s *SnapshotStore) Run(ctx context.Context) error {
 			return nil
 		case <-tick.C:
 			s.Refresh()
+			s.poison.Flush()
 		}
 	}
 }
@@ -271,10 +286,16 @@ func (s *SnapshotStore) watchOnce(ctx context.Context) error {
 	}
 	closed := make(chan struct{})
 	cc, err := cons.Consume(func(m jetstream.Msg) {
+		// An ordered consumer does not take acknowledgements: a value this
+		// handler panics on is dropped by returning, and the next one served.
+		defer s.poison.Recover("weights", m.Subject(), func() { s.rejected.WithLabelValues(rejectPanic).Inc() })
 		key := strings.TrimPrefix(m.Subject(), prefix)
 		if op := m.Headers().Get("KV-Operation"); op != "" {
 			s.log.Info().Str("key", key).Str("op", op).Msg("weights key deleted; keeping the installed snapshot")
 			return
+		}
+		if s.opts.OnValue != nil {
+			s.opts.OnValue(key, m.Data())
 		}
 		if _, err := s.installBytes(key, m.Data()); err != nil {
 			s.log.Debug().Err(err).Str("key", key).Msg("snapshot not installed")
@@ -323,14 +344,15 @@ func (s *SnapshotStore) installBytes(key string, data []byte) (bool, error) {
 	var snap messages.WeightSnapshot
 	if err := messages.DecodeIntoAt(data, &snap, s.opts.Now()); err != nil {
 		s.rejected.WithLabelValues(rejectDecode).Inc()
-		s.log.Warn().Err(err).Str("key", key).Msg("undecodable weight snapshot ignored")
+		s.poison.Log(key).Err(err).Str("key", key).Str("reason", poison.Reason(err)).Int("bytes", len(data)).
+			Msg("undecodable weight snapshot ignored")
 		return false, err
 	}
 	model, cluster, ok := streams.SplitKey(key)
 	if !ok || model != snap.Model || cluster != snap.Cluster {
 		s.rejected.WithLabelValues(rejectKey).Inc()
 		err := fmt.Errorf("snapshot for %s/%s stored under key %q", snap.Model, snap.Cluster, key)
-		s.log.Warn().Err(err).Msg("misfiled weight snapshot ignored")
+		s.poison.Log(key).Err(err).Str("key", key).Msg("misfiled weight snapshot ignored")
 		return false, err
 	}
 	return s.Install(&snap)
@@ -361,7 +383,8 @@ func (s *SnapshotStore) Install(snap *messages.WeightSnapshot) (bool, error) {
 	t, err := s.buildSnapshotTable(snap)
 	if err != nil {
 		s.rejected.WithLabelValues(rejectTable).Inc()
-		s.log.Warn().Err(err).Str("model", snap.Model).Uint64("generation", snap.Generation).Msg("snapshot table not built")
+		s.poison.Log(snap.Model+"."+snap.Cluster).Err(err).Str("model", snap.Model).Uint64("generation", snap.Generation).
+			Msg("snapshot table not built")
 		return false, err
 	}
 	if m == nil {

@@ -76,6 +76,9 @@ type Guard struct {
 	log      zerolog.Logger
 	now      func() time.Time
 	throttle *logthrottle.Throttle
+	// panicLog has a budget of its own, so that a flood of bad input cannot
+	// hide a panic's line.
+	panicLog *logthrottle.Throttle
 	panics   *prometheus.CounterVec
 }
 
@@ -108,13 +111,15 @@ func New(opts Options) (*Guard, error) {
 		log:      opts.Logger,
 		now:      opts.Now,
 		throttle: logthrottle.NewWithOptions(opts.Throttle),
+		panicLog: logthrottle.NewWithOptions(opts.Throttle),
 		panics:   panics,
 	}, nil
 }
 
 // Recover, deferred at the top of a handler, recovers a panic of the
-// handler: it counts it under handler, logs it (rate-bounded per subject)
-// with the subject and the stack, and then calls drop, if not nil, to
+// handler: it counts it under handler, logs it with the subject and the
+// stack (rate-bounded per subject and in total, on a budget apart from bad
+// input's), and then calls drop, if not nil, to
 // dispose of the input (for a JetStream message, terminate it). Without a
 // panic it does nothing. It must be deferred directly:
 //
@@ -125,7 +130,11 @@ func (g *Guard) Recover(handler, subject string, drop func()) {
 		return
 	}
 	g.panics.WithLabelValues(handler).Inc()
-	if ev := g.Log(handler + "/" + subject); ev != nil {
+	now := g.now()
+	allowed := g.panicLog.Allow(handler+"/"+subject, now)
+	g.flush(g.panicLog, "panics", now)
+	if allowed {
+		ev := g.log.Error()
 		stack := debug.Stack()
 		if len(stack) > maxStack {
 			stack = stack[:maxStack]
@@ -157,7 +166,7 @@ func (g *Guard) Panics(handler string) float64 {
 func (g *Guard) Log(source string) *zerolog.Event {
 	now := g.now()
 	allowed := g.throttle.Allow(source, now)
-	g.flush(now)
+	g.flush(g.throttle, "bad input", now)
 	if !allowed {
 		return nil
 	}
@@ -167,16 +176,20 @@ func (g *Guard) Log(source string) *zerolog.Event {
 // Flush logs the summary of throttled lines if an interval with drops has
 // ended. Log calls it; a service with a periodic loop may call it too, so
 // that the summary of the end of a burst appears without further input.
-func (g *Guard) Flush() { g.flush(g.now()) }
+func (g *Guard) Flush() {
+	now := g.now()
+	g.flush(g.throttle, "bad input", now)
+	g.flush(g.panicLog, "panics", now)
+}
 
-func (g *Guard) flush(now time.Time) {
-	s, ok := g.throttle.Summary(now)
+func (g *Guard) flush(th *logthrottle.Throttle, what string, now time.Time) {
+	s, ok := th.Summary(now)
 	if !ok {
 		return
 	}
 	g.log.Warn().Int("dropped", s.Dropped).Int("sources", s.Sources).Bool("sources_capped", s.SourcesCapped).
-		Time("since", s.Start).Dur("interval", g.throttle.Interval()).
-		Msgf("dropped %d log lines for %d sources in the last interval (bad input, rate-limited)", s.Dropped, s.Sources)
+		Time("since", s.Start).Dur("interval", th.Interval()).Str("about", what).
+		Msgf("dropped %d log lines for %d sources in the last interval (%s, rate-limited)", s.Dropped, s.Sources, what)
 }
 
 func counterValue(c prometheus.Counter) float64 {

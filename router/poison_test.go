@@ -1,0 +1,203 @@
+package router_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/streams"
+	"github.com/switchyard-dev/switchyard/testenv"
+)
+
+// lockedBuffer is a log sink safe for the handlers' goroutines.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) lines(substr string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, l := range strings.Split(b.buf.String(), "\n") {
+		if strings.Contains(l, substr) {
+			n++
+		}
+	}
+	return n
+}
+
+// metricSum sums the series of metric name whose labels include want.
+func metricSum(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for k, v := range want {
+				found := false
+				for _, l := range m.GetLabel() {
+					found = found || (l.GetName() == k && l.GetValue() == v)
+				}
+				if !found {
+					continue series
+				}
+			}
+			total += m.GetCounter().GetValue()
+		}
+	}
+	return total
+}
+
+// publishOnce publishes one signal of each engine.
+func publishOnce(nc *nats.Conn, names streams.Names, engines ...fakeSignal) {
+	p := &signalPublisher{engines: map[string]fakeSignal{}}
+	for _, e := range engines {
+		p.set(e)
+	}
+	p.publishAll(nc, names)
+}
+
+// TestSignalsPoison sends the router's signal subscription thousands of
+// one-byte messages on distinct subjects and a signal its handling panics
+// on: the router stays up, counts each by reason, writes a bounded number
+// of log lines, and still takes the valid signals after them.
+func TestSignalsPoison(t *testing.T) {
+	env := testenv.StartNATS(t)
+	reg := prometheus.NewRegistry()
+	var logs lockedBuffer
+	sigs, err := router.NewSignals(router.SignalOptions{
+		Conn: env.Dial(t, "router"), Names: env.Names, Registry: reg, Logger: zerolog.New(&logs),
+		// A callback that panics on one engine: a bug reached by one input.
+		OnSignal: func(sig *messages.EngineSignal) {
+			if sig.Engine == "boom" {
+				panic("callback bug on " + sig.Engine)
+			}
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sigs.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	pub := env.Dial(t, "publisher")
+	// The subscription is live once a valid signal gets through.
+	publishOnce(pub, env.Names, fakeSignal{model: "m", engine: "e0", capacity: 10, health: 1})
+	testenv.WaitFor(t, 5*time.Second, "subscription live", func() bool {
+		publishOnce(pub, env.Names, fakeSignal{model: "m", engine: "e0", capacity: 10, health: 1})
+		_, ok := sigs.Engine("m", "e0")
+		return ok
+	})
+
+	const flood = 3000
+	for i := range flood {
+		if err := pub.Publish(fmt.Sprintf("sy.signal.m.e%d", i+1), []byte{0xc1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publishOnce(pub, env.Names, fakeSignal{model: "m", engine: "boom", capacity: 10, health: 1})
+	publishOnce(pub, env.Names, fakeSignal{model: "m", engine: "e1", capacity: 10, health: 1})
+	if err := pub.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	rejected := "switchyard_router_signals_rejected_total"
+	testenv.WaitFor(t, 10*time.Second, "flood and panic counted", func() bool {
+		return metricSum(t, reg, rejected, map[string]string{"reason": "decode"}) == flood &&
+			metricSum(t, reg, rejected, map[string]string{"reason": "panic"}) == 1
+	})
+	testenv.WaitFor(t, 5*time.Second, "the valid signal after the poison taken", func() bool {
+		_, ok := sigs.Engine("m", "e1")
+		return ok
+	})
+	if n := metricSum(t, reg, "switchyard_router_handler_panics_total", map[string]string{"handler": "signals"}); n != 1 {
+		t.Errorf("%v panics counted, want 1", n)
+	}
+	if n := logs.lines("rejected an engine signal"); n == 0 || n > 20 {
+		t.Errorf("%d log lines for %d bad signals on distinct subjects, want 1..20", n, flood)
+	}
+	if n := logs.lines("handler panicked"); n != 1 {
+		t.Errorf("%d panic log lines, want 1", n)
+	}
+	if logs.lines("sy.signal.m.boom") == 0 {
+		t.Error("the panic's log line does not name its subject")
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("signals stopped: %v", err)
+	default:
+	}
+}
+
+// TestSnapshotStorePoison writes undecodable values and a snapshot whose
+// installation panics to sy_weights: the store keeps watching, counts
+// them, and installs the valid snapshot after them.
+func TestSnapshotStorePoison(t *testing.T) {
+	env := testenv.StartNATS(t)
+	reg := prometheus.NewRegistry()
+	st, err := router.NewSnapshotStore(router.StoreOptions{Conn: env.Conn, Cluster: "A", Registry: reg, Logger: zerolog.Nop(),
+		// A handler bug reached by one value.
+		OnValue: func(key string, _ []byte) {
+			if strings.HasPrefix(key, "boom.") {
+				panic("handler bug on " + key)
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = st.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	kv, err := env.JS.KeyValue(ctx, env.Names.WeightsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range [][]byte{{0xc1}, []byte("\x81\xa1v"), {0xdd, 0x7f, 0xff, 0xff}} {
+		if _, err := kv.Put(ctx, fmt.Sprintf("m%d.A", i), v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now()
+	putSnapshot(t, env.JS, env.Names, snapshot("boom", "A", 1, now, map[string]float64{"e1": 1}))
+	putSnapshot(t, env.JS, env.Names, snapshot("m", "A", 4, now, map[string]float64{"e1": 1}))
+	waitInstalled(t, st, "m", 4, 10*time.Second)
+	if n := metricSum(t, reg, "switchyard_router_snapshots_rejected_total", map[string]string{"reason": "decode"}); n != 3 {
+		t.Errorf("%v undecodable snapshots counted, want 3", n)
+	}
+	if n := metricSum(t, reg, "switchyard_router_handler_panics_total", map[string]string{"handler": "weights"}); n != 1 {
+		t.Errorf("%v panics counted, want 1", n)
+	}
+	if n := metricSum(t, reg, "switchyard_router_snapshots_rejected_total", map[string]string{"reason": "panic"}); n != 1 {
+		t.Errorf("%v snapshots rejected for a panic, want 1", n)
+	}
+	if _, _, ok := st.Table("boom"); ok {
+		t.Error("the snapshot the handler panicked on was installed")
+	}
+	if !st.Watching() {
+		t.Error("the store stopped watching")
+	}
+}
