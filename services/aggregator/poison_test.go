@@ -207,8 +207,8 @@ func TestPoisonStateAtStart(t *testing.T) {
 	}
 	for key, val := range map[string][]byte{
 		"llama.poison":   []byte("\x83\xa1v\x01\xa1k\xacengine_state\xa2tx"), // truncated
-		"llama.misfiled": goodBytes,                                         // engine-a's state under another key
-		"llama.boom":     goodBytes,                                         // the load panics on it
+		"llama.misfiled": goodBytes,                                          // engine-a's state under another key
+		"llama.boom":     goodBytes,                                          // the load panics on it
 		"llama.engine-a": goodBytes,
 	} {
 		if _, err := kv.Put(ctx, key, val); err != nil {
