@@ -61,7 +61,7 @@ func TestPoisonAtStart(t *testing.T) {
 	raw := map[string][]byte{
 		model + ".poison":   []byte("\x83\xa1v\x01\xa1k\xacengine_state\xa2tx"), // truncated
 		model + ".engine-v": []byte("\x82\xa1v\x09\xa1k\xacengine_state"),       // schema version 9
-		model + ".engine-w": {0xc1},                                              // never valid msgpack
+		model + ".engine-w": {0xc1},                                             // never valid msgpack
 	}
 	for key, v := range raw {
 		if _, err := eng.Put(ctx, key, v); err != nil {
