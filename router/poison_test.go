@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -199,5 +200,54 @@ func TestSnapshotStorePoison(t *testing.T) {
 	}
 	if !st.Watching() {
 		t.Error("the store stopped watching")
+	}
+}
+
+// TestServiceServesThroughPoison floods a running router with bad signals
+// on distinct subjects and bad weight values: it keeps serving every
+// request from its snapshot and counts the flood.
+func TestServiceServesThroughPoison(t *testing.T) {
+	env := testenv.StartNATS(t)
+	e1 := newHTTPEngine(t, "e1")
+	publishSignals(t, env.Dial(t, "engines"), env.Names, 100*time.Millisecond,
+		fakeSignal{model: "m", engine: "e1", capacity: 100, health: 1, url: e1.srv.URL})
+	svc := runService(t, router.ServiceOptions{Conn: env.Dial(t, "router"), Cluster: "A", Router: "r1"})
+	putSnapshot(t, env.JS, env.Names, snapshot("m", "A", 3, time.Now(), map[string]float64{"e1": 1}))
+	waitInstalled(t, svc.Store(), "m", 3, 5*time.Second)
+
+	pub := env.Dial(t, "hostile")
+	const flood = 2000
+	for i := range flood {
+		if err := pub.Publish(fmt.Sprintf("sy.signal.m.x%d", i), []byte{0xdd, 0x7f, 0xff, 0xff}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pub.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	kv, err := env.JS.KeyValue(ctx, env.Names.WeightsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		if _, err := kv.Put(ctx, fmt.Sprintf("p%d.A", i), []byte{0xc1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg := svc.Handler().Registry()
+	testenv.WaitFor(t, 10*time.Second, "flood counted", func() bool {
+		return metricSum(t, reg, "switchyard_router_signals_rejected_total", nil) >= flood &&
+			metricSum(t, reg, "switchyard_router_snapshots_rejected_total", map[string]string{"reason": "decode"}) == 50
+	})
+	client := &http.Client{Timeout: 10 * time.Second}
+	for i := range 20 {
+		status, eng, body := postChat(t, client, svc.Addr(), chatJSON("m", false, "hi"), "")
+		if status != 200 || eng != "e1" {
+			t.Fatalf("request %d after the flood: status %d engine %q body %s", i, status, eng, body)
+		}
+	}
+	if _, info, _ := svc.Store().Table("m"); info.Generation != 3 || info.Mode != router.ModeSnapshot {
+		t.Fatalf("table info %+v after the flood, want generation 3 in snapshot mode", info)
 	}
 }
