@@ -251,3 +251,70 @@ func TestServiceServesThroughPoison(t *testing.T) {
 		t.Fatalf("table info %+v after the flood, want generation 3 in snapshot mode", info)
 	}
 }
+
+// panickyObserver is an Observer with a bug reached by one model's requests.
+type panickyObserver struct{}
+
+func (panickyObserver) Request(model string) {
+	if model == "boom" {
+		panic("observer bug on " + model)
+	}
+}
+func (panickyObserver) Outcome(string, string, router.Outcome) {}
+
+// TestNATSFrontRecoversPanic: a request whose handling panics gets a final
+// 500 over NATS, the panic is counted, and the front serves the next
+// requests.
+func TestNATSFrontRecoversPanic(t *testing.T) {
+	env := testenv.StartNATS(t)
+	engineConn := env.Dial(t, "engine")
+	sub, err := engineConn.Subscribe("sy.infer.m.e1", func(m *nats.Msg) {
+		r := nats.NewMsg(m.Reply)
+		r.Header.Set(router.HeaderStatus, "200")
+		r.Header.Set(router.HeaderLast, "true")
+		r.Data = []byte(`{"object":"chat.completion"}`)
+		_ = engineConn.PublishMsg(r)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	nc := env.Dial(t, "router")
+	tables := router.NewStaticTables()
+	for _, model := range []string{"m", "boom"} {
+		tb, err := router.NewTable([]router.Engine{{Name: "e1", Subject: "sy.infer.m.e1", Weight: 1}}, router.TableOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tables.Set(model, tb, router.Info{Generation: 1, Mode: router.ModeSnapshot, Created: time.Now()})
+	}
+	tr, err := router.NewNATSTransport(router.NATSTransportOptions{Conn: nc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := router.NewHandler(router.Options{Tables: tables, Cluster: "A", Transport: tr, Observer: panickyObserver{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	front, err := router.NewNATSFront(router.NATSFrontOptions{Conn: nc, Cluster: "A", Handler: h, Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := runNATSFront(t, env, front, "A")
+	for i := range 3 {
+		r, err := client.Request("sy.req.A.boom", []byte(chatJSON("boom", false, "x")), 10*time.Second)
+		if err != nil {
+			t.Fatalf("request %d on the panicking model: %v", i, err)
+		}
+		if st := r.Header.Get(router.HeaderStatus); st != "500" || r.Header.Get(router.HeaderLast) != "true" {
+			t.Fatalf("request %d on the panicking model: status %q last %q body %s", i, st, r.Header.Get(router.HeaderLast), r.Data)
+		}
+		r, err = client.Request("sy.req.A.m", []byte(chatJSON("m", false, "x")), 10*time.Second)
+		if err != nil || r.Header.Get(router.HeaderStatus) != "200" {
+			t.Fatalf("request %d after a panic: %v %v", i, err, r)
+		}
+	}
+	if n := metricSum(t, h.Registry(), "switchyard_router_handler_panics_total", map[string]string{"handler": "nats_front"}); n != 3 {
+		t.Fatalf("%v panics counted, want 3", n)
+	}
+}
