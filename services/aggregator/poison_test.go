@@ -2,7 +2,9 @@ package aggregator_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -235,4 +237,73 @@ func TestPoisonStateAtStart(t *testing.T) {
 		return ok && s.Signals == 8
 	})
 	alive()
+}
+
+// syncBuffer is a log sink safe for the handlers' goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) count(substr string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Count(b.buf.String(), substr)
+}
+
+// TestPoisonFloodOfSubjects is the shape that flooded the log: thousands
+// of one-byte messages on distinct subjects. The aggregator counts each,
+// writes at most the global cap of log lines, and settles them all (more
+// than it holds for termination between two writes).
+func TestPoisonFloodOfSubjects(t *testing.T) {
+	env := testenv.StartNATS(t)
+	reg := prometheus.NewRegistry()
+	var logs syncBuffer
+	agg, err := aggregator.New(aggregator.Options{
+		Conn: env.Dial(t, "aggregator"), WriteInterval: 200 * time.Millisecond, Logger: zerolog.New(&logs), Registerer: reg,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- agg.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	const flood = 3000
+	for i := range flood {
+		if _, err := env.JS.PublishAsync(fmt.Sprintf("sy.signal.llama.x%d", i), []byte{0xc1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-env.JS.PublishAsyncComplete():
+	case <-time.After(10 * time.Second):
+		t.Fatal("flood not stored in 10s")
+	}
+	testenv.WaitFor(t, 15*time.Second, "flood counted", func() bool {
+		return counterSum(t, reg, "switchyard_aggregator_bad_messages_total", map[string]string{"stream": "signals"}) == flood
+	})
+	testenv.WaitFor(t, 5*time.Second, "flood settled", func() bool {
+		cons, err := env.JS.Consumer(ctx, env.Names.SignalStream, "sy-aggregator-signals")
+		if err != nil {
+			return false
+		}
+		info, err := cons.Info(ctx)
+		return err == nil && info.NumAckPending == 0 && info.NumRedelivered == 0 && info.AckFloor.Stream == flood
+	})
+	if n := logs.count("bad message skipped"); n == 0 || n > 20 {
+		t.Errorf("%d log lines for %d bad messages on distinct subjects, want 1..20", n, flood)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("aggregator stopped: %v", err)
+	default:
+	}
 }
