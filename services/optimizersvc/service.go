@@ -571,6 +571,7 @@ func (s *Service) loop(ctx context.Context, weights, engines jetstream.KeyValue)
 		pending = false
 		last = time.Now()
 		s.solveAll(ctx, weights, engines)
+		s.poison.Flush() // the summary of throttled bad-value lines, also when no more arrive
 		timer.Reset(s.opts.MaxInterval)
 	}
 }
