@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 	"github.com/switchyard-dev/switchyard/internal/logthrottle"
 	"github.com/switchyard-dev/switchyard/messages"
@@ -154,11 +153,6 @@ func (g *Guard) Recover(handler, subject string, drop func()) {
 	}
 }
 
-// Panics returns the number of panics recovered under handler.
-func (g *Guard) Panics(handler string) float64 {
-	return counterValue(g.panics.WithLabelValues(handler))
-}
-
 // Log returns a warning event for bad input from source when the throttle
 // allows one now, else nil (zerolog's methods on a nil event do nothing, so
 // a caller may chain on the result unconditionally). When an interval with
@@ -190,12 +184,4 @@ func (g *Guard) flush(th *logthrottle.Throttle, what string, now time.Time) {
 	g.log.Warn().Int("dropped", s.Dropped).Int("sources", s.Sources).Bool("sources_capped", s.SourcesCapped).
 		Time("since", s.Start).Dur("interval", th.Interval()).Str("about", what).
 		Msgf("dropped %d log lines for %d sources in the last interval (%s, rate-limited)", s.Dropped, s.Sources, what)
-}
-
-func counterValue(c prometheus.Counter) float64 {
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		return 0
-	}
-	return m.GetCounter().GetValue()
 }
