@@ -291,7 +291,9 @@ func (s *SnapshotStore) watchOnce(ctx context.Context) error {
 		defer s.poison.Recover("weights", m.Subject(), func() { s.rejected.WithLabelValues(rejectPanic).Inc() })
 		key := strings.TrimPrefix(m.Subject(), prefix)
 		if op := m.Headers().Get("KV-Operation"); op != "" {
-			s.log.Info().Str("key", key).Str("op", op).Msg("weights key deleted; keeping the installed snapshot")
+			// Logged at a bounded rate: a writer deleting thousands of keys
+			// must not flood the log either.
+			s.poison.Log("deleted/"+key).Str("key", key).Str("op", op).Msg("weights key deleted; keeping the installed snapshot")
 			return
 		}
 		if s.opts.OnValue != nil {
