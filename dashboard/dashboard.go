@@ -10,7 +10,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/streams"
 )
@@ -62,6 +64,9 @@ type Options struct {
 	Routers func() []RouterStatus
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// Registerer, when set, receives the dashboard's metrics (values
+	// ignored, handler panics).
+	Registerer prometheus.Registerer
 }
 
 // Dashboard keeps the control plane's current state and recent history and
@@ -79,7 +84,9 @@ type Dashboard struct {
 	ring     []Sample
 	next     int // index the next sample goes to
 	full     bool
-	badLog   map[string]time.Time // key → last time a bad value was logged
+
+	poison *poison.Guard
+	bad    *prometheus.CounterVec
 }
 
 // New returns a dashboard for opts; Run starts watching.
@@ -112,15 +119,30 @@ func New(opts Options) (*Dashboard, error) {
 	if n > 100_000 {
 		return nil, fmt.Errorf("dashboard: History %s holds more than 100000 samples of %s", opts.History, opts.SampleInterval)
 	}
+	log := opts.Logger.With().Str("component", "dashboard").Logger()
+	guard, err := poison.New(poison.Options{Component: "dashboard", Logger: log, Registerer: opts.Registerer, Now: opts.Now})
+	if err != nil {
+		return nil, fmt.Errorf("dashboard: %w", err)
+	}
+	bad := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "switchyard_dashboard_bad_values_total",
+		Help: "Bucket values that failed to decode or validate (or whose handling panicked), ignored, by bucket and reason.",
+	}, []string{"bucket", "reason"})
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(bad); err != nil {
+			return nil, fmt.Errorf("dashboard: register metrics: %w", err)
+		}
+	}
 	return &Dashboard{
 		opts:     opts,
-		log:      opts.Logger.With().Str("component", "dashboard").Logger(),
+		log:      log,
+		poison:   guard,
+		bad:      bad,
 		weights:  map[string]*messages.WeightSnapshot{},
 		engines:  map[string]*messages.EngineState{},
 		demand:   map[string]*messages.DemandState{},
 		watching: map[string]bool{},
 		ring:     make([]Sample, n),
-		badLog:   map[string]time.Time{},
 	}, nil
 }
 
@@ -150,6 +172,7 @@ func (d *Dashboard) Run(ctx context.Context) error {
 			return nil
 		case <-tick.C:
 			d.sample()
+			d.poison.Flush()
 		}
 	}
 }
@@ -201,8 +224,11 @@ func sweepMap[V any](m map[string]V, seen map[string]bool) {
 	}
 }
 
-// apply folds one watcher entry into the state.
+// apply folds one watcher entry into the state. A value that fails to
+// decode is counted and skipped (the key keeps its previous value), and a
+// panic on one is recovered: the dashboard must show the rest.
 func (d *Dashboard) apply(bucket string, e jetstream.KeyValueEntry) {
+	defer d.poison.Recover(bucket, bucket+"/"+e.Key(), func() { d.bad.WithLabelValues(bucket, poison.ReasonPanic).Inc() })
 	key := e.Key()
 	del := e.Operation() != jetstream.KeyValuePut
 	now := d.opts.Now()
@@ -247,15 +273,10 @@ func (d *Dashboard) apply(bucket string, e jetstream.KeyValueEntry) {
 		}
 	}
 	if err != nil {
-		// Keep the previous value of the key, if any, and say so at most
-		// once a minute per key.
-		id := bucket + "/" + key
-		if t, ok := d.badLog[id]; !ok || now.Sub(t) > time.Minute {
-			if len(d.badLog) >= 1024 {
-				clear(d.badLog)
-			}
-			d.badLog[id] = now
-			d.log.Warn().Err(err).Str("bucket", bucket).Str("key", key).Msg("value ignored")
-		}
+		// Keep the previous value of the key, if any, and say so at a
+		// bounded rate.
+		reason := poison.Reason(err)
+		d.bad.WithLabelValues(bucket, reason).Inc()
+		d.poison.Log(bucket+"/"+key).Err(err).Str("bucket", bucket).Str("key", key).Str("reason", reason).Msg("value ignored")
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/streams"
 )
@@ -54,11 +55,12 @@ type NATSFrontOptions struct {
 // (404 unknown model, 400 malformed, 413 too large, 503 no engine, 502
 // engine failure, 429 router overloaded).
 type NATSFront struct {
-	opts NATSFrontOptions
-	h    *Handler
-	log  zerolog.Logger
-	sem  chan struct{}
-	wg   sync.WaitGroup
+	opts   NATSFrontOptions
+	h      *Handler
+	log    zerolog.Logger
+	poison *poison.Guard
+	sem    chan struct{}
+	wg     sync.WaitGroup
 }
 
 // Header names on NATS messages. NATS headers are case-sensitive; the
@@ -121,11 +123,17 @@ func NewNATSFront(opts NATSFrontOptions) (*NATSFront, error) {
 	if opts.RequestTimeout <= 0 {
 		opts.RequestTimeout = 5 * time.Minute
 	}
+	log := opts.Logger.With().Str("component", "router").Str("cluster", opts.Cluster).Logger()
+	guard, err := poison.New(poison.Options{Component: "router", Logger: log, Registerer: opts.Handler.Registry(), Now: opts.Handler.opts.Now})
+	if err != nil {
+		return nil, fmt.Errorf("router: new NATS front: %w", err)
+	}
 	return &NATSFront{
-		opts: opts,
-		h:    opts.Handler,
-		log:  opts.Logger.With().Str("component", "router").Str("cluster", opts.Cluster).Logger(),
-		sem:  make(chan struct{}, opts.MaxConcurrent),
+		opts:   opts,
+		h:      opts.Handler,
+		log:    log,
+		poison: guard,
+		sem:    make(chan struct{}, opts.MaxConcurrent),
 	}, nil
 }
 
@@ -166,6 +174,12 @@ func (f *NATSFront) accept(ctx context.Context, m *nats.Msg) {
 	go func() {
 		defer f.wg.Done()
 		defer func() { <-f.sem }()
+		// A request whose handling panics gets a final 500 (after any part
+		// of its answer already sent) instead of ending the process.
+		defer f.poison.Recover("nats_front", m.Subject, func() {
+			f.replyError(m, nil, newAPIError(http.StatusInternalServerError, ErrTypeServer, "internal_error", "",
+				"the router failed while serving this request"), "")
+		})
 		f.serve(ctx, m)
 	}()
 }

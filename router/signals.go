@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/streams"
 )
@@ -98,15 +99,18 @@ type Signals struct {
 	engines   map[string]map[string]*signalEntry // model → engine → entry
 	connSince time.Time                          // when NATS was last seen to (re)connect
 	connected bool
-	badLog    map[string]time.Time // subject → last decode-error log
+	guard     *poison.Guard
 
 	endpoints atomic.Pointer[map[string]Endpoints] // "<model>.<engine>" → endpoints; copy on write
 	version   atomic.Uint64
 
 	received prometheus.Counter
-	rejected prometheus.Counter
+	rejected *prometheus.CounterVec
 	down     prometheus.Gauge
 }
+
+// rejectSubject counts a valid signal published on another engine's subject.
+const rejectSubject = "subject"
 
 // NewSignals returns a Signals for opts; Run starts it.
 func NewSignals(opts SignalOptions) (*Signals, error) {
@@ -125,19 +129,24 @@ func NewSignals(opts SignalOptions) (*Signals, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	log := opts.Logger.With().Str("component", "router").Logger()
+	guard, err := poison.New(poison.Options{Component: "router", Logger: log, Registerer: opts.Registry, Now: opts.Now})
+	if err != nil {
+		return nil, fmt.Errorf("router: new signals: %w", err)
+	}
 	s := &Signals{
 		opts:    opts,
-		log:     opts.Logger.With().Str("component", "router").Logger(),
+		log:     log,
 		engines: make(map[string]map[string]*signalEntry),
-		badLog:  make(map[string]time.Time),
+		guard:   guard,
 		received: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_router_signals_received_total",
 			Help: "Engine signals received and accepted by the router's local guard.",
 		}),
-		rejected: prometheus.NewCounter(prometheus.CounterOpts{
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_router_signals_rejected_total",
-			Help: "Engine signals that failed to decode or validate, or whose subject does not match.",
-		}),
+			Help: "Engine signals that failed to decode or validate, whose subject does not match, or whose handling panicked, by reason.",
+		}, []string{"reason"}),
 		down: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "switchyard_router_engines_down",
 			Help: "Engines the router's local guard counts as down, over all models.",
@@ -174,6 +183,7 @@ func (s *Signals) Run(ctx context.Context) error {
 			return nil
 		case <-tick.C:
 			s.Sweep()
+			s.guard.Flush()
 		}
 	}
 }
@@ -183,55 +193,27 @@ func (s *Signals) Run(ctx context.Context) error {
 // tables only when needed.
 func (s *Signals) Version() uint64 { return s.version.Load() }
 
-// handle decodes and folds in one signal message.
+// handle decodes and folds in one signal message. A panic while handling
+// it (in folding, or in the OnSignal and OnDown callbacks) is recovered
+// and counted: the message is dropped, the router goes on.
 func (s *Signals) handle(m *nats.Msg) {
+	defer s.guard.Recover("signals", m.Subject, func() { s.rejected.WithLabelValues(poison.ReasonPanic).Inc() })
 	now := s.opts.Now()
 	var sig messages.EngineSignal
 	if err := messages.DecodeIntoAt(m.Data, &sig, now); err != nil {
-		s.reject(m.Subject, now, err)
+		s.reject(m.Subject, poison.Reason(err), err)
 		return
 	}
 	toks, ok := s.opts.Names.ParseSubject(m.Subject, "signal", 2)
 	if !ok || toks[0] != sig.Model || toks[1] != sig.Engine {
-		s.reject(m.Subject, now, fmt.Errorf("signal of %s/%s on subject %q", sig.Model, sig.Engine, m.Subject))
+		s.reject(m.Subject, rejectSubject, fmt.Errorf("signal of %s/%s on subject %q", sig.Model, sig.Engine, m.Subject))
 		return
 	}
 	s.received.Inc()
-	ep := endpointsOf(sig.Transports)
-
-	s.mu.Lock()
-	byEngine := s.engines[sig.Model]
-	if byEngine == nil {
-		byEngine = make(map[string]*signalEntry)
-		s.engines[sig.Model] = byEngine
-	}
-	e := byEngine[sig.Engine]
-	first := e == nil
-	if first {
-		e = &signalEntry{view: EngineView{Model: sig.Model, Engine: sig.Engine}}
-		byEngine[sig.Engine] = e
-	} else if sig.Time < e.view.Signal.Time && sig.Seq <= e.view.Signal.Seq &&
-		now.Sub(e.view.Received) < s.opts.DownAfter {
-		s.mu.Unlock() // an older signal overtaken by a newer one
+	e, first, changed, downChanged, ok := s.fold(&sig, now)
+	if !ok {
 		return
 	}
-	prevDown := e.view.Down
-	changed := first || e.view.Signal.CapacityRPS != sig.CapacityRPS || e.view.Signal.Health != sig.Health ||
-		e.view.URL != ep.URL || e.view.Subject != ep.Subject
-	epChanged := first || e.view.URL != ep.URL || e.view.Subject != ep.Subject
-	e.view.Signal = sig
-	e.view.Received = now
-	e.view.URL, e.view.Subject = ep.URL, ep.Subject
-	e.view.Down = sig.Health <= 0
-	downChanged := first || prevDown != e.view.Down
-	if epChanged {
-		s.publishEndpointsLocked()
-	}
-	if downChanged {
-		s.countDownLocked()
-	}
-	s.mu.Unlock()
-
 	if changed || downChanged {
 		s.version.Add(1)
 	}
@@ -239,7 +221,7 @@ func (s *Signals) handle(m *nats.Msg) {
 		s.opts.OnSignal(&sig)
 	}
 	if downChanged {
-		if !first || e.view.Down {
+		if !first || e.Down {
 			s.log.Info().Str("model", sig.Model).Str("engine", sig.Engine).Bool("down", sig.Health <= 0).
 				Float64("health", sig.Health).Msg("engine health changed")
 		}
@@ -249,22 +231,50 @@ func (s *Signals) handle(m *nats.Msg) {
 	}
 }
 
-// reject counts a bad signal and logs it at most once per subject every 10 s.
-func (s *Signals) reject(subject string, now time.Time, err error) {
-	s.rejected.Inc()
+// fold records sig as its engine's newest signal, unless a newer one
+// overtook it (ok false), and returns the engine's view and what changed.
+// The lock is released by defer, so that a panic cannot leave it held.
+func (s *Signals) fold(sig *messages.EngineSignal, now time.Time) (view EngineView, first, changed, downChanged, ok bool) {
+	ep := endpointsOf(sig.Transports)
 	s.mu.Lock()
-	last, seen := s.badLog[subject]
-	logIt := !seen || now.Sub(last) >= 10*time.Second
-	if logIt {
-		if len(s.badLog) > 4096 {
-			clear(s.badLog)
-		}
-		s.badLog[subject] = now
+	defer s.mu.Unlock()
+	byEngine := s.engines[sig.Model]
+	if byEngine == nil {
+		byEngine = make(map[string]*signalEntry)
+		s.engines[sig.Model] = byEngine
 	}
-	s.mu.Unlock()
-	if logIt {
-		s.log.Warn().Err(err).Str("subject", subject).Msg("rejected an engine signal")
+	e := byEngine[sig.Engine]
+	first = e == nil
+	if first {
+		e = &signalEntry{view: EngineView{Model: sig.Model, Engine: sig.Engine}}
+		byEngine[sig.Engine] = e
+	} else if sig.Time < e.view.Signal.Time && sig.Seq <= e.view.Signal.Seq &&
+		now.Sub(e.view.Received) < s.opts.DownAfter {
+		return EngineView{}, false, false, false, false // an older signal overtaken by a newer one
 	}
+	prevDown := e.view.Down
+	changed = first || e.view.Signal.CapacityRPS != sig.CapacityRPS || e.view.Signal.Health != sig.Health ||
+		e.view.URL != ep.URL || e.view.Subject != ep.Subject
+	epChanged := first || e.view.URL != ep.URL || e.view.Subject != ep.Subject
+	e.view.Signal = *sig
+	e.view.Received = now
+	e.view.URL, e.view.Subject = ep.URL, ep.Subject
+	e.view.Down = sig.Health <= 0
+	downChanged = first || prevDown != e.view.Down
+	if epChanged {
+		s.publishEndpointsLocked()
+	}
+	if downChanged {
+		s.countDownLocked()
+	}
+	return e.view, first, changed, downChanged, true
+}
+
+// reject counts a bad signal under reason and logs it at a bounded rate
+// (per subject and in total).
+func (s *Signals) reject(subject, reason string, err error) {
+	s.rejected.WithLabelValues(reason).Inc()
+	s.guard.Log(subject).Err(err).Str("subject", subject).Str("reason", reason).Msg("rejected an engine signal")
 }
 
 type downChange struct {

@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
-	"github.com/switchyard-dev/switchyard/internal/logthrottle"
+	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -63,6 +63,11 @@ type StoreOptions struct {
 	Registry prometheus.Registerer
 	// Now is the clock (default time.Now).
 	Now func() time.Time
+	// OnValue, when set, is called with the key and bytes of every value
+	// the weights watcher delivers, before it is decoded, inside the
+	// handler's panic recovery; it must not keep data. For inspection and
+	// tests (a handler that panics on a chosen value).
+	OnValue func(key string, data []byte)
 }
 
 // tableEntry is one model's published table.
@@ -113,8 +118,7 @@ type SnapshotStore struct {
 	rejected  *prometheus.CounterVec
 	restarts  prometheus.Counter
 	watching  atomic.Bool
-	// futureLog bounds the logs of snapshots from the future, per key.
-	futureLog *logthrottle.Throttle
+	poison    *poison.Guard
 }
 
 // Rejection reasons counted in switchyard_router_snapshots_rejected_total.
@@ -129,11 +133,8 @@ const (
 	// rejectFuture: a time more than messages.MaxFutureSkew ahead, or a
 	// generation above messages.GenerationCeiling.
 	rejectFuture = "future"
+	rejectPanic  = poison.ReasonPanic
 )
-
-// futureLogInterval is how often a snapshot from the future is logged per
-// key: a writer that keeps writing them is alarmed about without flooding.
-const futureLogInterval = 10 * time.Second
 
 // NewSnapshotStore returns a store for opts; Run starts watching.
 func NewSnapshotStore(opts StoreOptions) (*SnapshotStore, error) {
@@ -158,9 +159,15 @@ func NewSnapshotStore(opts StoreOptions) (*SnapshotStore, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	log := opts.Logger.With().Str("component", "router").Str("cluster", opts.Cluster).Logger()
+	guard, err := poison.New(poison.Options{Component: "router", Logger: log, Registerer: opts.Registry, Now: opts.Now})
+	if err != nil {
+		return nil, fmt.Errorf("router: new snapshot store: %w", err)
+	}
 	s := &SnapshotStore{
 		opts:   opts,
-		log:    opts.Logger.With().Str("component", "router").Str("cluster", opts.Cluster).Logger(),
+		log:    log,
+		poison: guard,
 		models: make(map[string]*storeModel),
 		installed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_router_snapshots_installed_total",
@@ -168,7 +175,7 @@ func NewSnapshotStore(opts StoreOptions) (*SnapshotStore, error) {
 		}, []string{"model"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_router_snapshots_rejected_total",
-			Help: "Weight snapshot updates not installed, by reason (decode, key, old_generation, table, future, stale).",
+			Help: "Weight snapshot updates not installed, by reason (decode, key, old_generation, table, future, stale, panic).",
 		}, []string{"reason"}),
 		restarts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_router_weights_watch_restarts_total",
@@ -176,7 +183,6 @@ func NewSnapshotStore(opts StoreOptions) (*SnapshotStore, error) {
 		}),
 	}
 	s.view.Store(&storeView{tables: map[string]tableEntry{}})
-	s.futureLog = logthrottle.New(futureLogInterval, 10000)
 	if opts.Registry != nil {
 		for _, c := range []prometheus.Collector{s.installed, s.rejected, s.restarts} {
 			if err := opts.Registry.Register(c); err != nil {
@@ -220,6 +226,7 @@ func (s *SnapshotStore) Run(ctx context.Context) error {
 			return nil
 		case <-tick.C:
 			s.Refresh()
+			s.poison.Flush()
 		}
 	}
 }
@@ -286,10 +293,18 @@ func (s *SnapshotStore) watchOnce(ctx context.Context) error {
 	}
 	closed := make(chan struct{})
 	cc, err := cons.Consume(func(m jetstream.Msg) {
+		// An ordered consumer does not take acknowledgements: a value this
+		// handler panics on is dropped by returning, and the next one served.
+		defer s.poison.Recover("weights", m.Subject(), func() { s.rejected.WithLabelValues(rejectPanic).Inc() })
 		key := strings.TrimPrefix(m.Subject(), prefix)
 		if op := m.Headers().Get("KV-Operation"); op != "" {
-			s.log.Info().Str("key", key).Str("op", op).Msg("weights key deleted; keeping the installed snapshot")
+			// Logged at a bounded rate: a writer deleting thousands of keys
+			// must not flood the log either.
+			s.poison.Log("deleted/"+key).Str("key", key).Str("op", op).Msg("weights key deleted; keeping the installed snapshot")
 			return
+		}
+		if s.opts.OnValue != nil {
+			s.opts.OnValue(key, m.Data())
 		}
 		if _, err := s.installBytes(key, m.Data()); err != nil {
 			s.log.Debug().Err(err).Str("key", key).Msg("snapshot not installed")
@@ -342,14 +357,15 @@ func (s *SnapshotStore) installBytes(key string, data []byte) (bool, error) {
 			return false, err
 		}
 		s.rejected.WithLabelValues(rejectDecode).Inc()
-		s.log.Warn().Err(err).Str("key", key).Msg("undecodable weight snapshot ignored")
+		s.poison.Log(key).Err(err).Str("key", key).Str("reason", poison.Reason(err)).Int("bytes", len(data)).
+			Msg("undecodable weight snapshot ignored")
 		return false, err
 	}
 	model, cluster, ok := streams.SplitKey(key)
 	if !ok || model != snap.Model || cluster != snap.Cluster {
 		s.rejected.WithLabelValues(rejectKey).Inc()
 		err := fmt.Errorf("snapshot for %s/%s stored under key %q", snap.Model, snap.Cluster, key)
-		s.log.Warn().Err(err).Msg("misfiled weight snapshot ignored")
+		s.poison.Log(key).Err(err).Str("key", key).Msg("misfiled weight snapshot ignored")
 		return false, err
 	}
 	return s.Install(&snap)
@@ -399,7 +415,8 @@ func (s *SnapshotStore) Install(snap *messages.WeightSnapshot) (bool, error) {
 	t, err := s.buildSnapshotTable(snap)
 	if err != nil {
 		s.rejected.WithLabelValues(rejectTable).Inc()
-		s.log.Warn().Err(err).Str("model", snap.Model).Uint64("generation", snap.Generation).Msg("snapshot table not built")
+		s.poison.Log(snap.Model+"."+snap.Cluster).Err(err).Str("model", snap.Model).Uint64("generation", snap.Generation).
+			Msg("snapshot table not built")
 		return false, err
 	}
 	if m == nil {
@@ -429,17 +446,18 @@ func (s *SnapshotStore) staleAt(snap *messages.WeightSnapshot, now time.Time) er
 // to install the optimizer's next snapshots; the installed one is kept.
 func (s *SnapshotStore) rejectFuture(key string, err error) {
 	s.rejected.WithLabelValues(rejectFuture).Inc()
-	if !s.futureLog.Allow(key, time.Now()) {
+	ev := s.poison.Log(key)
+	if ev == nil {
 		return
 	}
-	ev := s.log.Warn().Err(err).Str("key", key)
+	ev = ev.Err(err).Str("key", key).Str("reason", rejectFuture)
 	if model, _, ok := streams.SplitKey(key); ok {
 		ev = ev.Str("model", model)
 		if snap, ok := s.Snapshot(model); ok {
 			ev = ev.Uint64("installed_generation", snap.Generation)
 		}
 	}
-	ev.Msg("weight snapshot from the future ignored; keeping the installed one (logged at most once per 10s per key)")
+	ev.Msg("weight snapshot from the future ignored; keeping the installed one (logged at a bounded rate)")
 }
 
 // buildSnapshotTable turns a snapshot into a selection table, with the

@@ -215,7 +215,12 @@ func inject(ctx context.Context, nc *nats.Conn, names streams.Names, name string
 	return nil
 }
 
-// listEngines prints every engine state with its penalty and operator record.
+// maxSkippedKeys bounds the keys of skipped values that engine list names.
+const maxSkippedKeys = 5
+
+// listEngines prints every engine state with its penalty and operator
+// record. Values that do not decode, or are stored under a key other than
+// their names', are skipped and counted on stderr, naming the first few.
 func listEngines(ctx context.Context, kv jetstream.KeyValue, model string, e *env) error {
 	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
 	if err != nil {
@@ -226,22 +231,45 @@ func listEngines(ctx context.Context, kv jetstream.KeyValue, model string, e *en
 	pens := map[string]*messages.Penalty{}
 	ops := map[string]*messages.Operator{}
 	now := time.Now()
+	skipped := 0
+	var skippedKeys []string
+	skip := func(key string) {
+		skipped++
+		if len(skippedKeys) < maxSkippedKeys {
+			skippedKeys = append(skippedKeys, key)
+		}
+	}
 	for ent := range w.Updates() {
 		if ent == nil {
 			break
 		}
 		m, err := messages.DecodeAt(ent.Value(), now.Add(time.Hour))
 		if err != nil {
+			skip(ent.Key())
 			continue
 		}
 		switch v := m.(type) {
 		case *messages.EngineState:
+			if ent.Key() != v.Model+"."+v.Engine {
+				skip(ent.Key())
+				continue
+			}
 			states[v.Model+"."+v.Engine] = v
 		case *messages.Penalty:
 			pens[v.Model+"."+v.Engine] = v
 		case *messages.Operator:
 			ops[v.Engine] = v
+		default:
+			skip(ent.Key())
 		}
+	}
+	if skipped > 0 {
+		more := ""
+		if skipped > len(skippedKeys) {
+			more = ", ..."
+		}
+		fmt.Fprintf(e.stderr, "engine list: skipped %d values of %s that are not valid engine records (%s%s); switchyard decode shows why\n",
+			skipped, kv.Bucket(), strings.Join(skippedKeys, ", "), more)
 	}
 	keys := make([]string, 0, len(states))
 	for k, st := range states {

@@ -96,7 +96,7 @@ func optimizerCommand() command {
 					return usageError{err}
 				}
 				// The live dashboard is served next to /metrics, as `up` does.
-				dash, stopDash, err := startDashboard(ctx, dashboard.Options{Conn: nc, Logger: log})
+				dash, stopDash, err := startDashboard(ctx, dashboard.Options{Conn: nc, Logger: log, Registerer: reg})
 				if err != nil {
 					return err
 				}

@@ -58,7 +58,7 @@ func upCommand() command {
 					return err
 				}
 				defer s.Close()
-				dash, stopDash, err := startDashboard(ctx, dashboard.Options{Conn: s.Conn(), Logger: log, Routers: dashboard.RouterStatuses(s.Routers)})
+				dash, stopDash, err := startDashboard(ctx, dashboard.Options{Conn: s.Conn(), Logger: log, Routers: dashboard.RouterStatuses(s.Routers), Registerer: reg})
 				if err != nil {
 					return err
 				}

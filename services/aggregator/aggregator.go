@@ -23,7 +23,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/switchyard-dev/switchyard/internal/logthrottle"
 	"sync"
 	"time"
 
@@ -31,6 +30,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/streams"
 )
@@ -58,6 +58,10 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// BeforeFold, when set, is called with every message's subject and data
+	// as its handler starts, inside the handler's panic recovery. It is a
+	// test hook (a handler that panics on a chosen message); leave it nil.
+	BeforeFold func(subject string, data []byte)
 }
 
 func (o *Options) setDefaults() {
@@ -97,7 +101,7 @@ type Aggregator struct {
 	js      jetstream.JetStream
 	smooth  Smoother
 	metrics *metrics
-	badLog  *logthrottle.Throttle
+	guard   *poison.Guard
 
 	mu      sync.Mutex
 	engines map[string]*engineEntry
@@ -105,7 +109,16 @@ type Aggregator struct {
 	rtt     map[string]*rttEntry
 	// pending holds, per stream, the newest folded message not yet acknowledged.
 	pending map[string]jetstream.Msg
+	// dropped holds, per stream, bad messages to terminate at the next
+	// successful write (see dropLocked).
+	dropped map[string][]jetstream.Msg
 }
+
+// maxDropped bounds the bad messages held per stream until the next write.
+// Beyond it only the newest is kept: on an ack-all consumer terminating it
+// also settles the older ones, so none is redelivered; they only miss their
+// termination advisory.
+const maxDropped = 1024
 
 type engineEntry struct {
 	state    messages.EngineState
@@ -143,17 +156,23 @@ func New(opts Options) (*Aggregator, error) {
 	if err != nil {
 		return nil, fmt.Errorf("aggregator: jetstream: %w", err)
 	}
+	log := opts.Logger.With().Str("component", "aggregator").Logger()
+	guard, err := poison.New(poison.Options{Component: "aggregator", Logger: log, Registerer: opts.Registerer})
+	if err != nil {
+		return nil, fmt.Errorf("aggregator: %w", err)
+	}
 	a := &Aggregator{
 		opts:    opts,
-		log:     opts.Logger.With().Str("component", "aggregator").Logger(),
+		log:     log,
 		js:      js,
 		smooth:  Smoother{Fast: opts.FastHalfLife.Seconds(), Slow: opts.SlowHalfLife.Seconds()},
 		metrics: newMetrics(opts.Registerer),
-		badLog:  logthrottle.New(10*time.Second, 10000),
+		guard:   guard,
 		engines: make(map[string]*engineEntry),
 		demand:  make(map[string]*demandEntry),
 		rtt:     make(map[string]*rttEntry),
 		pending: make(map[string]jetstream.Msg),
+		dropped: make(map[string][]jetstream.Msg),
 	}
 	return a, nil
 }
@@ -302,30 +321,7 @@ func (a *Aggregator) load(ctx context.Context) error {
 			if e == nil {
 				break
 			}
-			m, err := messages.DecodeAt(e.Value(), now.Add(time.Hour))
-			if err != nil {
-				a.log.Warn().Err(err).Str("bucket", bucket).Str("key", e.Key()).Msg("ignoring undecodable state")
-				continue
-			}
-			switch s := m.(type) {
-			case *messages.EngineState:
-				last := time.UnixMilli(s.LastSignal)
-				if last.After(now) {
-					last = now
-				}
-				ent := &engineEntry{state: *s, lastSeen: last}
-				if s.Outcomes != nil {
-					ent.outcomes.restore(s.Outcomes, a.smooth, now)
-				}
-				a.engines[e.Key()] = ent
-			case *messages.DemandState:
-				a.demand[e.Key()] = &demandEntry{state: *s}
-			case *messages.RTTState:
-				a.rtt[e.Key()] = &rttEntry{state: *s}
-			default:
-				// Penalty and operator records (written by the optimizer and
-				// by people) share sy_engines; they are not the aggregator's.
-			}
+			a.loadEntry(bucket, e, now)
 		}
 		if err := w.Stop(); err != nil {
 			a.log.Debug().Err(err).Msg("stop watcher")
@@ -335,36 +331,108 @@ func (a *Aggregator) load(ctx context.Context) error {
 	return nil
 }
 
-// bad counts, logs at a limited rate, and terminates a message that failed to decode.
-func (a *Aggregator) bad(msg jetstream.Msg, stream string, err error) {
-	reason := "invalid"
-	switch {
-	case errors.Is(err, messages.ErrDecode):
-		reason = "decode"
-	case errors.Is(err, messages.ErrVersion):
-		reason = "version"
-	case errors.Is(err, messages.ErrTooLarge):
-		reason = "too_large"
-	case errors.Is(err, messages.ErrKind):
-		reason = "kind"
-	case errors.Is(err, messages.ErrExpired):
-		reason = "expired"
-	case errors.Is(err, messages.ErrFuture):
-		reason = "future"
-	case errors.Is(err, errTooManyRouters):
-		reason = "too_many_routers"
+// loadEntry restores one stored value. A value that fails to decode is
+// counted (under the bucket's name as the stream label) and skipped, and a
+// panic on one is recovered: a poison value in a bucket must not keep the
+// aggregator from starting.
+func (a *Aggregator) loadEntry(bucket string, e jetstream.KeyValueEntry, now time.Time) {
+	defer a.guard.Recover("load", bucket+"/"+e.Key(), func() {
+		a.metrics.bad.WithLabelValues(bucket, poison.ReasonPanic).Inc()
+	})
+	if a.opts.BeforeFold != nil {
+		a.opts.BeforeFold(bucket+"/"+e.Key(), e.Value())
 	}
-	a.metrics.bad.WithLabelValues(stream, reason).Inc()
-	if a.badLog.Allow(msg.Subject(), time.Now()) {
-		a.log.Warn().Err(err).Str("subject", msg.Subject()).Str("reason", reason).Int("bytes", len(msg.Data())).
-			Msg("bad message skipped (logged at most once per 10s per subject)")
+	m, err := messages.DecodeAt(e.Value(), now.Add(time.Hour))
+	if err != nil {
+		reason := poison.Reason(err)
+		a.metrics.bad.WithLabelValues(bucket, reason).Inc()
+		a.guard.Log(bucket+"/"+e.Key()).Err(err).Str("bucket", bucket).Str("key", e.Key()).Str("reason", reason).
+			Int("bytes", len(e.Value())).Msg("ignoring undecodable state")
+		return
 	}
-	if err := msg.Term(); err != nil {
-		a.log.Debug().Err(err).Msg("term")
+	misfiled := func(want string) bool {
+		if e.Key() == want {
+			return false
+		}
+		a.metrics.bad.WithLabelValues(bucket, poison.ReasonInvalid).Inc()
+		a.guard.Log(bucket+"/"+e.Key()).Str("bucket", bucket).Str("key", e.Key()).Str("want_key", want).
+			Str("reason", poison.ReasonInvalid).Msg("ignoring state stored under another key")
+		return true
+	}
+	switch s := m.(type) {
+	case *messages.EngineState:
+		if misfiled(s.Model + "." + s.Engine) {
+			return
+		}
+		last := time.UnixMilli(s.LastSignal)
+		if last.After(now) {
+			last = now
+		}
+		ent := &engineEntry{state: *s, lastSeen: last}
+		if s.Outcomes != nil {
+			ent.outcomes.restore(s.Outcomes, a.smooth, now)
+		}
+		a.engines[e.Key()] = ent
+	case *messages.DemandState:
+		if misfiled(s.Model + "." + s.Cluster) {
+			return
+		}
+		a.demand[e.Key()] = &demandEntry{state: *s}
+	case *messages.RTTState:
+		if misfiled("rtt." + s.Cluster + "." + s.Engine) {
+			return
+		}
+		a.rtt[e.Key()] = &rttEntry{state: *s}
+	default:
+		// Penalty and operator records (written by the optimizer and
+		// by people) share sy_engines; they are not the aggregator's.
 	}
 }
 
+// bad counts, logs at a bounded rate, and drops a message that failed to
+// decode or validate: it is terminated at the next write (dropLocked).
+func (a *Aggregator) bad(msg jetstream.Msg, stream string, err error) {
+	reason := poison.Reason(err)
+	if errors.Is(err, errTooManyRouters) {
+		reason = "too_many_routers"
+	}
+	a.metrics.bad.WithLabelValues(stream, reason).Inc()
+	a.guard.Log(msg.Subject()).Err(err).Str("subject", msg.Subject()).Str("reason", reason).Int("bytes", len(msg.Data())).
+		Msg("bad message skipped (logged at a bounded rate)")
+	a.mu.Lock()
+	a.dropLocked(stream, msg)
+	a.mu.Unlock()
+}
+
+// recovered is the drop function of a handler that panicked on msg.
+func (a *Aggregator) recovered(stream string, msg jetstream.Msg) func() {
+	return func() {
+		a.metrics.bad.WithLabelValues(stream, poison.ReasonPanic).Inc()
+		a.mu.Lock()
+		a.dropLocked(stream, msg)
+		a.mu.Unlock()
+	}
+}
+
+// dropLocked holds a bad message for termination after the next successful
+// write. Not at once: the consumers acknowledge all (AckAll), and the server
+// treats a termination as an acknowledgement of every earlier message too,
+// which would settle valid messages folded in but not yet written — lost if
+// the aggregator stopped before the write. Callers hold a.mu.
+func (a *Aggregator) dropLocked(stream string, msg jetstream.Msg) {
+	d := a.dropped[stream]
+	if len(d) >= maxDropped {
+		d[len(d)-1] = msg
+		return
+	}
+	a.dropped[stream] = append(d, msg)
+}
+
 func (a *Aggregator) handleSignal(msg jetstream.Msg) {
+	defer a.guard.Recover("signals", msg.Subject(), a.recovered("signals", msg))
+	if a.opts.BeforeFold != nil {
+		a.opts.BeforeFold(msg.Subject(), msg.Data())
+	}
 	now := a.opts.Now()
 	var sig messages.EngineSignal
 	if err := messages.DecodeIntoAt(msg.Data(), &sig, now); err != nil {
@@ -379,9 +447,9 @@ func (a *Aggregator) handleSignal(msg jetstream.Msg) {
 	a.metrics.signals.Inc()
 	a.metrics.lag.Set(now.Sub(time.UnixMilli(sig.Time)).Seconds())
 	a.mu.Lock()
+	defer a.mu.Unlock() // deferred: a panic while folding must not leave it locked
 	a.foldSignal(&sig, now)
 	a.pending["signals"] = msg
-	a.mu.Unlock()
 }
 
 // foldSignal folds one valid signal into the engine's state. Callers hold a.mu.
@@ -426,6 +494,10 @@ func (a *Aggregator) foldSignal(sig *messages.EngineSignal, now time.Time) {
 }
 
 func (a *Aggregator) handleReport(msg jetstream.Msg) {
+	defer a.guard.Recover("reports", msg.Subject(), a.recovered("reports", msg))
+	if a.opts.BeforeFold != nil {
+		a.opts.BeforeFold(msg.Subject(), msg.Data())
+	}
 	now := a.opts.Now()
 	var rep messages.RouterReport
 	if err := messages.DecodeIntoAt(msg.Data(), &rep, now); err != nil {
@@ -437,12 +509,15 @@ func (a *Aggregator) handleReport(msg jetstream.Msg) {
 		a.bad(msg, "reports", fmt.Errorf("%w: report for %s.%s.%s published on subject %s", messages.ErrInvalid, rep.Model, rep.Cluster, rep.Router, msg.Subject()))
 		return
 	}
-	a.mu.Lock()
-	err := a.foldReport(&rep, now)
-	if err == nil {
-		a.pending["reports"] = msg
-	}
-	a.mu.Unlock()
+	err := func() error {
+		a.mu.Lock()
+		defer a.mu.Unlock() // deferred: a panic while folding must not leave it locked
+		err := a.foldReport(&rep, now)
+		if err == nil {
+			a.pending["reports"] = msg
+		}
+		return err
+	}()
 	if err != nil {
 		a.bad(msg, "reports", err)
 		return
@@ -680,7 +755,10 @@ func (a *Aggregator) flush(ctx context.Context) error {
 	}
 	toAck := a.pending
 	a.pending = make(map[string]jetstream.Msg, 2)
+	toTerm := a.dropped
+	a.dropped = make(map[string][]jetstream.Msg, 2)
 	a.mu.Unlock()
+	a.guard.Flush()
 	for s, n := range counts {
 		a.metrics.engines.WithLabelValues(s).Set(float64(n))
 	}
@@ -701,10 +779,22 @@ func (a *Aggregator) flush(ctx context.Context) error {
 				a.pending[s] = m
 			}
 		}
+		for s, ms := range toTerm {
+			for _, m := range ms {
+				a.dropLocked(s, m)
+			}
+		}
 		a.mu.Unlock()
 		return err
 	}
 	a.metrics.writes.Add(float64(len(writes)))
+	for _, ms := range toTerm {
+		for _, m := range ms {
+			if err := m.Term(); err != nil {
+				a.log.Debug().Err(err).Msg("term")
+			}
+		}
+	}
 	for _, m := range toAck {
 		if err := m.Ack(); err != nil {
 			a.log.Debug().Err(err).Msg("ack")
@@ -713,11 +803,11 @@ func (a *Aggregator) flush(ctx context.Context) error {
 	return nil
 }
 
-// encodeFailed logs, at most once per 10 s per key, a state that could not be
+// encodeFailed logs, at a bounded rate per key, a state that could not be
 // encoded (and so is not written).
 func (a *Aggregator) encodeFailed(key, what string, err error) {
-	if a.badLog.Allow("encode/"+key, time.Now()) {
-		a.log.Error().Err(err).Str("key", key).Msg("cannot encode " + what + "; not written (logged at most once per 10s per key)")
+	if ev := a.guard.Log("encode/" + key); ev != nil {
+		ev.Err(err).Str("key", key).Msg("cannot encode " + what + "; not written (logged at a bounded rate)")
 	}
 }
 
@@ -737,9 +827,9 @@ func (a *Aggregator) encodeDemand(st *messages.DemandState, now time.Time) ([]by
 		if verr := one.Validate(now); verr != nil {
 			delete(st.Routers, name)
 			a.metrics.dropped.Inc()
-			if a.badLog.Allow("drop/"+st.Model+"."+st.Cluster+"."+name, time.Now()) {
-				a.log.Warn().Err(verr).Str("model", st.Model).Str("cluster", st.Cluster).Str("router", name).
-					Msg("router's demand entry dropped: the cluster's demand did not encode with it (logged at most once per 10s per router)")
+			if ev := a.guard.Log("drop/" + st.Model + "." + st.Cluster + "." + name); ev != nil {
+				ev.Err(verr).Str("model", st.Model).Str("cluster", st.Cluster).Str("router", name).
+					Msg("router's demand entry dropped: the cluster's demand did not encode with it (logged at a bounded rate)")
 			}
 		}
 	}

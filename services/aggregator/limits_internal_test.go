@@ -7,7 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/switchyard-dev/switchyard/internal/logthrottle"
+	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/messages"
 )
 
@@ -44,7 +45,11 @@ func TestDemandStateWithMostRoutersEncodes(t *testing.T) {
 func TestEncodeDemandDropsBadRouters(t *testing.T) {
 	now := time.Now()
 	ms := now.UnixMilli()
-	a := &Aggregator{opts: Options{DownAfter: time.Hour}, metrics: newMetrics(nil), badLog: logthrottle.New(10*time.Second, 100)}
+	guard, err := poison.New(poison.Options{Component: "aggregator", Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &Aggregator{opts: Options{DownAfter: time.Hour}, metrics: newMetrics(nil), guard: guard}
 	st := messages.DemandState{Model: "llama", Cluster: "A", Time: ms, LastReport: ms, Routers: map[string]messages.RouterDemand{
 		"good":   {LastReport: ms, Seq: 1, RPS: messages.Window{Fast: 20, Slow: 20}},
 		"inf":    {LastReport: ms, Seq: 1, RPS: messages.Window{Fast: math.Inf(1), Slow: math.NaN()}},

@@ -60,6 +60,10 @@ func (e *Engine) serveControl(m *nats.Msg) {
 		a := &apiError{Status: 400, Type: "invalid_request_error", Code: "invalid_failure", Message: msg}
 		reply(a.Status, a.body())
 	}
+	defer e.poison.Recover("control", m.Subject, func() {
+		a := &apiError{Status: 500, Type: "server_error", Code: "internal_error", Message: "the engine failed applying this request"}
+		reply(a.Status, a.body())
+	})
 	if len(m.Data) > 64<<10 {
 		fail("failure JSON larger than 64 KiB")
 		return

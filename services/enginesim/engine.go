@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/services/engine"
 )
 
@@ -25,6 +26,7 @@ type Engine struct {
 	opts    Options
 	log     zerolog.Logger
 	metrics *metrics
+	poison  *poison.Guard
 	handler http.Handler
 	wake    chan struct{}
 	quit    chan struct{}
@@ -82,6 +84,11 @@ func New(opts Options) (*Engine, error) {
 	}
 	e.baseCtx, e.cancelBase = context.WithCancel(context.Background())
 	e.metrics = newMetrics(e)
+	guard, err := poison.New(poison.Options{Component: "enginesim", Logger: e.log, Registerer: e.metrics.reg})
+	if err != nil {
+		return nil, fmt.Errorf("enginesim: %w", err)
+	}
+	e.poison = guard
 	e.handler = e.routes()
 	// Before any measurement, signal what the model predicts for a lone request.
 	e.stats.lastTTFTMs = float64(opts.PromptTokens) * opts.PrefillMsPerToken * opts.TimeScale

@@ -30,6 +30,11 @@ func (e *Engine) serveNATS(m *nats.Msg) {
 		return e.opts.Conn.PublishMsg(out)
 	}
 	fail := func(a *apiError) { _ = reply(a.Status, true, a.body()) }
+	// A request whose handling panics is answered 500 (after any part of
+	// the answer already sent), and the engine goes on serving the others.
+	defer e.poison.Recover("nats", m.Subject, func() {
+		fail(&apiError{Status: 500, Type: "server_error", Code: "internal_error", Message: "the engine failed serving this request"})
+	})
 
 	j := e.parse(endpointOf(m.Data), m.Data)
 	r, err := e.admit(ctx, j)

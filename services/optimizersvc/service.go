@@ -147,6 +147,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/switchyard-dev/switchyard/internal/logthrottle"
+	"github.com/switchyard-dev/switchyard/internal/poison"
 	"math"
 	"os"
 	"sort"
@@ -230,6 +231,11 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Now is the clock for message timestamps; nil means time.Now.
 	Now func() time.Time
+	// OnValue, when set, is called with the bucket, key and bytes of every
+	// state value the watches deliver, before it is decoded, inside the
+	// handler's panic recovery; it must not keep data. For inspection and
+	// tests (a handler that panics on a chosen value).
+	OnValue func(bucket, key string, data []byte)
 }
 
 func (o *Options) setDefaults() {
@@ -362,6 +368,7 @@ type Service struct {
 	js      jetstream.JetStream
 	metrics *metrics
 	badLog  *logthrottle.Throttle
+	poison  *poison.Guard
 
 	// mu guards the input state, the fits and the published solutions.
 	mu        sync.Mutex
@@ -412,12 +419,18 @@ func New(opts Options) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("optimizersvc: jetstream: %w", err)
 	}
+	log := opts.Logger.With().Str("component", "optimizer").Str("instance", opts.Instance).Logger()
+	guard, err := poison.New(poison.Options{Component: "optimizer", Logger: log, Registerer: opts.Registerer})
+	if err != nil {
+		return nil, fmt.Errorf("optimizersvc: %w", err)
+	}
 	s := &Service{
 		opts:      opts,
-		log:       opts.Logger.With().Str("component", "optimizer").Str("instance", opts.Instance).Logger(),
+		log:       log,
 		js:        js,
 		metrics:   newMetrics(opts.Registerer),
 		badLog:    logthrottle.New(10*time.Second, 10000),
+		poison:    guard,
 		engines:   make(map[string]*messages.EngineState),
 		demand:    make(map[string]*messages.DemandState),
 		rtt:       make(map[string]float64),
@@ -488,7 +501,7 @@ func (s *Service) Run(ctx context.Context) error {
 	} {
 		first := true
 		w := &streams.BucketWatch{
-			Conn: s.opts.Conn, JS: s.js, Bucket: b.bucket, Entry: b.handle, Logger: s.log,
+			Conn: s.opts.Conn, JS: s.js, Bucket: b.bucket, Entry: s.guarded(b.bucket, b.handle), Logger: s.log,
 			Current: func(seen map[string]bool) {
 				// A new watcher delivered the current values: drop the keys
 				// deleted while nobody watched.
@@ -559,6 +572,7 @@ func (s *Service) loop(ctx context.Context, weights, engines jetstream.KeyValue)
 		pending = false
 		last = time.Now()
 		s.solveAll(ctx, weights, engines)
+		s.poison.Flush() // the summary of throttled bad-value lines, also when no more arrive
 		timer.Reset(s.opts.MaxInterval)
 	}
 }

@@ -1,34 +1,38 @@
 package optimizersvc
 
 import (
-	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/optimizer"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
-// bad counts and logs (at a limited rate, per key) a state value that failed to decode.
+// bad counts and logs (at a bounded rate, per key and in total) a state
+// value that failed to decode or validate; the value is skipped.
 func (s *Service) bad(bucket, key string, err error) {
-	reason := "invalid"
-	switch {
-	case errors.Is(err, messages.ErrDecode):
-		reason = "decode"
-	case errors.Is(err, messages.ErrVersion):
-		reason = "version"
-	case errors.Is(err, messages.ErrTooLarge):
-		reason = "too_large"
-	case errors.Is(err, messages.ErrKind):
-		reason = "kind"
-	}
+	reason := poison.Reason(err)
 	s.metrics.bad.WithLabelValues(bucket, reason).Inc()
-	if s.badLog.Allow(bucket+"/"+key, time.Now()) {
-		s.log.Warn().Err(err).Str("bucket", bucket).Str("key", key).Str("reason", reason).
-			Msg("bad state value ignored (logged at most once per 10s per key)")
+	s.poison.Log(bucket+"/"+key).Err(err).Str("bucket", bucket).Str("key", key).Str("reason", reason).
+		Msg("bad state value ignored (logged at a bounded rate)")
+}
+
+// guarded wraps a watch's entry handler: a panic on one value is
+// recovered, counted (reason panic) and logged, and the value skipped, so
+// that a poison value cannot crash the service — at start-up, when the
+// watch delivers the bucket's current values, least of all.
+func (s *Service) guarded(bucket string, handle func(jetstream.KeyValueEntry)) func(jetstream.KeyValueEntry) {
+	return func(e jetstream.KeyValueEntry) {
+		defer s.poison.Recover(bucket, bucket+"/"+e.Key(), func() {
+			s.metrics.bad.WithLabelValues(bucket, poison.ReasonPanic).Inc()
+		})
+		if s.opts.OnValue != nil {
+			s.opts.OnValue(bucket, e.Key(), e.Value())
+		}
+		handle(e)
 	}
 }
 
@@ -65,15 +69,17 @@ func (s *Service) handleEngine(e jetstream.KeyValueEntry) {
 		s.bad(s.opts.Names.EnginesBucket, key, fmt.Errorf("%w: state of %s.%s stored under key %q", messages.ErrInvalid, st.Model, st.Engine, key))
 		return
 	}
-	s.mu.Lock()
-	s.engines[key] = &st
-	f := s.fits[key]
-	if f == nil {
-		f = optimizer.NewBaseFit(optimizer.FitOptions{})
-		s.fits[key] = f
-	}
-	f.Add(fitSample(&st), fitPrior(&st, s.opts.PriorBaseMs))
-	s.mu.Unlock()
+	func() {
+		s.mu.Lock()
+		defer s.mu.Unlock() // deferred: a panic while fitting must not leave it locked
+		s.engines[key] = &st
+		f := s.fits[key]
+		if f == nil {
+			f = optimizer.NewBaseFit(optimizer.FitOptions{})
+			s.fits[key] = f
+		}
+		f.Add(fitSample(&st), fitPrior(&st, s.opts.PriorBaseMs))
+	}()
 	s.notify()
 }
 
