@@ -52,7 +52,7 @@ func TestProvisionLimits(t *testing.T) {
 		perSubj  int64
 		marker   time.Duration
 	}{
-		env.Names.SignalStream:                        {streams.DefaultStreamMaxBytes, streams.SignalMaxPerSubject, 0},
+		env.Names.SignalStream:                        {streams.DefaultStreamMaxBytes, streams.DefaultSignalMaxPerSubject, 0},
 		env.Names.ReportStream:                        {streams.DefaultStreamMaxBytes, streams.ReportMaxPerSubject, 0},
 		streams.BucketStream(env.Names.EnginesBucket): {streams.DefaultStateMaxBytes, 1, streams.StateMarkerTTL},
 		streams.BucketStream(env.Names.DemandBucket):  {streams.DefaultStateMaxBytes, 1, streams.StateMarkerTTL},

@@ -34,6 +34,9 @@ type ProvisionOptions struct {
 	StateMaxBytes int64
 	// WeightsMaxBytes caps the weights bucket. Zero means DefaultWeightsMaxBytes.
 	WeightsMaxBytes int64
+	// SignalMaxPerSubject is how many signals per engine subject SY_SIGNALS
+	// keeps. Zero means DefaultSignalMaxPerSubject; negative means no limit.
+	SignalMaxPerSubject int64
 	// Memory stores everything in memory instead of files (tests, benchmarks).
 	Memory bool
 }
@@ -61,11 +64,12 @@ const (
 	DefaultWeightsMaxBytes = 256 << 20
 	// LeasesMaxBytes caps sy_leases, which holds a handful of small keys.
 	LeasesMaxBytes = 1 << 20
-	// SignalMaxPerSubject is how many signals per engine subject SY_SIGNALS
-	// keeps: 256 is about 50 s at the default 200 ms interval, more than an
-	// aggregator that restarts needs redelivered (it reloads its state from
-	// KV and only the newest signals move it).
-	SignalMaxPerSubject = 256
+	// DefaultSignalMaxPerSubject is how many signals per engine subject
+	// SY_SIGNALS keeps: 2048 is about 7 minutes at the default 200 ms
+	// interval, more than the 5-minute MaxAge holds, so it binds only a
+	// subject published faster than engines publish, which then cannot
+	// crowd the other engines' signals out of the byte limit.
+	DefaultSignalMaxPerSubject = 2048
 	// ReportMaxPerSubject is how many reports per router subject SY_REPORTS
 	// keeps: 600 is 10 minutes at the default 1 s report interval.
 	ReportMaxPerSubject = 600
@@ -107,6 +111,9 @@ func (o ProvisionOptions) withDefaults() ProvisionOptions {
 	if o.WeightsMaxBytes == 0 {
 		o.WeightsMaxBytes = DefaultWeightsMaxBytes
 	}
+	if o.SignalMaxPerSubject == 0 {
+		o.SignalMaxPerSubject = DefaultSignalMaxPerSubject
+	}
 	return o
 }
 
@@ -129,7 +136,7 @@ func Streams(names Names, opts ProvisionOptions) []jetstream.StreamConfig {
 			Retention:         jetstream.LimitsPolicy,
 			MaxAge:            opts.SignalMaxAge,
 			MaxBytes:          opts.SignalMaxBytes,
-			MaxMsgsPerSubject: SignalMaxPerSubject,
+			MaxMsgsPerSubject: max(opts.SignalMaxPerSubject, -1),
 			Duplicates:        dedup,
 			MaxMsgSize:        messages.MaxSnapshotSize, // larger than a valid message, so that oversize ones reach consumers and are counted
 			Storage:           storage,

@@ -10,6 +10,9 @@ type metrics struct {
 	writes     prometheus.Counter
 	lag        prometheus.Gauge
 	engines    *prometheus.GaugeVec
+	repairs    prometheus.Counter
+	recreated  prometheus.Counter
+	forgotten  *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -29,9 +32,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "switchyard_aggregator_lag_seconds", Help: "Age of the newest signal when it was folded in."}),
 		engines: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "switchyard_aggregator_engines", Help: "Engines by status."}, []string{"status"}),
+		repairs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_aggregator_layout_repairs_total", Help: "Deleted streams and buckets the aggregator re-provisioned."}),
+		recreated: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_aggregator_consumers_recreated_total", Help: "Durable consumers re-created after they or their stream were deleted."}),
+		forgotten: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_aggregator_forgotten_total", Help: "State entries dropped after ForgetAfter of silence, by kind (engine, demand, rtt)."},
+			[]string{"kind"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.signals, m.reports, m.duplicates, m.bad, m.writes, m.lag, m.engines)
+		reg.MustRegister(m.signals, m.reports, m.duplicates, m.bad, m.writes, m.lag, m.engines, m.repairs, m.recreated, m.forgotten)
 	}
 	return m
 }
