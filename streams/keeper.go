@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -36,14 +39,20 @@ type KeeperOptions struct {
 	// Provision is what a missing stream or bucket is created with (see
 	// Repair for the replica count when its Replicas is zero).
 	Provision ProvisionOptions
+	// Skip names layout streams (bucket streams as KV_<bucket>) this Keeper
+	// leaves to others: a service that does not know how a stream is
+	// configured (the aggregator, the leases bucket's TTL) should not be the
+	// one to re-create it.
+	Skip []string
 	// Interval is the time between periodic checks; zero means
 	// DefaultKeeperInterval.
 	Interval time.Duration
-	// OnRepair, when set, is called after each repair with the names of the
-	// streams it created (bucket streams as KV_<bucket>), from the Keeper's
-	// goroutine: services re-create what lived on them (consumers,
-	// watchers, records).
-	OnRepair func(created []string)
+	// OnRepair, when set, is called from the Keeper's goroutine with the
+	// names of layout streams (bucket streams as KV_<bucket>) that were
+	// deleted and exist again, re-created by this Keeper or by another one
+	// (whose deletion this Keeper saw, by advisory or by finding it
+	// missing): services re-create what lived on them (consumers, records).
+	OnRepair func(restored []string)
 	// Logger receives a line per repair and per failed check (at most one a
 	// minute while checks keep failing).
 	Logger zerolog.Logger
@@ -58,6 +67,9 @@ type Keeper struct {
 	log     zerolog.Logger
 	repairs atomic.Uint64
 	kick    chan struct{}
+
+	mu   sync.Mutex
+	gone map[string]bool // layout streams seen deleted and not seen back yet
 }
 
 // NewKeeper validates opts and returns a Keeper ready to Run.
@@ -77,7 +89,8 @@ func NewKeeper(opts KeeperOptions) (*Keeper, error) {
 	if opts.Interval == 0 {
 		opts.Interval = DefaultKeeperInterval
 	}
-	return &Keeper{opts: opts, log: opts.Logger.With().Str("subsystem", "layout-keeper").Logger(), kick: make(chan struct{}, 1)}, nil
+	return &Keeper{opts: opts, log: opts.Logger.With().Str("subsystem", "layout-keeper").Logger(), kick: make(chan struct{}, 1),
+		gone: map[string]bool{}}, nil
 }
 
 // Repairs returns how many streams and buckets the Keeper has re-created.
@@ -96,22 +109,56 @@ func (k *Keeper) Kick() {
 func (k *Keeper) Check(ctx context.Context) ([]string, error) {
 	cctx, cancel := context.WithTimeout(ctx, max(k.opts.Interval, 5*time.Second))
 	defer cancel()
-	created, err := Repair(cctx, k.opts.JS, k.opts.Names, k.opts.Provision)
+	created, have, err := repair(cctx, k.opts.JS, k.opts.Names, k.opts.Provision, k.opts.Skip)
 	if len(created) > 0 {
 		k.repairs.Add(uint64(len(created)))
 		k.log.Warn().Strs("streams", created).Msg("streams or buckets were missing; re-provisioned them")
-		if k.opts.OnRepair != nil {
-			k.opts.OnRepair(created)
+	}
+	k.mu.Lock()
+	for _, n := range created {
+		k.gone[n] = true
+	}
+	if have != nil {
+		for _, n := range LayoutStreams(k.opts.Names) {
+			if !have[n] {
+				k.gone[n] = true // missing, and not re-created (yet)
+			}
 		}
 	}
+	var restored []string
+	if err == nil {
+		for n := range k.gone {
+			if have[n] || slices.Contains(created, n) {
+				restored = append(restored, n)
+				delete(k.gone, n)
+			}
+		}
+	}
+	k.mu.Unlock()
+	if len(restored) > 0 && k.opts.OnRepair != nil {
+		slices.Sort(restored)
+		k.opts.OnRepair(restored)
+	}
 	return created, err
+}
+
+// deleted notes a stream-deleted advisory for a layout stream.
+func (k *Keeper) deleted(m *nats.Msg) {
+	name := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+	if !slices.Contains(LayoutStreams(k.opts.Names), name) {
+		return
+	}
+	k.mu.Lock()
+	k.gone[name] = true
+	k.mu.Unlock()
+	k.Kick()
 }
 
 // Run checks the layout every Interval, and at once on a stream-deleted
 // advisory or a Kick, until ctx ends; it returns nil then.
 func (k *Keeper) Run(ctx context.Context) error {
 	if k.opts.Conn != nil {
-		sub, err := k.opts.Conn.Subscribe("$JS.EVENT.ADVISORY.STREAM.DELETED.>", func(*nats.Msg) { k.Kick() })
+		sub, err := k.opts.Conn.Subscribe("$JS.EVENT.ADVISORY.STREAM.DELETED.*", k.deleted)
 		if err != nil {
 			k.log.Debug().Err(err).Msg("no stream-deleted advisories; checking periodically only")
 		} else {

@@ -3,6 +3,7 @@ package streams
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -226,25 +227,32 @@ func LayoutStreams(names Names) []string {
 // layout's surviving streams, so that a deleted stream comes back on a
 // cluster as it was. One check costs one stream-names request.
 func Repair(ctx context.Context, js jetstream.JetStream, names Names, opts ProvisionOptions) ([]string, error) {
+	created, _, err := repair(ctx, js, names, opts, nil)
+	return created, err
+}
+
+// repair is Repair, leaving the streams in skip alone and also returning
+// the stream names that existed.
+func repair(ctx context.Context, js jetstream.JetStream, names Names, opts ProvisionOptions, skip []string) (created []string, have map[string]bool, err error) {
 	if err := names.Validate(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	have := map[string]bool{}
+	have = map[string]bool{}
 	lister := js.StreamNames(ctx)
 	for n := range lister.Name() {
 		have[n] = true
 	}
 	if err := lister.Err(); err != nil {
-		return nil, fmt.Errorf("streams: list streams: %w", err)
+		return nil, nil, fmt.Errorf("streams: list streams: %w", err)
 	}
 	var missing []string
 	for _, n := range LayoutStreams(names) {
-		if !have[n] {
+		if !have[n] && !slices.Contains(skip, n) {
 			missing = append(missing, n)
 		}
 	}
 	if len(missing) == 0 {
-		return nil, nil
+		return nil, have, nil
 	}
 	if opts.Replicas == 0 {
 		for _, n := range LayoutStreams(names) {
@@ -260,13 +268,12 @@ func Repair(ctx context.Context, js jetstream.JetStream, names Names, opts Provi
 	for _, n := range missing {
 		want[n] = true
 	}
-	var created []string
 	for _, cfg := range Streams(names, opts) {
 		if !want[cfg.Name] {
 			continue
 		}
 		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
-			return created, fmt.Errorf("streams: re-provision stream %s (replicas %d): %w", cfg.Name, cfg.Replicas, err)
+			return created, have, fmt.Errorf("streams: re-provision stream %s (replicas %d): %w", cfg.Name, cfg.Replicas, err)
 		}
 		created = append(created, cfg.Name)
 	}
@@ -275,9 +282,9 @@ func Repair(ctx context.Context, js jetstream.JetStream, names Names, opts Provi
 			continue
 		}
 		if _, err := js.CreateOrUpdateKeyValue(ctx, cfg); err != nil {
-			return created, fmt.Errorf("streams: re-provision bucket %s (replicas %d): %w", cfg.Bucket, cfg.Replicas, err)
+			return created, have, fmt.Errorf("streams: re-provision bucket %s (replicas %d): %w", cfg.Bucket, cfg.Replicas, err)
 		}
 		created = append(created, BucketStream(cfg.Bucket))
 	}
-	return created, nil
+	return created, have, nil
 }

@@ -34,8 +34,10 @@ const (
 // re-created.
 var errReconnected = errors.New("NATS reconnected")
 
-// errBucketReplaced ends one watcher whose bucket was deleted or re-created.
-var errBucketReplaced = errors.New("bucket deleted or re-created")
+// ErrBucketReplaced is what a BucketWatch hands Down when its watcher ended
+// because the bucket was deleted or re-created: the next watcher's current
+// values are those of a new bucket, not a resumption.
+var ErrBucketReplaced = errors.New("bucket deleted or re-created")
 
 // BucketWatch keeps an in-memory view of one KV bucket current through NATS
 // trouble: it watches every key of the bucket and hands each entry to Entry.
@@ -109,7 +111,7 @@ func (w *BucketWatch) Run(ctx context.Context) error {
 			backoff = minB
 		}
 		switch {
-		case errors.Is(err, errBucketReplaced):
+		case errors.Is(err, ErrBucketReplaced):
 			log.Warn().Err(err).Msg("bucket deleted or re-created; re-creating the bucket watcher")
 		case errors.Is(err, errReconnected):
 			log.Info().Msg("reconnected to NATS; restarting the bucket watcher")
@@ -176,7 +178,7 @@ func (w *BucketWatch) once(ctx context.Context, check time.Duration) (loaded boo
 					return loaded, nil
 				}
 				if errors.Is(err, jetstream.ErrStreamNotFound) || (err == nil && !now.Equal(created)) {
-					return loaded, fmt.Errorf("%w: %s", errBucketReplaced, w.Bucket)
+					return loaded, fmt.Errorf("%w: %s", ErrBucketReplaced, w.Bucket)
 				}
 			}
 		case e, ok := <-watcher.Updates():

@@ -197,6 +197,8 @@ func New(opts Options) (*Aggregator, error) {
 		relaid:  make(chan []string, 8),
 	}
 	a.keeper, err = streams.NewKeeper(streams.KeeperOptions{JS: js, Conn: opts.Conn, Names: opts.Names, Provision: opts.Provision,
+		// The leases bucket's TTL is the optimizer's to set.
+		Skip:   []string{streams.BucketStream(opts.Names.LeasesBucket)},
 		Logger: a.log, OnRepair: func(created []string) {
 			a.metrics.repairs.Add(float64(len(created)))
 			select {

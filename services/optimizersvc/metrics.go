@@ -18,6 +18,7 @@ type metrics struct {
 	penalties     *prometheus.CounterVec
 	operator      *prometheus.GaugeVec
 	slowStart     *prometheus.GaugeVec
+	repairs       prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -60,10 +61,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "switchyard_optimizer_slow_start_multiplier",
 			Help: "Health multiplier of an engine in slow start after its capacity came back from about zero (absent when none)."},
 			[]string{"model", "engine"}),
+		repairs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_optimizer_layout_repairs_total", Help: "Deleted streams and buckets seen back (re-provisioned by this service or another)."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.solveDuration, m.solveErrors, m.outOfTime, m.gap, m.generations, m.conflicts, m.leader,
-			m.problems, m.clusters, m.engines, m.bad, m.penalised, m.penalties, m.operator, m.slowStart)
+			m.problems, m.clusters, m.engines, m.bad, m.penalised, m.penalties, m.operator, m.slowStart, m.repairs)
 	}
 	return m
 }
