@@ -206,6 +206,11 @@ func Provision(ctx context.Context, js jetstream.JetStream, names Names, opts Pr
 	return nil
 }
 
+// repairSettle is how long Repair waits between finding a stream missing
+// and re-creating it (see repair): long enough for the server to finish a
+// deletion it has announced, short beside the aggregator's down-after.
+const repairSettle = 250 * time.Millisecond
+
 // BucketStream is the name of the stream that holds KV bucket bucket.
 func BucketStream(bucket string) string { return "KV_" + bucket }
 
@@ -237,22 +242,41 @@ func repair(ctx context.Context, js jetstream.JetStream, names Names, opts Provi
 	if err := names.Validate(); err != nil {
 		return nil, nil, err
 	}
-	have = map[string]bool{}
-	lister := js.StreamNames(ctx)
-	for n := range lister.Name() {
-		have[n] = true
-	}
-	if err := lister.Err(); err != nil {
-		return nil, nil, fmt.Errorf("streams: list streams: %w", err)
-	}
-	var missing []string
-	for _, n := range LayoutStreams(names) {
-		if !have[n] && !slices.Contains(skip, n) {
-			missing = append(missing, n)
+	list := func() (map[string]bool, []string, error) {
+		have := map[string]bool{}
+		lister := js.StreamNames(ctx)
+		for n := range lister.Name() {
+			have[n] = true
 		}
+		if err := lister.Err(); err != nil {
+			return nil, nil, fmt.Errorf("streams: list streams: %w", err)
+		}
+		var missing []string
+		for _, n := range LayoutStreams(names) {
+			if !have[n] && !slices.Contains(skip, n) {
+				missing = append(missing, n)
+			}
+		}
+		return have, missing, nil
 	}
-	if len(missing) == 0 {
-		return nil, have, nil
+	have, missing, err := list()
+	if err != nil || len(missing) == 0 {
+		return nil, have, err
+	}
+	// Look again after a pause before creating anything: the server
+	// announces a deletion, and drops the stream from its listings, before
+	// it has moved the stream's files away, and a file stream created in
+	// that window loses its files to the deletion (nats-server 2.15 then
+	// fails every write with "Critical write error ... no such file").
+	t := time.NewTimer(repairSettle)
+	select {
+	case <-ctx.Done():
+		t.Stop()
+		return nil, have, ctx.Err()
+	case <-t.C:
+	}
+	if have, missing, err = list(); err != nil || len(missing) == 0 {
+		return nil, have, err
 	}
 	if opts.Replicas == 0 {
 		for _, n := range LayoutStreams(names) {
