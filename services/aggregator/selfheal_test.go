@@ -106,6 +106,15 @@ func TestAggregatorSurvivesDeletedLayout(t *testing.T) {
 		}
 		t.Logf("%s deleted: state moving again after %s", name, time.Since(start).Round(10*time.Millisecond))
 	}
+	// The durable consumer alone deleted: re-created, and signals flow again.
+	beforeSig := signals()
+	if err := env.JS.DeleteConsumer(ctx, env.Names.SignalStream, "sy-aggregator-signals"); err != nil {
+		t.Fatalf("delete the signal consumer: %v", err)
+	}
+	testenv.WaitFor(t, 5*time.Second, "signals flow again after deleting the consumer", func() bool { return signals() > beforeSig+5 })
+	if _, err := env.JS.Consumer(ctx, env.Names.SignalStream, "sy-aggregator-signals"); err != nil {
+		t.Fatalf("consumer after re-creation: %v", err)
+	}
 	// Every engine sample stayed up through all of it: watch a little longer.
 	deadline := time.Now().Add(time.Second)
 	for time.Now().Before(deadline) {
