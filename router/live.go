@@ -12,6 +12,8 @@ import (
 type EngineLive struct {
 	inflight atomic.Int64
 	down     atomic.Bool
+	silent   atomic.Bool
+	lastOK   atomic.Int64 // Unix ns of this router's newest success on the engine
 	eject    ejectState
 	load     engineLoad
 }
@@ -21,6 +23,26 @@ func (e *EngineLive) InFlight() int64 { return e.inflight.Load() }
 
 // Down reports whether the engine is marked down.
 func (e *EngineLive) Down() bool { return e.down.Load() }
+
+// SilentServe is how recent this router's last success on an engine whose
+// signals went silent must be for the engine to stay usable: the signal
+// freshness a router asks by default (DefaultDownAfter), so that the
+// router's own answers stand in for the signals at the same rate.
+const SilentServe = DefaultDownAfter
+
+// Silent reports whether the engine's signals went silent.
+func (e *EngineLive) Silent() bool { return e.silent.Load() }
+
+// silentSkip reports whether Pick skips the engine for its silence: silent,
+// and no success from it at this router within SilentServe. An engine whose
+// signals stopped is unknown, not down: while this router's requests to it
+// succeed it keeps serving (a control plane that lost its signal stream
+// does not take healthy engines out), and one that stopped answering is
+// skipped once its last success is older than that, or ejected by its
+// failures first.
+func (e *EngineLive) silentSkip(now func() time.Time) bool {
+	return e.silent.Load() && now().UnixNano()-e.lastOK.Load() > int64(SilentServe)
+}
 
 // Ejected reports whether the engine is ejected by the router's fast local
 // skip (skipped, or half-open and waiting for its probe's result).
@@ -58,6 +80,11 @@ func (s *LiveSet) Engine(name string) *EngineLive {
 // SetDown marks the named engine down (skipped at once by Pick) or up.
 func (s *LiveSet) SetDown(name string, down bool) { s.Engine(name).down.Store(down) }
 
+// SetSilent marks the named engine's signals silent or fresh. A silent
+// engine is skipped by Pick only while this router has had no success from
+// it within SilentServe (see EngineLive.silentSkip).
+func (s *LiveSet) SetSilent(name string, silent bool) { s.Engine(name).silent.Store(silent) }
+
 // TotalInFlight returns this router's in-flight requests on all engines of
 // the set.
 func (s *LiveSet) TotalInFlight() int64 { return s.total.Load() }
@@ -84,17 +111,19 @@ type Bound struct {
 func (b *Bound) Table() *Table { return b.table }
 
 // Down reports whether engine i of the table must be skipped: marked down,
-// or ejected by the fast local skip (see EjectOptions).
+// ejected by the fast local skip (see EjectOptions), or silent without a
+// recent success here.
 func (b *Bound) Down(i int) bool {
 	e := b.engines[i]
-	return e.down.Load() || e.eject.skipped(b.set.now)
+	return e.down.Load() || e.eject.skipped(b.set.now) || e.silentSkip(b.set.now)
 }
 
 // Live returns the live state of engine i.
 func (b *Bound) Live(i int) *EngineLive { return b.engines[i] }
 
-// hardDown is a Guard over a Bound that ignores ejections: when every
-// engine is ejected, requests still go somewhere rather than fail.
+// hardDown is a Guard over a Bound that ignores ejections and silence: when
+// every engine is ejected or silent, requests still go somewhere rather than
+// fail.
 type hardDown struct{ *Bound }
 
 // Down reports whether engine i is marked down.

@@ -526,6 +526,9 @@ func (h *Handler) ejectReport(model, engine string, live *EngineLive, res Result
 		ok = true // the engine answered; the request was at fault
 	}
 	now := h.opts.Now()
+	if ok {
+		live.lastOK.Store(now.UnixNano())
+	}
 	ev, d, fails := live.eject.report(ok, probe, now, h.prot.Eject)
 	switch ev {
 	case ejectStart, ejectAgain:

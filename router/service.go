@@ -137,6 +137,11 @@ func NewService(opts ServiceOptions) (*Service, error) {
 			s.handler.SetEngineDown(model, engine, down)
 		}
 	}
+	markSilent := func(model, engine string, silent bool) {
+		if s.handler != nil {
+			s.handler.Live(model).SetSilent(engine, silent)
+		}
+	}
 	observe := func(sig *messages.EngineSignal) {
 		if s.handler != nil {
 			s.handler.ObserveSignal(sig)
@@ -144,7 +149,7 @@ func NewService(opts ServiceOptions) (*Service, error) {
 	}
 	var err error
 	s.signals, err = NewSignals(SignalOptions{Conn: opts.Conn, Names: opts.Names, DownAfter: opts.DownAfter,
-		OnDown: markDown, OnSignal: observe, Logger: logger, Registry: opts.Registry, Now: opts.Now})
+		OnDown: markDown, OnSilent: markSilent, OnSignal: observe, Logger: logger, Registry: opts.Registry, Now: opts.Now})
 	if err != nil {
 		return nil, err
 	}

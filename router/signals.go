@@ -36,9 +36,16 @@ type SignalOptions struct {
 	// DownAfter/4).
 	SweepInterval time.Duration
 	// OnDown is called when an engine is first seen and whenever its down
-	// state changes, outside any lock; the service wires it to the
-	// handler's LiveSet so that Pick skips a down engine at once.
+	// state (health 0 in its newest signal) changes, outside any lock; the
+	// service wires it to the handler's LiveSet so that Pick skips a down
+	// engine at once.
 	OnDown func(model, engine string, down bool)
+	// OnSilent is called whenever an engine's signals go silent (the
+	// newest is older than DownAfter while NATS is connected) or resume,
+	// outside any lock; the service wires it to the handler's LiveSet,
+	// where a silent engine stays usable on the router's own successes
+	// (LiveSet.SetSilent).
+	OnSilent func(model, engine string, silent bool)
 	// OnSignal, when set, is called with every signal accepted as the
 	// engine's newest, outside any lock; it must not keep sig. The service
 	// wires it to the handler's LiveSet for the engines' load (Bound.Load).
@@ -60,9 +67,13 @@ type EngineView struct {
 	Signal messages.EngineSignal
 	// Received is when Signal was received.
 	Received time.Time
-	// Down is true when the engine reports health 0 or its newest signal is
-	// older than DownAfter (counted only while NATS is connected).
+	// Down is true when the engine reports health 0 in its newest signal.
 	Down bool
+	// Silent is true when its newest signal is older than DownAfter
+	// (counted only while NATS is connected, and from the reconnect). A
+	// silent engine's state is unknown, not down: its signals may have
+	// stopped because the signal path lost them, not because it stopped.
+	Silent bool
 	// URL is the advertised HTTP base URL, empty when none.
 	URL string
 	// Subject is the advertised NATS inference subject, empty when none.
@@ -149,7 +160,7 @@ func NewSignals(opts SignalOptions) (*Signals, error) {
 		}, []string{"reason"}),
 		down: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "switchyard_router_engines_down",
-			Help: "Engines the router's local guard counts as down, over all models.",
+			Help: "Engines the router's local guard counts as down (health 0) or silent, over all models.",
 		}),
 	}
 	empty := map[string]Endpoints{}
@@ -210,12 +221,18 @@ func (s *Signals) handle(m *nats.Msg) {
 		return
 	}
 	s.received.Inc()
-	e, first, changed, downChanged, ok := s.fold(&sig, now)
+	e, first, changed, downChanged, wasSilent, ok := s.fold(&sig, now)
 	if !ok {
 		return
 	}
-	if changed || downChanged {
+	if changed || downChanged || wasSilent {
 		s.version.Add(1)
+	}
+	if wasSilent {
+		s.log.Info().Str("model", sig.Model).Str("engine", sig.Engine).Msg("engine signalling again")
+		if s.opts.OnSilent != nil {
+			s.opts.OnSilent(sig.Model, sig.Engine, false)
+		}
 	}
 	if s.opts.OnSignal != nil {
 		s.opts.OnSignal(&sig)
@@ -234,7 +251,7 @@ func (s *Signals) handle(m *nats.Msg) {
 // fold records sig as its engine's newest signal, unless a newer one
 // overtook it (ok false), and returns the engine's view and what changed.
 // The lock is released by defer, so that a panic cannot leave it held.
-func (s *Signals) fold(sig *messages.EngineSignal, now time.Time) (view EngineView, first, changed, downChanged, ok bool) {
+func (s *Signals) fold(sig *messages.EngineSignal, now time.Time) (view EngineView, first, changed, downChanged, wasSilent, ok bool) {
 	ep := endpointsOf(sig.Transports)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -250,9 +267,10 @@ func (s *Signals) fold(sig *messages.EngineSignal, now time.Time) (view EngineVi
 		byEngine[sig.Engine] = e
 	} else if sig.Time < e.view.Signal.Time && sig.Seq <= e.view.Signal.Seq &&
 		now.Sub(e.view.Received) < s.opts.DownAfter {
-		return EngineView{}, false, false, false, false // an older signal overtaken by a newer one
+		return EngineView{}, false, false, false, false, false // an older signal overtaken by a newer one
 	}
 	prevDown := e.view.Down
+	wasSilent = e.view.Silent
 	changed = first || e.view.Signal.CapacityRPS != sig.CapacityRPS || e.view.Signal.Health != sig.Health ||
 		e.view.URL != ep.URL || e.view.Subject != ep.Subject
 	epChanged := first || e.view.URL != ep.URL || e.view.Subject != ep.Subject
@@ -260,14 +278,15 @@ func (s *Signals) fold(sig *messages.EngineSignal, now time.Time) (view EngineVi
 	e.view.Received = now
 	e.view.URL, e.view.Subject = ep.URL, ep.Subject
 	e.view.Down = sig.Health <= 0
+	e.view.Silent = false
 	downChanged = first || prevDown != e.view.Down
 	if epChanged {
 		s.publishEndpointsLocked()
 	}
-	if downChanged {
+	if downChanged || wasSilent {
 		s.countDownLocked()
 	}
-	return e.view, first, changed, downChanged, true
+	return e.view, first, changed, downChanged, wasSilent, true
 }
 
 // reject counts a bad signal under reason and logs it at a bounded rate
@@ -279,13 +298,13 @@ func (s *Signals) reject(subject, reason string, err error) {
 
 type downChange struct {
 	model, engine string
-	down          bool
+	silent        bool
 }
 
 // Sweep re-evaluates signal ages now: an engine whose newest signal is older
-// than DownAfter is counted down. While NATS is disconnected no engine is
-// counted down for age (silence is then no evidence), and after a reconnect
-// ages count from the reconnect. Run calls it every SweepInterval.
+// than DownAfter is counted silent. While NATS is disconnected no engine is
+// counted silent (silence is then no evidence), and after a reconnect ages
+// count from the reconnect. Run calls it every SweepInterval.
 func (s *Signals) Sweep() {
 	now := s.opts.Now()
 	connected := s.opts.Conn.IsConnected()
@@ -302,10 +321,10 @@ func (s *Signals) Sweep() {
 				if s.connSince.After(since) {
 					since = s.connSince
 				}
-				down := e.view.Signal.Health <= 0 || now.Sub(since) > s.opts.DownAfter
-				if down != e.view.Down {
-					e.view.Down = down
-					changes = append(changes, downChange{model, name, down})
+				silent := now.Sub(since) > s.opts.DownAfter
+				if silent != e.view.Silent {
+					e.view.Silent = silent
+					changes = append(changes, downChange{model, name, silent})
 				}
 			}
 		}
@@ -320,13 +339,13 @@ func (s *Signals) Sweep() {
 	s.version.Add(1)
 	for _, c := range changes {
 		ev := s.log.Info()
-		if c.down {
+		if c.silent {
 			ev = s.log.Warn()
 		}
-		ev.Str("model", c.model).Str("engine", c.engine).Bool("down", c.down).Dur("down_after", s.opts.DownAfter).
-			Msg("engine signal freshness changed")
-		if s.opts.OnDown != nil {
-			s.opts.OnDown(c.model, c.engine, c.down)
+		ev.Str("model", c.model).Str("engine", c.engine).Bool("silent", c.silent).Dur("down_after", s.opts.DownAfter).
+			Msg("engine signal freshness changed (a silent engine is used only while this router's requests to it succeed)")
+		if s.opts.OnSilent != nil {
+			s.opts.OnSilent(c.model, c.engine, c.silent)
 		}
 	}
 }
@@ -335,7 +354,7 @@ func (s *Signals) countDownLocked() {
 	n := 0
 	for _, byEngine := range s.engines {
 		for _, e := range byEngine {
-			if e.view.Down {
+			if e.view.Down || e.view.Silent {
 				n++
 			}
 		}

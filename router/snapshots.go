@@ -291,6 +291,13 @@ func (s *SnapshotStore) watchOnce(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("watch %s *.%s: %w", bucket, s.opts.Cluster, err)
 	}
+	// The bucket's creation time tells a re-created bucket (deleted, then
+	// provisioned again by a service's layout keeper) from this one: its
+	// sequences start again, below where this consumer waits.
+	var created time.Time
+	if st, err := js.Stream(wctx, streams.BucketStream(bucket)); err == nil {
+		created = st.CachedInfo().Created
+	}
 	closed := make(chan struct{})
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		// An ordered consumer does not take acknowledgements: a value this
@@ -327,6 +334,7 @@ func (s *SnapshotStore) watchOnce(ctx context.Context) error {
 	s.log.Debug().Str("bucket", bucket).Msg("watching weight snapshots")
 	check := time.NewTicker(200 * time.Millisecond)
 	defer check.Stop()
+	lastLayout := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -339,6 +347,15 @@ func (s *SnapshotStore) watchOnce(ctx context.Context) error {
 			// ignored unless newer.
 			if s.opts.Conn.Stats().Reconnects != reconnects {
 				return errReconnected
+			}
+			if time.Since(lastLayout) >= streams.DefaultLayoutCheck {
+				lastLayout = time.Now()
+				lctx, lcancel := context.WithTimeout(wctx, time.Second)
+				st, err := js.Stream(lctx, streams.BucketStream(bucket))
+				lcancel()
+				if errors.Is(err, jetstream.ErrStreamNotFound) || (err == nil && !st.CachedInfo().Created.Equal(created)) {
+					return fmt.Errorf("%w: keeping the installed snapshots", streams.ErrBucketReplaced)
+				}
 			}
 		}
 	}

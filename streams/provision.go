@@ -3,6 +3,7 @@ package streams
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -25,9 +26,60 @@ type ProvisionOptions struct {
 	WeightsHistory int
 	// LeaseTTL is how long a lease lives without renewal. Zero means 3 seconds.
 	LeaseTTL time.Duration
+	// SignalMaxBytes and ReportMaxBytes cap the signal and report streams.
+	// Zero means DefaultStreamMaxBytes; when full, the oldest messages go.
+	SignalMaxBytes int64
+	ReportMaxBytes int64
+	// StateMaxBytes caps each of the state buckets (engines, demand). Zero
+	// means DefaultStateMaxBytes.
+	StateMaxBytes int64
+	// WeightsMaxBytes caps the weights bucket. Zero means DefaultWeightsMaxBytes.
+	WeightsMaxBytes int64
+	// SignalMaxPerSubject is how many signals per engine subject SY_SIGNALS
+	// keeps. Zero means DefaultSignalMaxPerSubject; negative means no limit.
+	SignalMaxPerSubject int64
 	// Memory stores everything in memory instead of files (tests, benchmarks).
 	Memory bool
 }
+
+// Limits of the layout. Every stream and bucket has a byte limit, so that
+// no publisher, careless or hostile, can fill the server's store, and the
+// streams a per-subject limit, so that one subject cannot hold a stream.
+const (
+	// DefaultStreamMaxBytes caps SY_SIGNALS and SY_REPORTS. A signal is
+	// stored in about 400 bytes: 256 MiB hold the full 5-minute signal
+	// window of about 450 engines signalling five times a second, and a
+	// larger fleet only keeps a shorter window (the oldest go first), which
+	// costs nothing: the aggregator reads the stream live and routers not at
+	// all.
+	DefaultStreamMaxBytes = 256 << 20
+	// DefaultStateMaxBytes caps sy_engines and sy_demand. A state value is
+	// about 1 KiB, so 128 MiB is a hundred thousand keys: far above any
+	// fleet, and bounded when invented names flood the aggregator. Values
+	// the aggregator writes expire by themselves (see the aggregator's
+	// ForgetAfter); the cap is the backstop for what else gets written.
+	DefaultStateMaxBytes = 128 << 20
+	// DefaultWeightsMaxBytes caps sy_weights: up to 16 snapshots of at most
+	// 1 MiB per key, for some 16 (model, cluster) keys of that size, or
+	// thousands of ordinary ones.
+	DefaultWeightsMaxBytes = 256 << 20
+	// LeasesMaxBytes caps sy_leases, which holds a handful of small keys.
+	LeasesMaxBytes = 1 << 20
+	// DefaultSignalMaxPerSubject is how many signals per engine subject
+	// SY_SIGNALS keeps: 2048 is about 7 minutes at the default 200 ms
+	// interval, more than the 5-minute MaxAge holds, so it binds only a
+	// subject published faster than engines publish, which then cannot
+	// crowd the other engines' signals out of the byte limit.
+	DefaultSignalMaxPerSubject = 2048
+	// ReportMaxPerSubject is how many reports per router subject SY_REPORTS
+	// keeps: 600 is 10 minutes at the default 1 s report interval.
+	ReportMaxPerSubject = 600
+	// StateMarkerTTL is how long the state buckets keep the marker the
+	// server leaves where a key expired or was purged with a TTL: watchers
+	// connected at the time see the marker at once, and one re-created later
+	// drops the keys it no longer finds, so the markers need not stay long.
+	StateMarkerTTL = time.Minute
+)
 
 func (o ProvisionOptions) withDefaults() ProvisionOptions {
 	if o.Replicas == 0 {
@@ -48,6 +100,21 @@ func (o ProvisionOptions) withDefaults() ProvisionOptions {
 	if o.LeaseTTL == 0 {
 		o.LeaseTTL = 3 * time.Second
 	}
+	if o.SignalMaxBytes == 0 {
+		o.SignalMaxBytes = DefaultStreamMaxBytes
+	}
+	if o.ReportMaxBytes == 0 {
+		o.ReportMaxBytes = DefaultStreamMaxBytes
+	}
+	if o.StateMaxBytes == 0 {
+		o.StateMaxBytes = DefaultStateMaxBytes
+	}
+	if o.WeightsMaxBytes == 0 {
+		o.WeightsMaxBytes = DefaultWeightsMaxBytes
+	}
+	if o.SignalMaxPerSubject == 0 {
+		o.SignalMaxPerSubject = DefaultSignalMaxPerSubject
+	}
 	return o
 }
 
@@ -64,28 +131,32 @@ func Streams(names Names, opts ProvisionOptions) []jetstream.StreamConfig {
 	}
 	return []jetstream.StreamConfig{
 		{
-			Name:        names.SignalStream,
-			Description: "Switchyard engine signals",
-			Subjects:    []string{names.SignalFilter()},
-			Retention:   jetstream.LimitsPolicy,
-			MaxAge:      opts.SignalMaxAge,
-			Duplicates:  dedup,
-			MaxMsgSize:  messages.MaxSnapshotSize, // larger than a valid message, so that oversize ones reach consumers and are counted
-			Storage:     storage,
-			Replicas:    opts.Replicas,
-			Discard:     jetstream.DiscardOld,
+			Name:              names.SignalStream,
+			Description:       "Switchyard engine signals",
+			Subjects:          []string{names.SignalFilter()},
+			Retention:         jetstream.LimitsPolicy,
+			MaxAge:            opts.SignalMaxAge,
+			MaxBytes:          opts.SignalMaxBytes,
+			MaxMsgsPerSubject: max(opts.SignalMaxPerSubject, -1),
+			Duplicates:        dedup,
+			MaxMsgSize:        messages.MaxSnapshotSize, // larger than a valid message, so that oversize ones reach consumers and are counted
+			Storage:           storage,
+			Replicas:          opts.Replicas,
+			Discard:           jetstream.DiscardOld,
 		},
 		{
-			Name:        names.ReportStream,
-			Description: "Switchyard router reports",
-			Subjects:    []string{names.ReportFilter()},
-			Retention:   jetstream.LimitsPolicy,
-			MaxAge:      opts.ReportMaxAge,
-			Duplicates:  opts.DedupWindow,
-			MaxMsgSize:  messages.MaxSnapshotSize, // larger than a valid message, so that oversize ones reach consumers and are counted
-			Storage:     storage,
-			Replicas:    opts.Replicas,
-			Discard:     jetstream.DiscardOld,
+			Name:              names.ReportStream,
+			Description:       "Switchyard router reports",
+			Subjects:          []string{names.ReportFilter()},
+			Retention:         jetstream.LimitsPolicy,
+			MaxAge:            opts.ReportMaxAge,
+			MaxBytes:          opts.ReportMaxBytes,
+			MaxMsgsPerSubject: ReportMaxPerSubject,
+			Duplicates:        opts.DedupWindow,
+			MaxMsgSize:        messages.MaxSnapshotSize, // larger than a valid message, so that oversize ones reach consumers and are counted
+			Storage:           storage,
+			Replicas:          opts.Replicas,
+			Discard:           jetstream.DiscardOld,
 		},
 	}
 }
@@ -97,15 +168,22 @@ func Buckets(names Names, opts ProvisionOptions) []jetstream.KeyValueConfig {
 	if opts.Memory {
 		storage = jetstream.MemoryStorage
 	}
+	// The state buckets allow per-key TTLs (LimitMarkerTTL): the aggregator
+	// writes its values with one, so that the state of engines, clusters and
+	// RTT pairs that went silent expires, while the operator and penalty
+	// records sharing sy_engines, written without one, stay. They have no
+	// bucket-wide TTL for that reason.
 	return []jetstream.KeyValueConfig{
 		{Bucket: names.EnginesBucket, Description: "Switchyard engine state (aggregator)", History: 1,
-			MaxValueSize: messages.MaxMessageSize, Storage: storage, Replicas: opts.Replicas},
+			MaxValueSize: messages.MaxMessageSize, MaxBytes: opts.StateMaxBytes, LimitMarkerTTL: StateMarkerTTL,
+			Storage: storage, Replicas: opts.Replicas},
 		{Bucket: names.DemandBucket, Description: "Switchyard demand and RTT state (aggregator)", History: 1,
-			MaxValueSize: messages.MaxMessageSize, Storage: storage, Replicas: opts.Replicas},
+			MaxValueSize: messages.MaxMessageSize, MaxBytes: opts.StateMaxBytes, LimitMarkerTTL: StateMarkerTTL,
+			Storage: storage, Replicas: opts.Replicas},
 		{Bucket: names.WeightsBucket, Description: "Switchyard weight snapshots (optimizer)", History: uint8(min(opts.WeightsHistory, 64)),
-			MaxValueSize: messages.MaxSnapshotSize, Storage: storage, Replicas: opts.Replicas},
+			MaxValueSize: messages.MaxSnapshotSize, MaxBytes: opts.WeightsMaxBytes, Storage: storage, Replicas: opts.Replicas},
 		{Bucket: names.LeasesBucket, Description: "Switchyard control-plane leases", History: 1,
-			TTL: opts.LeaseTTL, Storage: storage, Replicas: opts.Replicas},
+			TTL: opts.LeaseTTL, MaxBytes: LeasesMaxBytes, Storage: storage, Replicas: opts.Replicas},
 	}
 }
 
@@ -126,4 +204,111 @@ func Provision(ctx context.Context, js jetstream.JetStream, names Names, opts Pr
 		}
 	}
 	return nil
+}
+
+// repairSettle is how long Repair waits between finding a stream missing
+// and re-creating it (see repair): long enough for the server to finish a
+// deletion it has announced, short beside the aggregator's down-after.
+const repairSettle = 250 * time.Millisecond
+
+// BucketStream is the name of the stream that holds KV bucket bucket.
+func BucketStream(bucket string) string { return "KV_" + bucket }
+
+// LayoutStreams returns the names of every stream of the layout, the
+// buckets' streams included, in Provision's order.
+func LayoutStreams(names Names) []string {
+	out := []string{names.SignalStream, names.ReportStream}
+	for _, b := range []string{names.EnginesBucket, names.DemandBucket, names.WeightsBucket, names.LeasesBucket} {
+		out = append(out, BucketStream(b))
+	}
+	return out
+}
+
+// Repair creates the streams and buckets of the layout that are missing,
+// with Provision's definitions, and leaves those that exist as they are (so
+// that it never undoes settings an operator provisioned). It returns the
+// stream names it created, nil when nothing was missing. When
+// opts.Replicas is zero, what it creates gets the replica count of the
+// layout's surviving streams, so that a deleted stream comes back on a
+// cluster as it was. One check costs one stream-names request.
+func Repair(ctx context.Context, js jetstream.JetStream, names Names, opts ProvisionOptions) ([]string, error) {
+	created, _, err := repair(ctx, js, names, opts, nil)
+	return created, err
+}
+
+// repair is Repair, leaving the streams in skip alone and also returning
+// the stream names that existed.
+func repair(ctx context.Context, js jetstream.JetStream, names Names, opts ProvisionOptions, skip []string) (created []string, have map[string]bool, err error) {
+	if err := names.Validate(); err != nil {
+		return nil, nil, err
+	}
+	list := func() (map[string]bool, []string, error) {
+		have := map[string]bool{}
+		lister := js.StreamNames(ctx)
+		for n := range lister.Name() {
+			have[n] = true
+		}
+		if err := lister.Err(); err != nil {
+			return nil, nil, fmt.Errorf("streams: list streams: %w", err)
+		}
+		var missing []string
+		for _, n := range LayoutStreams(names) {
+			if !have[n] && !slices.Contains(skip, n) {
+				missing = append(missing, n)
+			}
+		}
+		return have, missing, nil
+	}
+	have, missing, err := list()
+	if err != nil || len(missing) == 0 {
+		return nil, have, err
+	}
+	// Look again after a pause before creating anything: the server
+	// announces a deletion, and drops the stream from its listings, before
+	// it has moved the stream's files away, and a file stream created in
+	// that window loses its files to the deletion (nats-server 2.15 then
+	// fails every write with "Critical write error ... no such file").
+	t := time.NewTimer(repairSettle)
+	select {
+	case <-ctx.Done():
+		t.Stop()
+		return nil, have, ctx.Err()
+	case <-t.C:
+	}
+	if have, missing, err = list(); err != nil || len(missing) == 0 {
+		return nil, have, err
+	}
+	if opts.Replicas == 0 {
+		for _, n := range LayoutStreams(names) {
+			if !have[n] {
+				continue
+			}
+			if s, err := js.Stream(ctx, n); err == nil {
+				opts.Replicas = max(opts.Replicas, s.CachedInfo().Config.Replicas)
+			}
+		}
+	}
+	want := map[string]bool{}
+	for _, n := range missing {
+		want[n] = true
+	}
+	for _, cfg := range Streams(names, opts) {
+		if !want[cfg.Name] {
+			continue
+		}
+		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+			return created, have, fmt.Errorf("streams: re-provision stream %s (replicas %d): %w", cfg.Name, cfg.Replicas, err)
+		}
+		created = append(created, cfg.Name)
+	}
+	for _, cfg := range Buckets(names, opts) {
+		if !want[BucketStream(cfg.Bucket)] {
+			continue
+		}
+		if _, err := js.CreateOrUpdateKeyValue(ctx, cfg); err != nil {
+			return created, have, fmt.Errorf("streams: re-provision bucket %s (replicas %d): %w", cfg.Bucket, cfg.Replicas, err)
+		}
+		created = append(created, BucketStream(cfg.Bucket))
+	}
+	return created, have, nil
 }

@@ -21,6 +21,11 @@ const (
 	DefaultWatchMinBackoff = 50 * time.Millisecond
 	// DefaultWatchMaxBackoff caps the pause between watcher attempts.
 	DefaultWatchMaxBackoff = 2 * time.Second
+	// DefaultLayoutCheck is how often a watch checks that its bucket is
+	// still the one it opened: a bucket deleted and re-created (by a Keeper)
+	// is a new stream whose sequences start again, on which the old
+	// watcher would wait for ever. One stream-info request a second.
+	DefaultLayoutCheck = time.Second
 	// bucketOpenTimeout bounds looking a bucket up on each attempt.
 	bucketOpenTimeout = 5 * time.Second
 )
@@ -28,6 +33,11 @@ const (
 // errReconnected ends one watcher after a NATS reconnect, so that it is
 // re-created.
 var errReconnected = errors.New("NATS reconnected")
+
+// ErrBucketReplaced is what a BucketWatch hands Down when its watcher ended
+// because the bucket was deleted or re-created: the next watcher's current
+// values are those of a new bucket, not a resumption.
+var ErrBucketReplaced = errors.New("bucket deleted or re-created")
 
 // BucketWatch keeps an in-memory view of one KV bucket current through NATS
 // trouble: it watches every key of the bucket and hands each entry to Entry.
@@ -63,6 +73,9 @@ type BucketWatch struct {
 	// ReconnectCheck is how often the reconnect count is read; 0 means
 	// DefaultReconnectCheck.
 	ReconnectCheck time.Duration
+	// LayoutCheck is how often the bucket's stream is looked up to tell
+	// whether it was deleted or re-created; 0 means DefaultLayoutCheck.
+	LayoutCheck time.Duration
 	// MinBackoff and MaxBackoff bound the pause between attempts; 0 means
 	// DefaultWatchMinBackoff and DefaultWatchMaxBackoff.
 	MinBackoff, MaxBackoff time.Duration
@@ -98,6 +111,8 @@ func (w *BucketWatch) Run(ctx context.Context) error {
 			backoff = minB
 		}
 		switch {
+		case errors.Is(err, ErrBucketReplaced):
+			log.Warn().Err(err).Msg("bucket deleted or re-created; re-creating the bucket watcher")
 		case errors.Is(err, errReconnected):
 			log.Info().Msg("reconnected to NATS; restarting the bucket watcher")
 		default:
@@ -127,6 +142,15 @@ func (w *BucketWatch) once(ctx context.Context, check time.Duration) (loaded boo
 	if err != nil {
 		return false, fmt.Errorf("open bucket %s: %w", w.Bucket, err)
 	}
+	created, err := w.created(ctx)
+	if err != nil {
+		return false, err
+	}
+	layoutEvery := w.LayoutCheck
+	if layoutEvery <= 0 {
+		layoutEvery = DefaultLayoutCheck
+	}
+	lastLayout := time.Now()
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	watcher, err := kv.WatchAll(wctx)
@@ -146,6 +170,16 @@ func (w *BucketWatch) once(ctx context.Context, check time.Duration) (loaded boo
 			// consumer (a restart): start a new watcher to be sure.
 			if w.Conn.Stats().Reconnects != reconnects {
 				return loaded, errReconnected
+			}
+			if time.Since(lastLayout) >= layoutEvery {
+				lastLayout = time.Now()
+				now, err := w.created(ctx)
+				if ctx.Err() != nil {
+					return loaded, nil
+				}
+				if errors.Is(err, jetstream.ErrStreamNotFound) || (err == nil && !now.Equal(created)) {
+					return loaded, fmt.Errorf("%w: %s", ErrBucketReplaced, w.Bucket)
+				}
 			}
 		case e, ok := <-watcher.Updates():
 			if !ok {
@@ -167,4 +201,16 @@ func (w *BucketWatch) once(ctx context.Context, check time.Duration) (loaded boo
 			w.Entry(e)
 		}
 	}
+}
+
+// created returns the creation time of the bucket's stream, which tells a
+// re-created bucket from the one a watcher opened.
+func (w *BucketWatch) created(ctx context.Context) (time.Time, error) {
+	sctx, cancel := context.WithTimeout(ctx, bucketOpenTimeout)
+	defer cancel()
+	s, err := w.JS.Stream(sctx, BucketStream(w.Bucket))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("look up bucket %s: %w", w.Bucket, err)
+	}
+	return s.CachedInfo().Created, nil
 }

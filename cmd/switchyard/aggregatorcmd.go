@@ -29,6 +29,7 @@ func aggregatorCommand() command {
 			fs.DurationVar(&o.StaleAfter, "stale-after", 2*time.Second, "mark an engine stale after this long without a signal")
 			fs.DurationVar(&o.DownAfter, "down-after", 6*time.Second, "mark an engine down after this long without a signal")
 			fs.DurationVar(&o.WriteInterval, "write-interval", 250*time.Millisecond, "write each changed key at most once per interval")
+			fs.DurationVar(&o.ForgetAfter, "forget-after", aggregator.DefaultForgetAfter, "drop the state of engines, clusters and RTT pairs silent this long (also the TTL of every value written)")
 			metricsAddr := fs.String("metrics-addr", "127.0.0.1:9090", "serve /metrics on this `address` (empty: off)")
 			replicas := fs.Int("replicas", 1, "provision streams and buckets with this replica count before starting (0: do not provision)")
 			mkLog := logFlags(fs, e)
@@ -47,6 +48,7 @@ func aggregatorCommand() command {
 				defer nc.Close()
 				reg := newRegistry()
 				o.Conn, o.Logger, o.Registerer = nc, log, reg
+				o.Provision = streams.ProvisionOptions{Replicas: *replicas} // what a deleted stream or bucket comes back with
 				agg, err := aggregator.New(o)
 				if err != nil {
 					return usageError{err}

@@ -91,6 +91,7 @@ func optimizerCommand() command {
 				defer nc.Close()
 				reg := newRegistry()
 				o.Conn, o.Logger, o.Registerer = nc, log, reg
+				o.Provision = streams.ProvisionOptions{LeaseTTL: o.LeaseTTL, Replicas: *replicas} // what a deleted stream or bucket comes back with
 				svc, err := optimizersvc.New(o)
 				if err != nil {
 					return usageError{err}

@@ -52,6 +52,16 @@ type Options struct {
 	DownAfter  time.Duration
 	// WriteInterval is the batching period of KV writes. Default 250 ms.
 	WriteInterval time.Duration
+	// ForgetAfter is how long the state of an engine that stopped
+	// signalling, of a cluster whose routers stopped reporting, or of an RTT
+	// pair no longer measured stays in memory and in the buckets: every
+	// value the aggregator writes carries it as its per-key TTL, and an
+	// entry silent for that long is dropped and its key purged. Default
+	// DefaultForgetAfter; it must exceed DownAfter and be at least 1 s.
+	ForgetAfter time.Duration
+	// Provision is what the aggregator's layout keeper re-creates a deleted
+	// stream or bucket with (see streams.Repair).
+	Provision streams.ProvisionOptions
 	// Logger receives the service's log.
 	Logger zerolog.Logger
 	// Registerer receives the service's metrics; nil means none are registered.
@@ -86,10 +96,24 @@ func (o *Options) setDefaults() {
 	if o.WriteInterval == 0 {
 		o.WriteInterval = 250 * time.Millisecond
 	}
+	if o.ForgetAfter == 0 {
+		o.ForgetAfter = DefaultForgetAfter
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
 }
+
+// DefaultForgetAfter is ForgetAfter's default: ten minutes, so that an
+// engine that went down stays listed (as down) long enough for an operator to
+// see it, and a flood of invented names is gone within minutes.
+const DefaultForgetAfter = 10 * time.Minute
+
+// consumerCheck is how often the aggregator checks that its durable
+// consumers exist: one consumer-info request per stream a second, so that a
+// deleted stream or consumer is consuming again within about a second of its
+// re-creation.
+const consumerCheck = time.Second
 
 // ErrOptions is wrapped by New for invalid options.
 var ErrOptions = errors.New("aggregator: invalid options")
@@ -102,11 +126,23 @@ type Aggregator struct {
 	smooth  Smoother
 	metrics *metrics
 	guard   *poison.Guard
+	keeper  *streams.Keeper
+	relaid  chan []string // streams the keeper re-created
 
-	mu      sync.Mutex
-	engines map[string]*engineEntry
-	demand  map[string]*demandEntry
-	rtt     map[string]*rttEntry
+	mu sync.Mutex
+	// ttl holds, per state bucket, whether it takes per-key TTLs (a bucket
+	// provisioned by an older Provision, or on a server before 2.11, does
+	// not: its values are written without, and purged when forgotten).
+	ttl map[string]bool
+	// signalsLost is set while the signal consumer is gone (its stream was
+	// deleted): silence is then no evidence that an engine stopped, and
+	// statuses are held. signalsSince is when signals last began to flow
+	// (the consumer was created); silence counts from then.
+	signalsLost  bool
+	signalsSince time.Time
+	engines      map[string]*engineEntry
+	demand       map[string]*demandEntry
+	rtt          map[string]*rttEntry
 	// pending holds, per stream, the newest folded message not yet acknowledged.
 	pending map[string]jetstream.Msg
 	// dropped holds, per stream, bad messages to terminate at the next
@@ -152,6 +188,9 @@ func New(opts Options) (*Aggregator, error) {
 	if opts.StaleAfter >= opts.DownAfter {
 		return nil, fmt.Errorf("%w: stale-after %s must be shorter than down-after %s", ErrOptions, opts.StaleAfter, opts.DownAfter)
 	}
+	if opts.ForgetAfter <= opts.DownAfter || opts.ForgetAfter < time.Second {
+		return nil, fmt.Errorf("%w: forget-after %s must be longer than down-after %s and at least 1s", ErrOptions, opts.ForgetAfter, opts.DownAfter)
+	}
 	js, err := jetstream.New(opts.Conn, jetstream.WithPublishAsyncMaxPending(16384))
 	if err != nil {
 		return nil, fmt.Errorf("aggregator: jetstream: %w", err)
@@ -173,6 +212,21 @@ func New(opts Options) (*Aggregator, error) {
 		rtt:     make(map[string]*rttEntry),
 		pending: make(map[string]jetstream.Msg),
 		dropped: make(map[string][]jetstream.Msg),
+		ttl:     make(map[string]bool),
+		relaid:  make(chan []string, 8),
+	}
+	a.keeper, err = streams.NewKeeper(streams.KeeperOptions{JS: js, Conn: opts.Conn, Names: opts.Names, Provision: opts.Provision,
+		// The leases bucket's TTL is the optimizer's to set.
+		Skip:   []string{streams.BucketStream(opts.Names.LeasesBucket)},
+		Logger: a.log, OnRepair: func(created []string) {
+			a.metrics.repairs.Add(float64(len(created)))
+			select {
+			case a.relaid <- created:
+			default: // a check of everything is already due
+			}
+		}})
+	if err != nil {
+		return nil, fmt.Errorf("aggregator: %w", err)
 	}
 	return a, nil
 }
@@ -188,55 +242,55 @@ func (a *Aggregator) Run(ctx context.Context) error {
 		return err
 	}
 	loaded := len(a.engines)
-	var ccs []jetstream.ConsumeContext
+	a.checkTTL(ctx)
+	inputs := []*input{
+		{stream: a.opts.Names.SignalStream, filter: a.opts.Names.SignalFilter(), suffix: "signals", handle: a.handleSignal},
+		{stream: a.opts.Names.ReportStream, filter: a.opts.Names.ReportFilter(), suffix: "reports", handle: a.handleReport},
+	}
 	defer func() {
-		for _, cc := range ccs {
-			cc.Stop()
+		for _, in := range inputs {
+			if in.cc != nil {
+				in.cc.Stop()
+			}
 		}
 	}()
-	for _, s := range []struct {
-		stream, filter, suffix string
-		handle                 func(jetstream.Msg)
-	}{
-		{a.opts.Names.SignalStream, a.opts.Names.SignalFilter(), "signals", a.handleSignal},
-		{a.opts.Names.ReportStream, a.opts.Names.ReportFilter(), "reports", a.handleReport},
-	} {
-		cons, err := a.consumer(ctx, s.stream, jetstream.ConsumerConfig{
-			Durable:       a.opts.Durable + "-" + s.suffix,
-			Description:   "Switchyard aggregator",
-			FilterSubject: s.filter,
-			AckPolicy:     jetstream.AckAllPolicy,
-			AckWait:       30 * time.Second,
-			MaxAckPending: 1 << 20,
-			DeliverPolicy: jetstream.DeliverAllPolicy,
-		})
-		if err != nil {
+	for _, in := range inputs {
+		if err := a.startInput(ctx, in); err != nil {
 			if ctx.Err() != nil {
 				return nil // asked to stop while starting
 			}
-			return fmt.Errorf("aggregator: durable consumer on stream %s: %w", s.stream, err)
+			return err
 		}
-		cc, err := cons.Consume(s.handle,
-			jetstream.PullMaxMessages(4096),
-			jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
-				a.log.Debug().Err(err).Str("stream", s.stream).Msg("consume")
-			}))
-		if err != nil {
-			return fmt.Errorf("aggregator: consume stream %s: %w", s.stream, err)
-		}
-		ccs = append(ccs, cc)
 	}
+	kctx, kcancel := context.WithCancel(ctx)
+	kdone := make(chan struct{})
+	go func() { defer close(kdone); _ = a.keeper.Run(kctx) }()
+	defer func() { kcancel(); <-kdone }()
 	a.log.Info().Dur("write_interval", a.opts.WriteInterval).Dur("stale_after", a.opts.StaleAfter).
-		Dur("down_after", a.opts.DownAfter).Int("engines", loaded).Msg("aggregator running")
+		Dur("down_after", a.opts.DownAfter).Dur("forget_after", a.opts.ForgetAfter).Int("engines", loaded).Msg("aggregator running")
 	t := time.NewTicker(a.opts.WriteInterval)
 	defer t.Stop()
+	check := time.NewTicker(consumerCheck)
+	defer check.Stop()
 	for {
 		select {
+		case created := <-a.relaid:
+			a.relayout(ctx, created)
+			a.checkInputs(ctx, inputs)
+		case <-check.C:
+			a.checkInputs(ctx, inputs)
 		case <-ctx.Done():
 			// Drain, not Stop: messages already pulled are delivered to the
 			// handlers and written by the final flush. Stopped, they would be
 			// pending on the consumer, and the successor's first
 			// acknowledgement (AckAll) would acknowledge them unread: lost.
+			var ccs []jetstream.ConsumeContext
+			for _, in := range inputs {
+				if in.cc != nil {
+					ccs = append(ccs, in.cc)
+					in.cc = nil
+				}
+			}
 			for _, cc := range ccs {
 				cc.Drain()
 			}
@@ -249,7 +303,6 @@ func (a *Aggregator) Run(ctx context.Context) error {
 				}
 			}
 			drained.Stop()
-			ccs = nil
 			fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			err := a.flush(fctx)
 			cancel()
@@ -262,6 +315,123 @@ func (a *Aggregator) Run(ctx context.Context) error {
 				a.log.Warn().Err(err).Msg("state write failed; will retry")
 			}
 		}
+	}
+}
+
+// input is one stream the aggregator consumes.
+type input struct {
+	stream, filter, suffix string
+	handle                 func(jetstream.Msg)
+	cons                   jetstream.Consumer
+	cc                     jetstream.ConsumeContext
+	lost                   bool // the consumer is gone and not yet re-created
+}
+
+// startInput creates (or finds) the input's durable consumer and consumes it.
+func (a *Aggregator) startInput(ctx context.Context, in *input) error {
+	cons, err := a.consumer(ctx, in.stream, jetstream.ConsumerConfig{
+		Durable:       a.opts.Durable + "-" + in.suffix,
+		Description:   "Switchyard aggregator",
+		FilterSubject: in.filter,
+		AckPolicy:     jetstream.AckAllPolicy,
+		AckWait:       30 * time.Second,
+		MaxAckPending: 1 << 20,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return fmt.Errorf("aggregator: durable consumer on stream %s: %w", in.stream, err)
+	}
+	cc, err := cons.Consume(in.handle,
+		jetstream.PullMaxMessages(4096),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			a.log.Debug().Err(err).Str("stream", in.stream).Msg("consume")
+		}))
+	if err != nil {
+		return fmt.Errorf("aggregator: consume stream %s: %w", in.stream, err)
+	}
+	in.cons, in.cc = cons, cc
+	if in.suffix == "signals" {
+		a.mu.Lock()
+		a.signalsLost, a.signalsSince = false, a.opts.Now()
+		a.mu.Unlock()
+	}
+	return nil
+}
+
+// checkInputs re-creates the durable consumer of an input whose consumer
+// or stream is gone (deleted, or re-created empty by a keeper). While the
+// signal consumer is gone, engine statuses are held (see flush).
+func (a *Aggregator) checkInputs(ctx context.Context, inputs []*input) {
+	for _, in := range inputs {
+		if !in.lost {
+			ictx, cancel := context.WithTimeout(ctx, consumerCheck)
+			_, err := in.cons.Info(ictx)
+			cancel()
+			if err == nil || !(errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)) {
+				continue // there, or no answer (NATS trouble is not a deletion)
+			}
+			a.log.Warn().Err(err).Str("stream", in.stream).Msg("durable consumer gone; re-creating it")
+			in.lost = true
+			in.cc.Stop()
+			if in.suffix == "signals" {
+				a.mu.Lock()
+				a.signalsLost = true
+				a.mu.Unlock()
+			}
+			a.keeper.Kick()
+		}
+		if err := a.startInput(ctx, in); err != nil {
+			if ctx.Err() == nil {
+				a.log.Debug().Err(err).Str("stream", in.stream).Msg("durable consumer not re-created yet")
+			}
+			continue
+		}
+		in.lost = false
+		a.metrics.recreated.Inc()
+		a.log.Info().Str("stream", in.stream).Msg("durable consumer re-created; consuming again")
+	}
+}
+
+// relayout follows a re-provisioning: a re-created state bucket is empty, so
+// everything the aggregator holds for it is written again, and whether it
+// takes per-key TTLs is read again.
+func (a *Aggregator) relayout(ctx context.Context, created []string) {
+	a.checkTTL(ctx)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range created {
+		switch c {
+		case streams.BucketStream(a.opts.Names.EnginesBucket):
+			for _, e := range a.engines {
+				e.dirty = true
+			}
+		case streams.BucketStream(a.opts.Names.DemandBucket):
+			for _, d := range a.demand {
+				d.dirty = true
+			}
+			for _, r := range a.rtt {
+				r.dirty = true
+			}
+		}
+	}
+}
+
+// checkTTL reads whether each state bucket takes per-key TTLs.
+func (a *Aggregator) checkTTL(ctx context.Context) {
+	for _, b := range []string{a.opts.Names.EnginesBucket, a.opts.Names.DemandBucket} {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		st, err := a.js.Stream(sctx, streams.BucketStream(b))
+		cancel()
+		if err != nil {
+			continue // keep what was known; the next repair reads it again
+		}
+		ok := st.CachedInfo().Config.AllowMsgTTL
+		a.mu.Lock()
+		if !ok && a.ttl[b] != ok {
+			a.log.Warn().Str("bucket", b).Msg("bucket takes no per-key TTLs (provisioned by an older version, or a server before 2.11): silent state is purged by the aggregator only")
+		}
+		a.ttl[b] = ok
+		a.mu.Unlock()
 	}
 }
 
@@ -683,11 +853,27 @@ func (a *Aggregator) flush(ctx context.Context) error {
 	now := a.opts.Now()
 	nowMs := now.UnixMilli()
 	var writes []write
+	var forget []write
 	a.mu.Lock()
 	counts := map[string]int{}
 	for key, e := range a.engines {
+		if now.Sub(e.lastSeen) > a.opts.ForgetAfter {
+			delete(a.engines, key)
+			forget = append(forget, write{bucket: a.opts.Names.EnginesBucket, key: key})
+			a.metrics.forgotten.WithLabelValues("engine").Inc()
+			continue
+		}
+		// Silence counts from when signals last began to flow, and not at
+		// all while the signal stream is gone: an engine is not marked down
+		// because the control plane lost its input.
+		since := e.lastSeen
+		if a.signalsSince.After(since) {
+			since = a.signalsSince
+		}
 		status := messages.StatusUp
-		switch silent := now.Sub(e.lastSeen); {
+		switch silent := now.Sub(since); {
+		case a.signalsLost:
+			status = e.state.Status
 		case silent > a.opts.DownAfter:
 			status = messages.StatusDown
 		case silent > a.opts.StaleAfter:
@@ -720,6 +906,12 @@ func (a *Aggregator) flush(ctx context.Context) error {
 		writes = append(writes, write{a.opts.Names.EnginesBucket, key, data, func() { ent.dirty = true }})
 	}
 	for key, d := range a.demand {
+		if now.Sub(time.UnixMilli(d.state.LastReport)) > a.opts.ForgetAfter {
+			delete(a.demand, key)
+			forget = append(forget, write{bucket: a.opts.Names.DemandBucket, key: key})
+			a.metrics.forgotten.WithLabelValues("demand").Inc()
+			continue
+		}
 		before := d.state.RPS
 		a.sumDemand(&d.state, now)
 		if d.state.RPS != before {
@@ -740,6 +932,12 @@ func (a *Aggregator) flush(ctx context.Context) error {
 		writes = append(writes, write{a.opts.Names.DemandBucket, key, data, func() { ent.dirty = true }})
 	}
 	for key, r := range a.rtt {
+		if now.Sub(time.UnixMilli(r.state.Time)) > a.opts.ForgetAfter {
+			delete(a.rtt, key)
+			forget = append(forget, write{bucket: a.opts.Names.DemandBucket, key: key})
+			a.metrics.forgotten.WithLabelValues("rtt").Inc()
+			continue
+		}
 		if !r.dirty {
 			continue
 		}
@@ -757,8 +955,10 @@ func (a *Aggregator) flush(ctx context.Context) error {
 	a.pending = make(map[string]jetstream.Msg, 2)
 	toTerm := a.dropped
 	a.dropped = make(map[string][]jetstream.Msg, 2)
+	ttl := map[string]bool{a.opts.Names.EnginesBucket: a.ttl[a.opts.Names.EnginesBucket], a.opts.Names.DemandBucket: a.ttl[a.opts.Names.DemandBucket]}
 	a.mu.Unlock()
 	a.guard.Flush()
+	a.purge(ctx, forget, ttl)
 	for s, n := range counts {
 		a.metrics.engines.WithLabelValues(s).Set(float64(n))
 	}
@@ -768,7 +968,7 @@ func (a *Aggregator) flush(ctx context.Context) error {
 		}
 	}
 
-	err := a.publish(ctx, writes)
+	err := a.publish(ctx, writes, ttl)
 	if err != nil {
 		a.mu.Lock()
 		for _, w := range writes {
@@ -837,14 +1037,46 @@ func (a *Aggregator) encodeDemand(st *messages.DemandState, now time.Time) ([]by
 	return messages.EncodeAt(st, now)
 }
 
-// publish writes the values with asynchronous KV puts and waits for all acks.
-func (a *Aggregator) publish(ctx context.Context, writes []write) error {
+// purge removes the keys of forgotten entries. Most have expired by
+// themselves (their last value carried ForgetAfter as its TTL); the purge
+// removes those written without one, by an older aggregator or into a bucket
+// that takes no TTLs. With TTLs its marker expires too.
+func (a *Aggregator) purge(ctx context.Context, forget []write, ttl map[string]bool) {
+	for _, w := range forget {
+		a.log.Info().Str("bucket", w.bucket).Str("key", w.key).Dur("silent_for", a.opts.ForgetAfter).Msg("forgetting silent state")
+		kv, err := a.js.KeyValue(ctx, w.bucket)
+		if err != nil {
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if ttl[w.bucket] {
+			err = kv.Purge(pctx, w.key, jetstream.PurgeTTL(streams.StateMarkerTTL))
+		} else {
+			err = kv.Purge(pctx, w.key)
+		}
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			a.log.Debug().Err(err).Str("key", w.key).Msg("purge forgotten key")
+		}
+	}
+}
+
+// publish writes the values with asynchronous KV puts and waits for all
+// acks. Into a bucket that takes per-key TTLs, each value carries
+// ForgetAfter as its TTL, so that it expires when the aggregator stops
+// writing it (the aggregator died, or the thing it describes went silent).
+func (a *Aggregator) publish(ctx context.Context, writes []write, ttl map[string]bool) error {
 	if len(writes) == 0 {
 		return nil
 	}
+	withTTL := []jetstream.PublishOpt{jetstream.WithMsgTTL(a.opts.ForgetAfter.Round(time.Second))}
 	futures := make([]jetstream.PubAckFuture, 0, len(writes))
 	for _, w := range writes {
-		f, err := a.js.PublishAsync("$KV."+w.bucket+"."+w.key, w.data)
+		var opts []jetstream.PublishOpt
+		if ttl[w.bucket] {
+			opts = withTTL
+		}
+		f, err := a.js.PublishAsync("$KV."+w.bucket+"."+w.key, w.data, opts...)
 		if err != nil {
 			return fmt.Errorf("aggregator: write %s/%s: %w", w.bucket, w.key, err)
 		}

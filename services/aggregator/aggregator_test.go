@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
+	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/testenv"
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -341,6 +342,11 @@ func startBacklog(t *testing.T, n int) (*testenv.NATS, context.Context, jetstrea
 	env := testenv.StartNATS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
+	// The backlog is on one subject, longer than SY_SIGNALS keeps of one
+	// subject by default.
+	if err := streams.Provision(ctx, env.JS, env.Names, streams.ProvisionOptions{SignalMaxPerSubject: int64(2 * n)}); err != nil {
+		t.Fatal(err)
+	}
 	kv, err := env.JS.KeyValue(ctx, env.Names.EnginesBucket)
 	if err != nil {
 		t.Fatal(err)

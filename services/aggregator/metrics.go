@@ -12,7 +12,10 @@ type metrics struct {
 	engines    *prometheus.GaugeVec
 	// dropped counts router entries removed from a demand state that did
 	// not encode.
-	dropped prometheus.Counter
+	dropped   prometheus.Counter
+	repairs   prometheus.Counter
+	recreated prometheus.Counter
+	forgotten *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -35,10 +38,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		dropped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_aggregator_demand_routers_dropped_total",
 			Help: "Routers' entries dropped from a cluster's demand state because it did not encode with them."}),
+		repairs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_aggregator_layout_repairs_total", Help: "Deleted streams and buckets the aggregator re-provisioned."}),
+		recreated: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_aggregator_consumers_recreated_total", Help: "Durable consumers re-created after they or their stream were deleted."}),
+		forgotten: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_aggregator_forgotten_total", Help: "State entries dropped after ForgetAfter of silence, by kind (engine, demand, rtt)."},
+			[]string{"kind"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.dropped)
-		reg.MustRegister(m.signals, m.reports, m.duplicates, m.bad, m.writes, m.lag, m.engines)
+		reg.MustRegister(m.signals, m.reports, m.duplicates, m.bad, m.writes, m.lag, m.engines, m.repairs, m.recreated, m.forgotten, m.dropped)
 	}
 	return m
 }

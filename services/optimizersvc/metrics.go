@@ -21,6 +21,7 @@ type metrics struct {
 	// Weights keys whose stored value could not be followed.
 	generationAhead prometheus.Counter
 	overwritten     prometheus.Counter
+	repairs         prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -70,11 +71,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		overwritten: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_optimizer_weights_overwritten_total",
 			Help: "Weights keys found holding a value that could not be followed (undecodable, invalid or from the future) and overwritten with a new generation."}),
+		repairs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_optimizer_layout_repairs_total", Help: "Deleted streams and buckets seen back (re-provisioned by this service or another)."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.generationAhead, m.overwritten)
 		reg.MustRegister(m.solveDuration, m.solveErrors, m.outOfTime, m.gap, m.generations, m.conflicts, m.leader,
-			m.problems, m.clusters, m.engines, m.bad, m.penalised, m.penalties, m.operator, m.slowStart)
+			m.problems, m.clusters, m.engines, m.bad, m.penalised, m.penalties, m.operator, m.slowStart, m.repairs)
 	}
 	return m
 }

@@ -2,6 +2,7 @@ package optimizersvc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -52,6 +53,7 @@ func (s *Service) handleOther(key string, value []byte) bool {
 		}
 		s.mu.Lock()
 		s.operators[key] = &op
+		delete(s.restore, key)
 		s.mu.Unlock()
 		s.log.Warn().Str("engine", op.Engine).Str("model", op.Model).Str("action", op.Action).Float64("health", op.Health).
 			Str("reason", op.Reason).Str("by", op.By).Msg("operator override in force")
@@ -106,6 +108,7 @@ func (s *Service) forgetOther(key string) bool {
 	s.mu.Lock()
 	op, had := s.operators[key]
 	delete(s.operators, key)
+	delete(s.restore, key)
 	s.mu.Unlock()
 	if had {
 		s.log.Info().Str("engine", op.Engine).Str("model", op.Model).Str("was", op.Action).Msg("operator override removed (restored)")
@@ -269,4 +272,37 @@ func (s *Service) healthOf(model, key string, st *messages.EngineState, now time
 		penalty = s.pens[key].multiplier(now, s.opts.Penalties.RecoveryFloor)
 	}
 	return health, penalty, false
+}
+
+// restoreOperators writes back, as leader, the operator records the
+// engines bucket lost when it was deleted and re-created. It creates each
+// key only if absent, so that a record an operator wrote since wins.
+func (s *Service) restoreOperators(ctx context.Context, kv jetstream.KeyValue) {
+	if !s.Leader() {
+		return
+	}
+	s.mu.Lock()
+	ops := make(map[string]messages.Operator, len(s.restore))
+	for k, op := range s.restore {
+		ops[k] = *op
+	}
+	s.mu.Unlock()
+	for key, op := range ops {
+		data, err := messages.Encode(&op)
+		if err == nil {
+			cctx, cancel := context.WithTimeout(ctx, s.opts.LeaseTTL/3)
+			_, err = kv.Create(cctx, key, data)
+			cancel()
+		}
+		if err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+			if s.badLog.Allow("restore/"+key, time.Now()) {
+				s.log.Warn().Err(err).Str("key", key).Msg("cannot write back an operator record the engines bucket lost; will retry")
+			}
+			continue
+		}
+		s.mu.Lock()
+		delete(s.restore, key)
+		s.mu.Unlock()
+		s.log.Warn().Str("engine", op.Engine).Str("action", op.Action).Msg("operator record written back into the re-created engines bucket")
+	}
 }

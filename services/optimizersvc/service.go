@@ -225,6 +225,9 @@ type Options struct {
 	Penalties PenaltyOptions
 	// Solver configures the solver; the zero value means optimizer.DefaultOptions().
 	Solver optimizer.Options
+	// Provision is what the service's layout keeper re-creates a deleted
+	// stream or bucket with (see streams.Repair).
+	Provision streams.ProvisionOptions
 	// Logger receives the service's log.
 	Logger zerolog.Logger
 	// Registerer receives the service's metrics; nil means none are registered.
@@ -380,7 +383,16 @@ type Service struct {
 	pens      map[string]*penalty              // by <model>.<engine>
 	ramps     map[string]*ramp                 // slow starts, by <model>.<engine>
 	operators map[string]*messages.Operator    // by sy_engines key operator.<engine>
+	restore   map[string]*messages.Operator    // operator records a re-created engines bucket lost, to write back
+	carried   map[string]time.Time             // state kept over a bucket's re-creation, by key, since when
 	changed   chan struct{}                    // signalled (non-blocking) on input changes
+
+	// Layout repair: the keeper, the streams it saw come back, and whether
+	// a state bucket's watcher ended because the bucket was replaced.
+	keeper          *streams.Keeper
+	relaid          chan []string
+	enginesReplaced atomic.Bool
+	demandReplaced  atomic.Bool
 
 	// Leadership, written by the lease loop.
 	leader     atomic.Bool
@@ -444,7 +456,21 @@ func New(opts Options) (*Service, error) {
 		pens:      make(map[string]*penalty),
 		ramps:     make(map[string]*ramp),
 		operators: make(map[string]*messages.Operator),
+		restore:   make(map[string]*messages.Operator),
+		carried:   make(map[string]time.Time),
 		written:   make(map[string]string),
+		relaid:    make(chan []string, 8),
+	}
+	s.keeper, err = streams.NewKeeper(streams.KeeperOptions{JS: js, Conn: opts.Conn, Names: opts.Names, Provision: opts.Provision,
+		Logger: s.log, OnRepair: func(restored []string) {
+			s.metrics.repairs.Add(float64(len(restored)))
+			select {
+			case s.relaid <- restored:
+			default:
+			}
+		}})
+	if err != nil {
+		return nil, fmt.Errorf("optimizersvc: %w", err)
 	}
 	return s, nil
 }
@@ -491,17 +517,28 @@ func (s *Service) Run(ctx context.Context) error {
 	defer wg.Wait()
 
 	loaded := make(chan struct{}, 2)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = s.keeper.Run(ctx)
+	}()
 	for _, b := range []struct {
-		bucket string
-		handle func(jetstream.KeyValueEntry)
-		sweep  func(map[string]bool)
+		bucket   string
+		handle   func(jetstream.KeyValueEntry)
+		sweep    func(map[string]bool)
+		replaced *atomic.Bool
 	}{
-		{s.opts.Names.EnginesBucket, s.handleEngine, s.sweepEngines},
-		{s.opts.Names.DemandBucket, s.handleDemand, s.sweepDemand},
+		{s.opts.Names.EnginesBucket, s.handleEngine, s.sweepEngines, &s.enginesReplaced},
+		{s.opts.Names.DemandBucket, s.handleDemand, s.sweepDemand, &s.demandReplaced},
 	} {
 		first := true
 		w := &streams.BucketWatch{
 			Conn: s.opts.Conn, JS: s.js, Bucket: b.bucket, Entry: s.guarded(b.bucket, b.handle), Logger: s.log,
+			Down: func(err error) {
+				if errors.Is(err, streams.ErrBucketReplaced) {
+					b.replaced.Store(true)
+				}
+			},
 			Current: func(seen map[string]bool) {
 				// A new watcher delivered the current values: drop the keys
 				// deleted while nobody watched.
@@ -557,6 +594,18 @@ func (s *Service) loop(ctx context.Context, weights, engines jetstream.KeyValue)
 			pending = true
 			timer.Reset(0)
 			continue
+		case restored := <-s.relaid:
+			for _, name := range restored {
+				switch name {
+				case streams.BucketStream(s.opts.Names.WeightsBucket):
+					clear(s.keys) // re-read (absent now) and write every key afresh
+				case streams.BucketStream(s.opts.Names.EnginesBucket):
+					clear(s.written) // write the penalty records again
+				}
+			}
+			pending = true
+			timer.Reset(0)
+			continue
 		case <-s.changed:
 			if !pending {
 				pending = true
@@ -571,6 +620,10 @@ func (s *Service) loop(ctx context.Context, weights, engines jetstream.KeyValue)
 		}
 		pending = false
 		last = time.Now()
+		s.mu.Lock()
+		s.dropCarriedLocked(last)
+		s.mu.Unlock()
+		s.restoreOperators(ctx, engines)
 		s.solveAll(ctx, weights, engines)
 		s.poison.Flush() // the summary of throttled bad-value lines, also when no more arrive
 		timer.Reset(s.opts.MaxInterval)

@@ -3,6 +3,7 @@ package optimizersvc
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/switchyard-dev/switchyard/internal/poison"
@@ -73,6 +74,7 @@ func (s *Service) handleEngine(e jetstream.KeyValueEntry) {
 		s.mu.Lock()
 		defer s.mu.Unlock() // deferred: a panic while fitting must not leave it locked
 		s.engines[key] = &st
+		delete(s.carried, "e/"+key)
 		f := s.fits[key]
 		if f == nil {
 			f = optimizer.NewBaseFit(optimizer.FitOptions{})
@@ -116,6 +118,7 @@ func (s *Service) handleDemand(e jetstream.KeyValueEntry) {
 		}
 		s.mu.Lock()
 		s.rtt[rttKey] = rtt / 2
+		delete(s.carried, "r/"+rttKey)
 		s.mu.Unlock()
 		s.notify()
 		return
@@ -131,39 +134,93 @@ func (s *Service) handleDemand(e jetstream.KeyValueEntry) {
 	}
 	s.mu.Lock()
 	s.demand[key] = &st
+	delete(s.carried, "d/"+key)
 	s.mu.Unlock()
 	s.notify()
 }
 
-// sweepEngines drops engine states not seen by a restarted watcher.
+// carryGrace is how long, after its bucket was deleted and re-created,
+// the service keeps the state it held that the new bucket does not hold
+// (yet): the aggregator writes everything it holds into a re-created bucket
+// within about a second of noticing (its consumer checks run every second),
+// and until then the old state plans better than none, which would shed
+// the traffic of every engine not written back yet.
+const carryGrace = 10 * time.Second
+
+// sweepEngines drops engine states not seen by a restarted watcher. After
+// the bucket was replaced (deleted and re-created) it drops nothing at once:
+// engine states are carried for carryGrace (see dropCarried), and operator
+// records are kept and written back by the leader (see restoreOperators),
+// so that a deleted bucket neither sheds traffic nor undoes a drain.
 func (s *Service) sweepEngines(seen map[string]bool) {
+	replaced := s.enginesReplaced.Swap(false)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := time.Now()
 	for k := range s.engines {
 		if !seen[k] {
+			if replaced {
+				s.carried["e/"+k] = now
+				continue
+			}
 			delete(s.engines, k)
 			delete(s.fits, k)
 		}
 	}
-	for k := range s.operators {
+	for k, op := range s.operators {
 		if !seen[k] {
+			if replaced {
+				s.restore[k] = op
+				continue
+			}
 			delete(s.operators, k)
 		}
 	}
 }
 
-// sweepDemand drops demand and RTT states not seen by a restarted watcher.
+// sweepDemand drops demand and RTT states not seen by a restarted watcher;
+// after the bucket was replaced, it carries them for carryGrace instead.
 func (s *Service) sweepDemand(seen map[string]bool) {
+	replaced := s.demandReplaced.Swap(false)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := time.Now()
 	for k := range s.demand {
 		if !seen[k] {
+			if replaced {
+				s.carried["d/"+k] = now
+				continue
+			}
 			delete(s.demand, k)
 		}
 	}
 	for k := range s.rtt {
 		if !seen["rtt."+k] {
+			if replaced {
+				s.carried["r/"+k] = now
+				continue
+			}
 			delete(s.rtt, k)
+		}
+	}
+}
+
+// dropCarriedLocked drops the carried states that were not written back within
+// carryGrace. Callers hold s.mu.
+func (s *Service) dropCarriedLocked(now time.Time) {
+	for k, since := range s.carried {
+		if now.Sub(since) < carryGrace {
+			continue
+		}
+		delete(s.carried, k)
+		switch kind, key := k[:2], k[2:]; kind {
+		case "e/":
+			delete(s.engines, key)
+			delete(s.fits, key)
+		case "d/":
+			delete(s.demand, key)
+		case "r/":
+			delete(s.rtt, key)
 		}
 	}
 }
