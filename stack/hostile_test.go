@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/services/aggregator"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/streams/natsembed"
@@ -699,7 +700,9 @@ func TestReliabilityHostileInventedEngines(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	h := hostileStart(t, ctx, hostileOptions{})
+	// The default ForgetAfter (10 minutes) is too long for a test: the
+	// mechanism is the same at 8 s, just above the default DownAfter.
+	h := hostileStart(t, ctx, hostileOptions{aggregator: aggregator.Options{ForgetAfter: hostileForget}})
 	keysBefore, err := h.kvKeys("sy_engines", "")
 	if err != nil {
 		t.Fatal(err)
@@ -767,12 +770,21 @@ func TestReliabilityHostileInventedEngines(t *testing.T) {
 		t.Fatalf("sy_engines holds %d keys after the invented engines expired, %d before", keysAfter, keysBefore)
 	}
 	h.requireHealthy("after the invented engines expired")
-	t.Logf("3,000 invented engines: gone from sy_engines and /api/state %.1fs after they were sent", time.Since(sent).Seconds())
+	t.Logf("3,000 invented engines and routers: gone from sy_engines, sy_demand and /api/state %.1fs after they were sent (ForgetAfter %s)",
+		time.Since(sent).Seconds(), hostileForget)
 }
 
-// hostileExpire bounds how long the state of an engine that stopped
-// publishing may outlive it, with the services' defaults.
-const hostileExpire = 60 * time.Second
+// hostileForget is the aggregator's ForgetAfter in the invented-names test,
+// and hostileExpire bounds how long after the test starts waiting the
+// state of an engine or router that stopped publishing may outlive it: its
+// last write (when it goes down, DownAfter after its last signal) plus
+// ForgetAfter as the value's TTL, then the server's TTL sweep and the
+// dashboard's watcher; three ForgetAfters leave room for a loaded host
+// while still failing state that never expires.
+const (
+	hostileForget = 8 * time.Second
+	hostileExpire = 3 * hostileForget
+)
 
 // TestReliabilityHostileLayout deletes the streams and buckets the
 // services use, one after the other, while clients send valid requests: no
