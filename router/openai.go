@@ -74,6 +74,8 @@ type Request struct {
 	PromptTokens json.RawMessage
 	// Body is the request body as received.
 	Body []byte
+
+	kept [2]Message // Messages' backing array: no allocation of its own
 }
 
 // Message is one chat message: its role and the text of its content (a
@@ -191,7 +193,7 @@ func ParseRequest(endpoint Endpoint, body []byte) (*Request, error) {
 		if !isAbsent(raw.Prompt) {
 			return nil, invalidRequest("prompt", "'prompt' is not a chat completions parameter; use 'messages'")
 		}
-		msgs, err := parseMessages(raw.Messages)
+		msgs, err := parseMessages(raw.Messages, req.kept[:0])
 		if err != nil {
 			return nil, err
 		}
@@ -216,16 +218,15 @@ func isAbsent(raw json.RawMessage) bool {
 
 // parseMessages validates every chat message (an object with a non-empty
 // string role and a valid content) and returns those the affinity key
-// reads (see Request.Messages). Nothing is allocated per message beyond
-// the two kept.
-func parseMessages(raw json.RawMessage) ([]Message, error) {
+// reads (see Request.Messages), appended to msgs (of capacity 2). Nothing
+// is allocated per message.
+func parseMessages(raw json.RawMessage, msgs []Message) ([]Message, error) {
 	if isAbsent(raw) {
 		return nil, invalidRequest("messages", "missing required parameter: 'messages'")
 	}
 	if raw[0] != '[' {
 		return nil, invalidRequest("messages", "'messages' must be an array of message objects")
 	}
-	var msgs []Message
 	var sys, other bool
 	items := elements{b: raw}
 	i := 0
@@ -269,16 +270,24 @@ func parseMessages(raw json.RawMessage) ([]Message, error) {
 		} else {
 			other = true
 		}
-		r, _ := textPrefix(role, MaxPrefixBytes)
-		if msgs == nil {
-			msgs = make([]Message, 0, 2)
-		}
-		msgs = append(msgs, Message{Role: r, Text: text})
+		msgs = append(msgs, Message{Role: roleName(role), Text: text})
 	}
 	if i == 0 {
 		return nil, invalidRequest("messages", "'messages' must not be empty")
 	}
 	return msgs, nil
+}
+
+// roleName returns the decoded role raw, without allocating for the
+// roles of the OpenAI API.
+func roleName(raw []byte) string {
+	for _, r := range [...]string{"user", "system", "assistant", "developer", "tool"} {
+		if keyIs(raw, r) {
+			return r
+		}
+	}
+	r, _ := textPrefix(raw, MaxPrefixBytes)
+	return r
 }
 
 // parseContent accepts a string, an array of content parts, or null, as the
