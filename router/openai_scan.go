@@ -133,16 +133,6 @@ func (e *elements) next() ([]byte, bool) {
 	return e.b[i:ve], true
 }
 
-// countElements returns the number of elements of the array b.
-func countElements(b []byte) int {
-	n := 0
-	for e := (elements{b: b}); ; n++ {
-		if _, ok := e.next(); !ok {
-			return n
-		}
-	}
-}
-
 // keyIs reports whether the raw key (with its quotes) is name.
 func keyIs(key []byte, name string) bool {
 	if len(key) < 2 {
