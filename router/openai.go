@@ -100,6 +100,8 @@ type rawRequest struct {
 	N         json.RawMessage
 	Temp      json.RawMessage
 	TopP      json.RawMessage
+	Presence  json.RawMessage
+	Frequency json.RawMessage
 }
 
 // ParseRequest parses body as a request to endpoint, strictly enough to
@@ -109,7 +111,8 @@ type rawRequest struct {
 // objects with string, array-of-parts or null content, or a prompt that is
 // not a string, array of strings, array of integers or array of integer
 // arrays, and sampling parameters out of range (checkParams: max_tokens,
-// max_completion_tokens, n, temperature, top_p). Errors are *APIError with
+// max_completion_tokens, n, temperature, top_p, presence_penalty,
+// frequency_penalty). Errors are *APIError with
 // status 400 in the OpenAI shape, naming the parameter. body is kept, not
 // copied.
 //
@@ -154,6 +157,10 @@ func ParseRequest(endpoint Endpoint, body []byte) (*Request, error) {
 			raw.Temp = val
 		case keyIs(key, "top_p"):
 			raw.TopP = val
+		case keyIs(key, "presence_penalty"):
+			raw.Presence = val
+		case keyIs(key, "frequency_penalty"):
+			raw.Frequency = val
 		}
 	}
 	req := &Request{Endpoint: endpoint, Body: body}
@@ -403,9 +410,10 @@ func parsePrompt(raw json.RawMessage, req *Request) error {
 // that a bad request is answered by the router (never reaching, or being
 // blamed on, an engine): max_tokens and max_completion_tokens integers in
 // 1..MaxTokensLimit, n an integer in 1..MaxChoices, temperature a number in
-// 0..MaxTemperature, top_p a number in (0, 1]. Absent and null are allowed
-// (engines default them). An integer may be written as a number with a
-// zero fraction (10.0), as engines' JSON decoders accept it.
+// 0..MaxTemperature, top_p a number in (0, 1], presence_penalty and
+// frequency_penalty numbers in -2..2 (the ranges of the OpenAI API). Absent
+// and null are allowed (engines default them). An integer may be written as
+// a number with a zero fraction (10.0), as engines' JSON decoders accept it.
 func checkParams(raw *rawRequest) error {
 	for _, p := range [...]struct {
 		name string
@@ -427,26 +435,30 @@ func checkParams(raw *rawRequest) error {
 			return paramError(p.name, "integer_above_max_value", fmt.Sprintf("'%s' is %s; it must be at most %.0f", p.name, clip(p.val), p.max))
 		}
 	}
-	if !isAbsent(raw.Temp) {
-		v, ok := jsonNumber(raw.Temp)
-		switch {
-		case !ok:
-			return paramError("temperature", "invalid_type", "'temperature' must be a number")
-		case v < 0:
-			return paramError("temperature", "decimal_below_min_value", fmt.Sprintf("'temperature' is %s; it must be at least 0", clip(raw.Temp)))
-		case v > MaxTemperature:
-			return paramError("temperature", "decimal_above_max_value", fmt.Sprintf("'temperature' is %s; it must be at most %g", clip(raw.Temp), MaxTemperature))
+	for _, p := range [...]struct {
+		name     string
+		val      json.RawMessage
+		min, max float64
+		openMin  bool // min itself is out of range
+	}{
+		{"temperature", raw.Temp, 0, MaxTemperature, false},
+		{"top_p", raw.TopP, 0, 1, true},
+		{"presence_penalty", raw.Presence, -2, 2, false},
+		{"frequency_penalty", raw.Frequency, -2, 2, false},
+	} {
+		if isAbsent(p.val) {
+			continue
 		}
-	}
-	if !isAbsent(raw.TopP) {
-		v, ok := jsonNumber(raw.TopP)
+		v, ok := jsonNumber(p.val)
 		switch {
 		case !ok:
-			return paramError("top_p", "invalid_type", "'top_p' must be a number")
-		case v <= 0:
-			return paramError("top_p", "decimal_below_min_value", fmt.Sprintf("'top_p' is %s; it must be above 0", clip(raw.TopP)))
-		case v > 1:
-			return paramError("top_p", "decimal_above_max_value", fmt.Sprintf("'top_p' is %s; it must be at most 1", clip(raw.TopP)))
+			return paramError(p.name, "invalid_type", fmt.Sprintf("'%s' must be a number", p.name))
+		case p.openMin && v <= p.min:
+			return paramError(p.name, "decimal_below_min_value", fmt.Sprintf("'%s' is %s; it must be above %g", p.name, clip(p.val), p.min))
+		case v < p.min:
+			return paramError(p.name, "decimal_below_min_value", fmt.Sprintf("'%s' is %s; it must be at least %g", p.name, clip(p.val), p.min))
+		case v > p.max:
+			return paramError(p.name, "decimal_above_max_value", fmt.Sprintf("'%s' is %s; it must be at most %g", p.name, clip(p.val), p.max))
 		}
 	}
 	return nil

@@ -51,6 +51,11 @@ func TestParseRequestParams(t *testing.T) {
 		{`"top_p":1.0000001`, "top_p", "decimal_above_max_value"},
 		{`"top_p":{}`, "top_p", "invalid_type"},
 		{`"stream":1`, "stream", ""},
+		{`"presence_penalty":-2`, "", ""},
+		{`"presence_penalty":2`, "", ""},
+		{`"presence_penalty":2.5`, "presence_penalty", "decimal_above_max_value"},
+		{`"frequency_penalty":-2.1`, "frequency_penalty", "decimal_below_min_value"},
+		{`"frequency_penalty":"x"`, "frequency_penalty", "invalid_type"},
 		{`"max_tokens":5,"max_tokens":0`, "max_tokens", "integer_below_min_value"}, // the last counts, as engines read it
 	} {
 		for _, ep := range []Endpoint{EndpointChat, EndpointCompletions} {
