@@ -82,7 +82,9 @@ type EngineSignal struct {
 type EngineOutcome struct {
 	Sent      int64 `msgpack:"s" json:"sent"`
 	Succeeded int64 `msgpack:"ok" json:"succeeded"`
-	// Errors counts failed attempts by class: "connect", "5xx", "429", "ttft", "other".
+	// Errors counts failed attempts by class: "connect", "5xx", "429", "ttft",
+	// "other", and "client" (answers that blame the request, which never
+	// count against the engine).
 	Errors   map[string]int64 `msgpack:"err,omitempty" json:"errors,omitempty"`
 	Timeouts int64            `msgpack:"to" json:"timeouts"`
 	// LatencyMs is the mean end-to-end latency of succeeded requests, ms.
@@ -90,6 +92,11 @@ type EngineOutcome struct {
 	// TTFTMs is the mean time to first byte of succeeded requests, ms.
 	TTFTMs float64 `msgpack:"ttft" json:"ttft_ms"`
 }
+
+// ErrorClassClient is the EngineOutcome.Errors class of answers that blame
+// the request (bad parameters, unknown model, context too long): counted,
+// but never against the engine.
+const ErrorClassClient = "client"
 
 // RouterReport is what a router publishes every interval on
 // sy.report.<model>.<cluster>.<router>: the demand it saw, per-engine outcomes,
@@ -188,7 +195,8 @@ type EngineOutcomes struct {
 	SentRPS Window `msgpack:"s" json:"sent_rps"`
 	// ErrorRate is failed attempts over attempts sent, 0..1. Failures are the
 	// report's error classes except "429" (the engine shedding its own load,
-	// which its capacity already accounts for); timeouts are apart.
+	// which its capacity already accounts for) and "client" (the request was
+	// at fault); timeouts are apart.
 	ErrorRate Window `msgpack:"er" json:"error_rate"`
 	// TimeoutRate is timed-out attempts over attempts sent, 0..1.
 	TimeoutRate Window `msgpack:"to" json:"timeout_rate"`

@@ -20,6 +20,7 @@ type metrics struct {
 	ejected         *prometheus.GaugeVec
 	retries         *prometheus.CounterVec
 	retrySuppressed *prometheus.CounterVec
+	clientErrors    *prometheus.CounterVec
 	attempts        prometheus.Counter
 	shed            *prometheus.CounterVec
 }
@@ -63,6 +64,10 @@ func newMetrics(reg prometheus.Registerer, tables Tables, now func() time.Time, 
 			Name: "switchyard_router_retries_suppressed_total",
 			Help: "Failed attempts not retried, by cause (attempts: per-request cap; budget: retry budget empty; no_candidate).",
 		}, []string{"cause"}),
+		clientErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_router_engine_client_errors_total",
+			Help: "Engine answers that blame the request (400, 404, 413, 422, ...): relayed, never retried, never counted against the engine.",
+		}, []string{"model", "engine"}),
 		attempts: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "switchyard_router_upstream_attempts_total",
 			Help: "Attempts to forward a request to an engine, retries included.",
@@ -81,7 +86,7 @@ func newMetrics(reg prometheus.Registerer, tables Tables, now func() time.Time, 
 		Help: "Upstream attempts per client request over the last 10 s (1 when idle).",
 	}, amplification)
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.engineRequests, m.inFlight,
-		m.ejected, m.retries, m.retrySuppressed, m.attempts, m.shed, budget, amp,
+		m.ejected, m.retries, m.retrySuppressed, m.clientErrors, m.attempts, m.shed, budget, amp,
 		&snapshotCollector{tables: tables, now: now}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

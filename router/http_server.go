@@ -144,7 +144,7 @@ func (s *stdRequest) body() ([]byte, *APIError) {
 	}
 	rc := http.NewResponseController(s.w)
 	_ = rc.SetReadDeadline(s.h.opts.Now().Add(s.h.opts.BodyReadTimeout)) // unsupported writers: no deadline
-	body, err := io.ReadAll(http.MaxBytesReader(s.w, s.r.Body, limit))
+	body, err := readBody(http.MaxBytesReader(s.w, s.r.Body, limit), s.r.ContentLength)
 	if err != nil {
 		// The deadline stays: net/http, before it writes the answer, would
 		// otherwise wait without limit to discard the body's unread rest; it
@@ -157,6 +157,40 @@ func (s *stdRequest) body() ([]byte, *APIError) {
 	}
 	_ = rc.SetReadDeadline(time.Time{})
 	return body, nil
+}
+
+// readBody reads r whole. Its buffer doubles as data arrives, up to the
+// declared length (plus one byte, to read the end without growing): all
+// its buffers together cost at most about twice the body's length
+// (io.ReadAll grows large buffers by a quarter, some five times the length
+// in all), and at any time at most four times what the client sent so far,
+// so that a client that declares a large body and sends little costs
+// little.
+func readBody(r io.Reader, declared int64) ([]byte, error) {
+	size := 4 << 10
+	if declared >= 0 && declared < int64(size) {
+		size = int(declared) + 1
+	}
+	b := make([]byte, 0, size)
+	for {
+		if len(b) == cap(b) {
+			n := 2 * cap(b)
+			if target := declared + 1; declared >= 0 && int64(len(b)) < target && 2*int64(n) > target {
+				n = int(target) // the next doubling would pass it: straight to the end
+			}
+			nb := make([]byte, len(b), n)
+			copy(nb, b)
+			b = nb
+		}
+		k, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+k]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
 }
 
 // bodyTooLarge is the 413 for a body over limit bytes.

@@ -3,7 +3,11 @@ package router
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
+	"net/http"
+	"strconv"
 )
 
 // Endpoint is an OpenAI inference endpoint the router serves.
@@ -28,8 +32,27 @@ func (e Endpoint) Path() string {
 // maxModelLen bounds the model name.
 const maxModelLen = 256
 
+// Ceilings of the sampling parameters the router checks before forwarding.
+const (
+	// MaxTokensLimit is the largest max_tokens (or max_completion_tokens)
+	// accepted: above the largest context window any served model has
+	// (about 10M tokens), and far below the int32 that engines store it
+	// in; anything larger is a mistake no engine could honour.
+	MaxTokensLimit = 1 << 24
+	// MaxChoices is the largest n (choices per request): the OpenAI API's
+	// own limit; each choice is a sequence that takes a batch slot.
+	MaxChoices = 128
+	// MaxTemperature is the largest temperature, as the OpenAI API defines it.
+	MaxTemperature = 2.0
+)
+
 // Request is what the router needs from an OpenAI inference request; the
-// raw body is kept to forward unchanged.
+// raw body is kept to forward unchanged. The router reads only the
+// leading prompt content (the affinity key hashes at most MaxPrefixBytes
+// of it), so it keeps only that: every message and prompt is validated,
+// but only the ones the key reads are kept, and of those at most
+// MaxPrefixBytes of text. Parsing thus costs no more than the body's size
+// in memory, whatever the body holds.
 type Request struct {
 	// Endpoint is the endpoint the request came in on.
 	Endpoint Endpoint
@@ -39,21 +62,25 @@ type Request struct {
 	Stream bool
 	// User is the OpenAI user field, empty when absent.
 	User string
-	// Messages are the chat messages (chat endpoint only).
+	// Messages are the chat messages the affinity key reads (chat endpoint
+	// only), in body order: the first system (or developer) message and the
+	// first other message.
 	Messages []Message
-	// Prompts are the text prompts (completions endpoint, string or array of
-	// strings forms).
+	// Prompts holds the first text prompt (completions endpoint, string or
+	// array of strings forms).
 	Prompts []string
 	// PromptTokens is the raw JSON of the first token-array prompt
 	// (completions endpoint, array of integers forms), nil otherwise.
 	PromptTokens json.RawMessage
 	// Body is the request body as received.
 	Body []byte
+
+	kept [2]Message // Messages' backing array: no allocation of its own
 }
 
 // Message is one chat message: its role and the text of its content (a
 // string content is one piece; an array content gives one piece per text
-// part).
+// part), at most MaxPrefixBytes of text in all.
 type Message struct {
 	// Role is the message's role, e.g. "system" or "user".
 	Role string
@@ -63,11 +90,18 @@ type Message struct {
 
 // rawRequest holds the raw JSON values of the fields the router reads.
 type rawRequest struct {
-	Model    json.RawMessage
-	Stream   json.RawMessage
-	User     json.RawMessage
-	Messages json.RawMessage
-	Prompt   json.RawMessage
+	Model     json.RawMessage
+	Stream    json.RawMessage
+	User      json.RawMessage
+	Messages  json.RawMessage
+	Prompt    json.RawMessage
+	MaxTokens json.RawMessage
+	MaxCompl  json.RawMessage
+	N         json.RawMessage
+	Temp      json.RawMessage
+	TopP      json.RawMessage
+	Presence  json.RawMessage
+	Frequency json.RawMessage
 }
 
 // ParseRequest parses body as a request to endpoint, strictly enough to
@@ -76,7 +110,11 @@ type rawRequest struct {
 // user, chat messages that are not a non-empty array of {role, content}
 // objects with string, array-of-parts or null content, or a prompt that is
 // not a string, array of strings, array of integers or array of integer
-// arrays. Errors are *APIError with status 400. body is kept, not copied.
+// arrays, and sampling parameters out of range (checkParams: max_tokens,
+// max_completion_tokens, n, temperature, top_p, presence_penalty,
+// frequency_penalty). Errors are *APIError with
+// status 400 in the OpenAI shape, naming the parameter. body is kept, not
+// copied.
 //
 // The body is checked with json.Valid and then walked by a scanner
 // (openai_scan.go) that reads only the fields above and skips the rest
@@ -109,11 +147,28 @@ func ParseRequest(endpoint Endpoint, body []byte) (*Request, error) {
 			raw.Messages = val
 		case keyIs(key, "prompt"):
 			raw.Prompt = val
+		case keyIs(key, "max_tokens"):
+			raw.MaxTokens = val
+		case keyIs(key, "max_completion_tokens"):
+			raw.MaxCompl = val
+		case keyIs(key, "n"):
+			raw.N = val
+		case keyIs(key, "temperature"):
+			raw.Temp = val
+		case keyIs(key, "top_p"):
+			raw.TopP = val
+		case keyIs(key, "presence_penalty"):
+			raw.Presence = val
+		case keyIs(key, "frequency_penalty"):
+			raw.Frequency = val
 		}
 	}
 	req := &Request{Endpoint: endpoint, Body: body}
 	if isAbsent(raw.Model) {
 		return nil, invalidRequest("model", "missing required parameter: 'model'")
+	}
+	if len(raw.Model) > 6*maxModelLen+2 { // \uXXXX per character at most: too long before decoding it
+		return nil, invalidRequest("model", fmt.Sprintf("'model' must be 1 to %d characters", maxModelLen))
 	}
 	model, ok := decodeString(raw.Model)
 	if !ok {
@@ -137,12 +192,15 @@ func ParseRequest(endpoint Endpoint, body []byte) (*Request, error) {
 			return nil, invalidRequest("user", "'user' must be a string")
 		}
 	}
+	if err := checkParams(&raw); err != nil {
+		return nil, err
+	}
 	switch endpoint {
 	case EndpointChat:
 		if !isAbsent(raw.Prompt) {
 			return nil, invalidRequest("prompt", "'prompt' is not a chat completions parameter; use 'messages'")
 		}
-		msgs, err := parseMessages(raw.Messages)
+		msgs, err := parseMessages(raw.Messages, req.kept[:0])
 		if err != nil {
 			return nil, err
 		}
@@ -165,21 +223,25 @@ func isAbsent(raw json.RawMessage) bool {
 	return len(raw) == 0 || string(raw) == "null"
 }
 
-func parseMessages(raw json.RawMessage) ([]Message, error) {
+// parseMessages validates every chat message (an object with a non-empty
+// string role and a valid content) and returns those the affinity key
+// reads (see Request.Messages), appended to msgs (of capacity 2). Nothing
+// is allocated per message.
+func parseMessages(raw json.RawMessage, msgs []Message) ([]Message, error) {
 	if isAbsent(raw) {
 		return nil, invalidRequest("messages", "missing required parameter: 'messages'")
 	}
 	if raw[0] != '[' {
 		return nil, invalidRequest("messages", "'messages' must be an array of message objects")
 	}
-	n := countElements(raw)
-	if n == 0 {
-		return nil, invalidRequest("messages", "'messages' must not be empty")
-	}
-	msgs := make([]Message, n)
+	var sys, other bool
 	items := elements{b: raw}
-	for i := range msgs {
-		item, _ := items.next()
+	i := 0
+	for ; ; i++ {
+		item, ok := items.next()
+		if !ok {
+			break
+		}
 		if item[0] != '{' {
 			param := fmt.Sprintf("messages[%d]", i)
 			return nil, invalidRequest(param, fmt.Sprintf("'%s' must be an object", param))
@@ -197,33 +259,61 @@ func parseMessages(raw json.RawMessage) ([]Message, error) {
 				content = val
 			}
 		}
-		r, ok := decodeString(role)
-		if !ok || r == "" {
+		if len(role) <= 2 || role[0] != '"' { // "" is empty; any escape decodes to a character
 			param := fmt.Sprintf("messages[%d]", i)
 			return nil, invalidRequest(param+".role", fmt.Sprintf("'%s.role' must be a non-empty string", param))
 		}
-		msgs[i].Role = r
-		text, err := parseContent(content, i)
+		isSys := keyIs(role, "system") || keyIs(role, "developer")
+		keep := (isSys && !sys) || (!isSys && !other)
+		text, err := parseContent(content, i, keep)
 		if err != nil {
 			return nil, err
 		}
-		msgs[i].Text = text
+		if !keep {
+			continue
+		}
+		if isSys {
+			sys = true
+		} else {
+			other = true
+		}
+		msgs = append(msgs, Message{Role: roleName(role), Text: text})
+	}
+	if i == 0 {
+		return nil, invalidRequest("messages", "'messages' must not be empty")
 	}
 	return msgs, nil
 }
 
+// roleName returns the decoded role raw, without allocating for the
+// roles of the OpenAI API.
+func roleName(raw []byte) string {
+	for _, r := range [...]string{"user", "system", "assistant", "developer", "tool"} {
+		if keyIs(raw, r) {
+			return r
+		}
+	}
+	r, _ := textPrefix(raw, MaxPrefixBytes)
+	return r
+}
+
 // parseContent accepts a string, an array of content parts, or null, as the
-// content of message i.
-func parseContent(raw json.RawMessage, i int) ([]string, error) {
+// content of message i. With keep it returns the text pieces, at most
+// MaxPrefixBytes of text in all; without, it only validates.
+func parseContent(raw json.RawMessage, i int, keep bool) ([]string, error) {
 	if isAbsent(raw) {
 		return nil, nil
 	}
 	switch raw[0] {
 	case '"':
-		s, _ := decodeString(raw)
+		if !keep {
+			return nil, nil
+		}
+		s, _ := textPrefix(raw, MaxPrefixBytes)
 		return []string{s}, nil
 	case '[':
 		var text []string
+		budget := MaxPrefixBytes
 		parts := elements{b: raw}
 		for j := 0; ; j++ {
 			p, ok := parts.next()
@@ -245,20 +335,22 @@ func parseContent(raw json.RawMessage, i int) ([]string, error) {
 					}
 				}
 			}
-			t, ok := decodeString(typ)
-			if !ok || t == "" {
+			if len(typ) <= 2 || typ[0] != '"' {
 				pp := fmt.Sprintf("messages[%d].content[%d]", i, j)
 				return nil, invalidRequest(pp, fmt.Sprintf("'%s' must be an object with a string 'type'", pp))
 			}
-			if t != "text" {
+			if !keyIs(typ, "text") {
 				continue
 			}
-			s, ok := decodeString(txt)
-			if !ok {
+			if len(txt) < 2 || txt[0] != '"' {
 				pp := fmt.Sprintf("messages[%d].content[%d]", i, j)
 				return nil, invalidRequest(pp+".text", fmt.Sprintf("'%s.text' must be a string", pp))
 			}
-			text = append(text, s)
+			if keep && budget > 0 {
+				s, _ := textPrefix(txt, budget)
+				budget -= len(s)
+				text = append(text, s)
+			}
 		}
 		return text, nil
 	default:
@@ -269,6 +361,7 @@ func parseContent(raw json.RawMessage, i int) ([]string, error) {
 
 // parsePrompt accepts a string, an array of strings, an array of integers
 // or an array of integer arrays; absent is allowed (engines default it).
+// It keeps the first prompt (Request.Prompts, Request.PromptTokens).
 func parsePrompt(raw json.RawMessage, req *Request) error {
 	if isAbsent(raw) {
 		return nil
@@ -276,29 +369,27 @@ func parsePrompt(raw json.RawMessage, req *Request) error {
 	const msg = "'prompt' must be a string, an array of strings, an array of integers or an array of integer arrays"
 	switch raw[0] {
 	case '"':
-		s, _ := decodeString(raw)
+		s, _ := textPrefix(raw, MaxPrefixBytes)
 		req.Prompts = []string{s}
 		return nil
 	case '[':
 	default:
 		return invalidRequest("prompt", msg)
 	}
-	n := countElements(raw)
-	if n == 0 {
+	items := elements{b: raw}
+	first, ok := items.next()
+	if !ok {
 		return invalidRequest("prompt", msg)
 	}
-	items := elements{b: raw}
-	first, _ := items.next()
 	switch first[0] {
 	case '"':
-		req.Prompts = make([]string, 0, n)
 		for it, ok := first, true; ok; it, ok = items.next() {
-			s, isStr := decodeString(it)
-			if !isStr {
+			if it[0] != '"' {
 				return invalidRequest("prompt", msg)
 			}
-			req.Prompts = append(req.Prompts, s)
 		}
+		s, _ := textPrefix(first, MaxPrefixBytes)
+		req.Prompts = []string{s}
 	case '[':
 		for it, ok := first, true; ok; it, ok = items.next() {
 			if it[0] != '[' || !isTokenArray(it) {
@@ -313,4 +404,88 @@ func parsePrompt(raw json.RawMessage, req *Request) error {
 		req.PromptTokens = raw
 	}
 	return nil
+}
+
+// checkParams checks the sampling parameters an engine would reject, so
+// that a bad request is answered by the router (never reaching, or being
+// blamed on, an engine): max_tokens and max_completion_tokens integers in
+// 1..MaxTokensLimit, n an integer in 1..MaxChoices, temperature a number in
+// 0..MaxTemperature, top_p a number in (0, 1], presence_penalty and
+// frequency_penalty numbers in -2..2 (the ranges of the OpenAI API). Absent
+// and null are allowed (engines default them). An integer may be written as
+// a number with a zero fraction (10.0), as engines' JSON decoders accept it.
+func checkParams(raw *rawRequest) error {
+	for _, p := range [...]struct {
+		name string
+		val  json.RawMessage
+		max  float64
+	}{{"max_tokens", raw.MaxTokens, MaxTokensLimit}, {"max_completion_tokens", raw.MaxCompl, MaxTokensLimit}, {"n", raw.N, MaxChoices}} {
+		if isAbsent(p.val) {
+			continue
+		}
+		v, ok := jsonNumber(p.val)
+		switch {
+		case !ok:
+			return paramError(p.name, "invalid_type", fmt.Sprintf("'%s' must be an integer", p.name))
+		case v != math.Trunc(v):
+			return paramError(p.name, "invalid_type", fmt.Sprintf("'%s' must be an integer, got %s", p.name, clip(p.val)))
+		case v < 1:
+			return paramError(p.name, "integer_below_min_value", fmt.Sprintf("'%s' is %s; it must be at least 1", p.name, clip(p.val)))
+		case v > p.max:
+			return paramError(p.name, "integer_above_max_value", fmt.Sprintf("'%s' is %s; it must be at most %.0f", p.name, clip(p.val), p.max))
+		}
+	}
+	for _, p := range [...]struct {
+		name     string
+		val      json.RawMessage
+		min, max float64
+		openMin  bool // min itself is out of range
+	}{
+		{"temperature", raw.Temp, 0, MaxTemperature, false},
+		{"top_p", raw.TopP, 0, 1, true},
+		{"presence_penalty", raw.Presence, -2, 2, false},
+		{"frequency_penalty", raw.Frequency, -2, 2, false},
+	} {
+		if isAbsent(p.val) {
+			continue
+		}
+		v, ok := jsonNumber(p.val)
+		switch {
+		case !ok:
+			return paramError(p.name, "invalid_type", fmt.Sprintf("'%s' must be a number", p.name))
+		case p.openMin && v <= p.min:
+			return paramError(p.name, "decimal_below_min_value", fmt.Sprintf("'%s' is %s; it must be above %g", p.name, clip(p.val), p.min))
+		case v < p.min:
+			return paramError(p.name, "decimal_below_min_value", fmt.Sprintf("'%s' is %s; it must be at least %g", p.name, clip(p.val), p.min))
+		case v > p.max:
+			return paramError(p.name, "decimal_above_max_value", fmt.Sprintf("'%s' is %s; it must be at most %g", p.name, clip(p.val), p.max))
+		}
+	}
+	return nil
+}
+
+// paramError is a 400 invalid_request_error about param with code.
+func paramError(param, code, msg string) *APIError {
+	return newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, code, param, msg)
+}
+
+// jsonNumber returns the value of the raw JSON value v when it is a number
+// (json.Valid has checked its syntax); a number beyond float64's range is
+// ±math.MaxFloat64, so that range checks say it is too large.
+func jsonNumber(v []byte) (float64, bool) {
+	if len(v) == 0 || (v[0] != '-' && (v[0] < '0' || v[0] > '9')) {
+		return 0, false
+	}
+	huge := math.MaxFloat64
+	if v[0] == '-' {
+		huge = -huge
+	}
+	if len(v) > 64 { // not worth parsing: some 60 digits, or an exponent of that size
+		return huge, true
+	}
+	f, err := strconv.ParseFloat(string(v), 64)
+	if math.IsInf(f, 0) {
+		return huge, true
+	}
+	return f, err == nil || errors.Is(err, strconv.ErrRange)
 }

@@ -133,16 +133,6 @@ func (e *elements) next() ([]byte, bool) {
 	return e.b[i:ve], true
 }
 
-// countElements returns the number of elements of the array b.
-func countElements(b []byte) int {
-	n := 0
-	for e := (elements{b: b}); ; n++ {
-		if _, ok := e.next(); !ok {
-			return n
-		}
-	}
-}
-
 // keyIs reports whether the raw key (with its quotes) is name.
 func keyIs(key []byte, name string) bool {
 	if len(key) < 2 {
@@ -171,6 +161,49 @@ func decodeString(raw []byte) (string, bool) {
 		return "", false
 	}
 	return s, true
+}
+
+// textPrefix returns the first max bytes (at most) of the decoded value of
+// the raw JSON string raw, and false when raw is not a string. It decodes
+// no more of raw than those bytes need: a string of any length costs at
+// most about max bytes.
+func textPrefix(raw []byte, max int) (string, bool) {
+	if len(raw) < 2 || raw[0] != '"' {
+		return "", false
+	}
+	inner := raw[1 : len(raw)-1]
+	if bytes.IndexByte(inner, '\\') < 0 && utf8.Valid(inner) {
+		if len(inner) > max {
+			inner = inner[:max]
+		}
+		return string(inner), true
+	}
+	// Every raw byte decodes to at least one byte (an escape of up to 6
+	// bytes to at least one, an invalid byte to U+FFFD's three), so a raw
+	// prefix of 6·max bytes, cut after a whole escape, decodes to at least
+	// max bytes; a surrogate pair split by the cut changes only what
+	// follows them.
+	if limit := 6*max + 12; len(inner) > limit {
+		j := 0
+		for j < limit {
+			if inner[j] == '\\' && j+1 < len(inner) && inner[j+1] == 'u' {
+				j += 6
+			} else if inner[j] == '\\' {
+				j += 2
+			} else {
+				j++
+			}
+		}
+		j = min(j, len(inner))
+		cut := make([]byte, 0, j+2)
+		cut = append(append(append(cut, '"'), inner[:j]...), '"')
+		raw = cut
+	}
+	s, ok := decodeString(raw)
+	if len(s) > max {
+		s = s[:max]
+	}
+	return s, ok
 }
 
 // isTokenArray reports whether raw is a non-empty array of integers that

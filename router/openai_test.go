@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 )
 
@@ -22,18 +23,29 @@ func TestParseRequest(t *testing.T) {
 					t.Errorf("parsed %+v", r)
 				}
 			}},
-		{name: "chat parts and null", ep: EndpointChat, body: `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]},{"role":"assistant","content":null}]}`,
+		{name: "chat parts and null", ep: EndpointChat, body: `{"model":"m","messages":[{"role":"system","content":null},{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]},{"role":"assistant","content":null}]}`,
 			check: func(t *testing.T, r *Request) {
-				if len(r.Messages) != 2 || len(r.Messages[0].Text) != 1 || r.Messages[1].Text != nil {
+				// Kept: the first system message and the first other one.
+				if len(r.Messages) != 2 || r.Messages[0].Text != nil || r.Messages[1].Role != "user" || len(r.Messages[1].Text) != 1 {
+					t.Errorf("parsed %+v", r.Messages)
+				}
+			}},
+		{name: "chat keeps what the key reads", ep: EndpointChat, body: `{"model":"m","messages":[{"role":"user","content":"u1"},{"role":"assistant","content":"a"},{"role":"developer","content":"d"},{"role":"system","content":"s"},{"role":"user","content":"u2"}]}`,
+			check: func(t *testing.T, r *Request) {
+				if len(r.Messages) != 2 || r.Messages[0].Text[0] != "u1" || r.Messages[1].Role != "developer" || r.Messages[1].Text[0] != "d" {
 					t.Errorf("parsed %+v", r.Messages)
 				}
 			}},
 		{name: "completion strings", ep: EndpointCompletions, body: `{"model":"m","prompt":["a","b"]}`,
 			check: func(t *testing.T, r *Request) {
-				if len(r.Prompts) != 2 {
+				if len(r.Prompts) != 1 || r.Prompts[0] != "a" {
 					t.Errorf("prompts %v", r.Prompts)
 				}
 			}},
+		{name: "completion strings then a number", ep: EndpointCompletions, body: `{"model":"m","prompt":["a",1]}`, wantErr: true, wantParam: "prompt"},
+		{name: "later message bad role", ep: EndpointChat, body: `{"model":"m","messages":[{"role":"user","content":"x"},{"role":"","content":"y"}]}`, wantErr: true, wantParam: "messages[1].role"},
+		{name: "later message bad part", ep: EndpointChat, body: `{"model":"m","messages":[{"role":"user","content":"x"},{"role":"user","content":"y"},{"role":"user","content":[{"type":"text","text":3}]}]}`, wantErr: true, wantParam: "messages[2].content[0].text"},
+		{name: "model too long escaped", ep: EndpointChat, body: `{"model":"` + strings.Repeat(`\u0041`, 300) + `","messages":[{"role":"user","content":"hi"}]}`, wantErr: true, wantParam: "model"},
 		{name: "completion tokens", ep: EndpointCompletions, body: `{"model":"m","prompt":[1,2]}`,
 			check: func(t *testing.T, r *Request) {
 				if string(r.PromptTokens) != "[1,2]" {
@@ -150,6 +162,10 @@ func FuzzParseRequest(f *testing.F) {
 		`[]`,
 		`null`,
 		`{"model":"m","messages":[null]}`,
+		`{"model":"m","max_tokens":0,"n":1.0,"temperature":2,"top_p":1e-3,"presence_penalty":-2,"messages":[{"role":"user","content":"x"}]}`,
+		`{"model":"m","max_completion_tokens":1e99,"frequency_penalty":"x","prompt":"p"}`,
+		`{"model":"m","messages":[1,1,1,1]}`,
+		`{"model":"m","messages":[{"role":"assistant","content":"a"},{"role":"developer","content":"\u00e9"},{"role":"tool"}]}`,
 		`{"model":"m","messages":[{"role":"user","content":[null]}]}`,
 		`{"model":"m","prompt":[[]]}`,
 		"\xff{",

@@ -324,10 +324,8 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 		switch {
 		case err != nil:
 			res = classifyForwardError(actx, err)
-		case resp.Status == http.StatusTooManyRequests:
-			res = Result429
-		case resp.Status >= 500:
-			res = Result5xx
+		case resp.Status >= 400:
+			res = StatusResult(resp.Status)
 		case resp.Status < 300 && !bodyInHand(resp.Body):
 			k, rerr := readFirst(resp.Body, buf)
 			switch {
@@ -344,6 +342,20 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 		if ctx.Err() != nil {
 			res = ResultCanceled
 		}
+		if res == ResultClient || res == ResultOther {
+			// The engine answered, and the answer is about the request (a
+			// client error) or not one a retry would change (another
+			// 4xx): it is relayed as it is, never retried elsewhere, and
+			// finishAttempt records it by the same classification.
+			h.countEngine(rt, eng.Name, resp.Status)
+			if res == ResultClient {
+				h.metrics.clientErrors.WithLabelValues(rt.model, eng.Name).Inc()
+			}
+			if probe {
+				h.ejectReport(rt.model, eng.Name, live, res, probe, nil, log)
+			}
+			return &attempt{idx: idx, engine: eng, resp: resp, probe: probe, start: start, n: n, ctx: actx, rt: rt}, nil
+		}
 		if res == ResultOK {
 			h.countEngine(rt, eng.Name, resp.Status)
 			if idx != rt.idx && rt.src != KeyNone {
@@ -356,7 +368,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 			// when a long stream ends; other attempts count at their end,
 			// a stream the engine breaks being a failure.
 			if probe {
-				h.ejectReport(rt.model, eng.Name, live, ResultOK, resp, probe, nil, log)
+				h.ejectReport(rt.model, eng.Name, live, ResultOK, probe, nil, log)
 			}
 			return &attempt{idx: idx, engine: eng, resp: resp, first: first, probe: probe, start: start, n: n,
 				ctx: actx, rt: rt}, nil
@@ -373,7 +385,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 			code = "canceled"
 		}
 		h.metrics.engineRequests.WithLabelValues(rt.model, eng.Name, code).Inc()
-		h.ejectReport(rt.model, eng.Name, live, res, resp, probe, err, log)
+		h.ejectReport(rt.model, eng.Name, live, res, probe, err, log)
 		if res == ResultCanceled {
 			if resp != nil {
 				_ = resp.Body.Close()
@@ -509,21 +521,18 @@ func (rt *routed) spareEngine(ok func(j int) bool) (int, bool) {
 }
 
 // ejectReport feeds an attempt's result to the engine's ejection state and
-// logs and exports changes. 429s, cancelled requests and client errors are
-// neutral: they say nothing about the engine's health.
-func (h *Handler) ejectReport(model, engine string, live *EngineLive, res Result, resp *UpstreamResponse, probe bool,
-	cause error, log *reqLog) {
-	var ok bool
-	switch {
-	case res == ResultCanceled || res == Result429:
+// logs and exports changes. A result that does not blame the engine
+// (Result.Blames) other than a success is neutral: a 429, a cancelled
+// request and a client error leave the consecutive failures as they are,
+// except that a half-open probe the engine answered with a client error
+// restores it (it is up and parsing requests).
+func (h *Handler) ejectReport(model, engine string, live *EngineLive, res Result, probe bool, cause error, log *reqLog) {
+	ok := res == ResultOK || (res == ResultClient && probe)
+	if !ok && !res.Blames() {
 		if probe {
 			live.eject.probing.Store(false)
 		}
 		return
-	case res == ResultOK:
-		ok = true
-	case res == ResultOther && resp != nil && resp.Status >= 400 && resp.Status < 500:
-		ok = true // the engine answered; the request was at fault
 	}
 	now := h.opts.Now()
 	if ok {
@@ -555,8 +564,15 @@ func (h *Handler) finishAttempt(ctx context.Context, a *attempt, relayErr error,
 	live := a.rt.bound.Live(a.idx)
 	switch {
 	case errors.Is(relayErr, errEngineBroke) && ctx.Err() == nil && a.resp.Status < 300:
-		h.ejectReport(a.rt.model, a.engine.Name, live, o.Result, nil, false, relayErr, log)
+		h.ejectReport(a.rt.model, a.engine.Name, live, o.Result, false, relayErr, log)
+	case a.resp.Status >= 400:
+		// An error answer relayed as it is: its class decides (a client
+		// error is neutral, another 4xx a failure); a probe's was judged
+		// when it was committed.
+		if !a.probe {
+			h.ejectReport(a.rt.model, a.engine.Name, live, o.Result, false, nil, log)
+		}
 	case relayErr == nil && !a.probe:
-		h.ejectReport(a.rt.model, a.engine.Name, live, ResultOK, a.resp, false, nil, log)
+		h.ejectReport(a.rt.model, a.engine.Name, live, ResultOK, false, nil, log)
 	}
 }

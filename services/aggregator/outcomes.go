@@ -45,11 +45,12 @@ type outcomeAcc struct {
 }
 
 // failures counts the failed attempts of o that count against the engine:
-// every error class except "429".
+// every error class except "429" (the engine shedding its own load) and
+// messages.ErrorClassClient (answers that blame the request).
 func failures(o messages.EngineOutcome) int64 {
 	var n int64
 	for class, c := range o.Errors {
-		if class != "429" {
+		if class != "429" && class != messages.ErrorClassClient {
 			n += c
 		}
 	}

@@ -64,7 +64,8 @@ func TestAggregatorOutcomes(t *testing.T) {
 			Time: time.Now().UnixMilli(), Seq: seq, IntervalS: 1, Requests: 100, Engines: eo})
 	}
 	// Healthy, then engine-a fails every request in two reports (two routers);
-	// engine-b keeps succeeding with a few 429s (which do not count) and an
+	// engine-b keeps succeeding with a few 429s and client errors (which do
+	// not count) and an
 	// engine that never signalled is ignored.
 	report(1, "r1", map[string]messages.EngineOutcome{
 		"engine-a": {Sent: 50, Succeeded: 50, TTFTMs: 120},
@@ -72,7 +73,7 @@ func TestAggregatorOutcomes(t *testing.T) {
 	})
 	report(2, "r1", map[string]messages.EngineOutcome{
 		"engine-a": {Sent: 50, Errors: map[string]int64{"5xx": 40, "connect": 5}, Timeouts: 5},
-		"engine-b": {Sent: 50, Succeeded: 45, Errors: map[string]int64{"429": 5}, TTFTMs: 80},
+		"engine-b": {Sent: 80, Succeeded: 45, Errors: map[string]int64{"429": 5, messages.ErrorClassClient: 30}, TTFTMs: 80},
 		"ghost":    {Sent: 5, Succeeded: 5},
 	})
 	report(1, "r2", map[string]messages.EngineOutcome{
@@ -103,7 +104,7 @@ func TestAggregatorOutcomes(t *testing.T) {
 	})
 	b, _ := engineState(t, kv, "llama.engine-b")
 	if b.Outcomes.ErrorRate.Slow != 0 || b.Outcomes.FailedIntervals != 0 || math.Abs(b.Outcomes.TTFTMs.Slow-80) > 1e-6 {
-		t.Errorf("engine-b outcomes %+v, want no errors (429s do not count) and TTFT 80", b.Outcomes)
+		t.Errorf("engine-b outcomes %+v, want no errors (429s and client errors do not count) and TTFT 80", b.Outcomes)
 	}
 	if _, ok := engineState(t, kv, "llama.ghost"); ok {
 		t.Errorf("a report created a state for an engine that never signalled")

@@ -54,8 +54,17 @@ type PenaltyOptions struct {
 	// and for a capacity back from about zero, so that the engine gets a
 	// little traffic to prove itself. Default 0.1.
 	RecoveryFloor float64
+	// StrikeDecay is how long an engine must behave after a penalty's slow
+	// start for one of its strikes to be forgiven: with Growth 2 the length
+	// of its next penalty halves every StrikeDecay of good behaviour.
+	// Default 1 min: an engine that relapses within a minute of coming back
+	// (a flapping one) keeps escalating, one whose fault is gone is back at
+	// strike zero within a few minutes. Negative: strikes do not decay (Forget
+	// alone clears them).
+	StrikeDecay time.Duration
 	// Forget is how long an engine must behave after its slow start before
-	// its strikes are forgotten (and its penalty record deleted). Default 5 min.
+	// all its strikes are forgotten (and its penalty record deleted),
+	// whatever StrikeDecay left. Default 5 min.
 	Forget time.Duration
 	// MaxShare is the largest share of a model's engines penalised at once;
 	// beyond it only the worst are. Default 0.5.
@@ -87,6 +96,7 @@ func (o *PenaltyOptions) setDefaults() {
 	defDur(&o.Max, 5*time.Minute)
 	defDur(&o.SlowStart, 10*time.Second)
 	def(&o.RecoveryFloor, 0.1)
+	defDur(&o.StrikeDecay, time.Minute)
 	defDur(&o.Forget, 5*time.Minute)
 	def(&o.MaxShare, 0.5)
 }
@@ -180,12 +190,40 @@ func (o *PenaltyOptions) duration(strikes int) time.Duration {
 
 // penalty is one engine's penalty state.
 type penalty struct {
-	strikes      int
+	strikes      int // given, before decay (see strikesAt)
 	reason       string
 	detail       string
 	mult         float64   // multiplier while penalised
 	since, until time.Time // the penalty
 	recoverUntil time.Time // end of the slow start
+	stored       bool      // read from the bucket: its record is deleted when forgotten
+}
+
+// strikesAt returns p's strikes at now after decay: one fewer for every
+// StrikeDecay since the end of its slow start. It is a function of the
+// record's fields alone, so that every instance (and a restarted one)
+// decays the same strikes the same way.
+func (o *PenaltyOptions) strikesAt(p *penalty, now time.Time) int {
+	if p == nil {
+		return 0
+	}
+	if o.StrikeDecay <= 0 || now.Before(p.recoverUntil) {
+		return p.strikes
+	}
+	gone := now.Sub(p.recoverUntil) / o.StrikeDecay
+	if gone >= time.Duration(p.strikes) {
+		return 0
+	}
+	return p.strikes - int(gone)
+}
+
+// forgotten reports whether p's strikes are all forgiven at now: decayed to
+// none, or Forget after the end of its slow start.
+func (o *PenaltyOptions) forgotten(p *penalty, now time.Time) bool {
+	if now.Before(p.recoverUntil) {
+		return false
+	}
+	return o.strikesAt(p, now) == 0 || now.After(p.recoverUntil.Add(o.Forget))
 }
 
 // multiplier returns the health multiplier at now: mult while penalised, a
@@ -294,7 +332,7 @@ func (o *PenaltyOptions) judge(pens map[string]*penalty, keys []string, outs map
 			p = &penalty{}
 			pens[c.key] = p
 		}
-		p.strikes++
+		p.strikes = o.strikesAt(p, now) + 1
 		p.reason, p.detail, p.mult = c.verdict.reason, c.verdict.detail, c.verdict.multiplier
 		p.since = now
 		p.until = now.Add(o.duration(p.strikes))

@@ -80,8 +80,20 @@ func (s *Service) handleOther(key string, value []byte) bool {
 // judged itself (a later penalty, or more strikes), so that a follower
 // taking over continues the escalation rather than starting again at
 // strike one.
+//
+// A record written before this instance started (read from the bucket on a
+// restart) keeps its strikes, decaying as they would have, but not its
+// penalty: the evidence behind it is older than the restart and the fault
+// may be long gone, so the engine serves at once at full weight (a
+// restarted service does not throttle the fleet, as with slow starts), and
+// fresh evidence judges it again, continuing the escalation if the fault
+// persists.
 func (s *Service) adoptPenalty(pen *messages.Penalty) {
-	if s.Leader() || pen.Strikes <= 0 {
+	restored := pen.Time < s.started.UnixMilli()
+	// The leader's own records come back through the watch; a predecessor's
+	// (restored) are adopted by the leader too, so that it deletes them
+	// once forgotten.
+	if pen.Strikes <= 0 || (s.Leader() && !restored) {
 		return
 	}
 	key := pen.Model + "." + pen.Engine
@@ -97,7 +109,13 @@ func (s *Service) adoptPenalty(pen *messages.Penalty) {
 		s.pens[key] = p
 	}
 	*p = penalty{strikes: pen.Strikes, reason: pen.Reason, detail: pen.Detail, mult: pen.Multiplier, since: since,
-		until: time.UnixMilli(pen.Until), recoverUntil: time.UnixMilli(pen.RecoverUntil)}
+		until: time.UnixMilli(pen.Until), recoverUntil: time.UnixMilli(pen.RecoverUntil), stored: true}
+	if now := time.Now(); restored && now.Before(p.recoverUntil) {
+		// Ended now, without a slow start; its strikes decay from now.
+		p.until, p.recoverUntil = now, now
+		s.log.Info().Str("model", pen.Model).Str("engine", pen.Engine).Int("strikes", pen.Strikes).Str("reason", pen.Reason).
+			Msg("penalty from before the restart lifted; its strikes are kept for fresh evidence")
+	}
 }
 
 // forgetOther drops an operator override whose key was deleted (restore).
@@ -163,8 +181,9 @@ func (s *Service) updatePenalties(ctx context.Context, kv jetstream.KeyValue) {
 	}
 	penalised := 0
 	type rec struct {
-		key string
-		msg *messages.Penalty // nil: delete
+		key    string
+		msg    *messages.Penalty // nil: delete
+		stored bool              // the record was read from the bucket
 	}
 	var recs []rec
 	for _, key := range sortedKeys(s.pens) {
@@ -174,9 +193,9 @@ func (s *Service) updatePenalties(ctx context.Context, kv jetstream.KeyValue) {
 		if err != nil {
 			continue
 		}
-		if now.After(p.recoverUntil.Add(po.Forget)) {
+		if po.forgotten(p, now) {
 			delete(s.pens, key)
-			recs = append(recs, rec{key: pkey})
+			recs = append(recs, rec{key: pkey, stored: p.stored})
 			continue
 		}
 		ph := p.phase(now)
@@ -204,7 +223,7 @@ func (s *Service) updatePenalties(ctx context.Context, kv jetstream.KeyValue) {
 	for _, r := range recs {
 		prev, had := s.written[r.key]
 		if r.msg == nil {
-			if had {
+			if had || r.stored {
 				dctx, cancel := context.WithTimeout(ctx, s.opts.LeaseTTL/3)
 				err := kv.Delete(dctx, r.key)
 				cancel()

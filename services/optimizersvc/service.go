@@ -62,8 +62,10 @@
 // for the n-th penalty in a row (at most 5 min); then it ramps linearly
 // from max(multiplier, 0.1) to 1 over SlowStart (10 s). Only evidence newer
 // than the penalty counts again. At most MaxShare (half) of a model's
-// engines are penalised at once, the worst first. Strikes are forgotten after
-// Forget (5 min) of good behaviour. Each penalty is logged (engine, reason,
+// engines are penalised at once, the worst first. Strikes decay: one is
+// forgiven per StrikeDecay (1 min) of good behaviour after the slow start,
+// and all after Forget (5 min). A penalty record read on a restart keeps
+// its strikes but not its penalty (adoptPenalty). Each penalty is logged (engine, reason,
 // multiplier, duration), counted (switchyard_optimizer_penalties_total,
 // switchyard_optimizer_penalised_engines) and, by the leader, written to
 // sy_engines under penalty.<model>.<engine> (messages.Penalty) on every phase
@@ -406,6 +408,9 @@ type Service struct {
 	maxGen map[string]uint64    // highest generation ever seen per weights key
 	// written holds, per penalty key, what this instance last wrote there.
 	written map[string]string
+	// started is when New ran: penalty records written before it are
+	// restored from a previous run (adoptPenalty).
+	started time.Time
 }
 
 // modelState is the solver and the previous solution of one model.
@@ -460,6 +465,7 @@ func New(opts Options) (*Service, error) {
 		carried:   make(map[string]time.Time),
 		written:   make(map[string]string),
 		relaid:    make(chan []string, 8),
+		started:   time.Now(),
 	}
 	s.keeper, err = streams.NewKeeper(streams.KeeperOptions{JS: js, Conn: opts.Conn, Names: opts.Names, Provision: opts.Provision,
 		Logger: s.log, OnRepair: func(restored []string) {
