@@ -23,6 +23,8 @@ type metrics struct {
 	attempts        prometheus.Counter
 	shed            *prometheus.CounterVec
 	slotAdmitted    *prometheus.CounterVec
+	startWaits      prometheus.Counter
+	unaddressed     *prometheus.CounterVec
 }
 
 // latencyBuckets span 1 ms to about 2 minutes.
@@ -76,6 +78,14 @@ func newMetrics(reg prometheus.Registerer, tables Tables, now func() time.Time, 
 			Name: "switchyard_router_slot_admitted_total",
 			Help: "Requests admitted by slot admission, by how (free: a free batch slot; waited: a slot freed while it waited; unbound: the bound was off; critical: every slot taken, a critical request; timeout: no slot came in its wait) and priority.",
 		}, []string{"how", "priority"}),
+		startWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_router_startup_waits_total",
+			Help: "Requests that arrived before the router had heard from the engines since its start and waited for their signals.",
+		}),
+		unaddressed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_router_unaddressed_skips_total",
+			Help: "Times a request passed over an engine the router has no address for (no signal from it yet, or none advertised), by model and engine; never counted against the engine.",
+		}, []string{"model", "engine"}),
 	}
 	budget := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "switchyard_router_retry_budget_tokens",
@@ -86,7 +96,7 @@ func newMetrics(reg prometheus.Registerer, tables Tables, now func() time.Time, 
 		Help: "Upstream attempts per client request over the last 10 s (1 when idle).",
 	}, amplification)
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.engineRequests, m.inFlight,
-		m.ejected, m.retries, m.retrySuppressed, m.attempts, m.shed, m.slotAdmitted, budget, amp,
+		m.ejected, m.retries, m.retrySuppressed, m.attempts, m.shed, m.slotAdmitted, m.startWaits, m.unaddressed, budget, amp,
 		&snapshotCollector{tables: tables, now: now}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -42,6 +42,12 @@ type SignalOptions struct {
 	// engine's newest, outside any lock; it must not keep sig. The service
 	// wires it to the handler's LiveSet for the engines' load (Bound.Load).
 	OnSignal func(sig *messages.EngineSignal)
+	// OnEndpoints, when set, is called when an engine is first seen and
+	// whenever the endpoints it advertises change, outside any lock and
+	// after Endpoints returns the new ones; the service wires it to the
+	// handler (Handler.SetEngineEndpoints), which never picks an engine it
+	// has no address for.
+	OnEndpoints func(model, engine string, ep Endpoints)
 	// Logger receives the component's logs (component=router is added).
 	Logger zerolog.Logger
 	// Registry, when set, receives the component's metrics.
@@ -84,6 +90,9 @@ type EndpointResolver interface {
 
 type signalEntry struct {
 	view EngineView
+	// heard counts the signals received since Run started, up to
+	// maxHeard (see HeardAll).
+	heard int
 }
 
 // Signals keeps the newest live signal of every engine, received over a
@@ -102,6 +111,12 @@ type Signals struct {
 
 	endpoints atomic.Pointer[map[string]Endpoints] // "<model>.<engine>" → endpoints; copy on write
 	version   atomic.Uint64
+
+	running bool // Run has subscribed (under mu)
+	// short counts the engines heard from since Run started fewer than
+	// maxHeard times (under mu).
+	short    int
+	heardAny bool
 
 	received prometheus.Counter
 	rejected prometheus.Counter
@@ -166,6 +181,9 @@ func (s *Signals) Run(ctx context.Context) error {
 	// rather than queueing without bound.
 	_ = sub.SetPendingLimits(65536, 64<<20)
 	defer func() { _ = sub.Unsubscribe() }()
+	s.mu.Lock()
+	s.running = true
+	s.mu.Unlock()
 	tick := time.NewTicker(s.opts.SweepInterval)
 	defer tick.Stop()
 	for {
@@ -176,6 +194,40 @@ func (s *Signals) Run(ctx context.Context) error {
 			s.Sweep()
 		}
 	}
+}
+
+// maxHeard caps the per-engine count of signals HeardAll looks at.
+const maxHeard = 3
+
+// HeardAll reports whether, since Run started, at least one engine
+// signalled and every engine heard from signalled at least n times (n is
+// capped at 3): n−1 signal intervals of each have passed, so that an
+// engine that has not signalled by then is unlikely to be about to.
+func (s *Signals) HeardAll(n int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.heardAny {
+		return false
+	}
+	if n >= maxHeard {
+		return s.short == 0
+	}
+	for _, byEngine := range s.engines {
+		for _, e := range byEngine {
+			if e.heard > 0 && e.heard < n {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// Heard reports whether the engine of model signalled since Run started.
+func (s *Signals) Heard(model, engine string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.engines[model][engine]
+	return ok && e.heard > 0
 }
 
 // Version rises whenever the set of engines, their endpoints, down states
@@ -215,6 +267,16 @@ func (s *Signals) handle(m *nats.Msg) {
 		s.mu.Unlock() // an older signal overtaken by a newer one
 		return
 	}
+	if s.running && e.heard < maxHeard {
+		e.heard++
+		s.heardAny = true
+		switch e.heard {
+		case 1:
+			s.short++
+		case maxHeard:
+			s.short--
+		}
+	}
 	prevDown := e.view.Down
 	changed := first || e.view.Signal.CapacityRPS != sig.CapacityRPS || e.view.Signal.Health != sig.Health ||
 		e.view.URL != ep.URL || e.view.Subject != ep.Subject
@@ -234,6 +296,9 @@ func (s *Signals) handle(m *nats.Msg) {
 
 	if changed || downChanged {
 		s.version.Add(1)
+	}
+	if epChanged && s.opts.OnEndpoints != nil {
+		s.opts.OnEndpoints(sig.Model, sig.Engine, ep)
 	}
 	if s.opts.OnSignal != nil {
 		s.opts.OnSignal(&sig)

@@ -40,9 +40,9 @@ type StoreOptions struct {
 	// marks, and the local policy's input. Nil disables the local policy.
 	Signals *Signals
 	// Guard, when set, is called on every refresh with each engine of each
-	// installed table and whether it should be skipped: the engine is down
-	// by its signals, or it has no endpoint at all (no signal yet and none
-	// in the table). It is idempotent; the service wires it to the
+	// installed table and whether it is down by its signals (an engine
+	// with no endpoint is the handler's to pass over, see
+	// Bound.Reachable). It is idempotent; the service wires it to the
 	// handler's LiveSet.
 	Guard func(model, engine string, down bool)
 	// Table tunes the selection tables built (default: TableOptions{}).
@@ -111,6 +111,7 @@ type SnapshotStore struct {
 	rejected  *prometheus.CounterVec
 	restarts  prometheus.Counter
 	watching  atomic.Bool
+	caught    atomic.Bool // the stored snapshots were delivered once (CaughtUp)
 }
 
 // Rejection reasons counted in switchyard_router_snapshots_rejected_total.
@@ -183,6 +184,29 @@ func (s *SnapshotStore) Models() []string { return s.view.Load().models }
 
 // Watching reports whether the weights watcher is currently established.
 func (s *SnapshotStore) Watching() bool { return s.watching.Load() }
+
+// CaughtUp reports whether the watcher has delivered, at least once, every
+// snapshot the bucket held for the cluster when it was created: from then
+// on PlannedEngines names every engine the stored snapshots plan for.
+func (s *SnapshotStore) CaughtUp() bool { return s.caught.Load() }
+
+// PlannedEngines calls fn with every engine of positive weight in the
+// newest installed snapshot of each model, fresh or stale, until fn
+// returns false.
+func (s *SnapshotStore) PlannedEngines(fn func(model, engine string) bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for model, m := range s.models {
+		if m.snap == nil {
+			continue
+		}
+		for engine, w := range m.snap.Weights {
+			if w > 0 && !fn(model, engine) {
+				return
+			}
+		}
+	}
+}
 
 // Run watches the weights bucket and re-evaluates staleness and the local
 // policy every RefreshInterval until ctx ends. The watcher is re-created,
@@ -271,6 +295,11 @@ func (s *SnapshotStore) watchOnce(ctx context.Context) error {
 	}
 	closed := make(chan struct{})
 	cc, err := cons.Consume(func(m jetstream.Msg) {
+		defer func() {
+			if md, err := m.Metadata(); err == nil && md.NumPending == 0 {
+				s.caught.Store(true)
+			}
+		}()
 		key := strings.TrimPrefix(m.Subject(), prefix)
 		if op := m.Headers().Get("KV-Operation"); op != "" {
 			s.log.Info().Str("key", key).Str("op", op).Msg("weights key deleted; keeping the installed snapshot")
@@ -286,6 +315,9 @@ func (s *SnapshotStore) watchOnce(ctx context.Context) error {
 		return fmt.Errorf("watch %s *.%s: %w", bucket, s.opts.Cluster, err)
 	}
 	defer cc.Stop()
+	if info := cons.CachedInfo(); info != nil && info.NumPending == 0 {
+		s.caught.Store(true) // nothing stored for this cluster
+	}
 	go func() {
 		select {
 		case <-cc.Closed():
@@ -602,13 +634,12 @@ func (s *SnapshotStore) guardListLocked() []guardMark {
 			eng := e.table.Engine(i)
 			down := false
 			if s.opts.Signals != nil {
+				// An engine without an address is the handler's to pass
+				// over (Bound.Reachable), not down: marking it down here
+				// could override the up mark of a first signal that
+				// arrived since this list was made.
 				v, ok := s.opts.Signals.Engine(model, eng.Name)
-				switch {
-				case ok:
-					down = v.Down || (v.URL == "" && v.Subject == "" && eng.URL == "" && eng.Subject == "")
-				default:
-					down = eng.URL == "" && eng.Subject == ""
-				}
+				down = ok && v.Down
 			}
 			out = append(out, guardMark{model, eng.Name, down})
 		}
