@@ -220,8 +220,9 @@ func NewService(opts ServiceOptions) (*Service, error) {
 const settlePoll = 20 * time.Millisecond
 
 // settle closes s.settled, so that the handler starts routing, once the
-// router knows enough of the engines not to route on a stale picture: the
-// engines the stored snapshots plan for have all signalled since the start
+// router knows enough of the engines not to route on a stale picture: once
+// the weights watcher delivered the stored snapshots, the engines they
+// plan for have all signalled since the start
 // (their addresses are known), or every engine heard from has signalled
 // three times (two signal intervals passed: an engine a snapshot names that
 // has not signalled by then is taken as gone, and routed around), or
@@ -247,6 +248,7 @@ func (s *Service) settle(ctx context.Context) {
 				why = "down_after"
 			}
 		}
+		s.store.Refresh() // local-policy tables for the models signalled so far
 		close(s.settled)
 		s.log.Info().Str("by", why).Dur("after", time.Since(start)).Msg("heard from the engines; routing")
 		return
@@ -254,20 +256,24 @@ func (s *Service) settle(ctx context.Context) {
 }
 
 // settledBy returns why the router may route now, "" when it should wait.
+// Nothing settles it before the stored snapshots were delivered: a router
+// that routed on the engines' signals alone would install the stored
+// snapshot moments later anyway.
 func (s *Service) settledBy() string {
-	if s.store.CaughtUp() {
-		planned, unheard := 0, 0
-		s.store.PlannedEngines(func(model, engine string) bool {
-			planned++
-			if !s.signals.Heard(model, engine) {
-				unheard++
-				return false
-			}
-			return true
-		})
-		if planned > 0 && unheard == 0 {
-			return "planned_engines"
+	if !s.store.CaughtUp() {
+		return ""
+	}
+	planned, unheard := 0, 0
+	s.store.PlannedEngines(func(model, engine string) bool {
+		planned++
+		if !s.signals.Heard(model, engine) {
+			unheard++
+			return false
 		}
+		return true
+	})
+	if planned > 0 && unheard == 0 {
+		return "planned_engines"
 	}
 	if s.signals.HeardAll(maxHeard) {
 		return "signals"
