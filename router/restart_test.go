@@ -187,3 +187,33 @@ func TestFreshStartWaitsForSignals(t *testing.T) {
 		t.Fatal("a request was routed before the router settled")
 	}
 }
+
+// TestRestartEveryPlannedEngineGone: the stored snapshot, fresh, plans only
+// for engines that are gone; the engine that is here is in no table of the
+// optimizer's yet. The router routes by the local policy over the live
+// signals instead of answering 503 until the optimizer plans anew, and goes
+// back to the snapshot once one of its engines has an address.
+func TestRestartEveryPlannedEngineGone(t *testing.T) {
+	env := testenv.StartNATS(t)
+	e1, back := newHTTPEngine(t, "e1"), newHTTPEngine(t, "gone2")
+	putSnapshot(t, env.JS, env.Names, snapshot("m", "A", 9, time.Now(), map[string]float64{"gone1": 0.5, "gone2": 0.5}))
+	pub := publishSignals(t, env.Dial(t, "engines"), env.Names, 100*time.Millisecond,
+		fakeSignal{model: "m", engine: "e1", capacity: 50, health: 1, url: e1.srv.URL})
+	svc := runService(t, router.ServiceOptions{Conn: env.Dial(t, "router"), Cluster: "A", Router: "A-1"})
+	client := &http.Client{Timeout: 10 * time.Second}
+	for i := range 20 {
+		if status, eng, body := postChat(t, client, svc.Addr(), chatJSON("m", false, "hi"), fmt.Sprintf("s%d", i)); status != http.StatusOK || eng != "e1" {
+			t.Fatalf("request %d: status %d engine %q: %s", i, status, eng, body)
+		}
+	}
+	if rd := readiness(t, svc.Addr()); !rd.Ready || rd.Models["m"].Mode != router.ModeLocalPolicy {
+		t.Fatalf("readiness %+v, want ready by the local policy", rd)
+	}
+	pub.set(fakeSignal{model: "m", engine: "gone2", capacity: 50, health: 1, url: back.srv.URL})
+	waitInstalled(t, svc.Store(), "m", 9, 5*time.Second)
+	for i := range 10 {
+		if status, eng, body := postChat(t, client, svc.Addr(), chatJSON("m", false, "hi"), fmt.Sprintf("t%d", i)); status != http.StatusOK || eng != "gone2" {
+			t.Fatalf("by the snapshot again, request %d: status %d engine %q: %s", i, status, eng, body)
+		}
+	}
+}

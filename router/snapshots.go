@@ -493,6 +493,12 @@ func (s *SnapshotStore) refreshLocked(now time.Time, force bool) {
 	view := &storeView{tables: make(map[string]tableEntry, len(s.models))}
 	for name, m := range s.models {
 		fresh := m.snap != nil && now.Sub(time.UnixMilli(m.snap.Time)) <= s.opts.StaleAfter
+		// A fresh snapshot none of whose planned engines the router can
+		// reach (stored by an earlier run for engines that are gone) would
+		// answer every request 503 until the optimizer plans the engines
+		// that are here: the local policy serves them meanwhile.
+		unreachable := fresh && !s.reachableLocked(name, m)
+		fresh = fresh && !unreachable
 		var entry tableEntry
 		if fresh {
 			entry = tableEntry{table: m.snapTable, info: Info{Generation: m.snap.Generation, Mode: ModeSnapshot,
@@ -528,6 +534,8 @@ func (s *SnapshotStore) refreshLocked(now time.Time, force bool) {
 				ev.Msg("routing by the optimizer's weight snapshot")
 			case m.snap == nil:
 				ev.Msg("no weight snapshot yet; routing by the local policy over live engine signals")
+			case unreachable:
+				ev.Msg("no engine the weight snapshot plans for has an address (none signalled); routing by the local policy over live engine signals")
 			default:
 				ev.Dur("snapshot_age", now.Sub(time.UnixMilli(m.snap.Time))).Dur("stale_after", s.opts.StaleAfter).
 					Msg("weight snapshot is stale; routing by the local policy over live engine signals")
@@ -543,6 +551,30 @@ func (s *SnapshotStore) refreshLocked(now time.Time, force bool) {
 		return
 	}
 	s.view.Store(view)
+}
+
+// reachableLocked reports whether model's snapshot table has an engine of
+// positive weight with an address, from the table or its signals (true
+// without Signals, and for a snapshot that plans no engine at all).
+func (s *SnapshotStore) reachableLocked(model string, m *storeModel) bool {
+	if s.opts.Signals == nil || m.snapTable == nil {
+		return true
+	}
+	weighted := 0
+	for i := 0; i < m.snapTable.Len(); i++ {
+		e := m.snapTable.Engine(i)
+		if e.Weight <= 0 {
+			continue
+		}
+		weighted++
+		if e.URL != "" || e.Subject != "" {
+			return true
+		}
+		if ep, ok := s.opts.Signals.Endpoints(model, e.Name); ok && (ep.URL != "" || ep.Subject != "") {
+			return true
+		}
+	}
+	return weighted == 0
 }
 
 func sameView(a, b *storeView) bool {
