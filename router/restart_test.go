@@ -1,6 +1,7 @@
 package router_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"sync"
@@ -215,5 +216,31 @@ func TestRestartEveryPlannedEngineGone(t *testing.T) {
 		if status, eng, body := postChat(t, client, svc.Addr(), chatJSON("m", false, "hi"), fmt.Sprintf("t%d", i)); status != http.StatusOK || eng != "gone2" {
 			t.Fatalf("by the snapshot again, request %d: status %d engine %q: %s", i, status, eng, body)
 		}
+	}
+}
+
+// TestStartWithoutWeightsBucket: a router that cannot watch the weights
+// bucket (deleted here) does not hold its first requests for all of
+// DownAfter: once the engines were heard from it routes by the local
+// policy, as it always did without snapshots.
+func TestStartWithoutWeightsBucket(t *testing.T) {
+	env := testenv.StartNATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := env.JS.DeleteKeyValue(ctx, env.Names.WeightsBucket); err != nil {
+		t.Fatal(err)
+	}
+	e1 := newHTTPEngine(t, "e1")
+	publishSignals(t, env.Dial(t, "engines"), env.Names, 100*time.Millisecond,
+		fakeSignal{model: "m", engine: "e1", capacity: 50, health: 1, url: e1.srv.URL})
+	const downAfter = 10 * time.Second
+	start := time.Now()
+	svc := runService(t, router.ServiceOptions{Conn: env.Dial(t, "router"), Cluster: "A", Router: "A-1", DownAfter: downAfter})
+	client := &http.Client{Timeout: 20 * time.Second}
+	if status, eng, body := postChat(t, client, svc.Addr(), chatJSON("m", false, "hi"), ""); status != http.StatusOK || eng != "e1" {
+		t.Fatalf("status %d engine %q: %s", status, eng, body)
+	}
+	if took := time.Since(start); took > downAfter/2 {
+		t.Fatalf("first request answered %v after the start, want well within DownAfter (%v)", took, downAfter)
 	}
 }

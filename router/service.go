@@ -256,11 +256,14 @@ func (s *Service) settle(ctx context.Context) {
 }
 
 // settledBy returns why the router may route now, "" when it should wait.
-// Nothing settles it before the stored snapshots were delivered: a router
-// that routed on the engines' signals alone would install the stored
-// snapshot moments later anyway.
+// Nothing but the engines' signals and a failed watch settles it before
+// the stored snapshots were delivered: a router that routed on the
+// signals alone would install the stored snapshot moments later anyway.
 func (s *Service) settledBy() string {
 	if !s.store.CaughtUp() {
+		if s.store.WatchFailed() && s.signals.HeardAll(maxHeard) {
+			return "signals_without_weights" // the local policy's to route
+		}
 		return ""
 	}
 	planned, unheard := 0, 0

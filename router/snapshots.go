@@ -112,6 +112,7 @@ type SnapshotStore struct {
 	restarts  prometheus.Counter
 	watching  atomic.Bool
 	caught    atomic.Bool // the stored snapshots were delivered once (CaughtUp)
+	failed    atomic.Bool // a watch attempt failed before catching up (WatchFailed)
 }
 
 // Rejection reasons counted in switchyard_router_snapshots_rejected_total.
@@ -190,6 +191,11 @@ func (s *SnapshotStore) Watching() bool { return s.watching.Load() }
 // on PlannedEngines names every engine the stored snapshots plan for.
 func (s *SnapshotStore) CaughtUp() bool { return s.caught.Load() }
 
+// WatchFailed reports whether an attempt to watch the weights bucket
+// failed or ended before the store caught up (the bucket missing, or the
+// router not allowed to read it, or NATS unreachable).
+func (s *SnapshotStore) WatchFailed() bool { return s.failed.Load() }
+
 // PlannedEngines calls fn with every engine of positive weight in the
 // newest installed snapshot of each model, fresh or stale, until fn
 // returns false.
@@ -245,6 +251,9 @@ func (s *SnapshotStore) watchLoop(ctx context.Context) {
 		s.watching.Store(false)
 		if ctx.Err() != nil {
 			return
+		}
+		if !s.caught.Load() {
+			s.failed.Store(true)
 		}
 		s.restarts.Inc()
 		if time.Since(start) > 10*time.Second {
