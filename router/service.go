@@ -248,7 +248,7 @@ func (s *Service) settle(ctx context.Context) {
 				why = "down_after"
 			}
 		}
-		s.store.Refresh() // local-policy tables for the models signalled so far
+		s.store.StartRouting() // and local-policy tables for the models signalled so far
 		close(s.settled)
 		s.log.Info().Str("by", why).Dur("after", time.Since(start)).Msg("heard from the engines; routing")
 		return

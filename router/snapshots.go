@@ -113,6 +113,7 @@ type SnapshotStore struct {
 	watching  atomic.Bool
 	caught    atomic.Bool // the stored snapshots were delivered once (CaughtUp)
 	failed    atomic.Bool // a watch attempt failed before catching up (WatchFailed)
+	routing   atomic.Bool // StartRouting was called
 }
 
 // Rejection reasons counted in switchyard_router_snapshots_rejected_total.
@@ -190,6 +191,16 @@ func (s *SnapshotStore) Watching() bool { return s.watching.Load() }
 // snapshot the bucket held for the cluster when it was created: from then
 // on PlannedEngines names every engine the stored snapshots plan for.
 func (s *SnapshotStore) CaughtUp() bool { return s.caught.Load() }
+
+// StartRouting tells the store that the router routes from now on (the
+// service calls it once it has heard from the engines). From then on a
+// fresh snapshot none of whose planned engines has an address gives way to
+// the local policy; before, while the engines' first signals are still
+// arriving, the snapshot is kept as it is.
+func (s *SnapshotStore) StartRouting() {
+	s.routing.Store(true)
+	s.Refresh()
+}
 
 // WatchFailed reports whether an attempt to watch the weights bucket
 // failed or ended before the store caught up (the bucket missing, or the
@@ -506,7 +517,7 @@ func (s *SnapshotStore) refreshLocked(now time.Time, force bool) {
 		// reach (stored by an earlier run for engines that are gone) would
 		// answer every request 503 until the optimizer plans the engines
 		// that are here: the local policy serves them meanwhile.
-		unreachable := fresh && !s.reachableLocked(name, m)
+		unreachable := fresh && s.routing.Load() && !s.reachableLocked(name, m)
 		fresh = fresh && !unreachable
 		var entry tableEntry
 		if fresh {
