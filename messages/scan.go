@@ -147,8 +147,8 @@ func scanMsgpack(data []byte) error {
 			return fmt.Errorf("%w: containers nested deeper than %d at offset %d", ErrDecode, MaxNesting, at)
 		}
 		if rest := int64(len(data) - p); owed+elems > rest {
-			return fmt.Errorf("%w: %s at offset %d claims %d values, the %d bytes that remain hold at most %d",
-				ErrDecode, containerName(b), at, elems, rest, max(rest-owed, 0))
+			return fmt.Errorf("%w: %s at offset %d claims %d entries, more than the %d bytes that remain can hold",
+				ErrDecode, containerName(b), at, elems/valuesPerEntry(b), rest)
 		}
 		depth++
 		left[depth] = elems
