@@ -60,6 +60,22 @@ func scanMsgpack(data []byte) error {
 		p++
 		left[depth]--
 		owed--
+		// Fast paths for what most of a message is: small integers, nil and
+		// booleans, short strings (every key) and float64s.
+		switch {
+		case b <= 0x7f, b >= 0xe0, b == 0xc0, b == 0xc2, b == 0xc3:
+			continue
+		case b&0xe0 == 0xa0, b == 0xcb:
+			n := int(b & 0x1f)
+			if b == 0xcb {
+				n = 8
+			}
+			if n > len(data)-p {
+				return fmt.Errorf("%w: value of type 0x%02x at offset %d claims %d bytes, %d remain", ErrDecode, b, at, n, len(data)-p)
+			}
+			p += n
+			continue
+		}
 
 		var elems int64   // values inside the container this header opens
 		var payload int64 // bytes that follow the header and belong to this value
