@@ -23,14 +23,15 @@ const MaxContainerLen = 1 << 16
 
 // scanMsgpack walks the MessagePack encoding of exactly one value, without
 // allocating, and fails with ErrDecode unless the value is complete, nests at
-// most MaxNesting containers deep, and is followed by no other bytes.
+// most MaxNesting containers deep, holds at most MaxContainerLen entries in
+// any container, and is followed by no other bytes.
 //
 // It runs before the msgpack library sees the bytes, because that library
 // allocates from the lengths that headers claim before it reads what they
 // claim: msgpack v5.4.1 (the newest release) preallocates a slice of every
 // length an array header claims, its allocation limit is never applied on that
 // path (upstream issue 401, open and unfixed), and even where the limit
-// applies it still lets a 6-byte map header preallocate a million entries.
+// applies it still lets a 5-byte map header preallocate a million entries.
 // A decoder setting cannot bound that, and other Go msgpack libraries would
 // mean rewriting every wire type's tags; checking the structure once, in one
 // pass over the bytes, can. Each element of an array needs at least one byte
