@@ -131,6 +131,13 @@ func KindByName(name string) (Kind, error) {
 	return "", fmt.Errorf("%w: %q (want signal, report, engine_state, demand_state, rtt_state, weights, penalty or operator)", ErrKind, name)
 }
 
+func checkSize(data []byte, k Kind) error {
+	if limit := sizeLimit(k); len(data) > limit {
+		return fmt.Errorf("%w: %s of %d bytes (limit %d)", ErrTooLarge, k, len(data), limit)
+	}
+	return nil
+}
+
 func sizeLimit(k Kind) int {
 	if k == KindWeights {
 		return MaxSnapshotSize
@@ -173,6 +180,14 @@ func Peek(data []byte) (version int, kind Kind, err error) {
 	if len(data) > MaxSnapshotSize {
 		return 0, "", fmt.Errorf("%w: %d bytes (limit %d)", ErrTooLarge, len(data), MaxSnapshotSize)
 	}
+	if err := scanMsgpack(data); err != nil {
+		return 0, "", err
+	}
+	return peek(data)
+}
+
+// peek is Peek on bytes that scanMsgpack accepted.
+func peek(data []byte) (version int, kind Kind, err error) {
 	var h header
 	dec := msgpack.NewDecoder(bytes.NewReader(data))
 	if err := dec.Decode(&h); err != nil {
@@ -199,23 +214,40 @@ func DecodeAt(data []byte, now time.Time) (Message, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := DecodeIntoAt(data, m, now); err != nil {
+	if err := checkSize(data, k); err != nil {
+		return nil, err
+	}
+	if err := decodeScanned(data, m, now); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
 // DecodeInto decodes data into m, strictly: the kind must be m's, unknown keys
-// are rejected, and the result must validate.
+// are rejected, and the result must validate. Before anything is allocated,
+// the bytes are checked to be exactly one complete MessagePack value whose
+// every length is backed by the bytes that follow (see MaxNesting and
+// MaxContainerLen), so no input makes decoding allocate more than a small
+// multiple of its size; every decode entry point of this package does so.
 func DecodeInto(data []byte, m Message) error {
 	return DecodeIntoAt(data, m, time.Now())
 }
 
 // DecodeIntoAt is DecodeInto with an explicit clock for timestamp validation.
 func DecodeIntoAt(data []byte, m Message, now time.Time) error {
-	if limit := sizeLimit(m.MessageKind()); len(data) > limit {
-		return fmt.Errorf("%w: %s of %d bytes (limit %d)", ErrTooLarge, m.MessageKind(), len(data), limit)
+	if err := checkSize(data, m.MessageKind()); err != nil {
+		return err
 	}
+	if err := scanMsgpack(data); err != nil {
+		return fmt.Errorf("%s: %w", m.MessageKind(), err)
+	}
+	return decodeScanned(data, m, now)
+}
+
+// decodeScanned is DecodeIntoAt on bytes that scanMsgpack accepted: every
+// length in them is backed by the bytes, so the msgpack library's
+// preallocations stay within a small multiple of the input.
+func decodeScanned(data []byte, m Message, now time.Time) error {
 	dec := msgpack.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields(true)
 	if err := dec.Decode(m); err != nil {

@@ -106,6 +106,18 @@ type Options struct {
 	// Regions, when set, gives engines' regions: a retry goes to the
 	// failed engine's region first.
 	Regions RegionResolver
+	// Endpoints, when set, gives engines' live endpoints (the router's
+	// Signals): the handler then never picks an engine for which neither
+	// its table entry nor Endpoints has an address, and SetEngineEndpoints
+	// must be called as they change. Nil: every engine of a table is
+	// selectable (tables that carry addresses, or a Transport that needs
+	// none).
+	Endpoints EndpointResolver
+	// Settled, when set, holds requests until it is closed (each within its
+	// own context): the router's start-up, until the engines' signals were
+	// heard (Signals.Settled), so that a snapshot stored by an earlier run
+	// is not routed on before the engines' addresses are known.
+	Settled <-chan struct{}
 }
 
 // Handler is the router's HTTP front: the OpenAI inference endpoints,
@@ -209,11 +221,39 @@ func (h *Handler) SetEngineDown(model, engine string, down bool) {
 	h.Live(model).SetDown(engine, down)
 }
 
+// SetEngineEndpoints records the endpoints an engine of model advertises
+// now; with Options.Endpoints set, an engine is selectable only with one.
+func (h *Handler) SetEngineEndpoints(model, engine string, ep Endpoints) {
+	h.Live(model).SetEndpoints(engine, ep)
+}
+
+// settledOrWait returns at once when the router has settled (see
+// Options.Settled), else waits for it or for ctx to end.
+func (h *Handler) settledOrWait(ctx context.Context) error {
+	if h.opts.Settled == nil {
+		return nil
+	}
+	select {
+	case <-h.opts.Settled:
+		return nil
+	default:
+	}
+	h.metrics.startWaits.Inc()
+	select {
+	case <-h.opts.Settled:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 func (h *Handler) model(name string) *modelState {
 	if v, ok := h.models.Load(name); ok {
 		return v.(*modelState)
 	}
-	v, _ := h.models.LoadOrStore(name, &modelState{live: newLiveSet(h.opts.Now), recent: newRecentKeys(DefaultRecentKeys)})
+	live := newLiveSet(h.opts.Now)
+	live.resolve, live.model = h.opts.Endpoints, name
+	v, _ := h.models.LoadOrStore(name, &modelState{live: live, recent: newRecentKeys(DefaultRecentKeys)})
 	return v.(*modelState)
 }
 
@@ -463,18 +503,24 @@ func (a *answer) relay(ctx context.Context, w http.ResponseWriter) {
 }
 
 // route admits and picks the first engine for a parsed request exactly as
-// both fronts do: the model's table, the affinity key (session id, then
+// both fronts do: at start-up, once the engines were heard from
+// (Options.Settled); the model's table, the affinity key (session id, then
 // user, then prompt prefix; spread by weight without one), the snapshot's
 // shed fraction for the request's priority and the local admission control
 // (429 when shed), and the pick (keyed: PickRecent, keyless: PickTwo) under
 // the bounded-load guard, which skips engines marked
-// down or ejected (all ejected: the snapshot's spare engines of weight zero,
+// down, without an address or ejected (all ejected: the snapshot's spare engines of weight zero,
 // nearest first, then ejections are ignored). It counts the
 // request with the Observer once the model is known to be served, and
 // credits the retry budget. Errors: 404 for an unknown model, 429 when
-// shed, 503 when no engine is available. The caller must release an
+// shed, 503 when no engine is available (or ctx ended while the router
+// was starting). The caller must release an
 // admitted request.
 func (h *Handler) route(ctx context.Context, req *Request, session string, prio Priority) (*routed, *APIError) {
+	if err := h.settledOrWait(ctx); err != nil {
+		return nil, newAPIError(http.StatusServiceUnavailable, ErrTypeUnavailable, "starting", "",
+			fmt.Sprintf("the router is starting and has not heard from the engines of model %q yet: %v", req.Model, err))
+	}
 	table, info, ok := h.opts.Tables.Table(req.Model)
 	if !ok {
 		return nil, newAPIError(http.StatusNotFound, ErrTypeNotFound, "model_not_found", "model",

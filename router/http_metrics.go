@@ -23,6 +23,8 @@ type metrics struct {
 	clientErrors    *prometheus.CounterVec
 	attempts        prometheus.Counter
 	shed            *prometheus.CounterVec
+	startWaits      prometheus.Counter
+	unaddressed     *prometheus.CounterVec
 }
 
 // latencyBuckets span 1 ms to about 2 minutes.
@@ -76,6 +78,14 @@ func newMetrics(reg prometheus.Registerer, tables Tables, now func() time.Time, 
 			Name: "switchyard_router_shed_total",
 			Help: "Requests shed with a 429, by reason (snapshot: the snapshot's shed fraction; admission: local admission control) and priority.",
 		}, []string{"reason", "priority"}),
+		startWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "switchyard_router_startup_waits_total",
+			Help: "Requests that arrived before the router had heard from the engines since its start and waited for their signals.",
+		}),
+		unaddressed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_router_unaddressed_skips_total",
+			Help: "Times a request passed over an engine the router has no address for (no signal from it yet, or none advertised), by model and engine; never counted against the engine.",
+		}, []string{"model", "engine"}),
 	}
 	budget := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "switchyard_router_retry_budget_tokens",
@@ -86,7 +96,7 @@ func newMetrics(reg prometheus.Registerer, tables Tables, now func() time.Time, 
 		Help: "Upstream attempts per client request over the last 10 s (1 when idle).",
 	}, amplification)
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.engineRequests, m.inFlight,
-		m.ejected, m.retries, m.retrySuppressed, m.clientErrors, m.attempts, m.shed, budget, amp,
+		m.ejected, m.retries, m.retrySuppressed, m.clientErrors, m.attempts, m.shed, m.startWaits, m.unaddressed, budget, amp,
 		&snapshotCollector{tables: tables, now: now}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

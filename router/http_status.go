@@ -75,8 +75,12 @@ type ModelReadiness struct {
 
 // Readiness is the /readyz detail.
 type Readiness struct {
-	// Ready is true when at least one model can be routed.
+	// Ready is true when at least one model can be routed and the router
+	// is not starting.
 	Ready bool `json:"ready"`
+	// Starting is true while the router waits to hear from the engines
+	// after its start (Options.Settled); requests wait meanwhile.
+	Starting bool `json:"starting,omitempty"`
 	// Mode is "snapshot" when every model routes on a snapshot, else
 	// "local-policy".
 	Mode Mode `json:"mode"`
@@ -112,6 +116,13 @@ func (h *Handler) Readiness() Readiness {
 	}
 	if len(rd.Models) == 0 {
 		rd.Mode = ModeLocalPolicy
+	}
+	if h.opts.Settled != nil {
+		select {
+		case <-h.opts.Settled:
+		default:
+			rd.Starting, rd.Ready = true, false
+		}
 	}
 	return rd
 }

@@ -14,6 +14,7 @@ type EngineLive struct {
 	down     atomic.Bool
 	silent   atomic.Bool
 	lastOK   atomic.Int64 // Unix ns of this router's newest success on the engine
+	addr     atomic.Bool  // an endpoint is known from the engine's signals (LiveSet.SetEndpoints)
 	eject    ejectState
 	load     engineLoad
 }
@@ -44,6 +45,9 @@ func (e *EngineLive) silentSkip(now func() time.Time) bool {
 	return e.silent.Load() && now().UnixNano()-e.lastOK.Load() > int64(SilentServe)
 }
 
+// Addressed reports whether the engine's signals gave it an endpoint.
+func (e *EngineLive) Addressed() bool { return e.addr.Load() }
+
 // Ejected reports whether the engine is ejected by the router's fast local
 // skip (skipped, or half-open and waiting for its probe's result).
 func (e *EngineLive) Ejected() bool { return e.eject.ejected.Load() }
@@ -56,6 +60,11 @@ type LiveSet struct {
 	byName map[string]*EngineLive
 	total  atomic.Int64
 	now    func() time.Time
+	// resolve, when set, gives engines' live endpoints: an engine is then
+	// selectable only with an address, from its table entry or from its
+	// signals (see SetEndpoints). Nil: every engine of a table is.
+	resolve EndpointResolver
+	model   string
 }
 
 // NewLiveSet returns an empty live set.
@@ -69,6 +78,10 @@ func newLiveSet(now func() time.Time) *LiveSet {
 func (s *LiveSet) Engine(name string) *EngineLive {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.engineLocked(name)
+}
+
+func (s *LiveSet) engineLocked(name string) *EngineLive {
 	e, ok := s.byName[name]
 	if !ok {
 		e = &EngineLive{}
@@ -85,6 +98,15 @@ func (s *LiveSet) SetDown(name string, down bool) { s.Engine(name).down.Store(do
 // it within SilentServe (see EngineLive.silentSkip).
 func (s *LiveSet) SetSilent(name string, silent bool) { s.Engine(name).silent.Store(silent) }
 
+// SetEndpoints records whether the named engine's signals give it an
+// endpoint. Under the set's lock, as Bind's own reading of the resolver,
+// so that the newest call wins whatever the interleaving.
+func (s *LiveSet) SetEndpoints(name string, ep Endpoints) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.engineLocked(name).addr.Store(ep.URL != "" || ep.Subject != "")
+}
+
 // TotalInFlight returns this router's in-flight requests on all engines of
 // the set.
 func (s *LiveSet) TotalInFlight() int64 { return s.total.Load() }
@@ -92,8 +114,21 @@ func (s *LiveSet) TotalInFlight() int64 { return s.total.Load() }
 // Bind returns a Guard for table t over this set's engine states.
 func (s *LiveSet) Bind(t *Table) *Bound {
 	b := &Bound{set: s, table: t, engines: make([]*EngineLive, t.Len())}
+	if s.resolve != nil {
+		b.static = make([]bool, t.Len())
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	for i := range b.engines {
-		b.engines[i] = s.Engine(t.Engine(i).Name)
+		eng := t.Engine(i)
+		e := s.engineLocked(eng.Name)
+		b.engines[i] = e
+		if s.resolve != nil {
+			b.static[i] = eng.URL != "" || eng.Subject != ""
+			if ep, ok := s.resolve.Endpoints(s.model, eng.Name); ok && (ep.URL != "" || ep.Subject != "") {
+				e.addr.Store(true)
+			}
+		}
 	}
 	return b
 }
@@ -104,6 +139,7 @@ type Bound struct {
 	set     *LiveSet
 	table   *Table
 	engines []*EngineLive
+	static  []bool                    // the table gives engine i an address; nil when every engine is addressable
 	times   atomic.Pointer[slotTimes] // SlotTimes' newest answer
 }
 
@@ -111,11 +147,21 @@ type Bound struct {
 func (b *Bound) Table() *Table { return b.table }
 
 // Down reports whether engine i of the table must be skipped: marked down,
-// ejected by the fast local skip (see EjectOptions), or silent without a
-// recent success here.
+// without an address (see Reachable), ejected by the fast local skip (see
+// EjectOptions), or silent without a recent success here.
 func (b *Bound) Down(i int) bool {
 	e := b.engines[i]
-	return e.down.Load() || e.eject.skipped(b.set.now) || e.silentSkip(b.set.now)
+	return e.down.Load() || !b.Reachable(i) || e.eject.skipped(b.set.now) || e.silentSkip(b.set.now)
+}
+
+// Reachable reports whether the router has an address for engine i: from
+// the table, or from the engine's signals. An engine without one (named by
+// a snapshot stored before this router started, or by one naming an engine
+// that is gone) is not selectable, but nothing counts against it: it is
+// neither ejected nor reported, and it becomes selectable as soon as its
+// signals give an address.
+func (b *Bound) Reachable(i int) bool {
+	return b.static == nil || b.static[i] || b.engines[i].addr.Load()
 }
 
 // Live returns the live state of engine i.
@@ -126,8 +172,8 @@ func (b *Bound) Live(i int) *EngineLive { return b.engines[i] }
 // fail.
 type hardDown struct{ *Bound }
 
-// Down reports whether engine i is marked down.
-func (g hardDown) Down(i int) bool { return g.engines[i].down.Load() }
+// Down reports whether engine i is marked down or has no address.
+func (g hardDown) Down(i int) bool { return g.engines[i].down.Load() || !g.Reachable(i) }
 
 // InFlight returns this router's in-flight requests on engine i.
 func (b *Bound) InFlight(i int) int64 { return b.engines[i].inflight.Load() }

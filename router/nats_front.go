@@ -342,7 +342,7 @@ func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 		rbody = io.MultiReader(bytes.NewReader(at.first), resp.Body)
 	}
 	if req.Stream && status == http.StatusOK {
-		err = f.relayStream(rbody, send)
+		err = f.relayStream(rbody, f.maxReplyChunk(), send)
 	} else {
 		err = f.relayWhole(rbody, send)
 	}
@@ -404,9 +404,10 @@ func (f *NATSFront) relayWhole(body io.Reader, send func(last bool, data []byte)
 
 // relayStream sends a streamed answer, one message per chunk. Replies from
 // a NATS engine are relayed as they are; an SSE body is split into its
-// events' data, dropping [DONE]. The last message is marked; when the
-// stream breaks, an empty last message ends it so the client never hangs.
-func (f *NATSFront) relayStream(body io.Reader, send func(last bool, data []byte)) error {
+// events' data, dropping [DONE], each event at most maxEvent bytes. The
+// last message is marked; when the stream breaks, an empty last message
+// ends it so the client never hangs.
+func (f *NATSFront) relayStream(body io.Reader, maxEvent int, send func(last bool, data []byte)) error {
 	if nb, ok := body.(*natsBody); ok {
 		for {
 			msg, err := nb.nextReply()
@@ -422,7 +423,7 @@ func (f *NATSFront) relayStream(body io.Reader, send func(last bool, data []byte
 	}
 	var held []byte
 	haveHeld := false
-	err := readSSE(body, func(data []byte) {
+	err := readSSE(body, maxEvent, func(data []byte) {
 		if bytes.Equal(data, []byte("[DONE]")) {
 			return
 		}
@@ -435,14 +436,33 @@ func (f *NATSFront) relayStream(body io.Reader, send func(last bool, data []byte
 	return err
 }
 
+// errEventTooLarge fails an SSE stream with an event larger than the limit.
+var errEventTooLarge = errors.New("router: SSE event larger than the reply limit")
+
 // readSSE calls fn with the data of every event of an SSE stream (several
-// data lines of one event are joined with newlines).
-func readSSE(r io.Reader, fn func(data []byte)) error {
+// data lines of one event are joined with newlines). An event whose data
+// exceeds maxEvent bytes fails the stream with errEventTooLarge: it could
+// not be relayed as one reply message, and reading lines without a bound
+// would let one engine answer grow the router's memory without limit.
+func readSSE(r io.Reader, maxEvent int, fn func(data []byte)) error {
 	br := bufio.NewReaderSize(r, 32<<10)
-	var data []byte
+	var data, long []byte
 	have := false
+	// A line may hold "data:", a space and the event's data, and its end.
+	maxLine := maxEvent + len("data: \r\n")
 	for {
-		line, err := br.ReadBytes('\n')
+		line, err := br.ReadSlice('\n')
+		if err == bufio.ErrBufferFull || len(long) > 0 {
+			// A line longer than the buffer: gather it, within the bound.
+			if len(long)+len(line) > maxLine {
+				return fmt.Errorf("%w: a line of more than %d bytes", errEventTooLarge, maxLine)
+			}
+			long = append(long, line...)
+			if err == bufio.ErrBufferFull {
+				continue
+			}
+			line = long
+		}
 		if len(line) > 0 {
 			line = bytes.TrimRight(line, "\r\n")
 			switch {
@@ -456,10 +476,14 @@ func readSSE(r io.Reader, fn func(data []byte)) error {
 				if have {
 					data = append(data, '\n')
 				}
+				if len(data)+len(v) > maxEvent {
+					return fmt.Errorf("%w: more than %d bytes", errEventTooLarge, maxEvent)
+				}
 				data = append(data, v...)
 				have = true
 			}
 		}
+		long = long[:0]
 		if err == io.EOF {
 			if have {
 				fn(data)

@@ -227,6 +227,13 @@ func (b *natsBody) Close() error {
 	return nil
 }
 
+// ErrNoTransport is returned (wrapped) by TransportPolicy.Forward for an
+// engine it knows no way to reach: no URL and no subject, from the table
+// or the engine's signals. It is the router's lack of an address, not the
+// engine's failure: the handler passes over the engine without counting
+// anything against it.
+var ErrNoTransport = errors.New("no usable transport")
+
 // TransportPolicy chooses how to reach each engine. The rule: prefer HTTP
 // when the engine advertises an HTTP URL (pooled keep-alive connections,
 // and a client disconnect reaches the engine as a closed connection), else
@@ -267,8 +274,8 @@ func (p *TransportPolicy) Forward(ctx context.Context, engine Engine, req *Upstr
 	case useNATS:
 		return p.NATS.Forward(ctx, engine, req)
 	}
-	return nil, fmt.Errorf("router: forward to engine %q: no usable transport (url %q, subject %q)",
-		engine.Name, engine.URL, engine.Subject)
+	return nil, fmt.Errorf("router: forward to engine %q: %w (url %q, subject %q)",
+		engine.Name, ErrNoTransport, engine.URL, engine.Subject)
 }
 
 // replyMux receives the replies of every request a transport forwards on one

@@ -300,6 +300,17 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 		timeout = h.prot.FirstByteTimeout
 	}
 	for n := 1; ; n++ {
+		if !rt.bound.Reachable(idx) {
+			// No address since Pick (its endpoints withdrawn): another
+			// engine, not counted as an attempt nor against this one.
+			tried = append(tried, idx)
+			next, found := h.passOver(rt, tried, idx)
+			if !found {
+				return nil, noEngineError(rt.model)
+			}
+			idx, n = next, n-1
+			continue
+		}
 		live := rt.bound.Live(idx)
 		ok, probe := live.eject.claim(h.opts.Now())
 		if !ok && !rt.fallback {
@@ -319,6 +330,22 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 		h.amp.add(0, 1)
 		start := h.opts.Now()
 		resp, err := h.opts.Transport.Forward(actx, eng, up)
+		if errors.Is(err, ErrNoTransport) {
+			// The router has no way to reach the engine, which says
+			// nothing about the engine: another one, with no outcome,
+			// ejection or retry counted.
+			if probe {
+				live.eject.probing.Store(false)
+			}
+			actx.cancel()
+			rt.bound.Release(idx)
+			next, found := h.passOver(rt, tried, idx)
+			if !found {
+				return nil, noEngineError(rt.model)
+			}
+			idx, n = next, n-1
+			continue
+		}
 		res := ResultOK
 		var first []byte
 		switch {
@@ -432,6 +459,19 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 		return nil, newAPIError(http.StatusBadGateway, ErrTypeServer, "upstream_error", "",
 			fmt.Sprintf("engine %q for model %q failed: %v (%d attempts)", eng.Name, rt.model, errString(err, resp), n))
 	}
+}
+
+// passOver counts a pass over engine idx, which the router has no address
+// for, and returns the key's next candidate not tried.
+func (h *Handler) passOver(rt *routed, tried []int, idx int) (int, bool) {
+	h.metrics.unaddressed.WithLabelValues(rt.model, rt.table.Engine(idx).Name).Inc()
+	return h.nextCandidate(rt, tried, idx)
+}
+
+// noEngineError is the answer when no engine of model can be reached.
+func noEngineError(model string) *APIError {
+	return newAPIError(http.StatusServiceUnavailable, ErrTypeUnavailable, "no_engine_available", "",
+		fmt.Sprintf("no engine is available for model %q", model))
 }
 
 func errString(err error, resp *UpstreamResponse) string {

@@ -91,6 +91,7 @@ type Service struct {
 	httpT    *HTTPTransport
 	ln       net.Listener
 	srv      Server
+	settled  chan struct{} // closed by settle: the handler routes from then on
 
 	mu      sync.Mutex
 	started bool
@@ -130,7 +131,8 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		opts.ShutdownTimeout = 10 * time.Second
 	}
 	logger := opts.Logger.With().Str("router", opts.Router).Logger()
-	s := &Service{opts: opts, log: logger.With().Str("component", "router").Str("cluster", opts.Cluster).Logger()}
+	s := &Service{opts: opts, log: logger.With().Str("component", "router").Str("cluster", opts.Cluster).Logger(),
+		settled: make(chan struct{})}
 
 	markDown := func(model, engine string, down bool) {
 		if s.handler != nil {
@@ -147,9 +149,14 @@ func NewService(opts ServiceOptions) (*Service, error) {
 			s.handler.ObserveSignal(sig)
 		}
 	}
+	addressed := func(model, engine string, ep Endpoints) {
+		if s.handler != nil {
+			s.handler.SetEngineEndpoints(model, engine, ep)
+		}
+	}
 	var err error
 	s.signals, err = NewSignals(SignalOptions{Conn: opts.Conn, Names: opts.Names, DownAfter: opts.DownAfter,
-		OnDown: markDown, OnSilent: markSilent, OnSignal: observe, Logger: logger, Registry: opts.Registry, Now: opts.Now})
+		OnDown: markDown, OnSilent: markSilent, OnSignal: observe, OnEndpoints: addressed, Logger: logger, Registry: opts.Registry, Now: opts.Now})
 	if err != nil {
 		return nil, err
 	}
@@ -186,6 +193,8 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		Observer:     s.reporter,
 		Protection:   opts.Protection,
 		Regions:      s.signals,
+		Endpoints:    s.signals,
+		Settled:      s.settled,
 	})
 	if err != nil {
 		return nil, err
@@ -211,6 +220,78 @@ func NewService(opts ServiceOptions) (*Service, error) {
 	}
 	return s, nil
 }
+
+// settlePoll is how often settle re-checks what the router has heard.
+const settlePoll = 20 * time.Millisecond
+
+// settle closes s.settled, so that the handler starts routing, once the
+// router knows enough of the engines not to route on a stale picture: once
+// the weights watcher delivered the stored snapshots, the engines they
+// plan for have all signalled since the start
+// (their addresses are known), or every engine heard from has signalled
+// three times (two signal intervals passed: an engine a snapshot names that
+// has not signalled by then is taken as gone, and routed around), or
+// DownAfter passed (an engine silent that long would count as down had it
+// signalled before). A snapshot stored by an earlier run is installed at
+// once and names engines whose addresses, new in this run, come only with
+// their signals; until then requests wait rather than go nowhere.
+func (s *Service) settle(ctx context.Context) {
+	start := time.Now()
+	limit := time.NewTimer(s.signals.opts.DownAfter)
+	defer limit.Stop()
+	tick := time.NewTicker(settlePoll)
+	defer tick.Stop()
+	for {
+		why := s.settledBy()
+		if why == "" {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				continue
+			case <-limit.C:
+				why = "down_after"
+			}
+		}
+		s.store.StartRouting() // and local-policy tables for the models signalled so far
+		close(s.settled)
+		s.log.Info().Str("by", why).Dur("after", time.Since(start)).Msg("heard from the engines; routing")
+		return
+	}
+}
+
+// settledBy returns why the router may route now, "" when it should wait.
+// Nothing but the engines' signals and a failed watch settles it before
+// the stored snapshots were delivered: a router that routed on the
+// signals alone would install the stored snapshot moments later anyway.
+func (s *Service) settledBy() string {
+	if !s.store.CaughtUp() {
+		if s.store.WatchFailed() && s.signals.HeardAll(maxHeard) {
+			return "signals_without_weights" // the local policy's to route
+		}
+		return ""
+	}
+	planned, unheard := 0, 0
+	s.store.PlannedEngines(func(model, engine string) bool {
+		planned++
+		if !s.signals.Heard(model, engine) {
+			unheard++
+			return false
+		}
+		return true
+	})
+	if planned > 0 && unheard == 0 {
+		return "planned_engines"
+	}
+	if s.signals.HeardAll(maxHeard) {
+		return "signals"
+	}
+	return ""
+}
+
+// Settled is closed once the router has heard from the engines since Run
+// started and routes requests (those that arrive before wait for it).
+func (s *Service) Settled() <-chan struct{} { return s.settled }
 
 // Addr returns the HTTP front's address ("" without one).
 func (s *Service) Addr() string {
@@ -275,6 +356,11 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	start("signals", s.signals.Run)
 	start("snapshot store", s.store.Run)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.settle(ctx)
+	}()
 	start("reports", s.reporter.Run)
 	if s.front != nil {
 		start("NATS front", s.front.Run)

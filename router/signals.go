@@ -50,6 +50,12 @@ type SignalOptions struct {
 	// engine's newest, outside any lock; it must not keep sig. The service
 	// wires it to the handler's LiveSet for the engines' load (Bound.Load).
 	OnSignal func(sig *messages.EngineSignal)
+	// OnEndpoints, when set, is called when an engine is first seen and
+	// whenever the endpoints it advertises change, outside any lock and
+	// after Endpoints returns the new ones; the service wires it to the
+	// handler (Handler.SetEngineEndpoints), which never picks an engine it
+	// has no address for.
+	OnEndpoints func(model, engine string, ep Endpoints)
 	// Logger receives the component's logs (component=router is added).
 	Logger zerolog.Logger
 	// Registry, when set, receives the component's metrics.
@@ -96,6 +102,9 @@ type EndpointResolver interface {
 
 type signalEntry struct {
 	view EngineView
+	// heard counts the signals received since Run started, up to
+	// maxHeard (see HeardAll).
+	heard int
 }
 
 // Signals keeps the newest live signal of every engine, received over a
@@ -114,6 +123,12 @@ type Signals struct {
 
 	endpoints atomic.Pointer[map[string]Endpoints] // "<model>.<engine>" → endpoints; copy on write
 	version   atomic.Uint64
+
+	running bool // Run has subscribed (under mu)
+	// short counts the engines heard from since Run started fewer than
+	// maxHeard times (under mu).
+	short    int
+	heardAny bool
 
 	received prometheus.Counter
 	rejected *prometheus.CounterVec
@@ -186,6 +201,9 @@ func (s *Signals) Run(ctx context.Context) error {
 	// rather than queueing without bound.
 	_ = sub.SetPendingLimits(65536, 64<<20)
 	defer func() { _ = sub.Unsubscribe() }()
+	s.mu.Lock()
+	s.running = true
+	s.mu.Unlock()
 	tick := time.NewTicker(s.opts.SweepInterval)
 	defer tick.Stop()
 	for {
@@ -197,6 +215,40 @@ func (s *Signals) Run(ctx context.Context) error {
 			s.guard.Flush()
 		}
 	}
+}
+
+// maxHeard caps the per-engine count of signals HeardAll looks at.
+const maxHeard = 3
+
+// HeardAll reports whether, since Run started, at least one engine
+// signalled and every engine heard from signalled at least n times (n is
+// capped at 3): n−1 signal intervals of each have passed, so that an
+// engine that has not signalled by then is unlikely to be about to.
+func (s *Signals) HeardAll(n int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.heardAny {
+		return false
+	}
+	if n >= maxHeard {
+		return s.short == 0
+	}
+	for _, byEngine := range s.engines {
+		for _, e := range byEngine {
+			if e.heard > 0 && e.heard < n {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// Heard reports whether the engine of model signalled since Run started.
+func (s *Signals) Heard(model, engine string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.engines[model][engine]
+	return ok && e.heard > 0
 }
 
 // Version rises whenever the set of engines, their endpoints, down states
@@ -221,14 +273,17 @@ func (s *Signals) handle(m *nats.Msg) {
 		return
 	}
 	s.received.Inc()
-	e, first, changed, downChanged, wasSilent, ok := s.fold(&sig, now)
+	r, ok := s.fold(&sig, now)
 	if !ok {
 		return
 	}
-	if changed || downChanged || wasSilent {
+	if r.changed || r.downChanged || r.wasSilent {
 		s.version.Add(1)
 	}
-	if wasSilent {
+	if r.epChanged && s.opts.OnEndpoints != nil {
+		s.opts.OnEndpoints(sig.Model, sig.Engine, r.ep)
+	}
+	if r.wasSilent {
 		s.log.Info().Str("model", sig.Model).Str("engine", sig.Engine).Msg("engine signalling again")
 		if s.opts.OnSilent != nil {
 			s.opts.OnSilent(sig.Model, sig.Engine, false)
@@ -237,8 +292,8 @@ func (s *Signals) handle(m *nats.Msg) {
 	if s.opts.OnSignal != nil {
 		s.opts.OnSignal(&sig)
 	}
-	if downChanged {
-		if !first || e.Down {
+	if r.downChanged {
+		if !r.first || r.view.Down {
 			s.log.Info().Str("model", sig.Model).Str("engine", sig.Engine).Bool("down", sig.Health <= 0).
 				Float64("health", sig.Health).Msg("engine health changed")
 		}
@@ -248,11 +303,22 @@ func (s *Signals) handle(m *nats.Msg) {
 	}
 }
 
+// foldResult is what folding one signal changed.
+type foldResult struct {
+	view        EngineView // the engine's view after the signal
+	ep          Endpoints  // the endpoints the signal advertises
+	first       bool       // the engine's first signal
+	changed     bool       // capacity, health or endpoints changed
+	downChanged bool       // the down mark changed (or first)
+	epChanged   bool       // the endpoints changed (or first)
+	wasSilent   bool       // the engine had gone silent before this signal
+}
+
 // fold records sig as its engine's newest signal, unless a newer one
-// overtook it (ok false), and returns the engine's view and what changed.
-// The lock is released by defer, so that a panic cannot leave it held.
-func (s *Signals) fold(sig *messages.EngineSignal, now time.Time) (view EngineView, first, changed, downChanged, wasSilent, ok bool) {
-	ep := endpointsOf(sig.Transports)
+// overtook it (ok false), and returns what changed. The lock is released by
+// defer, so that a panic cannot leave it held.
+func (s *Signals) fold(sig *messages.EngineSignal, now time.Time) (r foldResult, ok bool) {
+	r.ep = endpointsOf(sig.Transports)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	byEngine := s.engines[sig.Model]
@@ -261,32 +327,42 @@ func (s *Signals) fold(sig *messages.EngineSignal, now time.Time) (view EngineVi
 		s.engines[sig.Model] = byEngine
 	}
 	e := byEngine[sig.Engine]
-	first = e == nil
-	if first {
+	r.first = e == nil
+	if r.first {
 		e = &signalEntry{view: EngineView{Model: sig.Model, Engine: sig.Engine}}
 		byEngine[sig.Engine] = e
 	} else if sig.Time < e.view.Signal.Time && sig.Seq <= e.view.Signal.Seq &&
 		now.Sub(e.view.Received) < s.opts.DownAfter {
-		return EngineView{}, false, false, false, false, false // an older signal overtaken by a newer one
+		return foldResult{}, false // an older signal overtaken by a newer one
+	}
+	if s.running && e.heard < maxHeard {
+		e.heard++
+		s.heardAny = true
+		switch e.heard {
+		case 1:
+			s.short++
+		case maxHeard:
+			s.short--
+		}
 	}
 	prevDown := e.view.Down
-	wasSilent = e.view.Silent
-	changed = first || e.view.Signal.CapacityRPS != sig.CapacityRPS || e.view.Signal.Health != sig.Health ||
-		e.view.URL != ep.URL || e.view.Subject != ep.Subject
-	epChanged := first || e.view.URL != ep.URL || e.view.Subject != ep.Subject
+	r.wasSilent = e.view.Silent
+	r.epChanged = r.first || e.view.URL != r.ep.URL || e.view.Subject != r.ep.Subject
+	r.changed = r.epChanged || e.view.Signal.CapacityRPS != sig.CapacityRPS || e.view.Signal.Health != sig.Health
 	e.view.Signal = *sig
 	e.view.Received = now
-	e.view.URL, e.view.Subject = ep.URL, ep.Subject
+	e.view.URL, e.view.Subject = r.ep.URL, r.ep.Subject
 	e.view.Down = sig.Health <= 0
 	e.view.Silent = false
-	downChanged = first || prevDown != e.view.Down
-	if epChanged {
+	r.downChanged = r.first || prevDown != e.view.Down
+	if r.epChanged {
 		s.publishEndpointsLocked()
 	}
-	if downChanged || wasSilent {
+	if r.downChanged || r.wasSilent {
 		s.countDownLocked()
 	}
-	return e.view, first, changed, downChanged, wasSilent, true
+	r.view = e.view
+	return r, true
 }
 
 // reject counts a bad signal under reason and logs it at a bounded rate

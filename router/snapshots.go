@@ -42,9 +42,9 @@ type StoreOptions struct {
 	// marks, and the local policy's input. Nil disables the local policy.
 	Signals *Signals
 	// Guard, when set, is called on every refresh with each engine of each
-	// installed table and whether it should be skipped: the engine is down
-	// by its signals, or it has no endpoint at all (no signal yet and none
-	// in the table). It is idempotent; the service wires it to the
+	// installed table and whether it is down by its signals (an engine
+	// with no endpoint is the handler's to pass over, see
+	// Bound.Reachable). It is idempotent; the service wires it to the
 	// handler's LiveSet.
 	Guard func(model, engine string, down bool)
 	// Table tunes the selection tables built (default: TableOptions{}).
@@ -119,6 +119,9 @@ type SnapshotStore struct {
 	restarts  prometheus.Counter
 	watching  atomic.Bool
 	poison    *poison.Guard
+	caught    atomic.Bool // the stored snapshots were delivered once (CaughtUp)
+	failed    atomic.Bool // a watch attempt failed before catching up (WatchFailed)
+	routing   atomic.Bool // StartRouting was called
 }
 
 // Rejection reasons counted in switchyard_router_snapshots_rejected_total.
@@ -205,6 +208,44 @@ func (s *SnapshotStore) Models() []string { return s.view.Load().models }
 // Watching reports whether the weights watcher is currently established.
 func (s *SnapshotStore) Watching() bool { return s.watching.Load() }
 
+// CaughtUp reports whether the watcher has delivered, at least once, every
+// snapshot the bucket held for the cluster when it was created: from then
+// on PlannedEngines names every engine the stored snapshots plan for.
+func (s *SnapshotStore) CaughtUp() bool { return s.caught.Load() }
+
+// StartRouting tells the store that the router routes from now on (the
+// service calls it once it has heard from the engines). From then on a
+// fresh snapshot none of whose planned engines has an address gives way to
+// the local policy; before, while the engines' first signals are still
+// arriving, the snapshot is kept as it is.
+func (s *SnapshotStore) StartRouting() {
+	s.routing.Store(true)
+	s.Refresh()
+}
+
+// WatchFailed reports whether an attempt to watch the weights bucket
+// failed or ended before the store caught up (the bucket missing, or the
+// router not allowed to read it, or NATS unreachable).
+func (s *SnapshotStore) WatchFailed() bool { return s.failed.Load() }
+
+// PlannedEngines calls fn with every engine of positive weight in the
+// newest installed snapshot of each model, fresh or stale, until fn
+// returns false.
+func (s *SnapshotStore) PlannedEngines(fn func(model, engine string) bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for model, m := range s.models {
+		if m.snap == nil {
+			continue
+		}
+		for engine, w := range m.snap.Weights {
+			if w > 0 && !fn(model, engine) {
+				return
+			}
+		}
+	}
+}
+
 // Run watches the weights bucket and re-evaluates staleness and the local
 // policy every RefreshInterval until ctx ends. The watcher is re-created,
 // with backoff, whenever it fails or closes and after every NATS reconnect,
@@ -243,6 +284,9 @@ func (s *SnapshotStore) watchLoop(ctx context.Context) {
 		s.watching.Store(false)
 		if ctx.Err() != nil {
 			return
+		}
+		if !s.caught.Load() {
+			s.failed.Store(true)
 		}
 		s.restarts.Inc()
 		if time.Since(start) > 10*time.Second {
@@ -303,6 +347,11 @@ func (s *SnapshotStore) watchOnce(ctx context.Context) error {
 		// An ordered consumer does not take acknowledgements: a value this
 		// handler panics on is dropped by returning, and the next one served.
 		defer s.poison.Recover("weights", m.Subject(), func() { s.rejected.WithLabelValues(rejectPanic).Inc() })
+		defer func() {
+			if md, err := m.Metadata(); err == nil && md.NumPending == 0 {
+				s.caught.Store(true)
+			}
+		}()
 		key := strings.TrimPrefix(m.Subject(), prefix)
 		if op := m.Headers().Get("KV-Operation"); op != "" {
 			// Logged at a bounded rate: a writer deleting thousands of keys
@@ -323,6 +372,9 @@ func (s *SnapshotStore) watchOnce(ctx context.Context) error {
 		return fmt.Errorf("watch %s *.%s: %w", bucket, s.opts.Cluster, err)
 	}
 	defer cc.Stop()
+	if info := cons.CachedInfo(); info != nil && info.NumPending == 0 {
+		s.caught.Store(true) // nothing stored for this cluster
+	}
 	go func() {
 		select {
 		case <-cc.Closed():
@@ -561,6 +613,12 @@ func (s *SnapshotStore) refreshLocked(now time.Time, force bool) {
 	view := &storeView{tables: make(map[string]tableEntry, len(s.models))}
 	for name, m := range s.models {
 		fresh := m.snap != nil && now.Sub(time.UnixMilli(m.snap.Time)) <= s.opts.StaleAfter
+		// A fresh snapshot none of whose planned engines the router can
+		// reach (stored by an earlier run for engines that are gone) would
+		// answer every request 503 until the optimizer plans the engines
+		// that are here: the local policy serves them meanwhile.
+		unreachable := fresh && s.routing.Load() && !s.reachableLocked(name, m)
+		fresh = fresh && !unreachable
 		var entry tableEntry
 		if fresh {
 			entry = tableEntry{table: m.snapTable, info: Info{Generation: m.snap.Generation, Mode: ModeSnapshot,
@@ -596,6 +654,8 @@ func (s *SnapshotStore) refreshLocked(now time.Time, force bool) {
 				ev.Msg("routing by the optimizer's weight snapshot")
 			case m.snap == nil:
 				ev.Msg("no weight snapshot yet; routing by the local policy over live engine signals")
+			case unreachable:
+				ev.Msg("no engine the weight snapshot plans for has an address (none signalled); routing by the local policy over live engine signals")
 			default:
 				ev.Dur("snapshot_age", now.Sub(time.UnixMilli(m.snap.Time))).Dur("stale_after", s.opts.StaleAfter).
 					Msg("weight snapshot is stale; routing by the local policy over live engine signals")
@@ -611,6 +671,30 @@ func (s *SnapshotStore) refreshLocked(now time.Time, force bool) {
 		return
 	}
 	s.view.Store(view)
+}
+
+// reachableLocked reports whether model's snapshot table has an engine of
+// positive weight with an address, from the table or its signals (true
+// without Signals, and for a snapshot that plans no engine at all).
+func (s *SnapshotStore) reachableLocked(model string, m *storeModel) bool {
+	if s.opts.Signals == nil || m.snapTable == nil {
+		return true
+	}
+	weighted := 0
+	for i := 0; i < m.snapTable.Len(); i++ {
+		e := m.snapTable.Engine(i)
+		if e.Weight <= 0 {
+			continue
+		}
+		weighted++
+		if e.URL != "" || e.Subject != "" {
+			return true
+		}
+		if ep, ok := s.opts.Signals.Endpoints(model, e.Name); ok && (ep.URL != "" || ep.Subject != "") {
+			return true
+		}
+	}
+	return weighted == 0
 }
 
 func sameView(a, b *storeView) bool {
@@ -702,13 +786,12 @@ func (s *SnapshotStore) guardListLocked() []guardMark {
 			eng := e.table.Engine(i)
 			down := false
 			if s.opts.Signals != nil {
+				// An engine without an address is the handler's to pass
+				// over (Bound.Reachable), not down: marking it down here
+				// could override the up mark of a first signal that
+				// arrived since this list was made.
 				v, ok := s.opts.Signals.Engine(model, eng.Name)
-				switch {
-				case ok:
-					down = v.Down || (v.URL == "" && v.Subject == "" && eng.URL == "" && eng.Subject == "")
-				default:
-					down = eng.URL == "" && eng.Subject == ""
-				}
+				down = ok && v.Down
 			}
 			out = append(out, guardMark{model, eng.Name, down})
 		}

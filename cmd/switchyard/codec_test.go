@@ -40,6 +40,11 @@ func TestCodecErrors(t *testing.T) {
 	}{
 		{"decode garbage", []string{"decode"}, "not msgpack", 1, "malformed"},
 		{"decode nothing", []string{"decode"}, "", 2, "no input"},
+		// A signal whose tx claims 2^31-1 elements: rejected by the
+		// structure check, not an out-of-memory crash.
+		{"decode array32 poison", []string{"decode"}, "\x83\xa1v\x01\xa1k\xa6signal\xa2tx\xdd\x7f\xff\xff\xff", 1, "claims 2147483647"},
+		{"decode map32 poison", []string{"decode"}, "\x83\xa1v\x01\xa1k\xa6report\xa2eo\xdf\x7f\xff\xff\xff", 1, "claims 2147483647 entries"},
+		{"decode trailing bytes", []string{"decode"}, "\x82\xa1v\x01\xa1k\xa6signal\xc0", 1, "after the message"},
 		{"encode unknown kind", []string{"encode", "gizmo"}, "{}", 2, "gizmo"},
 		{"encode NaN-like", []string{"encode", "signal"}, `{"model":"m","engine":"e","health":2}`, 2, "health"},
 		{"encode bad name", []string{"encode", "signal"}, `{"model":"m","engine":"e.x"}`, 2, "e.x"},

@@ -535,7 +535,12 @@ func (a *Aggregator) loadEntry(bucket string, e jetstream.KeyValueEntry, now tim
 			return
 		}
 		last := time.UnixMilli(s.LastSignal)
-		if last.After(now) {
+		if last.After(now) || s.Status != messages.StatusDown {
+			// Silence counts from when this aggregator could first hear the
+			// engine, as a router's does after a reconnect: an engine up when
+			// the last run stopped is not made stale or down (and slow-started
+			// by the optimizer) before its first signal of this run could
+			// arrive.
 			last = now
 		}
 		ent := &engineEntry{state: *s, lastSeen: last}

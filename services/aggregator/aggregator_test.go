@@ -407,3 +407,65 @@ func TestCrashMidBacklog(t *testing.T) {
 	publishBacklog(t, ctx, env, "engine-z", n+1, 10)
 	waitFolded(t, kv, "llama.engine-z", n+10, n)
 }
+
+// TestRestartCountsSilenceFromStart: engine states an earlier run left in
+// sy_engines, last signalled 20 s ago, are not made stale or down by the
+// restarted aggregator's first writes, before the engines' first signals of
+// this run could arrive: silence counts from the aggregator's start. An
+// engine that stays silent still goes stale, then down, on the usual
+// bounds from then on, and one that was down stays down.
+func TestRestartCountsSilenceFromStart(t *testing.T) {
+	env := testenv.StartNATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	kv, err := env.JS.KeyValue(ctx, env.Names.EnginesBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := time.Now().Add(-20 * time.Second).UnixMilli()
+	for _, st := range []messages.EngineState{
+		{Model: "llama", Engine: "was-up", Status: messages.StatusUp, Time: last, LastSignal: last, CapacityRPS: 50, Health: 1, Replicas: 1},
+		{Model: "llama", Engine: "was-down", Status: messages.StatusDown, Time: last, LastSignal: last, CapacityRPS: 50, Health: 1, Replicas: 1},
+	} {
+		data, err := messages.Encode(&st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kv.Put(ctx, "llama."+st.Engine, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	stop := startAggregator(t, env, prometheus.NewRegistry()) // stale after 300 ms, down after 800 ms
+	defer stop()
+	w, err := kv.Watch(ctx, "llama.was-up", jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = w.Stop() }()
+	firstNotUp := time.Duration(-1)
+	for firstNotUp < 0 {
+		select {
+		case e := <-w.Updates():
+			var s messages.EngineState
+			if err := messages.DecodeInto(e.Value(), &s); err != nil {
+				t.Fatal(err)
+			}
+			if s.Status != messages.StatusUp {
+				firstNotUp = time.Since(start)
+			}
+		case <-ctx.Done():
+			t.Fatal("the silent engine never went stale")
+		}
+	}
+	if firstNotUp < 300*time.Millisecond {
+		t.Fatalf("the engine was written %s after the aggregator's start %v: before its stale bound of 300 ms", "not up", firstNotUp)
+	}
+	testenv.WaitFor(t, 3*time.Second, "the silent engine down", func() bool {
+		s, ok := engineState(t, kv, "llama.was-up")
+		return ok && s.Status == messages.StatusDown
+	})
+	if s, ok := engineState(t, kv, "llama.was-down"); !ok || s.Status != messages.StatusDown {
+		t.Fatalf("the engine down before the restart: %+v", s)
+	}
+}
