@@ -560,21 +560,29 @@ func reportAheadCase(name string, ahead time.Duration) busCase {
 // optimizer wrote after t0.
 func (h *hostileEnv) requireNewSnapshot(cluster string, t0 time.Time) {
 	h.t.Helper()
+	h.checkFor(hostileRecover, "router of "+cluster+" installs a snapshot the optimizer wrote after the input", func() (bool, string) {
+		return h.hasNewSnapshot(cluster, t0)
+	})
+}
+
+// hasNewSnapshot reports whether cluster's router holds a snapshot the
+// optimizer (not the test, which signs its forgeries "hostile") wrote
+// after t0, and what it holds.
+func (h *hostileEnv) hasNewSnapshot(cluster string, t0 time.Time) (bool, string) {
 	for _, r := range h.s.Routers() {
 		if r.Handler().Readiness().Cluster != cluster {
 			continue
 		}
-		h.checkFor(hostileRecover, "router of "+cluster+" installs a snapshot written after the input", func() (bool, string) {
-			snap, ok := r.Store().Snapshot(hostileModel)
-			if !ok {
-				return false, "no snapshot"
-			}
-			return snap.Time > t0.UnixMilli() && snap.Generation < math.MaxUint64/2,
-				fmt.Sprintf("holds generation %d of %s (input sent %s)", snap.Generation, time.UnixMilli(snap.Time).Format(time.TimeOnly), t0.Format(time.TimeOnly))
-		})
-		return
+		snap, ok := r.Store().Snapshot(hostileModel)
+		if !ok {
+			return false, "no snapshot"
+		}
+		mode := r.Handler().Readiness().Mode
+		return snap.Time > t0.UnixMilli() && snap.Generation < math.MaxUint64/2 && snap.Writer != "hostile" && mode == router.ModeSnapshot,
+			fmt.Sprintf("holds generation %d of %s by %q, mode %s (input sent %s)", snap.Generation,
+				time.UnixMilli(snap.Time).Format(time.TimeOnly), snap.Writer, mode, t0.Format(time.TimeOnly))
 	}
-	h.t.Fatalf("no router of cluster %s", cluster)
+	return false, "no router of cluster " + cluster
 }
 
 // requireOptimizerStarts starts a second optimizer instance on the stack's
@@ -671,7 +679,18 @@ func TestReliabilityHostileWeights(t *testing.T) {
 				s.Weights, s.SlotEngines, s.Slots, s.Utilisation, s.LatencyMs = map[string]float64{"ghost": 1}, nil, nil, nil, nil
 			}),
 			// A snapshot naming only an engine nobody has an address for is
-			// routed around: valid requests are still served.
+			// routed around (the router may fall back to its local policy):
+			// every valid request is served meanwhile, until the router
+			// holds the optimizer's next snapshot (its heartbeat rewrites
+			// within 10 s).
+			check: func(h *hostileEnv, sent time.Time) {
+				h.checkFor(hostileRecover, "router of B serves every request until it installs the optimizer's next snapshot", func() (bool, string) {
+					if st := h.statuses(1); !allOK(st) {
+						h.t.Fatalf("while a snapshot names only an unknown engine, valid requests were answered %v", st)
+					}
+					return h.hasNewSnapshot("B", sent)
+				})
+			},
 		},
 	})
 }
