@@ -30,7 +30,7 @@ import (
 // that the stack serves every valid request again within hostileRecover.
 // Its bounds are real-time, so it runs without -race (.ci/run's
 // TestReliability step). Each test runs its own stack; all but
-// TestReliabilityHostileClients, which measures the process's allocations,
+// TestReliabilityHostileBodies, which measures the process's allocations,
 // run in parallel, as they spend most of their time waiting on bounds.
 
 // Metric series the cases expect to rise.
@@ -46,7 +46,7 @@ var (
 // recovered, so that a late effect of an input (an engine marked down a
 // few signals later, weights moved on the next solve) fails that case and
 // not the next: several signal intervals, aggregator writes and a report.
-const hostileSettle = 1500 * time.Millisecond
+const hostileSettle = time.Second
 
 // hostileLogBudget bounds the warn-or-worse lines a burst of bad input may
 // cost each component that reads it (the aggregator and every router):
@@ -240,8 +240,8 @@ func TestReliabilityHostileBus(t *testing.T) {
 		counted: [][]metricRef{{aggBadSignals}, {routerBadSig}}, min: float64(len(signalShapes)),
 	})
 	// Values a validator must refuse, on a real engine's subject (what held
-	// up in the probe, and must keep holding).
-	for name, mutate := range map[string]func(*messages.EngineSignal){
+	// up in the probe, and must keep holding), all in one case.
+	invalid := map[string]func(*messages.EngineSignal){
 		"ttft-nan":           func(s *messages.EngineSignal) { s.TTFTMs = math.NaN() },
 		"capacity-inf":       func(s *messages.EngineSignal) { s.CapacityRPS = math.Inf(1) },
 		"queue-negative":     func(s *messages.EngineSignal) { s.Queue = -1 },
@@ -250,18 +250,20 @@ func TestReliabilityHostileBus(t *testing.T) {
 		"version-2":          func(s *messages.EngineSignal) { s.Version = 2 },
 		"name-not-subject":   func(s *messages.EngineSignal) { s.Engine = "engine-c" },
 		"name-with-wildcard": func(s *messages.EngineSignal) { s.Engine = "engine-*" },
-	} {
-		cases = append(cases, busCase{
-			name: "signal-" + name,
-			send: func(h *hostileEnv) {
+	}
+	cases = append(cases, busCase{
+		name: fmt.Sprintf("signal-invalid-values-x%d", len(invalid)),
+		send: func(h *hostileEnv) {
+			for name, mutate := range invalid {
 				sig := h.realSignal("engine-a")
 				sig.Seq++
 				mutate(sig)
+				h.t.Logf("publishing %s", name)
 				h.publish(signalSubject("engine-a"), rawEncode(h.t, sig))
-			},
-			counted: [][]metricRef{{aggBadSignals}, {routerBadSig}}, min: 1,
-		})
-	}
+			}
+		},
+		counted: [][]metricRef{{aggBadSignals}, {routerBadSig}}, min: float64(len(invalid)),
+	})
 	cases = append(cases, busCase{
 		// 600 of these took the unfixed aggregator ~20 s and 600 MB: 200
 		// must be counted within a few seconds.
@@ -719,9 +721,11 @@ func TestReliabilityHostileInventedEngines(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	// The default ForgetAfter (10 minutes) is too long for a test: the
-	// mechanism is the same at 8 s, just above the default DownAfter.
-	h := hostileStart(t, ctx, hostileOptions{aggregator: aggregator.Options{ForgetAfter: hostileForget}})
+	// The default silence bounds (DownAfter 6 s, ForgetAfter 10 minutes;
+	// a router's record goes after ten DownAfters) are too long for a
+	// test: the mechanisms are the same with shorter ones.
+	h := hostileStart(t, ctx, hostileOptions{aggregator: aggregator.Options{
+		StaleAfter: time.Second, DownAfter: hostileDown, ForgetAfter: hostileForget}})
 	keysBefore, err := h.kvKeys("sy_engines", "")
 	if err != nil {
 		t.Fatal(err)
@@ -793,16 +797,18 @@ func TestReliabilityHostileInventedEngines(t *testing.T) {
 		time.Since(sent).Seconds(), hostileForget)
 }
 
-// hostileForget is the aggregator's ForgetAfter in the invented-names test,
-// and hostileExpire bounds how long after the test starts waiting the
-// state of an engine or router that stopped publishing may outlive it: its
-// last write (when it goes down, DownAfter after its last signal) plus
-// ForgetAfter as the value's TTL, then the server's TTL sweep and the
-// dashboard's watcher; three ForgetAfters leave room for a loaded host
-// while still failing state that never expires.
+// hostileDown and hostileForget are the aggregator's DownAfter and
+// ForgetAfter in the invented-names test, and hostileExpire bounds how long
+// after the test starts waiting the state of an engine or router that
+// stopped publishing may outlive it: an engine's last write (when it goes
+// down) plus ForgetAfter as the value's TTL, a router's record ten
+// DownAfters after its last report, then the server's TTL sweep and the
+// dashboard's watcher; twice the longer of the two leaves room for a
+// loaded host while still failing state that never expires.
 const (
+	hostileDown   = 2 * time.Second
 	hostileForget = 8 * time.Second
-	hostileExpire = 3 * hostileForget
+	hostileExpire = 2 * max(hostileDown+hostileForget, 10*hostileDown)
 )
 
 // TestReliabilityHostileLayout deletes the streams and buckets the
@@ -952,6 +958,7 @@ const hostileStartProbe = 10 * time.Second
 // bodies to the routers over HTTP.
 func TestReliabilityHostileClients(t *testing.T) {
 	relSkipUnderRace(t)
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	h := hostileStart(t, ctx, hostileOptions{})
@@ -1065,6 +1072,16 @@ func TestReliabilityHostileClients(t *testing.T) {
 		}
 		h.requireHealthy("after bad requests on an engine's subject")
 	})
+}
+
+// TestReliabilityHostileBodies sends pathological 8 MiB bodies to the
+// routers over HTTP. It does not run in parallel with the other hostile
+// tests: it measures the process's allocations.
+func TestReliabilityHostileBodies(t *testing.T) {
+	relSkipUnderRace(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	h := hostileStart(t, ctx, hostileOptions{})
 
 	t.Run("8MiB-messages-of-ones", func(t *testing.T) {
 		h.t = t
