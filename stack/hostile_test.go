@@ -1125,8 +1125,11 @@ func TestReliabilityHostileBodies(t *testing.T) {
 				t.Fatalf("concurrent pathological body %d answered %d, want 400", i, st)
 			}
 		}
-		if st := h.post(r, onesBody(9<<20)); st != http.StatusRequestEntityTooLarge && st != http.StatusBadRequest {
-			t.Fatalf("a 9 MiB body answered %d, want 413", st)
+		// Over the limit: 413, or the connection closed by the router
+		// while the client still writes (status 0: the client may see the
+		// reset before the answer); never accepted.
+		if st, b := h.postBody(r, onesBody(9<<20)); st != http.StatusRequestEntityTooLarge && st != 0 {
+			t.Fatalf("a 9 MiB body answered %d (%.200s), want 413", st, b)
 		}
 		h.requireHealthy("after pathological bodies")
 	})
