@@ -12,7 +12,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/switchyard-dev/switchyard/services/engine"
+
+	"github.com/switchyard-dev/switchyard/messages"
 )
 
 // maxBody bounds an inference request body.
@@ -290,7 +291,7 @@ func (e *Engine) adminRoutes() http.Handler {
 // tag sets the engine header on every response.
 func (e *Engine) tag(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set(engine.HeaderEngine, e.opts.Name)
+		w.Header().Set(messages.NATSHeaderEngine, e.opts.Name)
 		h.ServeHTTP(w, r)
 	})
 }
