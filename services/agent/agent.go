@@ -54,6 +54,12 @@ const (
 	DefaultMaxBodyBytes = 16 << 20
 )
 
+// The largest values a signal accepts (messages validation).
+const (
+	maxMs   = 86_400_000
+	maxRate = 1e9
+)
+
 // ErrOptions wraps every Options or EngineConfig validation error.
 var ErrOptions = errors.New("agent: invalid options")
 
@@ -518,10 +524,12 @@ func (r *runner) publish(ctx context.Context) {
 
 	sig := messages.EngineSignal{
 		Version: messages.SchemaVersion, Kind: messages.KindSignal,
-		TTFTMs: v.TTFTMs, TBTMs: v.TBTMs, Queue: v.Queue, Running: v.Running,
-		MaxRunning: v.MaxRunning, KVUse: v.KVUse, CapacityRPS: v.CapacityRPS,
-		LoadRPS: v.LoadRPS, OutputTokens: math.Min(v.OutputTokens, 1e7), Replicas: r.cfg.Replicas,
-		Health: health, BaseLatencyMs: v.BaseLatencyMs,
+		// Clamped to the signal's ranges: an engine's absurd counter must
+		// not make every signal invalid.
+		TTFTMs: math.Min(v.TTFTMs, maxMs), TBTMs: math.Min(v.TBTMs, maxMs), Queue: v.Queue, Running: v.Running,
+		MaxRunning: v.MaxRunning, KVUse: v.KVUse, CapacityRPS: math.Min(v.CapacityRPS, maxRate),
+		LoadRPS: math.Min(v.LoadRPS, maxRate), OutputTokens: math.Min(v.OutputTokens, 1e7), Replicas: r.cfg.Replicas,
+		Health: health, BaseLatencyMs: math.Min(v.BaseLatencyMs, maxMs),
 		Transports: []messages.Transport{{Kind: messages.TransportHTTP, Address: r.cfg.Advertise}},
 	}
 	if down {

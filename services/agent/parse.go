@@ -75,8 +75,8 @@ type Sample struct {
 	PrefixHits, PrefixQueries, PrefixHitRate Counter
 	// BlockSize and GPUBlocks come from vLLM's cache_config_info labels.
 	BlockSize, GPUBlocks Counter
-	// Series is how many series the text held; Repaired how many bad lines were dropped.
-	Series, Repaired int
+	// Repaired is how many bad lines Parse dropped.
+	Repaired int
 }
 
 // agg says how several series of one family combine.
@@ -188,6 +188,11 @@ type Parser struct {
 	format      Format
 	d           dialect
 	servedModel string
+	// wanted holds the sample names the dialect reads (a histogram's _sum
+	// and _count, never its buckets): Parse hands only those lines to the
+	// text parser, which keeps the cost of a scrape independent of the
+	// hundreds of series an engine exposes for dashboards.
+	wanted map[string]bool
 }
 
 // NewParser returns a Parser for format. servedModel, when not empty, keeps
@@ -198,7 +203,62 @@ func NewParser(format Format, servedModel string) (*Parser, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w %q, want one of %v", ErrUnknownFormat, format, Formats())
 	}
-	return &Parser{format: format, d: d, servedModel: servedModel}, nil
+	w := map[string]bool{"vllm:cache_config_info": true}
+	for _, f := range d.fields {
+		for _, n := range f.names {
+			w[n] = true
+			if f.hist != nil {
+				w[n+"_sum"], w[n+"_count"] = true, true
+			}
+		}
+	}
+	for _, r := range d.ratios {
+		w[r.sum], w[r.count] = true, true
+	}
+	return &Parser{format: format, d: d, servedModel: servedModel, wanted: w}, nil
+}
+
+// filter returns the lines of text that name a wanted sample or declare the
+// TYPE of a wanted family; HELP lines, other families and histogram buckets
+// are left out.
+func (p *Parser) filter(text []byte) []byte {
+	out := make([]byte, 0, len(text)/4)
+	for len(text) > 0 {
+		line := text
+		if i := bytes.IndexByte(text, '\n'); i >= 0 {
+			line, text = text[:i+1], text[i+1:]
+		} else {
+			text = nil
+		}
+		l := bytes.TrimLeft(line, " \t")
+		if bytes.HasPrefix(l, []byte("#")) {
+			rest, ok := bytes.CutPrefix(bytes.TrimLeft(l[1:], " \t"), []byte("TYPE"))
+			if !ok {
+				continue
+			}
+			name, _, _ := bytes.Cut(bytes.TrimLeft(rest, " \t"), []byte(" "))
+			if p.wanted[string(name)] {
+				out = appendLine(out, line)
+			}
+			continue
+		}
+		end := bytes.IndexAny(l, "{ \t")
+		if end < 0 {
+			continue
+		}
+		if p.wanted[string(l[:end])] {
+			out = appendLine(out, line)
+		}
+	}
+	return out
+}
+
+func appendLine(out, line []byte) []byte {
+	out = append(out, line...)
+	if len(line) == 0 || line[len(line)-1] != '\n' {
+		out = append(out, '\n')
+	}
+	return out
 }
 
 // Parse reads a Prometheus text exposition. A line the text parser rejects
@@ -213,6 +273,7 @@ func (p *Parser) Parse(text []byte) (s Sample, err error) {
 			s, err = Sample{}, fmt.Errorf("%w: parser panic: %v", ErrMetrics, r)
 		}
 	}()
+	text = p.filter(text)
 	var fams map[string]*dto.MetricFamily
 	for attempt := 0; ; attempt++ {
 		tp := expfmt.NewTextParser(model.UTF8Validation)
@@ -227,8 +288,8 @@ func (p *Parser) Parse(text []byte) (s Sample, err error) {
 		}
 		text = dropLine(text, pe.Line)
 	}
-	for _, mf := range fams {
-		s.Series += len(mf.GetMetric())
+	if len(fams) == 0 {
+		return Sample{}, fmt.Errorf("%w: no %s metric in %d bytes of text (is the engine's metrics format %s?)", ErrMetrics, p.format, len(text), p.format)
 	}
 	for i := range p.d.fields {
 		p.read(&s, fams, &p.d.fields[i])

@@ -120,7 +120,7 @@ func TestParseRepairsAFewBadLines(t *testing.T) {
 	p, _ := NewParser(FormatVLLM, "")
 	text := string(readFixture(t, "vllm.txt"))
 	text = strings.Replace(text, "# TYPE vllm:num_requests_waiting gauge\n",
-		"# TYPE vllm:num_requests_waiting gauge\nvllm:broken{le=\"x\" 1\n", 1)
+		"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"9\" 1\n", 1)
 	s, err := p.Parse([]byte(text))
 	if err != nil {
 		t.Fatalf("Parse with one bad line: %v", err)
@@ -131,9 +131,14 @@ func TestParseRepairsAFewBadLines(t *testing.T) {
 	want(t, "running after repair", s.Running, 8)
 	want(t, "waiting after repair", s.Waiting, 2)
 
-	garbage := strings.Repeat("}{ not metrics\n", 50)
-	if _, err := p.Parse([]byte(garbage)); !errors.Is(err, ErrMetrics) {
-		t.Errorf("Parse(garbage) = %v, want ErrMetrics", err)
+	for name, text := range map[string]string{
+		"garbage in wanted names": strings.Repeat("vllm:num_requests_running{{{ not metrics\n", 50),
+		"another engine's text":   string(readFixture(t, "sglang.txt")),
+		"empty":                   "",
+	} {
+		if _, err := p.Parse([]byte(text)); !errors.Is(err, ErrMetrics) {
+			t.Errorf("Parse(%s) = %v, want ErrMetrics", name, err)
+		}
 	}
 }
 
