@@ -504,13 +504,17 @@ func (r *runner) publish(ctx context.Context) {
 	r.mu.Lock()
 	down := r.healthFail >= r.a.opts.HealthFailures
 	fresh := !r.lastOK.IsZero() && time.Since(r.lastOK) <= r.a.opts.StaleAfter
+	if r.lastOK.IsZero() && !down {
+		r.mu.Unlock()
+		return // nothing seen yet: nothing to publish
+	}
 	if !fresh && !down {
 		r.st.Silent++
 		r.a.m.signals.WithLabelValues(r.cfg.Model, r.cfg.Name, "silent").Inc()
-		if !r.silent && !r.lastOK.IsZero() {
+		if !r.silent {
 			r.log.Warn().Dur("stale_after", r.a.opts.StaleAfter).Msg("engine metrics unreachable, not publishing (routers treat it as unknown)")
 		}
-		r.silent = !r.lastOK.IsZero()
+		r.silent = true
 		r.mu.Unlock()
 		return
 	}
