@@ -63,6 +63,11 @@ const (
 // ErrOptions wraps every Options or EngineConfig validation error.
 var ErrOptions = errors.New("agent: invalid options")
 
+// ErrNoConn is the validation error of an Options without a NATS connection
+// (it wraps ErrOptions); Validate reports it only when everything else is
+// valid, so a command can check its flags before it connects.
+var ErrNoConn = fmt.Errorf("%w: Options.Conn is nil, want a NATS connection", ErrOptions)
+
 // EngineConfig is one engine the agent serves.
 type EngineConfig struct {
 	// Name is the engine's Switchyard name (a NATS token). Required.
@@ -103,6 +108,9 @@ type Options struct {
 	// HTTPClient, when set, does the scrapes (its own timeout is not used:
 	// ScrapeTimeout bounds each request).
 	HTTPClient *http.Client
+	// Registerer receives the agent's switchyard_agent_* metrics; nil means
+	// a registry of the agent's own (Agent.Registry).
+	Registerer prometheus.Registerer
 	// Logger receives the agent's log.
 	Logger zerolog.Logger
 }
@@ -162,8 +170,6 @@ func (o Options) Validate() error {
 		return fmt.Errorf("%w: %s", ErrOptions, fmt.Sprintf(format, args...))
 	}
 	switch {
-	case o.Conn == nil:
-		return bad("Options.Conn is nil, want a NATS connection")
 	case len(o.Engines) == 0:
 		return bad("Options.Engines is empty, want at least one engine")
 	case o.Interval < 10*time.Millisecond:
@@ -191,6 +197,9 @@ func (o Options) Validate() error {
 			return bad("%s: engine %q of model %q is given twice", f, e.Name, e.Model)
 		}
 		seen[key] = true
+	}
+	if o.Conn == nil {
+		return ErrNoConn
 	}
 	return nil
 }
@@ -277,7 +286,15 @@ func New(opts Options) (*Agent, error) {
 	opts = opts.withDefaults()
 	a := &Agent{opts: opts, reg: prometheus.NewRegistry(),
 		log: opts.Logger.With().Str("component", "agent").Logger()}
-	a.m = newAgentMetrics(a.reg)
+	var reg prometheus.Registerer = a.reg
+	if opts.Registerer != nil {
+		reg = opts.Registerer
+	}
+	m, err := newAgentMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("agent: register metrics: %w", err)
+	}
+	a.m = m
 	for _, ec := range opts.Engines {
 		parser, err := NewParser(ec.Format, ec.ServedModel)
 		if err != nil {
@@ -301,7 +318,8 @@ func New(opts Options) (*Agent, error) {
 	return a, nil
 }
 
-// Registry returns the agent's Prometheus registry (switchyard_agent_* metrics).
+// Registry returns the agent's own Prometheus registry, which holds its
+// switchyard_agent_* metrics unless Options.Registerer was given.
 func (a *Agent) Registry() *prometheus.Registry { return a.reg }
 
 // Stats returns the counters of the engine named name of model, and false
@@ -559,7 +577,7 @@ type agentMetrics struct {
 	scrapeSeconds                            *prometheus.HistogramVec
 }
 
-func newAgentMetrics(reg *prometheus.Registry) *agentMetrics {
+func newAgentMetrics(reg prometheus.Registerer) (*agentMetrics, error) {
 	l := []string{"model", "engine"}
 	m := &agentMetrics{
 		scrapes: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -579,6 +597,10 @@ func newAgentMetrics(reg *prometheus.Registry) *agentMetrics {
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 8),
 		}, l),
 	}
-	reg.MustRegister(m.scrapes, m.signals, m.resets, m.healthFailures, m.scrapeSeconds)
-	return m
+	for _, c := range []prometheus.Collector{m.scrapes, m.signals, m.resets, m.healthFailures, m.scrapeSeconds} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
 }
