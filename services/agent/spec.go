@@ -19,7 +19,7 @@ import (
 func ParseEngineSpec(spec, defaultModel, defaultRegion string) (EngineConfig, error) {
 	e := EngineConfig{Model: defaultModel, Region: defaultRegion}
 	if strings.TrimSpace(spec) == "" {
-		return e, fmt.Errorf("%w: engine spec is empty, want name=...,url=...,metrics=...", ErrOptions)
+		return e, fmt.Errorf("%w: engine spec is empty, want name=NAME,url=URL,metrics=FORMAT", ErrOptions)
 	}
 	seen := map[string]bool{}
 	for _, kv := range strings.Split(spec, ",") {
