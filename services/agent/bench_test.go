@@ -1,9 +1,13 @@
 package agent
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // vllmText200 renders a vLLM-shaped /metrics text of 200 series: the gauges
@@ -43,6 +47,7 @@ func vllmText200() (string, int) {
 		{"vllm:time_to_first_token_seconds", []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560}},
 		{"vllm:inter_token_latency_seconds", []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}},
 		{"vllm:e2e_request_latency_seconds", []float64{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680}},
+		{"vllm:request_queue_time_seconds", []float64{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680}},
 	}
 	for _, hs := range hists {
 		fmt.Fprintf(&b, "# HELP %s h.\n# TYPE %s histogram\n", hs.name, hs.name)
@@ -62,18 +67,34 @@ func vllmText200() (string, int) {
 	return b.String(), series
 }
 
-// BenchmarkParseVLLM200 measures one scrape's parse of a 200-series vLLM text.
+// BenchmarkParseVLLM200 measures one scrape's parse of a 200-series vLLM
+// text: "agent" is Parser.Parse as the agent runs it; "expfmt-all" hands the
+// whole text to the text parser, for comparison in the same run.
 func BenchmarkParseVLLM200(b *testing.B) {
 	text, series := vllmText200()
-	p, _ := NewParser(FormatVLLM, "")
-	data := []byte(text)
-	b.SetBytes(int64(len(data)))
-	b.ReportAllocs()
-	b.ReportMetric(float64(series), "series")
-	for b.Loop() {
-		s, err := p.Parse(data)
-		if err != nil || !s.TTFT.OK {
-			b.Fatalf("parse: %v", err)
-		}
+	if series < 200 {
+		b.Fatalf("fixture has %d series, want >= 200", series)
 	}
+	data := []byte(text)
+	b.Run("agent", func(b *testing.B) {
+		p, _ := NewParser(FormatVLLM, "")
+		b.SetBytes(int64(len(data)))
+		b.ReportAllocs()
+		for b.Loop() {
+			s, err := p.Parse(data)
+			if err != nil || !s.TTFT.OK {
+				b.Fatalf("parse: %v", err)
+			}
+		}
+	})
+	b.Run("expfmt-all", func(b *testing.B) {
+		b.SetBytes(int64(len(data)))
+		b.ReportAllocs()
+		for b.Loop() {
+			tp := expfmt.NewTextParser(model.UTF8Validation)
+			if _, err := tp.TextToMetricFamilies(bytes.NewReader(data)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
