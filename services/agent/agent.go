@@ -364,7 +364,13 @@ type runner struct {
 	healthFail int       // consecutive definite health failures
 	silent     bool
 	st         EngineStats
+	// lastScrapeWarn and healthUnserved keep the log to a line per fault.
+	lastScrapeWarn time.Time
+	healthUnserved bool
 }
+
+// scrapeWarnEvery is the least time between two scrape-failure log lines of one engine.
+const scrapeWarnEvery = 30 * time.Second
 
 func (r *runner) stats() EngineStats {
 	r.mu.Lock()
@@ -431,8 +437,11 @@ func (r *runner) scrape(ctx context.Context) {
 	if err != nil {
 		r.st.ScrapeFailures++
 		r.a.m.scrapes.WithLabelValues(r.cfg.Model, r.cfg.Name, scrapeResult(err)).Inc()
-		if ctx.Err() == nil {
-			r.log.Debug().Err(err).Str("url", r.metricsURL).Msg("metrics scrape failed")
+		if ctx.Err() == nil && time.Since(r.lastScrapeWarn) >= scrapeWarnEvery {
+			// At most one line per scrapeWarnEvery: an engine started without
+			// its metrics endpoint (llama.cpp without --metrics) fails every scrape.
+			r.lastScrapeWarn = time.Now()
+			r.log.Warn().Err(err).Str("url", r.metricsURL).Uint64("failures", r.st.ScrapeFailures).Msg("metrics scrape failed")
 		}
 		return
 	}
@@ -497,9 +506,18 @@ func (r *runner) get(ctx context.Context, u string, limit int64) ([]byte, error)
 func (r *runner) probeHealth(ctx context.Context) {
 	_, err := r.get(ctx, r.healthURL, 64<<10)
 	var st errStatus
-	definite := errors.As(err, &st) || errors.Is(err, syscall.ECONNREFUSED)
+	isStatus := errors.As(err, &st)
+	// 404 and 405 say the path is not served (a misconfigured health_path),
+	// not that the engine is down: such an engine's health then follows
+	// refused connections only.
+	unserved := isStatus && (st.code == http.StatusNotFound || st.code == http.StatusMethodNotAllowed)
+	definite := (isStatus && !unserved) || errors.Is(err, syscall.ECONNREFUSED)
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if unserved && !r.healthUnserved {
+		r.healthUnserved = true
+		r.log.Warn().Int("status", st.code).Str("url", r.healthURL).Msg("health path not served; set health_path (health follows refused connections only)")
+	}
 	switch {
 	case err == nil:
 		if r.healthFail >= r.a.opts.HealthFailures {

@@ -360,3 +360,18 @@ func TestAgentEngineRestartAndCrash(t *testing.T) {
 		t.Errorf("the other engine of the agent has health %v", es.Health)
 	}
 }
+
+// TestAgentUnservedHealthPathIsNotDown: a health path the engine does not
+// serve (404) is a configuration fault, not a down engine.
+func TestAgentUnservedHealthPathIsNotDown(t *testing.T) {
+	n := testenv.StartNATS(t)
+	sim := startVLLMSim(t, "v5")
+	ec := engineConfig("v5", sim.URL())
+	ec.HealthPath = "/not-served"
+	a := runAgent(t, agent.Options{Conn: n.Conn, Engines: []agent.EngineConfig{ec},
+		Interval: 30 * time.Millisecond, HealthFailures: 2, Logger: zerolog.Nop()})
+	testenv.WaitFor(t, 5*time.Second, "signals", func() bool { es, _ := a.Stats("llama", "v5"); return es.Published >= 10 })
+	if es, _ := a.Stats("llama", "v5"); es.Health != 1 || es.HealthFailures != 0 {
+		t.Errorf("health %v after %d failures, want 1 and 0 for a 404 health path", es.Health, es.HealthFailures)
+	}
+}

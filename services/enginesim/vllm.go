@@ -62,7 +62,7 @@ func newVLLMMetrics(e *Engine, reg *prometheus.Registry) *vllmMetrics {
 		itl:  hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", token),
 		tpot: hist("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.", token),
 		e2e:  hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", latency),
-		gens: hist("vllm:request_generation_tokens", "Number of generation tokens processed.", prometheus.ExponentialBucketsRange(1, 1<<20, 21)),
+		gens: hist("vllm:request_generation_tokens", "Number of generation tokens processed.", buckets125(max(1, e.opts.KVTokens))),
 	}
 	for _, reason := range []string{"stop", "length", "abort"} {
 		m.success.WithLabelValues(reason) // vLLM exports every reason from the start
@@ -90,6 +90,20 @@ func newVLLMMetrics(e *Engine, reg *prometheus.Registry) *vllmMetrics {
 		gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", locked(e.kvUseLocked)),
 	)
 	return m
+}
+
+// buckets125 is vLLM's 1-2-5 series (1, 2, 5, 10, 20, 50, ...) up to limit,
+// the bucket bounds it gives its token-count histograms (limit: the model length).
+func buckets125(limit int) []float64 {
+	var out []float64
+	for p := 1; ; p *= 10 {
+		for _, m := range []int{1, 2, 5} {
+			if m*p > limit {
+				return out
+			}
+			out = append(out, float64(m*p))
+		}
+	}
 }
 
 // firstToken records a request's prefill: its TTFT and prompt tokens. The
