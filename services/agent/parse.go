@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -141,6 +142,7 @@ var dialects = map[Format]dialect{
 		{names: []string{"sglang:token_usage"}, agg: aggMean, counter: c(func(s *Sample) *Counter { return &s.KVUse })},
 		{names: []string{"sglang:cache_hit_rate"}, agg: aggMean, counter: c(func(s *Sample) *Counter { return &s.PrefixHitRate })},
 		{names: []string{"sglang:num_requests_total", "sglang:num_requests"}, counter: c(func(s *Sample) *Counter { return &s.Completed })},
+		{names: []string{"sglang:num_requests_received_total"}, counter: c(func(s *Sample) *Counter { return &s.Arrived })},
 		{names: []string{"sglang:prompt_tokens_total", "sglang:prompt_tokens"}, counter: c(func(s *Sample) *Counter { return &s.PromptTokens })},
 		{names: []string{"sglang:generation_tokens_total", "sglang:generation_tokens"}, counter: c(func(s *Sample) *Counter { return &s.GenTokens })},
 		{names: []string{"sglang:time_to_first_token_seconds"}, hist: h(func(s *Sample) *Hist { return &s.TTFT })},
@@ -203,6 +205,21 @@ func NewParser(format Format, servedModel string) (*Parser, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w %q, want one of %v", ErrUnknownFormat, format, Formats())
 	}
+	// Each name is also read in its underscore form (sglang_num_running_reqs
+	// for sglang:num_running_reqs): newer SGLang releases and exporters that
+	// rewrite names for OpenTelemetry use it. The documented name comes first.
+	fields := make([]field, len(d.fields))
+	for i, f := range d.fields {
+		names := append([]string(nil), f.names...)
+		for _, n := range f.names {
+			if u := strings.ReplaceAll(n, ":", "_"); u != n {
+				names = append(names, u)
+			}
+		}
+		f.names = names
+		fields[i] = f
+	}
+	d.fields = fields
 	w := map[string]bool{"vllm:cache_config_info": true}
 	for _, f := range d.fields {
 		for _, n := range f.names {

@@ -67,6 +67,12 @@ func TestParseFixtures(t *testing.T) {
 			wantHist(t, "ttft", s.TTFT, 2900, 29000)
 			wantHist(t, "tbt", s.TBT, 151151.44, 7.557572e+06)
 		}},
+		{"sglang_underscore.txt", FormatSGLang, "", func(t *testing.T, s Sample) {
+			want(t, "running (underscore name)", s.Running, 3)
+			want(t, "waiting (underscore name)", s.Waiting, 1)
+			want(t, "arrived (received counter)", s.Arrived, 42)
+			wantHist(t, "ttft (underscore name)", s.TTFT, 2, 40)
+		}},
 		{"tgi.txt", FormatTGI, "", func(t *testing.T, s Sample) {
 			want(t, "running (batch size)", s.Running, 16)
 			want(t, "waiting (queue)", s.Waiting, 4)
