@@ -22,15 +22,24 @@ type Known struct {
 
 // Values are the signal fields an Estimator derives from samples.
 type Values struct {
-	TTFTMs, TBTMs          float64
-	Queue, Running         int
-	MaxRunning             int
-	KVUse                  float64
-	CapacityRPS, LoadRPS   float64
-	OutputTokens           float64
-	BaseLatencyMs          float64
-	PrefixHitRate          float64
-	MeanLatencyMs          float64
+	// TTFTMs and TBTMs are the newest interval means, ms.
+	TTFTMs, TBTMs float64
+	// Queue and Running are the engine's gauges; MaxRunning is stated or learned (0: unknown).
+	Queue, Running, MaxRunning int
+	// KVUse is the KV-cache fraction in use.
+	KVUse float64
+	// CapacityRPS is stated or learned; LoadRPS is the interval's arrival rate, req/s.
+	CapacityRPS, LoadRPS float64
+	// OutputTokens is the mean generated tokens per request.
+	OutputTokens float64
+	// BaseLatencyMs is stated or learned (0: unknown).
+	BaseLatencyMs float64
+	// PrefixHitRate is the engine's own prefix-cache hit rate gauge, when it has one.
+	PrefixHitRate float64
+	// MeanLatencyMs is the newest mean request latency, ms.
+	MeanLatencyMs float64
+	// CounterReset says this sample's counters went down (an engine restart);
+	// HaveRate says LoadRPS was measured (false on the first sample).
 	CounterReset, HaveRate bool
 }
 
