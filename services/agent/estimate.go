@@ -34,7 +34,8 @@ type Values struct {
 	OutputTokens float64
 	// BaseLatencyMs is stated or learned (0: unknown).
 	BaseLatencyMs float64
-	// PrefixHitRate is the engine's own prefix-cache hit rate gauge, when it has one.
+	// PrefixHitRate is the engine's own prefix-cache hit ratio: the interval's
+	// Δhits/Δqueries (vLLM), or the engine's gauge (SGLang, older vLLM).
 	PrefixHitRate float64
 	// MeanLatencyMs is the newest mean request latency, ms.
 	MeanLatencyMs float64
@@ -77,10 +78,10 @@ type Estimator struct {
 	prevAt time.Time
 	have   bool
 
-	ttft, tbt, otok, lat float64
-	maxRunSeen           int
-	peakDone             float64
-	base                 float64
+	ttft, tbt, otok, lat, hitRate float64
+	maxRunSeen                    int
+	peakDone                      float64
+	base                          float64
 }
 
 // NewEstimator returns an Estimator using what the operator knows.
@@ -94,7 +95,7 @@ func (e *Estimator) Update(s Sample, at time.Time) Values {
 		KVUse:   math.Min(1, math.Max(0, s.KVUse.V)),
 	}
 	if s.PrefixHitRate.OK {
-		v.PrefixHitRate = math.Min(1, s.PrefixHitRate.V)
+		e.hitRate = math.Min(1, s.PrefixHitRate.V)
 	}
 	if v.Queue > 0 && v.Running > e.maxRunSeen {
 		e.maxRunSeen = v.Running
@@ -115,6 +116,12 @@ func (e *Estimator) Update(s Sample, at time.Time) Values {
 		}
 		if m, ok := histMean(p.TBT, s.TBT); ok {
 			e.tbt = m * 1000
+		}
+		// vLLM counts prefix-cache hits and queries: the interval's hit ratio.
+		if q, ok := counterDelta(p.PrefixQueries, s.PrefixQueries); ok && q > 0 {
+			if hits, ok := counterDelta(p.PrefixHits, s.PrefixHits); ok {
+				e.hitRate = math.Min(1, hits/q)
+			}
 		}
 		done, doneOK := counterDelta(p.Completed, s.Completed)
 		if m, ok := histMean(p.GenPerRequest, s.GenPerRequest); ok {
@@ -150,7 +157,7 @@ func (e *Estimator) Update(s Sample, at time.Time) Values {
 	}
 	e.prev, e.prevAt, e.have = s, at, true
 
-	v.TTFTMs, v.TBTMs, v.OutputTokens, v.MeanLatencyMs = e.ttft, e.tbt, e.otok, e.lat
+	v.TTFTMs, v.TBTMs, v.OutputTokens, v.MeanLatencyMs, v.PrefixHitRate = e.ttft, e.tbt, e.otok, e.lat, e.hitRate
 	v.MaxRunning = e.known.MaxRunning
 	if v.MaxRunning == 0 {
 		v.MaxRunning = e.maxRunSeen

@@ -186,6 +186,11 @@ func TestEstimatorDeltasAndReset(t *testing.T) {
 	if !near(v.LoadRPS, 12) || !near(v.TTFTMs, 100) || !near(v.TBTMs, 20) || !near(v.OutputTokens, 100) {
 		t.Errorf("interval values = %+v, want load 12, ttft 100, tbt 20, otok 100", v)
 	}
+	hits := NewEstimator(Known{})
+	hits.Update(Sample{PrefixHits: Counter{70, true}, PrefixQueries: Counter{100, true}}, t0)
+	if hv := hits.Update(Sample{PrefixHits: Counter{100, true}, PrefixQueries: Counter{200, true}}, t0.Add(time.Second)); !near(hv.PrefixHitRate, 0.3) {
+		t.Errorf("prefix hit ratio %v, want 0.3 (30 hits of 100 queries in the interval)", hv.PrefixHitRate)
+	}
 	if v.MaxRunning != 5 {
 		t.Errorf("MaxRunning learned = %d, want 5 (running while waiting > 0)", v.MaxRunning)
 	}
