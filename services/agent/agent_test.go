@@ -302,7 +302,11 @@ func TestAgentSlowScrapeIsNotDown(t *testing.T) {
 		}
 	}
 	stalled, _ := a.Stats("llama", "v2")
-	time.Sleep(300 * time.Millisecond) // several intervals: nothing more is published
+	// Several more silent intervals, and nothing published in them.
+	testenv.WaitFor(t, 5*time.Second, "more silent intervals", func() bool {
+		es, _ := a.Stats("llama", "v2")
+		return es.Silent >= stalled.Silent+5
+	})
 	if es, _ := a.Stats("llama", "v2"); es.Published != stalled.Published {
 		t.Errorf("published %d signals while the engine was unreachable", es.Published-stalled.Published)
 	}
