@@ -282,6 +282,7 @@ func (e *Engine) routes() http.Handler {
 func (e *Engine) adminRoutes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", e.healthz)
+	mux.HandleFunc("GET /health", e.healthz) // the path vLLM, SGLang, TGI and llama.cpp serve
 	mux.Handle("GET /metrics", promhttp.HandlerFor(e.metrics.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /admin/failure", e.getFailure)
 	mux.HandleFunc("POST /admin/failure", e.postFailure)
