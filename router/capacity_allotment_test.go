@@ -155,7 +155,7 @@ func TestCapacityAllotmentKeepsOngoingConversations(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				code <- f.do(streamBody("x"), map[string]string{HeaderPriority: "standard", headerSessionID: id}).status
+				code <- f.do(streamBody("x"), map[string]string{messages.HeaderPriority: "standard", messages.HeaderSessionID: id}).status
 			}()
 			return code
 		}
@@ -165,7 +165,7 @@ func TestCapacityAllotmentKeepsOngoingConversations(t *testing.T) {
 			poll(5*time.Second, func() bool { return b.held() == 11 && b.count("standard429") == 10 })
 		var newConv int
 		if ok {
-			newConv = f.do(streamBody("x"), map[string]string{HeaderPriority: "standard", headerSessionID: "conv-b"}).status
+			newConv = f.do(streamBody("x"), map[string]string{messages.HeaderPriority: "standard", messages.HeaderSessionID: "conv-b"}).status
 		}
 		var second chan int
 		ok = ok && newConv == http.StatusTooManyRequests

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/testenv"
@@ -28,8 +29,8 @@ func TestNATSEngineClientErrors(t *testing.T) {
 		sub, err := engine.Subscribe(fmt.Sprintf("sy.infer.m.e%d", i), func(m *nats.Msg) {
 			answered[i].Add(1)
 			r := nats.NewMsg(m.Reply)
-			r.Header.Set(router.HeaderStatus, status)
-			r.Header.Set(router.HeaderLast, "true")
+			r.Header.Set(messages.HeaderStatus, status)
+			r.Header.Set(messages.HeaderLast, "true")
 			r.Data = []byte(`{"object":"error","message":"This model's maximum context length is 4096 tokens.","type":"BadRequestError","param":null,"code":400}`)
 			if status == "200" {
 				r.Data = []byte(`{"id":"x","object":"chat.completion","choices":[]}`)

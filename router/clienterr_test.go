@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/messages"
 )
 
 func TestStatusResult(t *testing.T) {
@@ -153,11 +155,11 @@ func TestClientErrorsNotBlamed(t *testing.T) {
 				}
 				f, rec := front(ProtectionOptions{})
 				h := f.h
-				hdr := map[string]string{headerSessionID: f.sessionFor(t, 0)}
+				hdr := map[string]string{messages.HeaderSessionID: f.sessionFor(t, 0)}
 				for i := 0; i < 10; i++ {
 					r := f.do(streamBody("x"), hdr)
-					if r.status != status || !strings.Contains(r.body, "maximum context length") || r.header.Get(headerEngine) != "e0" {
-						t.Fatalf("request %d: %d from %q: %s", i, r.status, r.header.Get(headerEngine), r.body)
+					if r.status != status || !strings.Contains(r.body, "maximum context length") || r.header.Get(messages.HeaderEngine) != "e0" {
+						t.Fatalf("request %d: %d from %q: %s", i, r.status, r.header.Get(messages.HeaderEngine), r.body)
 					}
 				}
 				if n := bad.requests.Load(); n != 10 {

@@ -18,14 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 
+	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/selection"
-)
-
-// Header names the router reads or writes.
-const (
-	headerRequestID = "X-Request-Id"
-	headerSessionID = "X-Session-Id"
-	headerEngine    = "X-Switchyard-Engine"
 )
 
 // Limits on client-supplied header values.
@@ -361,19 +355,19 @@ func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r c
 			fmt.Sprintf("method %s not allowed on %s; use POST", m, ep.Path())))
 		return nil
 	}
-	reqID, _ := r.header(headerRequestID)
+	reqID, _ := r.header(messages.HeaderRequestID)
 	if reqID == "" {
 		reqID = h.newRequestID()
 	} else if !validHeaderValue(reqID, maxRequestIDLen) {
-		h.reject(w, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", headerRequestID,
-			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", headerRequestID, maxRequestIDLen)))
+		h.reject(w, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", messages.HeaderRequestID,
+			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderRequestID, maxRequestIDLen)))
 		return nil
 	}
-	w.Header().Set(headerRequestID, reqID)
-	session, present := r.header(headerSessionID)
+	w.Header().Set(messages.HeaderRequestID, reqID)
+	session, present := r.header(messages.HeaderSessionID)
 	if present && !validHeaderValue(session, maxSessionIDLen) {
-		h.reject(w, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", headerSessionID,
-			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", headerSessionID, maxSessionIDLen)))
+		h.reject(w, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", messages.HeaderSessionID,
+			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderSessionID, maxSessionIDLen)))
 		return nil
 	}
 	if ct, _ := r.header("Content-Type"); ct != "" && ct != mimeJSON {
@@ -397,11 +391,11 @@ func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r c
 		h.reject(w, labelInvalid, ae)
 		return nil
 	}
-	prioHeader, _ := r.header(HeaderPriority)
+	prioHeader, _ := r.header(messages.HeaderPriority)
 	prio, ok := ParsePriority(prioHeader)
 	if !ok {
-		h.reject(w, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", HeaderPriority,
-			fmt.Sprintf("header %s must be critical, standard or sheddable", HeaderPriority)))
+		h.reject(w, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", messages.HeaderPriority,
+			fmt.Sprintf("header %s must be critical, standard or sheddable", messages.HeaderPriority)))
 		return nil
 	}
 	rt, apiErr := h.route(ctx, req, session, prio)
@@ -459,8 +453,8 @@ func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r c
 	} else {
 		hdr := w.Header()
 		copyResponseHeaders(hdr, resp.Header)
-		hdr.Set(headerEngine, at.engine.Name)
-		hdr.Set(headerRequestID, reqID)
+		hdr.Set(messages.HeaderEngine, at.engine.Name)
+		hdr.Set(messages.HeaderRequestID, reqID)
 		w.WriteHeader(resp.Status)
 	}
 	ans.at, ans.bp = at, bp
@@ -618,7 +612,7 @@ func (h *Handler) relay(ctx context.Context, w http.ResponseWriter, pending []by
 // passedHeaders names the client headers forwarded to engines, in
 // canonical form.
 func passedHeaders() [5]string {
-	return [5]string{"Authorization", "Accept", headerSessionID, "Openai-Organization", "Openai-Project"}
+	return [5]string{"Authorization", "Accept", messages.HeaderSessionID, "Openai-Organization", "Openai-Project"}
 }
 
 // isHopHeader reports whether k is a connection-level header, never relayed.

@@ -14,6 +14,8 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
+
+	"github.com/switchyard-dev/switchyard/messages"
 )
 
 // fastServer serves a Handler with fasthttp. The inference endpoints run
@@ -331,8 +333,8 @@ func (x *fastExchange) writeHead(code int, engine http.Header, engineName, reque
 			setHeaderValues(rh, k, vs)
 		}
 	}
-	rh.Set(headerEngine, engineName)
-	rh.Set(headerRequestID, requestID)
+	rh.Set(messages.HeaderEngine, engineName)
+	rh.Set(messages.HeaderRequestID, requestID)
 	x.ctx.SetStatusCode(code)
 }
 

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/messages"
 )
 
 // waitFor polls cond until it holds or timeout passes.
@@ -52,7 +54,7 @@ func newFakeEngine(t *testing.T, name string, chunks int, delay time.Duration) *
 func (e *fakeEngine) serve(w http.ResponseWriter, r *http.Request) {
 	e.requests.Add(1)
 	e.mu.Lock()
-	e.lastID = r.Header.Get(headerRequestID)
+	e.lastID = r.Header.Get(messages.HeaderRequestID)
 	e.mu.Unlock()
 	body, _ := io.ReadAll(r.Body)
 	if !strings.Contains(string(body), `"stream":true`) {
@@ -198,8 +200,8 @@ func TestStreamRelayedEventByEvent(t *testing.T) {
 		start := time.Now()
 		resp := f.post(t, "/v1/chat/completions", chatStreamBody, nil)
 		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK || resp.Header.Get(headerEngine) != "eng0" {
-			t.Fatalf("status %d engine %q", resp.StatusCode, resp.Header.Get(headerEngine))
+		if resp.StatusCode != http.StatusOK || resp.Header.Get(messages.HeaderEngine) != "eng0" {
+			t.Fatalf("status %d engine %q", resp.StatusCode, resp.Header.Get(messages.HeaderEngine))
 		}
 		sc := bufio.NewScanner(resp.Body)
 		var first, last time.Duration
@@ -268,7 +270,7 @@ func TestShareFollowsWeights(t *testing.T) {
 							hdr := map[string]string{}
 							body := keylessBody
 							if keyed {
-								hdr[headerSessionID] = fmt.Sprintf("session-%d", i)
+								hdr[messages.HeaderSessionID] = fmt.Sprintf("session-%d", i)
 								body = chatBody
 							}
 							resp := f.post(t, "/v1/chat/completions", body, hdr)
@@ -279,7 +281,7 @@ func TestShareFollowsWeights(t *testing.T) {
 								return
 							}
 							mu.Lock()
-							counts[resp.Header.Get(headerEngine)]++
+							counts[resp.Header.Get(messages.HeaderEngine)]++
 							mu.Unlock()
 						}
 					}()
@@ -303,9 +305,9 @@ func TestSessionSticksToEngine(t *testing.T) {
 		for s := 0; s < 20; s++ {
 			want := ""
 			for i := 0; i < 5; i++ {
-				resp := f.post(t, "/v1/chat/completions", chatBody, map[string]string{headerSessionID: fmt.Sprintf("conv-%d", s)})
+				resp := f.post(t, "/v1/chat/completions", chatBody, map[string]string{messages.HeaderSessionID: fmt.Sprintf("conv-%d", s)})
 				resp.Body.Close()
-				got := resp.Header.Get(headerEngine)
+				got := resp.Header.Get(messages.HeaderEngine)
 				if want == "" {
 					want = got
 				} else if got != want {
@@ -319,14 +321,14 @@ func TestSessionSticksToEngine(t *testing.T) {
 func TestRequestIDPropagated(t *testing.T) {
 	forEachServer(t, func(t *testing.T, kind ServerKind) {
 		f := newFront(t, kind, []float64{1}, 1, 0, Options{})
-		resp := f.post(t, "/v1/chat/completions", chatBody, map[string]string{headerRequestID: "abc-123"})
+		resp := f.post(t, "/v1/chat/completions", chatBody, map[string]string{messages.HeaderRequestID: "abc-123"})
 		resp.Body.Close()
-		if got := resp.Header.Get(headerRequestID); got != "abc-123" || f.engines[0].requestID() != "abc-123" {
+		if got := resp.Header.Get(messages.HeaderRequestID); got != "abc-123" || f.engines[0].requestID() != "abc-123" {
 			t.Fatalf("request id: client saw %q, engine saw %q, want abc-123", got, f.engines[0].requestID())
 		}
 		resp = f.post(t, "/v1/chat/completions", chatBody, nil)
 		resp.Body.Close()
-		if got := resp.Header.Get(headerRequestID); !strings.HasPrefix(got, "req_") || f.engines[0].requestID() != got {
+		if got := resp.Header.Get(messages.HeaderRequestID); !strings.HasPrefix(got, "req_") || f.engines[0].requestID() != got {
 			t.Fatalf("generated request id %q, engine saw %q", got, f.engines[0].requestID())
 		}
 	})
@@ -361,9 +363,9 @@ func TestBadInput(t *testing.T) {
 			{"prompt wrong type", "POST", "/v1/completions", `{"model":"m","prompt":{"a":1}}`, nil, 400, ErrTypeInvalidRequest},
 			{"messages wrong type", "POST", "/v1/chat/completions", `{"model":"m","messages":"hi"}`, nil, 400, ErrTypeInvalidRequest},
 			{"body over limit", "POST", "/v1/completions", `{"model":"m","prompt":"` + strings.Repeat("x", 2000) + `"}`, nil, 413, ErrTypeInvalidRequest},
-			{"session id too long", "POST", "/v1/chat/completions", chatBody, map[string]string{headerSessionID: strings.Repeat("s", 300)}, 400, ErrTypeInvalidRequest},
-			{"session id with space", "POST", "/v1/chat/completions", chatBody, map[string]string{headerSessionID: "a b"}, 400, ErrTypeInvalidRequest},
-			{"request id non-ASCII", "POST", "/v1/chat/completions", chatBody, map[string]string{headerRequestID: "é"}, 400, ErrTypeInvalidRequest},
+			{"session id too long", "POST", "/v1/chat/completions", chatBody, map[string]string{messages.HeaderSessionID: strings.Repeat("s", 300)}, 400, ErrTypeInvalidRequest},
+			{"session id with space", "POST", "/v1/chat/completions", chatBody, map[string]string{messages.HeaderSessionID: "a b"}, 400, ErrTypeInvalidRequest},
+			{"request id non-ASCII", "POST", "/v1/chat/completions", chatBody, map[string]string{messages.HeaderRequestID: "é"}, 400, ErrTypeInvalidRequest},
 			{"content type", "POST", "/v1/chat/completions", chatBody, map[string]string{"Content-Type": "text/plain"}, 415, ErrTypeInvalidRequest},
 			{"GET on chat", "GET", "/v1/chat/completions", "", nil, 405, ErrTypeInvalidRequest},
 			{"unknown path", "GET", "/v2/x", "", nil, 404, ErrTypeNotFound},

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/messages"
 )
 
 // UpstreamRequest is a request as the router forwards it to an engine.
@@ -185,7 +187,7 @@ func (t *HTTPTransport) forwardStd(ctx context.Context, engine Engine, req *Upst
 	}
 	hreq.Header.Set("Content-Type", "application/json")
 	if req.RequestID != "" {
-		hreq.Header.Set(headerRequestID, req.RequestID)
+		hreq.Header.Set(messages.HeaderRequestID, req.RequestID)
 	}
 	resp, err := rt.RoundTrip(hreq)
 	if err != nil {

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/messages"
 )
 
 // The router's own HTTP/1.1 client for plain-http engines. Unlike
@@ -237,11 +239,11 @@ func writeRequestHead(w *bufio.Writer, p *upstreamPool, req *UpstreamRequest) {
 	_, _ = w.Write(strconv.AppendInt(w.AvailableBuffer(), int64(len(req.Body)), 10))
 	_, _ = w.WriteString("\r\n")
 	if req.RequestID != "" && validFieldValue(req.RequestID) {
-		writeField(w, headerRequestID, req.RequestID)
+		writeField(w, messages.HeaderRequestID, req.RequestID)
 	}
 	for k, vs := range req.Header {
 		switch k {
-		case "Host", "Content-Type", "Content-Length", "Transfer-Encoding", "Connection", headerRequestID:
+		case "Host", "Content-Type", "Content-Length", "Transfer-Encoding", "Connection", messages.HeaderRequestID:
 			continue
 		}
 		if !validFieldName(k) {
@@ -433,9 +435,9 @@ func headerKey(b []byte) string {
 		case "Cache-Control":
 			return "Cache-Control"
 		case "X-Request-Id":
-			return headerRequestID
+			return messages.HeaderRequestID
 		case "X-Switchyard-Engine":
-			return headerEngine
+			return messages.HeaderEngine
 		}
 	}
 	return textproto.CanonicalMIMEHeaderKey(string(b))

@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/messages"
 )
 
 // countingServer is an httptest server that counts the connections it
@@ -58,7 +60,7 @@ func forwardAll(t *testing.T, tr *HTTPTransport, ctx context.Context, e Engine, 
 
 func upReq(body string) *UpstreamRequest {
 	return &UpstreamRequest{Endpoint: EndpointChat, Model: "m", RequestID: "req-1", Body: []byte(body),
-		Header: http.Header{"Authorization": {"Bearer k"}, headerSessionID: {"s1"}}}
+		Header: http.Header{"Authorization": {"Bearer k"}, messages.HeaderSessionID: {"s1"}}}
 }
 
 func TestUpstreamReusesConnectionAndPassesHeaders(t *testing.T) {
@@ -100,7 +102,7 @@ func TestUpstreamReusesConnectionAndPassesHeaders(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	h := got[0]
-	if h.Get("Authorization") != "Bearer k" || h.Get(headerSessionID) != "s1" || h.Get(headerRequestID) != "req-1" ||
+	if h.Get("Authorization") != "Bearer k" || h.Get(messages.HeaderSessionID) != "s1" || h.Get(messages.HeaderRequestID) != "req-1" ||
 		h.Get("Content-Type") != "application/json" {
 		t.Fatalf("engine got headers %v", h)
 	}

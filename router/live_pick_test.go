@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
@@ -42,7 +43,7 @@ func TestKeylessRequestsAvoidLoadedEngine(t *testing.T) {
 					if status, _, resp := postChat(t, client, svc.Addr(), body, ""); status != 200 {
 						t.Fatalf("request %d: status %d body %s", i, status, resp)
 					}
-				} else if msgs := natsRequest(t, nc, "sy.req.A.m", body, nil); msgs[0].Header.Get(router.HeaderStatus) != "200" {
+				} else if msgs := natsRequest(t, nc, "sy.req.A.m", body, nil); msgs[0].Header.Get(messages.HeaderStatus) != "200" {
 					t.Fatalf("request %d: headers %v body %q", i, msgs[0].Header, msgs[0].Data)
 				}
 			}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -48,8 +49,8 @@ type NATSFrontOptions struct {
 // (chat when it has "messages", else completions); the optional headers
 // x-session-id and x-request-id act as over HTTP. The engine is chosen
 // exactly as by the HTTP front. Answers follow the engines' protocol:
-// every reply message carries HeaderStatus (and x-switchyard-engine,
-// x-request-id), the last carries HeaderLast; a streamed answer is one
+// every reply message carries messages.HeaderStatus (and x-switchyard-engine,
+// x-request-id), the last carries messages.HeaderLast; a streamed answer is one
 // message per chunk (the JSON of one SSE event, without "data: " and
 // without the closing [DONE]); errors are one OpenAI error JSON message
 // (404 unknown model, 400 malformed, 413 too large, 503 no engine, 502
@@ -62,15 +63,6 @@ type NATSFront struct {
 	sem    chan struct{}
 	wg     sync.WaitGroup
 }
-
-// Header names on NATS messages. NATS headers are case-sensitive; the
-// router writes these lower-case forms (as engines do) and reads either the
-// lower-case or the canonical HTTP form.
-const (
-	natsHeaderEngine    = "x-switchyard-engine"
-	natsHeaderRequestID = "x-request-id"
-	natsHeaderSessionID = "x-session-id"
-)
 
 // natsHeader returns the value of key (lower-case) in h, also under its
 // canonical HTTP form, and whether it is present.
@@ -91,14 +83,14 @@ func natsHeader(h nats.Header, key string) (string, bool) {
 // the headers the NATS front reads.
 func canonicalKey(key string) string {
 	switch key {
-	case natsHeaderRequestID:
-		return headerRequestID
-	case natsHeaderSessionID:
-		return headerSessionID
-	case natsHeaderPriority:
-		return HeaderPriority
-	case natsHeaderEngine:
-		return headerEngine
+	case messages.NATSHeaderRequestID:
+		return messages.HeaderRequestID
+	case messages.NATSHeaderSessionID:
+		return messages.HeaderSessionID
+	case messages.NATSHeaderPriority:
+		return messages.HeaderPriority
+	case messages.NATSHeaderEngine:
+		return messages.HeaderEngine
 	}
 	return http.CanonicalHeaderKey(key)
 }
@@ -193,7 +185,7 @@ func (f *NATSFront) replyError(m *nats.Msg, hdr nats.Header, e *APIError, reqID 
 		hdr = nats.Header{}
 	}
 	if reqID != "" {
-		hdr.Set(natsHeaderRequestID, reqID)
+		hdr.Set(messages.NATSHeaderRequestID, reqID)
 	}
 	f.publish(m.Reply, hdr, e.Status, true, body)
 }
@@ -203,9 +195,9 @@ func (f *NATSFront) publish(subject string, hdr nats.Header, status int, last bo
 	for k, vs := range hdr {
 		out.Header[k] = vs
 	}
-	out.Header.Set(HeaderStatus, strconv.Itoa(status))
+	out.Header.Set(messages.HeaderStatus, strconv.Itoa(status))
 	if last {
-		out.Header.Set(HeaderLast, "true")
+		out.Header.Set(messages.HeaderLast, "true")
 	}
 	if err := f.opts.Conn.PublishMsg(out); err != nil {
 		f.log.Debug().Err(err).Msg("NATS reply not sent")
@@ -239,18 +231,18 @@ func natsEndpoint(body []byte) Endpoint {
 func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 	h := f.h
 	start := h.opts.Now()
-	reqID, _ := natsHeader(m.Header, natsHeaderRequestID)
+	reqID, _ := natsHeader(m.Header, messages.NATSHeaderRequestID)
 	if reqID == "" {
 		reqID = h.newRequestID()
 	} else if !validHeaderValue(reqID, maxRequestIDLen) {
-		f.reject(m, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", headerRequestID,
-			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", headerRequestID, maxRequestIDLen)), "")
+		f.reject(m, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", messages.HeaderRequestID,
+			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderRequestID, maxRequestIDLen)), "")
 		return
 	}
-	session, present := natsHeader(m.Header, natsHeaderSessionID)
+	session, present := natsHeader(m.Header, messages.NATSHeaderSessionID)
 	if present && !validHeaderValue(session, maxSessionIDLen) {
-		f.reject(m, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", headerSessionID,
-			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", headerSessionID, maxSessionIDLen)), reqID)
+		f.reject(m, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", messages.HeaderSessionID,
+			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderSessionID, maxSessionIDLen)), reqID)
 		return
 	}
 	toks, ok := f.opts.Names.ParseSubject(m.Subject, "req", 2)
@@ -277,11 +269,11 @@ func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 		f.reject(m, labelInvalid, invalidRequest("model", fmt.Sprintf("'model' is %q but the request was sent to the subject of model %q", req.Model, toks[1])), reqID)
 		return
 	}
-	pv, _ := natsHeader(m.Header, natsHeaderPriority)
+	pv, _ := natsHeader(m.Header, messages.NATSHeaderPriority)
 	prio, ok := ParsePriority(pv)
 	if !ok {
-		f.reject(m, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", HeaderPriority,
-			fmt.Sprintf("header %s must be critical, standard or sheddable", natsHeaderPriority)), reqID)
+		f.reject(m, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", messages.HeaderPriority,
+			fmt.Sprintf("header %s must be critical, standard or sheddable", messages.NATSHeaderPriority)), reqID)
 		return
 	}
 	rt, apiErr := h.route(ctx, req, session, prio)
@@ -311,11 +303,11 @@ func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 	defer cancel()
 	hdrIn := make(http.Header, 1)
 	if session != "" {
-		hdrIn.Set(headerSessionID, session)
+		hdrIn.Set(messages.HeaderSessionID, session)
 	}
 	up := &UpstreamRequest{Endpoint: req.Endpoint, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body, Header: hdrIn}
 	out := nats.Header{}
-	out.Set(natsHeaderRequestID, reqID)
+	out.Set(messages.NATSHeaderRequestID, reqID)
 	bp := h.bufs.Get().(*[]byte)
 	defer h.bufs.Put(bp)
 	at, apiErr := h.forward(rctx, rt, up, *bp, log)
@@ -326,7 +318,7 @@ func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 	}
 	defer at.finish()
 	resp := at.resp
-	out.Set(natsHeaderEngine, at.engine.Name)
+	out.Set(messages.NATSHeaderEngine, at.engine.Name)
 	status := resp.Status
 	h.countRequest(mm, req.Model, status)
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
@@ -24,8 +25,8 @@ func FuzzNATSFrontRequest(f *testing.F) {
 	engine := env.Dial(f, "engine")
 	sub, err := engine.Subscribe("sy.infer.m.e1", func(m *nats.Msg) {
 		r := nats.NewMsg(m.Reply)
-		r.Header.Set(router.HeaderStatus, "200")
-		r.Header.Set(router.HeaderLast, "true")
+		r.Header.Set(messages.HeaderStatus, "200")
+		r.Header.Set(messages.HeaderLast, "true")
 		r.Data = []byte(`{"object":"chat.completion"}`)
 		_ = engine.PublishMsg(r)
 	})
@@ -91,9 +92,9 @@ func FuzzNATSFrontRequest(f *testing.F) {
 		if err != nil {
 			t.Fatalf("no answer to %q on %s: %v", body, msg.Subject, err)
 		}
-		status, err := strconv.Atoi(r.Header.Get(router.HeaderStatus))
+		status, err := strconv.Atoi(r.Header.Get(messages.HeaderStatus))
 		if err != nil || status < 100 || status > 599 {
-			t.Fatalf("answer with status header %q", r.Header.Get(router.HeaderStatus))
+			t.Fatalf("answer with status header %q", r.Header.Get(messages.HeaderStatus))
 		}
 		if status >= 400 && status < 500 {
 			var e struct {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
@@ -24,8 +26,8 @@ func TestNATSFrontConcurrencyLimit(t *testing.T) {
 	hold := true
 	answer := func(reply string) {
 		r := nats.NewMsg(reply)
-		r.Header.Set(router.HeaderStatus, "200")
-		r.Header.Set(router.HeaderLast, "true")
+		r.Header.Set(messages.HeaderStatus, "200")
+		r.Header.Set(messages.HeaderLast, "true")
 		r.Data = []byte(`{"object":"chat.completion"}`)
 		_ = engine.PublishMsg(r)
 	}
@@ -74,7 +76,7 @@ func TestNATSFrontConcurrencyLimit(t *testing.T) {
 		if err != nil {
 			return err.Error()
 		}
-		return r.Header.Get(router.HeaderStatus)
+		return r.Header.Get(messages.HeaderStatus)
 	}
 	results := make(chan string, limit)
 	for range limit {
@@ -93,7 +95,7 @@ func TestNATSFrontConcurrencyLimit(t *testing.T) {
 	if d := time.Since(start); d > time.Second {
 		t.Fatalf("the request over the limit was answered after %v", d)
 	}
-	if len(msgs) != 1 || msgs[0].Header.Get(router.HeaderStatus) != "429" || msgs[0].Header.Get("Retry-After") != "1" ||
+	if len(msgs) != 1 || msgs[0].Header.Get(messages.HeaderStatus) != "429" || msgs[0].Header.Get("Retry-After") != "1" ||
 		json.Unmarshal(msgs[0].Data, &body) != nil || body.Error.Code != "router_overloaded" {
 		t.Fatalf("over the limit: %d messages, headers %v, body %q", len(msgs), msgs[0].Header, msgs[0].Data)
 	}

@@ -7,6 +7,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/rs/zerolog"
+
+	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/testenv"
@@ -34,7 +36,7 @@ func TestServiceInProcessConnection(t *testing.T) {
 	client := env.Dial(t, "client")
 	ask := func() bool {
 		msgs, err := natsTry(t, client, "sy.req.A.llama", chatJSON("llama", false, "hello"), nil)
-		return err == nil && len(msgs) == 1 && msgs[0].Header.Get(router.HeaderStatus) == "200" && msgs[0].Header.Get("x-switchyard-engine") == "s1"
+		return err == nil && len(msgs) == 1 && msgs[0].Header.Get(messages.HeaderStatus) == "200" && msgs[0].Header.Get("x-switchyard-engine") == "s1"
 	}
 	testenv.WaitFor(t, 5*time.Second, "a NATS request routed in-process to s1", ask)
 	installed := func(gen uint64) func() bool {

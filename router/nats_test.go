@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
@@ -20,7 +21,7 @@ import (
 )
 
 // natsRequest sends body to subject with headers and collects the reply
-// messages until one carries router.HeaderLast.
+// messages until one carries messages.HeaderLast.
 func natsRequest(t *testing.T, nc *nats.Conn, subject, body string, hdr map[string]string) []*nats.Msg {
 	t.Helper()
 	out, err := natsTry(t, nc, subject, body, hdr)
@@ -57,7 +58,7 @@ func natsTry(t *testing.T, nc *nats.Conn, subject, body string, hdr map[string]s
 			return out, fmt.Errorf("after %d replies: %w", len(out), err)
 		}
 		out = append(out, r)
-		if r.Header.Get(router.HeaderLast) == "true" {
+		if r.Header.Get(messages.HeaderLast) == "true" {
 			return out, nil
 		}
 	}
@@ -103,7 +104,7 @@ func TestNATSFrontAndTransportWithEngineSim(t *testing.T) {
 		t.Fatalf("%d reply messages for a streamed request, want several", len(msgs))
 	}
 	for i, m := range msgs {
-		if m.Header.Get(router.HeaderStatus) != "200" || m.Header.Get("x-switchyard-engine") != "s1" {
+		if m.Header.Get(messages.HeaderStatus) != "200" || m.Header.Get("x-switchyard-engine") != "s1" {
 			t.Fatalf("reply %d headers %v", i, m.Header)
 		}
 		var c struct {
@@ -115,7 +116,7 @@ func TestNATSFrontAndTransportWithEngineSim(t *testing.T) {
 	}
 	// Not streamed: one message.
 	msgs = natsRequest(t, client, subject, chatJSON("llama", false, "hello"), nil)
-	if len(msgs) != 1 || msgs[0].Header.Get(router.HeaderStatus) != "200" || !strings.Contains(string(msgs[0].Data), `"chat.completion"`) {
+	if len(msgs) != 1 || msgs[0].Header.Get(messages.HeaderStatus) != "200" || !strings.Contains(string(msgs[0].Data), `"chat.completion"`) {
 		t.Fatalf("non-streamed reply: %d messages, first %v %q", len(msgs), msgs[0].Header, msgs[0].Data)
 	}
 	// Errors: OpenAI error JSON with the status header, in one final message.
@@ -134,7 +135,7 @@ func TestNATSFrontAndTransportWithEngineSim(t *testing.T) {
 				Type    string `json:"type"`
 			} `json:"error"`
 		}
-		if len(msgs) != 1 || msgs[0].Header.Get(router.HeaderStatus) != tc.status ||
+		if len(msgs) != 1 || msgs[0].Header.Get(messages.HeaderStatus) != tc.status ||
 			json.Unmarshal(msgs[0].Data, &e) != nil || e.Error.Message == "" || e.Error.Type == "" {
 			t.Fatalf("%s %s: %d messages, headers %v body %q; want one %s error", tc.subject, tc.body, len(msgs),
 				msgs[0].Header, msgs[0].Data, tc.status)
@@ -176,7 +177,7 @@ func TestNATSFrontNoEngine(t *testing.T) {
 		return ok
 	})
 	msgs := natsRequest(t, env.Dial(t, "client"), "sy.req.A.m", chatJSON("m", false, "x"), nil)
-	if len(msgs) != 1 || msgs[0].Header.Get(router.HeaderStatus) != "503" || msgs[0].Header.Get("Retry-After") != "1" {
+	if len(msgs) != 1 || msgs[0].Header.Get(messages.HeaderStatus) != "503" || msgs[0].Header.Get("Retry-After") != "1" {
 		t.Fatalf("no engine: %d messages, headers %v body %q", len(msgs), msgs[0].Header, msgs[0].Data)
 	}
 }
@@ -370,11 +371,11 @@ func TestNATSTransportFailures(t *testing.T) {
 	sub2, err := engine.Subscribe("sy.infer.m.e", func(m *nats.Msg) {
 		r := nats.NewMsg(m.Reply)
 		if strings.Contains(string(m.Data), "bad") {
-			r.Header.Set(router.HeaderStatus, "429")
-			r.Header.Set(router.HeaderLast, "true")
+			r.Header.Set(messages.HeaderStatus, "429")
+			r.Header.Set(messages.HeaderLast, "true")
 			r.Data = []byte(`{"error":{"message":"busy","type":"rate_limit"}}`)
 		} else {
-			r.Header.Set(router.HeaderStatus, "200")
+			r.Header.Set(messages.HeaderStatus, "200")
 			r.Data = []byte(`{"i":0}`)
 		}
 		_ = engine.PublishMsg(r)

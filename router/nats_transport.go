@@ -11,17 +11,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-)
 
-// Headers of the NATS inference protocol, shared with engines (they equal
-// the engine SDK's engine.HeaderLast and engine.HeaderStatus; the router
-// does not import the SDK).
-const (
-	// HeaderLast marks the last reply message of a NATS inference request,
-	// with the value "true".
-	HeaderLast = "Sy-Last"
-	// HeaderStatus carries an HTTP-like status code on every reply message.
-	HeaderStatus = "Sy-Status"
+	"github.com/switchyard-dev/switchyard/messages"
 )
 
 // NATSTransportOptions tunes NewNATSTransport. Conn is required.
@@ -43,7 +34,7 @@ type NATSTransportOptions struct {
 // inference subject (Engine.Subject): it subscribes to a fresh inbox,
 // publishes the request body with the inbox as reply subject, and relays
 // the reply messages in order as the response body. Every reply carries
-// HeaderStatus; the last carries HeaderLast. A streamed answer (status 200
+// messages.HeaderStatus; the last carries messages.HeaderLast. A streamed answer (status 200
 // to a request with "stream": true) is rendered as SSE, one "data:" event
 // per reply message and a closing "data: [DONE]"; any other answer is the
 // replies' bodies concatenated. NATS has no cancel message: when ctx ends,
@@ -91,10 +82,10 @@ func (t *NATSTransport) Forward(ctx context.Context, engine Engine, req *Upstrea
 	msg.Reply = inbox
 	msg.Data = req.Body
 	if req.RequestID != "" {
-		msg.Header.Set(natsHeaderRequestID, req.RequestID)
+		msg.Header.Set(messages.NATSHeaderRequestID, req.RequestID)
 	}
-	if s := req.Header.Get(headerSessionID); s != "" {
-		msg.Header.Set(natsHeaderSessionID, s)
+	if s := req.Header.Get(messages.HeaderSessionID); s != "" {
+		msg.Header.Set(messages.NATSHeaderSessionID, s)
 	}
 	if err := nc.PublishMsg(msg); err != nil {
 		_ = sub.Unsubscribe()
@@ -121,15 +112,15 @@ func (t *NATSTransport) Forward(ctx context.Context, engine Engine, req *Upstrea
 	} else {
 		hdr.Set("Content-Type", "application/json")
 	}
-	if e, _ := natsHeader(first.Header, natsHeaderEngine); e != "" {
-		hdr.Set(headerEngine, e)
+	if e, _ := natsHeader(first.Header, messages.NATSHeaderEngine); e != "" {
+		hdr.Set(messages.HeaderEngine, e)
 	}
 	return &UpstreamResponse{Status: status, Header: hdr, Body: b}, nil
 }
 
-// replyStatus reads HeaderStatus; a reply without a valid one is a 502.
+// replyStatus reads messages.HeaderStatus; a reply without a valid one is a 502.
 func replyStatus(m *nats.Msg) int {
-	s, err := strconv.Atoi(m.Header.Get(HeaderStatus))
+	s, err := strconv.Atoi(m.Header.Get(messages.HeaderStatus))
 	if err != nil || s < 100 || s > 599 {
 		return http.StatusBadGateway
 	}
@@ -171,7 +162,7 @@ func (b *natsBody) nextReply() (*nats.Msg, error) {
 			return nil, fmt.Errorf("engine reply stream: %w", err)
 		}
 	}
-	if m.Header.Get(HeaderLast) == "true" {
+	if m.Header.Get(messages.HeaderLast) == "true" {
 		b.done = true
 		_ = b.sub.Unsubscribe()
 	}

@@ -6,6 +6,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/switchyard-dev/switchyard/messages"
 )
 
 func TestParseRequest(t *testing.T) {
@@ -217,7 +219,7 @@ func FuzzParseRequest(f *testing.F) {
 }
 
 func TestCanonicalKeyMatchesHTTP(t *testing.T) {
-	for _, k := range []string{natsHeaderRequestID, natsHeaderSessionID, natsHeaderPriority, natsHeaderEngine, "x-other-thing"} {
+	for _, k := range []string{messages.NATSHeaderRequestID, messages.NATSHeaderSessionID, messages.NATSHeaderPriority, messages.NATSHeaderEngine, "x-other-thing"} {
 		if got, want := canonicalKey(k), http.CanonicalHeaderKey(k); got != want {
 			t.Errorf("canonicalKey(%q) = %q, want %q", k, got, want)
 		}

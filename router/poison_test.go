@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -270,8 +271,8 @@ func TestNATSFrontRecoversPanic(t *testing.T) {
 	engineConn := env.Dial(t, "engine")
 	sub, err := engineConn.Subscribe("sy.infer.m.e1", func(m *nats.Msg) {
 		r := nats.NewMsg(m.Reply)
-		r.Header.Set(router.HeaderStatus, "200")
-		r.Header.Set(router.HeaderLast, "true")
+		r.Header.Set(messages.HeaderStatus, "200")
+		r.Header.Set(messages.HeaderLast, "true")
 		r.Data = []byte(`{"object":"chat.completion"}`)
 		_ = engineConn.PublishMsg(r)
 	})
@@ -306,11 +307,11 @@ func TestNATSFrontRecoversPanic(t *testing.T) {
 		if err != nil {
 			t.Fatalf("request %d on the panicking model: %v", i, err)
 		}
-		if st := r.Header.Get(router.HeaderStatus); st != "500" || r.Header.Get(router.HeaderLast) != "true" {
-			t.Fatalf("request %d on the panicking model: status %q last %q body %s", i, st, r.Header.Get(router.HeaderLast), r.Data)
+		if st := r.Header.Get(messages.HeaderStatus); st != "500" || r.Header.Get(messages.HeaderLast) != "true" {
+			t.Fatalf("request %d on the panicking model: status %q last %q body %s", i, st, r.Header.Get(messages.HeaderLast), r.Data)
 		}
 		r, err = client.Request("sy.req.A.m", []byte(chatJSON("m", false, "x")), 10*time.Second)
-		if err != nil || r.Header.Get(router.HeaderStatus) != "200" {
+		if err != nil || r.Header.Get(messages.HeaderStatus) != "200" {
 			t.Fatalf("request %d after a panic: %v %v", i, err, r)
 		}
 	}

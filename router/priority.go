@@ -2,13 +2,6 @@ package router
 
 import "strings"
 
-// HeaderPriority is the request header that carries a request's priority
-// class: critical, standard (the default) or sheddable.
-const HeaderPriority = "X-Switchyard-Priority"
-
-// natsHeaderPriority is HeaderPriority as the NATS front reads it.
-const natsHeaderPriority = "x-switchyard-priority"
-
 // Priority is a request's priority class. Under overload sheddable requests
 // are shed first, then standard ones, critical ones last.
 type Priority uint8

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
@@ -44,16 +45,16 @@ func TestNATSFrontShedAndReport(t *testing.T) {
 	var body struct {
 		Error struct{ Type, Code string }
 	}
-	if len(msgs) != 1 || msgs[0].Header.Get(router.HeaderStatus) != "429" || msgs[0].Header.Get("Retry-After") != "1" ||
+	if len(msgs) != 1 || msgs[0].Header.Get(messages.HeaderStatus) != "429" || msgs[0].Header.Get("Retry-After") != "1" ||
 		json.Unmarshal(msgs[0].Data, &body) != nil || body.Error.Code != "overloaded" {
 		t.Fatalf("shed over NATS: %d messages, headers %v, body %q", len(msgs), msgs[0].Header, msgs[0].Data)
 	}
 	msgs = natsRequest(t, client, "sy.req.A.m", chatJSON("m", false, "x"), map[string]string{"x-switchyard-priority": "critical"})
-	if msgs[0].Header.Get(router.HeaderStatus) != "200" || !strings.Contains(string(msgs[0].Data), "e1") {
+	if msgs[0].Header.Get(messages.HeaderStatus) != "200" || !strings.Contains(string(msgs[0].Data), "e1") {
 		t.Fatalf("critical over NATS: headers %v body %q", msgs[0].Header, msgs[0].Data)
 	}
 	msgs = natsRequest(t, client, "sy.req.A.m", chatJSON("m", false, "x"), map[string]string{"x-switchyard-priority": "bogus"})
-	if msgs[0].Header.Get(router.HeaderStatus) != "400" {
+	if msgs[0].Header.Get(messages.HeaderStatus) != "400" {
 		t.Fatalf("bad priority over NATS: headers %v", msgs[0].Header)
 	}
 	reps := rep.Collect()

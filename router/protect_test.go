@@ -18,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
 	"github.com/switchyard-dev/switchyard/messages"
 )
 
@@ -209,11 +210,11 @@ func TestRetryToAnotherEngine(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				f := newPFront(t, kind, []int32{tc.mode, modeOK, modeOK}, []float64{0.5, 0.25, 0.25}, nil, Options{})
 				s := f.sessionFor(t, 0)
-				r := f.do(streamBody("x"), map[string]string{headerSessionID: s})
+				r := f.do(streamBody("x"), map[string]string{messages.HeaderSessionID: s})
 				if r.err != nil || r.status != 200 || !strings.Contains(r.body, "[DONE]") {
 					t.Fatalf("got %d %q %v", r.status, r.body, r.err)
 				}
-				if eng := r.header.Get(headerEngine); eng == "e0" || eng == "" {
+				if eng := r.header.Get(messages.HeaderEngine); eng == "e0" || eng == "" {
 					t.Fatalf("served by %q", eng)
 				}
 				if f.attempts() != 2 || f.retries(tc.reason) != 1 {
@@ -231,15 +232,15 @@ func TestRetryMovesKey(t *testing.T) {
 	forEachServer(t, func(t *testing.T, kind ServerKind) {
 		f := newPFront(t, kind, []int32{mode500, modeOK, modeOK}, []float64{0.5, 0.25, 0.25}, nil, Options{})
 		s := f.sessionFor(t, 0)
-		r := f.do(streamBody("x"), map[string]string{headerSessionID: s})
-		served := r.header.Get(headerEngine)
+		r := f.do(streamBody("x"), map[string]string{messages.HeaderSessionID: s})
+		served := r.header.Get(messages.HeaderEngine)
 		if r.status != 200 || served == "e0" || served == "" {
 			t.Fatalf("first request: %d from %q %v, want a retry served elsewhere", r.status, served, r.err)
 		}
 		f.engines[0].mode.Store(modeOK)
 		for i := range 3 {
-			r = f.do(streamBody("x"), map[string]string{headerSessionID: s})
-			if got := r.header.Get(headerEngine); r.status != 200 || got != served {
+			r = f.do(streamBody("x"), map[string]string{messages.HeaderSessionID: s})
+			if got := r.header.Get(messages.HeaderEngine); r.status != 200 || got != served {
 				t.Fatalf("request %d after the retry: %d from %q, want %q (where the retry put the key)", i+2, r.status, got, served)
 			}
 		}
@@ -282,7 +283,7 @@ func TestNoRetryAfterFirstByte(t *testing.T) {
 	forEachServer(t, func(t *testing.T, kind ServerKind) {
 		f := newPFront(t, kind, []int32{modeDieMidway, modeOK, modeOK}, []float64{0.5, 0.25, 0.25}, nil, Options{})
 		s := f.sessionFor(t, 0)
-		r := f.do(streamBody("x"), map[string]string{headerSessionID: s})
+		r := f.do(streamBody("x"), map[string]string{messages.HeaderSessionID: s})
 		if r.status != 200 || !strings.Contains(r.body, `"engine":"e0"`) || strings.Contains(r.body, "[DONE]") {
 			t.Fatalf("want a truncated stream from e0, got %d %q", r.status, r.body)
 		}
@@ -303,9 +304,9 @@ func TestHangingEngineDeadlineThenRetry(t *testing.T) {
 				if !stream {
 					body = chatBody
 				}
-				r := f.do(body, map[string]string{headerSessionID: s})
-				if r.status != 200 || r.header.Get(headerEngine) != "e1" {
-					t.Fatalf("got %d from %q: %q", r.status, r.header.Get(headerEngine), r.body)
+				r := f.do(body, map[string]string{messages.HeaderSessionID: s})
+				if r.status != 200 || r.header.Get(messages.HeaderEngine) != "e1" {
+					t.Fatalf("got %d from %q: %q", r.status, r.header.Get(messages.HeaderEngine), r.body)
 				}
 				if r.dur < 100*time.Millisecond || r.dur > 2*time.Second {
 					t.Fatalf("took %v", r.dur)
@@ -400,7 +401,7 @@ func TestEjectionAndHalfOpenRecovery(t *testing.T) {
 		f := newPFront(t, kind, []int32{mode500, modeOK}, []float64{0.5, 0.5}, nil,
 			Options{Now: clk.now, Protection: ProtectionOptions{MaxAttempts: 1}})
 		s := f.sessionFor(t, 0)
-		hdr := map[string]string{headerSessionID: s}
+		hdr := map[string]string{messages.HeaderSessionID: s}
 		gauge := func() float64 { return metricValue(f.h.metrics.ejected.WithLabelValues("m", "e0")) }
 		for i := 0; i < 3; i++ {
 			if r := f.do(streamBody("x"), hdr); r.status != 500 {
@@ -412,8 +413,8 @@ func TestEjectionAndHalfOpenRecovery(t *testing.T) {
 		}
 		// Ejected: the key's requests go to e1.
 		for i := 0; i < 5; i++ {
-			if r := f.do(streamBody("x"), hdr); r.status != 200 || r.header.Get(headerEngine) != "e1" {
-				t.Fatalf("while ejected: %d from %q", r.status, r.header.Get(headerEngine))
+			if r := f.do(streamBody("x"), hdr); r.status != 200 || r.header.Get(messages.HeaderEngine) != "e1" {
+				t.Fatalf("while ejected: %d from %q", r.status, r.header.Get(messages.HeaderEngine))
 			}
 		}
 		if f.engines[0].count() != 3 {
@@ -422,7 +423,7 @@ func TestEjectionAndHalfOpenRecovery(t *testing.T) {
 		// After the backoff one probe goes through; it fails: ejected for 2 s.
 		// The session above now stays on e1, where the router sent it last
 		// (PickRecent); a session new to the router finds e0 again.
-		hdr = map[string]string{headerSessionID: f.sessionFor(t, 0, s)}
+		hdr = map[string]string{messages.HeaderSessionID: f.sessionFor(t, 0, s)}
 		clk.advance(1100 * time.Millisecond)
 		f.do(streamBody("x"), hdr)
 		if f.engines[0].count() != 4 || gauge() != 1 {
@@ -436,9 +437,9 @@ func TestEjectionAndHalfOpenRecovery(t *testing.T) {
 		// Recovered: the next probe succeeds and lifts the ejection.
 		f.engines[0].set(modeOK)
 		clk.advance(time.Second)
-		hdr = map[string]string{headerSessionID: f.sessionFor(t, 0, s, hdr[headerSessionID])}
-		if r := f.do(streamBody("x"), hdr); r.header.Get(headerEngine) != "e0" || r.status != 200 {
-			t.Fatalf("probe: %d from %q", r.status, r.header.Get(headerEngine))
+		hdr = map[string]string{messages.HeaderSessionID: f.sessionFor(t, 0, s, hdr[messages.HeaderSessionID])}
+		if r := f.do(streamBody("x"), hdr); r.header.Get(messages.HeaderEngine) != "e0" || r.status != 200 {
+			t.Fatalf("probe: %d from %q", r.status, r.header.Get(messages.HeaderEngine))
 		}
 		if gauge() != 0 || f.h.Live("m").Engine("e0").Ejected() {
 			t.Fatal("e0 still ejected after a successful probe")
@@ -534,7 +535,7 @@ func TestShedConsistentPerKey(t *testing.T) {
 		for i := 0; i < sessions; i++ {
 			var codes []int
 			for k := 0; k < 3; k++ {
-				codes = append(codes, f.do(streamBody("x"), map[string]string{headerSessionID: fmt.Sprint("conv-", i)}).status)
+				codes = append(codes, f.do(streamBody("x"), map[string]string{messages.HeaderSessionID: fmt.Sprint("conv-", i)}).status)
 			}
 			if codes[0] != codes[1] || codes[1] != codes[2] || (codes[0] != 200 && codes[0] != 429) {
 				t.Fatalf("session %d flip-flopped: %v", i, codes)
@@ -561,7 +562,7 @@ func TestShedByPriorityOrder(t *testing.T) {
 			shed := map[string]int{}
 			for i := 0; i < 600; i++ {
 				p := pattern[i%len(pattern)]
-				r := f.do(streamBody("x"), map[string]string{HeaderPriority: p, headerSessionID: fmt.Sprint("k", i)})
+				r := f.do(streamBody("x"), map[string]string{messages.HeaderPriority: p, messages.HeaderSessionID: fmt.Sprint("k", i)})
 				if p == "" {
 					p = "standard"
 				}
@@ -588,7 +589,7 @@ func TestShedByPriorityOrder(t *testing.T) {
 			t.Logf("shed %v served %v (total shed %.3f)", shed, served, float64(total)/600)
 		}
 		f := newPFront(t, kind, []int32{modeOK}, []float64{1}, nil, Options{})
-		if r := f.do(streamBody("x"), map[string]string{HeaderPriority: "urgent"}); r.status != 400 || !strings.Contains(r.body, "invalid_header") {
+		if r := f.do(streamBody("x"), map[string]string{messages.HeaderPriority: "urgent"}); r.status != 400 || !strings.Contains(r.body, "invalid_header") {
 			t.Fatalf("invalid priority: %d %q", r.status, r.body)
 		}
 	})
@@ -599,7 +600,7 @@ func TestShedAnswerFast(t *testing.T) {
 		f := newPFront(t, kind, []int32{modeOK}, []float64{0.5}, &Figures{ShedFraction: 1}, Options{})
 		var durs []time.Duration
 		for i := 0; i < 400; i++ {
-			r := f.do(streamBody("x"), map[string]string{headerSessionID: fmt.Sprint("s", i)})
+			r := f.do(streamBody("x"), map[string]string{messages.HeaderSessionID: fmt.Sprint("s", i)})
 			if r.status != 429 || r.header.Get("Retry-After") != "1" {
 				t.Fatalf("shed answer %d, Retry-After %q", r.status, r.header.Get("Retry-After"))
 			}
@@ -653,7 +654,7 @@ func (b *burster) burst(prio string, n int) {
 		b.wg.Add(1)
 		go func() {
 			defer b.wg.Done()
-			r := b.f.do(streamBody("x"), map[string]string{HeaderPriority: prio})
+			r := b.f.do(streamBody("x"), map[string]string{messages.HeaderPriority: prio})
 			v, _ := b.codes.LoadOrStore(fmt.Sprint(prio, r.status), new(atomic.Int64))
 			v.(*atomic.Int64).Add(1)
 		}()
@@ -800,8 +801,8 @@ func TestRetryLeavesFailedRegionForSpare(t *testing.T) {
 			Options{Regions: mapRegions{"e0": "r2", "e1": "r2", "e2": "r3", "e3": "r1"},
 				Protection: ProtectionOptions{Eject: EjectOptions{After: 2}, Budget: BudgetOptions{Ratio: 5, MaxTokens: 100}}})
 		r := f.do(streamBody("x"), nil)
-		if r.status != 200 || r.header.Get(headerEngine) != "e3" {
-			t.Fatalf("first request: got %d from %q: %q", r.status, r.header.Get(headerEngine), r.body)
+		if r.status != 200 || r.header.Get(messages.HeaderEngine) != "e3" {
+			t.Fatalf("first request: got %d from %q: %q", r.status, r.header.Get(messages.HeaderEngine), r.body)
 		}
 		if f.attempts() != 3 || f.engines[0].count() != 1 || f.engines[1].count() != 1 || f.engines[2].count() != 0 {
 			t.Fatalf("attempts %d, e0 %d e1 %d e2 %d; want 3 attempts: e0, e1, then the spare e3",
@@ -809,8 +810,8 @@ func TestRetryLeavesFailedRegionForSpare(t *testing.T) {
 		}
 		// A second failure each ejects e0 and e1 (After 2).
 		for i := 0; i < 2; i++ {
-			if r := f.do(streamBody("x"), nil); r.status != 200 || r.header.Get(headerEngine) != "e3" {
-				t.Fatalf("request %d: got %d from %q: %q", i+2, r.status, r.header.Get(headerEngine), r.body)
+			if r := f.do(streamBody("x"), nil); r.status != 200 || r.header.Get(messages.HeaderEngine) != "e3" {
+				t.Fatalf("request %d: got %d from %q: %q", i+2, r.status, r.header.Get(messages.HeaderEngine), r.body)
 			}
 		}
 		if !f.h.Live("m").Engine("e0").Ejected() || !f.h.Live("m").Engine("e1").Ejected() {
@@ -818,8 +819,8 @@ func TestRetryLeavesFailedRegionForSpare(t *testing.T) {
 		}
 		before, failed := f.attempts(), f.engines[0].count()+f.engines[1].count()
 		for i := 0; i < 5; i++ {
-			if r := f.do(streamBody(fmt.Sprint("y", i)), nil); r.status != 200 || r.header.Get(headerEngine) != "e3" {
-				t.Fatalf("after ejection: got %d from %q: %q", r.status, r.header.Get(headerEngine), r.body)
+			if r := f.do(streamBody(fmt.Sprint("y", i)), nil); r.status != 200 || r.header.Get(messages.HeaderEngine) != "e3" {
+				t.Fatalf("after ejection: got %d from %q: %q", r.status, r.header.Get(messages.HeaderEngine), r.body)
 			}
 		}
 		if got := f.attempts() - before; got != 5 || f.engines[0].count()+f.engines[1].count() != failed {

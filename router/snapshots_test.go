@@ -13,15 +13,14 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/selection"
-	"github.com/switchyard-dev/switchyard/services/engine"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
 func TestHeadersMatchEngineSDK(t *testing.T) {
-	if router.HeaderLast != engine.HeaderLast || router.HeaderStatus != engine.HeaderStatus {
+	if messages.HeaderLast != messages.HeaderLast || messages.HeaderStatus != messages.HeaderStatus {
 		t.Fatalf("router headers %q/%q differ from the engine SDK's %q/%q",
-			router.HeaderLast, router.HeaderStatus, engine.HeaderLast, engine.HeaderStatus)
+			messages.HeaderLast, messages.HeaderStatus, messages.HeaderLast, messages.HeaderStatus)
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/messages"
 )
 
 // outcomeLog is an Observer that keeps every outcome, by engine.
@@ -92,8 +94,8 @@ func TestNoTransportIsNotTheEngines(t *testing.T) {
 	client := testClient(t)
 	for i := 0; i < 60; i++ {
 		r := doChat(t, client, url, fmt.Sprintf("s%d", i))
-		if r.status != http.StatusOK || r.header.Get(headerEngine) != "live" {
-			t.Fatalf("request %d: status %d engine %q: %s", i, r.status, r.header.Get(headerEngine), r.body)
+		if r.status != http.StatusOK || r.header.Get(messages.HeaderEngine) != "live" {
+			t.Fatalf("request %d: status %d engine %q: %s", i, r.status, r.header.Get(messages.HeaderEngine), r.body)
 		}
 	}
 	if live.requests.Load() != 60 {
@@ -135,8 +137,8 @@ func TestUnaddressedEngineNotPickedUntilItHasEndpoints(t *testing.T) {
 		t.Fatalf("after Settled: readiness %+v", rd)
 	}
 	for i := 0; i < 40; i++ {
-		if r := doChat(t, client, url, fmt.Sprintf("s%d", i)); r.status != http.StatusOK || r.header.Get(headerEngine) != "live" {
-			t.Fatalf("request %d: status %d engine %q", i, r.status, r.header.Get(headerEngine))
+		if r := doChat(t, client, url, fmt.Sprintf("s%d", i)); r.status != http.StatusOK || r.header.Get(messages.HeaderEngine) != "live" {
+			t.Fatalf("request %d: status %d engine %q", i, r.status, r.header.Get(messages.HeaderEngine))
 		}
 	}
 	if n := metricValue(h.metrics.unaddressed.WithLabelValues("m", "nowhere")); n != 0 {
@@ -159,8 +161,8 @@ func TestUnaddressedEngineNotPickedUntilItHasEndpoints(t *testing.T) {
 	h.SetEngineEndpoints("m", "nowhere", Endpoints{})
 	before := other.requests.Load()
 	for i := 0; i < 20; i++ {
-		if r := doChat(t, client, url, fmt.Sprintf("t%d", i)); r.status != http.StatusOK || r.header.Get(headerEngine) != "live" {
-			t.Fatalf("after withdrawal, request %d: status %d engine %q", i, r.status, r.header.Get(headerEngine))
+		if r := doChat(t, client, url, fmt.Sprintf("t%d", i)); r.status != http.StatusOK || r.header.Get(messages.HeaderEngine) != "live" {
+			t.Fatalf("after withdrawal, request %d: status %d engine %q", i, r.status, r.header.Get(messages.HeaderEngine))
 		}
 	}
 	if other.requests.Load() != before {
@@ -171,5 +173,5 @@ func TestUnaddressedEngineNotPickedUntilItHasEndpoints(t *testing.T) {
 func doChat(t *testing.T, client *http.Client, url, session string) result {
 	t.Helper()
 	f := &pfront{url: url, client: client}
-	return f.do(streamBody("hi"), map[string]string{headerSessionID: session})
+	return f.do(streamBody("hi"), map[string]string{messages.HeaderSessionID: session})
 }

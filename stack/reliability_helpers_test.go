@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
@@ -252,7 +253,7 @@ func relSend(ctx context.Context, client *http.Client, base, session, prio, prom
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Session-Id", session)
 	if prio != "" {
-		req.Header.Set(router.HeaderPriority, prio)
+		req.Header.Set(messages.HeaderPriority, prio)
 	}
 	start := time.Now()
 	resp, err := client.Do(req)

@@ -13,7 +13,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/switchyard-dev/switchyard/router"
+
+	"github.com/switchyard-dev/switchyard/messages"
 )
 
 // requestBody is the benchmark request: non-streamed chat, one output token.
@@ -65,10 +66,10 @@ func natsDoer(nc *nats.Conn, subject string) doer {
 		if err != nil {
 			return err
 		}
-		if s := r.Header.Get(router.HeaderStatus); s != "200" {
+		if s := r.Header.Get(messages.HeaderStatus); s != "200" {
 			return fmt.Errorf("status %q: %s", s, r.Data)
 		}
-		if r.Header.Get(router.HeaderLast) != "true" {
+		if r.Header.Get(messages.HeaderLast) != "true" {
 			return fmt.Errorf("reply not marked last")
 		}
 		return nil

@@ -21,6 +21,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+
+	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -197,8 +199,8 @@ func roleEngine(ctx context.Context, rf roleFlags) error {
 		defer srv.Close()
 		sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
 			out := nats.NewMsg(m.Reply)
-			out.Header.Set(router.HeaderStatus, "200")
-			out.Header.Set(router.HeaderLast, "true")
+			out.Header.Set(messages.HeaderStatus, "200")
+			out.Header.Set(messages.HeaderLast, "true")
 			out.Header.Set("x-switchyard-engine", benchEngine)
 			out.Data = body
 			_ = nc.PublishMsg(out)

@@ -48,6 +48,7 @@ func commands() []command {
 		routerCommand(),
 		engineCommand(),
 		engineSimCommand(),
+		agentCommand(),
 		decodeCommand(),
 		encodeCommand(),
 		loadCommand(),

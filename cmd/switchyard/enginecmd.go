@@ -16,8 +16,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/messages"
-	"github.com/switchyard-dev/switchyard/services/engine"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -208,7 +208,7 @@ func inject(ctx context.Context, nc *nats.Conn, names streams.Names, name string
 	if err != nil {
 		return fmt.Errorf("inject into %s (is an engine simulator of that name running?): %w", name, err)
 	}
-	if st := m.Header.Get(engine.HeaderStatus); st != "200" {
+	if st := m.Header.Get(messages.HeaderStatus); st != "200" {
 		return fmt.Errorf("engine %s refused the injection (status %s): %s", name, st, m.Data)
 	}
 	fmt.Fprintf(e.stdout, "engine %s failure injection now: %s\n", name, m.Data)

@@ -30,6 +30,8 @@ func engineSimCommand() command {
 			fs.IntVar(&o.OutputTokens, "output-tokens", enginesim.DefaultOutputTokens, "tokens generated per request (max_tokens can lower it)")
 			fs.IntVar(&o.PromptTokens, "prompt-tokens", enginesim.DefaultPromptTokens, "mean prompt length the capacity assumes")
 			fs.DurationVar(&o.SignalInterval, "signal-interval", 0, "time between signals (0: SDK default)")
+			fs.StringVar(&o.MetricsFormat, "metrics-format", "", "also serve /metrics in this engine's `format` (vllm), for `switchyard agent`")
+			fs.BoolVar(&o.NoSignals, "no-signals", false, "publish no signals of its own (an agent publishes for it)")
 			fs.Float64Var(&o.Failure.ErrorRate, "error-rate", 0, "inject: fraction of requests failing with 500")
 			fs.Float64Var(&o.Failure.AddedLatencyMs, "added-latency-ms", 0, "inject: delay before each request queues, ms")
 			fs.BoolVar(&o.Failure.Hang, "hang", false, "inject: accept requests and never answer")

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
@@ -91,8 +92,8 @@ func natsAsk(nc *nats.Conn, cluster, model string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if s := r.Header.Get(router.HeaderStatus); s != "200" || r.Header.Get(router.HeaderLast) != "true" {
-		return "", fmt.Errorf("status %q, last %q: %s", s, r.Header.Get(router.HeaderLast), r.Data)
+	if s := r.Header.Get(messages.HeaderStatus); s != "200" || r.Header.Get(messages.HeaderLast) != "true" {
+		return "", fmt.Errorf("status %q, last %q: %s", s, r.Header.Get(messages.HeaderLast), r.Data)
 	}
 	return r.Header.Get("x-switchyard-engine"), nil
 }

@@ -12,18 +12,14 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
-// Headers and defaults shared by engines and routers.
+// Headers and defaults of the engine-side SDK (the request path's header
+// names are messages.HeaderLast, messages.HeaderStatus, NATSHeaderEngine, ...).
 const (
-	// HeaderLast marks the last reply message of a NATS inference request; its value is "true".
-	HeaderLast = "Sy-Last"
-	// HeaderStatus carries an HTTP-like status code ("200", "400", "500", ...) on every NATS inference reply.
-	HeaderStatus = "Sy-Status"
-	// HeaderEngine is the HTTP response header naming the engine that served a request.
-	HeaderEngine = "x-switchyard-engine"
 	// HeaderMsgID is the JetStream de-duplication header every signal carries ("<engine>-<seq>").
 	HeaderMsgID = jetstream.MsgIDHeader
 	// DefaultInterval is the signal interval when Options.Interval is zero.

@@ -7,8 +7,8 @@ import (
 	"strconv"
 
 	"github.com/nats-io/nats.go"
+
 	"github.com/switchyard-dev/switchyard/messages"
-	"github.com/switchyard-dev/switchyard/services/engine"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
@@ -16,7 +16,7 @@ import (
 // injection on at run time: <prefix>.ctl.engine.<engine>. A request's body
 // is the JSON of POST /admin/failure (merged into the failure in force; an
 // empty body only reads it); the reply is the resulting Failure as JSON with
-// engine.HeaderStatus 200, or an OpenAI-shaped error with status 400.
+// messages.HeaderStatus 200, or an OpenAI-shaped error with status 400.
 func ControlSubject(names streams.Names, engineName string) (string, error) {
 	if names == (streams.Names{}) {
 		names = streams.DefaultNames()
@@ -51,8 +51,8 @@ func (e *Engine) serveControl(m *nats.Msg) {
 	}
 	reply := func(status int, body []byte) {
 		out := nats.NewMsg(m.Reply)
-		out.Header.Set(engine.HeaderStatus, strconv.Itoa(status))
-		out.Header.Set(engine.HeaderEngine, e.opts.Name)
+		out.Header.Set(messages.HeaderStatus, strconv.Itoa(status))
+		out.Header.Set(messages.NATSHeaderEngine, e.opts.Name)
 		out.Data = body
 		_ = e.opts.Conn.PublishMsg(out)
 	}

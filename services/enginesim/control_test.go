@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/switchyard-dev/switchyard/services/engine"
+	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/testenv"
@@ -34,13 +34,13 @@ func TestControlSubject(t *testing.T) {
 			t.Fatalf("request %s: %v", body, err)
 		}
 		var f enginesim.Failure
-		if m.Header.Get(engine.HeaderStatus) == "200" {
+		if m.Header.Get(messages.HeaderStatus) == "200" {
 			if err := json.Unmarshal(m.Data, &f); err != nil {
 				t.Fatal(err)
 			}
 		}
 		status := 0
-		switch m.Header.Get(engine.HeaderStatus) {
+		switch m.Header.Get(messages.HeaderStatus) {
 		case "200":
 			status = 200
 		case "400":

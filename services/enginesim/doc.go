@@ -46,7 +46,7 @@
 // not), GET /v1/models, GET /healthz, GET /metrics (Prometheus, a registry per
 // engine) and GET/POST /admin/failure. Every response carries the header
 // x-switchyard-engine. NATS: a core subscription on <prefix>.infer.<model>.<engine>
-// answering with the headers engine.HeaderStatus and engine.HeaderLast.
+// answering with the headers messages.HeaderStatus and messages.HeaderLast.
 //
 // # Failure injection
 //

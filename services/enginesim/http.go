@@ -12,7 +12,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/switchyard-dev/switchyard/services/engine"
+
+	"github.com/switchyard-dev/switchyard/messages"
 )
 
 // maxBody bounds an inference request body.
@@ -281,6 +282,7 @@ func (e *Engine) routes() http.Handler {
 func (e *Engine) adminRoutes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", e.healthz)
+	mux.HandleFunc("GET /health", e.healthz) // the path vLLM, SGLang, TGI and llama.cpp serve
 	mux.Handle("GET /metrics", promhttp.HandlerFor(e.metrics.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /admin/failure", e.getFailure)
 	mux.HandleFunc("POST /admin/failure", e.postFailure)
@@ -290,7 +292,7 @@ func (e *Engine) adminRoutes() http.Handler {
 // tag sets the engine header on every response.
 func (e *Engine) tag(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set(engine.HeaderEngine, e.opts.Name)
+		w.Header().Set(messages.NATSHeaderEngine, e.opts.Name)
 		h.ServeHTTP(w, r)
 	})
 }

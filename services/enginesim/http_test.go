@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/switchyard-dev/switchyard/services/engine"
+	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
@@ -91,7 +91,7 @@ func TestStreamingChat(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get(engine.HeaderEngine) != "e-stream" || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+	if resp.StatusCode != 200 || resp.Header.Get(messages.NATSHeaderEngine) != "e-stream" || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		t.Fatalf("status %d, headers %v", resp.StatusCode, resp.Header)
 	}
 	evs := readSSE(t, resp.Body)
@@ -141,7 +141,7 @@ func TestNonStreamingAndEndpoints(t *testing.T) {
 	c := decodeChunk(t, body)
 	if resp.StatusCode != 200 || c.Object != "chat.completion" || c.Choices[0].Message.Role != "assistant" ||
 		c.Usage == nil || c.Usage.CompletionTokens != 4 || c.Usage.PromptTokens != 100 || c.Usage.TotalTokens != 104 ||
-		*c.Choices[0].FinishReason != "length" || resp.Header.Get(engine.HeaderEngine) != "e-plain" {
+		*c.Choices[0].FinishReason != "length" || resp.Header.Get(messages.NATSHeaderEngine) != "e-plain" {
 		t.Fatalf("status %d body %s", resp.StatusCode, body)
 	}
 

@@ -6,13 +6,14 @@ import (
 	"strconv"
 
 	"github.com/nats-io/nats.go"
-	"github.com/switchyard-dev/switchyard/services/engine"
+
+	"github.com/switchyard-dev/switchyard/messages"
 )
 
 // serveNATS answers one inference request received over NATS: a streamed
 // request gets a reply message per batch of new tokens and a closing one with
-// engine.HeaderLast; a plain request gets one reply. Every reply carries
-// engine.HeaderStatus. A crashed or hanging engine sends nothing.
+// messages.HeaderLast; a plain request gets one reply. Every reply carries
+// messages.HeaderStatus. A crashed or hanging engine sends nothing.
 func (e *Engine) serveNATS(m *nats.Msg) {
 	if m.Reply == "" {
 		return // a publish, not a request: nobody to answer
@@ -21,10 +22,10 @@ func (e *Engine) serveNATS(m *nats.Msg) {
 	defer cancel()
 	reply := func(status int, last bool, body []byte) error {
 		out := nats.NewMsg(m.Reply)
-		out.Header.Set(engine.HeaderStatus, strconv.Itoa(status))
-		out.Header.Set(engine.HeaderEngine, e.opts.Name)
+		out.Header.Set(messages.HeaderStatus, strconv.Itoa(status))
+		out.Header.Set(messages.NATSHeaderEngine, e.opts.Name)
 		if last {
-			out.Header.Set(engine.HeaderLast, "true")
+			out.Header.Set(messages.HeaderLast, "true")
 		}
 		out.Data = body
 		return e.opts.Conn.PublishMsg(out)

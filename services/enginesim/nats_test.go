@@ -13,14 +13,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/switchyard-dev/switchyard/messages"
-	"github.com/switchyard-dev/switchyard/services/engine"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
 // natsRequest sends body to subject and collects reply messages until one
-// carries engine.HeaderLast.
+// carries messages.HeaderLast.
 func natsRequest(t *testing.T, nc *nats.Conn, subject string, body []byte, timeout time.Duration) []*nats.Msg {
 	t.Helper()
 	inbox := nats.NewInbox()
@@ -40,7 +40,7 @@ func natsRequest(t *testing.T, nc *nats.Conn, subject string, body []byte, timeo
 			t.Fatalf("after %d replies: %v", len(msgs), err)
 		}
 		msgs = append(msgs, m)
-		if m.Header.Get(engine.HeaderLast) == "true" {
+		if m.Header.Get(messages.HeaderLast) == "true" {
 			return msgs
 		}
 	}
@@ -64,11 +64,11 @@ func TestNATSRequestReply(t *testing.T) {
 	}
 	var text strings.Builder
 	for i, m := range msgs {
-		if m.Header.Get(engine.HeaderStatus) != "200" || m.Header.Get(engine.HeaderEngine) != "e-nats" {
+		if m.Header.Get(messages.HeaderStatus) != "200" || m.Header.Get(messages.NATSHeaderEngine) != "e-nats" {
 			t.Fatalf("reply %d headers %v", i, m.Header)
 		}
-		if last := m.Header.Get(engine.HeaderLast) == "true"; last != (i == len(msgs)-1) {
-			t.Fatalf("reply %d of %d has %s=%v", i, len(msgs), engine.HeaderLast, last)
+		if last := m.Header.Get(messages.HeaderLast) == "true"; last != (i == len(msgs)-1) {
+			t.Fatalf("reply %d of %d has %s=%v", i, len(msgs), messages.HeaderLast, last)
 		}
 		c := decodeChunk(t, m.Data)
 		if c.Object != "chat.completion.chunk" {
@@ -85,7 +85,7 @@ func TestNATSRequestReply(t *testing.T) {
 	}
 
 	msgs = natsRequest(t, client, e.InferSubject(), []byte(`{"prompt":"hello","max_tokens":3}`), 5*time.Second)
-	if len(msgs) != 1 || msgs[0].Header.Get(engine.HeaderStatus) != "200" {
+	if len(msgs) != 1 || msgs[0].Header.Get(messages.HeaderStatus) != "200" {
 		t.Fatalf("non-streamed request: %d replies", len(msgs))
 	}
 	if c := decodeChunk(t, msgs[0].Data); c.Object != "text_completion" || c.Usage.CompletionTokens != 3 {
@@ -93,16 +93,16 @@ func TestNATSRequestReply(t *testing.T) {
 	}
 
 	msgs = natsRequest(t, client, e.InferSubject(), []byte(`{"model":"gpt-x","prompt":"hello"}`), 5*time.Second)
-	if len(msgs) != 1 || msgs[0].Header.Get(engine.HeaderStatus) != "404" || decodeChunk(t, msgs[0].Data).Error == nil {
-		t.Fatalf("wrong model: status %q body %s", msgs[0].Header.Get(engine.HeaderStatus), msgs[0].Data)
+	if len(msgs) != 1 || msgs[0].Header.Get(messages.HeaderStatus) != "404" || decodeChunk(t, msgs[0].Data).Error == nil {
+		t.Fatalf("wrong model: status %q body %s", msgs[0].Header.Get(messages.HeaderStatus), msgs[0].Data)
 	}
 
 	if err := e.SetFailure(enginesim.Failure{ErrorRate: 1}); err != nil {
 		t.Fatal(err)
 	}
 	msgs = natsRequest(t, client, e.InferSubject(), chatBody(true, 0), 5*time.Second)
-	if c := decodeChunk(t, msgs[0].Data); len(msgs) != 1 || msgs[0].Header.Get(engine.HeaderStatus) != "500" || c.Error == nil {
-		t.Fatalf("injected error over NATS: %d replies, status %q, body %s", len(msgs), msgs[0].Header.Get(engine.HeaderStatus), msgs[0].Data)
+	if c := decodeChunk(t, msgs[0].Data); len(msgs) != 1 || msgs[0].Header.Get(messages.HeaderStatus) != "500" || c.Error == nil {
+		t.Fatalf("injected error over NATS: %d replies, status %q, body %s", len(msgs), msgs[0].Header.Get(messages.HeaderStatus), msgs[0].Data)
 	}
 
 	// A crashed engine drops its subscription: requesters see no responders.
@@ -115,7 +115,7 @@ func TestNATSRequestReply(t *testing.T) {
 	if err := e.SetFailure(enginesim.Failure{}); err != nil {
 		t.Fatal(err)
 	}
-	if msgs := natsRequest(t, client, e.InferSubject(), chatBody(false, 2), 5*time.Second); msgs[0].Header.Get(engine.HeaderStatus) != "200" {
+	if msgs := natsRequest(t, client, e.InferSubject(), chatBody(false, 2), 5*time.Second); msgs[0].Header.Get(messages.HeaderStatus) != "200" {
 		t.Fatalf("after recovery: %v", msgs[0].Header)
 	}
 }

@@ -66,8 +66,13 @@ type Options struct {
 	NATSTimeout time.Duration
 	// SignalInterval is the time between signals; zero means engine.DefaultInterval.
 	SignalInterval time.Duration
-	// NoSignals turns signal publishing off even when Conn is set.
+	// NoSignals turns signal publishing off even when Conn is set (for an
+	// engine fronted by `switchyard agent`, which publishes for it).
 	NoSignals bool
+	// MetricsFormat selects what /metrics serves besides the simulator's own
+	// metrics: MetricsVLLM adds vLLM's names, labels and histograms (and the
+	// engine answers /health as vLLM does); empty or MetricsSwitchyard adds nothing.
+	MetricsFormat string
 
 	// Failure is the failure injection in force at start.
 	Failure Failure
@@ -233,7 +238,7 @@ func (o Options) validate() error {
 	if err := o.Failure.validate(); err != nil {
 		return err
 	}
-	return nil
+	return validMetricsFormat(o.MetricsFormat)
 }
 
 // tbtMs is the modelled time between tokens with b running requests, before scaling.

@@ -182,6 +182,7 @@ func (e *Engine) finishLocked(r *request, now time.Time) {
 	r.state = stateDone
 	e.kvReserved -= r.prompt + r.maxOut
 	e.stats.completed(r, now)
+	e.metrics.vllm.finished(r, now)
 	if r.generated > 1 {
 		e.metrics.tbt.Observe(r.lastAt.Sub(r.firstAt).Seconds() / float64(r.generated-1))
 	}
@@ -262,6 +263,7 @@ func (e *Engine) schedule() {
 				ttft := now.Sub(r.arrived)
 				e.stats.firstToken(ttft)
 				e.metrics.ttft.Observe(ttft.Seconds())
+				e.metrics.vllm.firstToken(r, ttft)
 			}
 			r.generated++
 			r.lastAt = now

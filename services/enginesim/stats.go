@@ -158,6 +158,8 @@ type metrics struct {
 	ttft     prometheus.Histogram
 	tbt      prometheus.Histogram
 	requests *prometheus.CounterVec
+	// vllm is set in MetricsVLLM mode.
+	vllm *vllmMetrics
 }
 
 func newMetrics(e *Engine) *metrics {
@@ -177,6 +179,9 @@ func newMetrics(e *Engine) *metrics {
 	}, []string{"outcome"})
 	gauge := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels}, f)
+	}
+	if e.opts.MetricsFormat == MetricsVLLM {
+		m.vllm = newVLLMMetrics(e, m.reg)
 	}
 	m.reg.MustRegister(m.ttft, m.tbt, m.requests,
 		gauge("switchyard_enginesim_queue_depth", "Requests waiting for a batch slot.", func() float64 {

@@ -1,0 +1,66 @@
+package enginesim_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/switchyard-dev/switchyard/services/enginesim"
+)
+
+// TestVLLMMetricsMode checks that an engine in vLLM mode serves vLLM's
+// names, labels and types at /metrics, computed from what it served, and
+// answers vLLM's /health.
+func TestVLLMMetricsMode(t *testing.T) {
+	o := fastOpts("v1")
+	o.MetricsFormat = enginesim.MetricsVLLM
+	e := startEngine(t, o)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := post(ctx, http.DefaultClient, e.URL()+"/v1/chat/completions", chatBody(false, 5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+
+	get := func(path string) (int, string) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, e.URL()+path, nil)
+		r, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Body.Close()
+		b, _ := io.ReadAll(r.Body)
+		return r.StatusCode, string(b)
+	}
+	if code, _ := get("/health"); code != http.StatusOK {
+		t.Errorf("/health = %d, want 200", code)
+	}
+	_, text := get("/metrics")
+	for _, want := range []string{
+		"# TYPE vllm:num_requests_running gauge",
+		"# TYPE vllm:num_requests_waiting gauge",
+		"# TYPE vllm:kv_cache_usage_perc gauge",
+		"# TYPE vllm:request_success_total counter",
+		`vllm:request_success_total{engine="0",finished_reason="length",model_name="llama"} 1`,
+		`vllm:generation_tokens_total{engine="0",model_name="llama"} 5`,
+		`vllm:prompt_tokens_total{engine="0",model_name="llama"} 100`,
+		"# TYPE vllm:time_to_first_token_seconds histogram",
+		`vllm:time_to_first_token_seconds_bucket{engine="0",model_name="llama",le="0.001"}`,
+		`vllm:time_to_first_token_seconds_count{engine="0",model_name="llama"} 1`,
+		`vllm:inter_token_latency_seconds_count{engine="0",model_name="llama"} 4`,
+		`vllm:e2e_request_latency_seconds_count{engine="0",model_name="llama"} 1`,
+		`vllm:cache_config_info{block_size="16",enable_prefix_caching="False",engine="0",num_gpu_blocks="`,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("/metrics:\n%s", text)
+	}
+}
