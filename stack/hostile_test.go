@@ -1027,7 +1027,7 @@ func TestReliabilityHostileClients(t *testing.T) {
 			if err != nil {
 				t.Fatalf("request on %s: %v", subject, err)
 			}
-			return m.Header.Get(router.HeaderStatus), string(m.Data)
+			return m.Header.Get(messages.HeaderStatus), string(m.Data)
 		}
 		for i := range 10 {
 			body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"same conversation"}],"max_tokens":0}`, hostileModel)
@@ -1066,7 +1066,7 @@ func TestReliabilityHostileClients(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s on %s: %v", name, subject, err)
 			}
-			if st := m.Header.Get(router.HeaderStatus); !strings.HasPrefix(st, "4") {
+			if st := m.Header.Get(messages.HeaderStatus); !strings.HasPrefix(st, "4") {
 				t.Fatalf("%s on %s answered %q (%.200s), want a 4xx status", name, subject, st, m.Data)
 			}
 		}
