@@ -17,13 +17,6 @@ import (
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
-func TestHeadersMatchEngineSDK(t *testing.T) {
-	if messages.HeaderLast != messages.HeaderLast || messages.HeaderStatus != messages.HeaderStatus {
-		t.Fatalf("router headers %q/%q differ from the engine SDK's %q/%q",
-			messages.HeaderLast, messages.HeaderStatus, messages.HeaderLast, messages.HeaderStatus)
-	}
-}
-
 func TestSnapshotInstallIgnoresOlderGenerations(t *testing.T) {
 	env := testenv.StartNATS(t)
 	st, err := router.NewSnapshotStore(router.StoreOptions{Conn: env.Conn, Cluster: "A"})
