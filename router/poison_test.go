@@ -44,35 +44,6 @@ func (b *lockedBuffer) lines(substr string) int {
 	return n
 }
 
-// metricSum sums the series of metric name whose labels include want.
-func metricSum(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			for k, v := range want {
-				found := false
-				for _, l := range m.GetLabel() {
-					found = found || (l.GetName() == k && l.GetValue() == v)
-				}
-				if !found {
-					continue series
-				}
-			}
-			total += m.GetCounter().GetValue()
-		}
-	}
-	return total
-}
-
 // publishOnce publishes one signal of each engine.
 func publishOnce(nc *nats.Conn, names streams.Names, engines ...fakeSignal) {
 	p := &signalPublisher{engines: map[string]fakeSignal{}}
@@ -128,14 +99,14 @@ func TestSignalsPoison(t *testing.T) {
 	}
 	rejected := "switchyard_router_signals_rejected_total"
 	testenv.WaitFor(t, 10*time.Second, "flood and panic counted", func() bool {
-		return metricSum(t, reg, rejected, map[string]string{"reason": "decode"}) == flood &&
-			metricSum(t, reg, rejected, map[string]string{"reason": "panic"}) == 1
+		return testenv.MetricSum(t, reg, rejected, map[string]string{"reason": "decode"}) == flood &&
+			testenv.MetricSum(t, reg, rejected, map[string]string{"reason": "panic"}) == 1
 	})
 	testenv.WaitFor(t, 5*time.Second, "the valid signal after the poison taken", func() bool {
 		_, ok := sigs.Engine("m", "e1")
 		return ok
 	})
-	if n := metricSum(t, reg, "switchyard_router_handler_panics_total", map[string]string{"handler": "signals"}); n != 1 {
+	if n := testenv.MetricSum(t, reg, "switchyard_router_handler_panics_total", map[string]string{"handler": "signals"}); n != 1 {
 		t.Errorf("%v panics counted, want 1", n)
 	}
 	if n := logs.lines("rejected an engine signal"); n == 0 || n > 20 {
@@ -187,13 +158,13 @@ func TestSnapshotStorePoison(t *testing.T) {
 	putSnapshot(t, env.JS, env.Names, snapshot("boom", "A", 1, now, map[string]float64{"e1": 1}))
 	putSnapshot(t, env.JS, env.Names, snapshot("m", "A", 4, now, map[string]float64{"e1": 1}))
 	waitInstalled(t, st, "m", 4, 10*time.Second)
-	if n := metricSum(t, reg, "switchyard_router_snapshots_rejected_total", map[string]string{"reason": "decode"}); n != 3 {
+	if n := testenv.MetricSum(t, reg, "switchyard_router_snapshots_rejected_total", map[string]string{"reason": "decode"}); n != 3 {
 		t.Errorf("%v undecodable snapshots counted, want 3", n)
 	}
-	if n := metricSum(t, reg, "switchyard_router_handler_panics_total", map[string]string{"handler": "weights"}); n != 1 {
+	if n := testenv.MetricSum(t, reg, "switchyard_router_handler_panics_total", map[string]string{"handler": "weights"}); n != 1 {
 		t.Errorf("%v panics counted, want 1", n)
 	}
-	if n := metricSum(t, reg, "switchyard_router_snapshots_rejected_total", map[string]string{"reason": "panic"}); n != 1 {
+	if n := testenv.MetricSum(t, reg, "switchyard_router_snapshots_rejected_total", map[string]string{"reason": "panic"}); n != 1 {
 		t.Errorf("%v snapshots rejected for a panic, want 1", n)
 	}
 	if _, _, ok := st.Table("boom"); ok {
@@ -238,8 +209,8 @@ func TestServiceServesThroughPoison(t *testing.T) {
 	}
 	reg := svc.Handler().Registry()
 	testenv.WaitFor(t, 10*time.Second, "flood counted", func() bool {
-		return metricSum(t, reg, "switchyard_router_signals_rejected_total", nil) >= flood &&
-			metricSum(t, reg, "switchyard_router_snapshots_rejected_total", map[string]string{"reason": "decode"}) == 50
+		return testenv.MetricSum(t, reg, "switchyard_router_signals_rejected_total", nil) >= flood &&
+			testenv.MetricSum(t, reg, "switchyard_router_snapshots_rejected_total", map[string]string{"reason": "decode"}) == 50
 	})
 	client := &http.Client{Timeout: 10 * time.Second}
 	for i := range 20 {
@@ -315,7 +286,7 @@ func TestNATSFrontRecoversPanic(t *testing.T) {
 			t.Fatalf("request %d after a panic: %v %v", i, err, r)
 		}
 	}
-	if n := metricSum(t, h.Registry(), "switchyard_router_handler_panics_total", map[string]string{"handler": "nats_front"}); n != 3 {
+	if n := testenv.MetricSum(t, h.Registry(), "switchyard_router_handler_panics_total", map[string]string{"handler": "nats_front"}); n != 3 {
 		t.Fatalf("%v panics counted, want 3", n)
 	}
 }

@@ -8,10 +8,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vmihailenco/msgpack/v5"
+
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/testenv"
-	"github.com/vmihailenco/msgpack/v5"
 )
 
 // TestSnapshotFromTheFutureIgnored: through a real bucket, a snapshot whose

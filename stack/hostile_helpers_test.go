@@ -20,12 +20,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"github.com/vmihailenco/msgpack/v5"
+
 	"github.com/switchyard-dev/switchyard/dashboard"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
 	"github.com/switchyard-dev/switchyard/stack"
-	"github.com/vmihailenco/msgpack/v5"
+	"github.com/switchyard-dev/switchyard/testenv"
 )
 
 // The hostile-input suite runs the stack as `switchyard up` runs it (the
@@ -218,9 +220,9 @@ func (c *lineCounter) last() string {
 // aggregator's and optimizer's registry and every router's.
 func (h *hostileEnv) metric(name string, match map[string]string) float64 {
 	h.t.Helper()
-	sum := relMetric(h.t, h.reg, name, match)
+	sum := testenv.MetricSum(h.t, h.reg, name, match)
 	for _, r := range h.s.Routers() {
-		sum += relMetric(h.t, r.Handler().Registry(), name, match)
+		sum += testenv.MetricSum(h.t, r.Handler().Registry(), name, match)
 	}
 	return sum
 }

@@ -16,12 +16,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/streams/natsembed"
+	"github.com/switchyard-dev/switchyard/testenv"
 )
 
 // The hostile-input suite: every input of issue 16 (and shapes beyond it)
@@ -611,11 +613,11 @@ func (h *hostileEnv) requireOptimizerStarts(what string) {
 			h.t.Fatalf("an optimizer started with %s stopped: %v", what, err)
 		case <-time.After(50 * time.Millisecond):
 		}
-		if relMetric(h.t, reg, optBadValues.name, nil) >= 1 {
+		if testenv.MetricSum(h.t, reg, optBadValues.name, nil) >= 1 {
 			return
 		}
 	}
-	h.t.Fatalf("an optimizer started with %s did not count it within 5s (%s = %.0f)", what, optBadValues.name, relMetric(h.t, reg, optBadValues.name, nil))
+	h.t.Fatalf("an optimizer started with %s did not count it within 5s (%s = %.0f)", what, optBadValues.name, testenv.MetricSum(h.t, reg, optBadValues.name, nil))
 }
 
 // TestReliabilityHostileWeights writes weight snapshots from the future

@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/switchyard-dev/switchyard/messages"
@@ -473,43 +472,6 @@ func (sm *relSampler) firstBelow(i int, engines []string, limit float64, from, u
 	return found
 }
 
-// relMetric sums the samples of a metric family in reg whose labels include
-// every pair of match.
-func relMetric(t *testing.T, reg prometheus.Gatherer, name string, match map[string]string) float64 {
-	t.Helper()
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range f.GetMetric() {
-			for k, v := range match {
-				got := ""
-				for _, l := range m.GetLabel() {
-					if l.GetName() == k {
-						got = l.GetValue()
-					}
-				}
-				if got != v {
-					continue metrics
-				}
-			}
-			switch {
-			case m.Counter != nil:
-				sum += m.Counter.GetValue()
-			case m.Gauge != nil:
-				sum += m.Gauge.GetValue()
-			}
-		}
-	}
-	return sum
-}
-
 // relArrived sums the requests the engines received.
 func relArrived(s *stack.Stack) uint64 {
 	var n uint64
@@ -603,12 +565,12 @@ func relLogRouter(t *testing.T, r *router.Service) {
 	reg := r.Handler().Registry()
 	t.Logf("router %s: snapshot g%d demand %.1f req/s shed %.3f by priority %v; shed by admission %.0f, by snapshot %.0f; attempts %.0f, retries %.0f, suppressed %.0f, amplification (10 s) %.3f",
 		r.Name(), snap.Generation, snap.DemandRPS, snap.ShedFraction, snap.ShedByPriority,
-		relMetric(t, reg, "switchyard_router_shed_total", map[string]string{"reason": "admission"}),
-		relMetric(t, reg, "switchyard_router_shed_total", map[string]string{"reason": "snapshot"}),
-		relMetric(t, reg, "switchyard_router_upstream_attempts_total", nil),
-		relMetric(t, reg, "switchyard_router_retries_total", nil),
-		relMetric(t, reg, "switchyard_router_retries_suppressed_total", nil),
-		relMetric(t, reg, "switchyard_router_retry_amplification", nil))
+		testenv.MetricSum(t, reg, "switchyard_router_shed_total", map[string]string{"reason": "admission"}),
+		testenv.MetricSum(t, reg, "switchyard_router_shed_total", map[string]string{"reason": "snapshot"}),
+		testenv.MetricSum(t, reg, "switchyard_router_upstream_attempts_total", nil),
+		testenv.MetricSum(t, reg, "switchyard_router_retries_total", nil),
+		testenv.MetricSum(t, reg, "switchyard_router_retries_suppressed_total", nil),
+		testenv.MetricSum(t, reg, "switchyard_router_retry_amplification", nil))
 	f := router.FiguresOf(&snap)
 	t.Logf("router %s: predicted latency %v, utilisation %.2f, latency allotment (while the snapshot sheds nothing) %.1f in flight; latency by engine %v; utilisation by engine %v",
 		r.Name(), f.Latency, f.Utilisation, router.Allotment(f, 1, router.DefaultAdmissionSlack, router.DefaultMinInFlight),

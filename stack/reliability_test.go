@@ -26,6 +26,7 @@ import (
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/stack"
+	"github.com/switchyard-dev/switchyard/testenv"
 )
 
 // TestReliabilityOneEngineFails: one engine of six fails every request under
@@ -199,7 +200,7 @@ func TestReliabilityHalfFailAtHighLoad(t *testing.T) {
 	relWarm(t, ctx, s, client, 6*time.Second, slices.Clone(loads)...)
 	attempts0 := 0.0
 	for _, r := range s.Routers() {
-		attempts0 += relMetric(t, r.Handler().Registry(), "switchyard_router_upstream_attempts_total", nil)
+		attempts0 += testenv.MetricSum(t, r.Handler().Registry(), "switchyard_router_upstream_attempts_total", nil)
 	}
 	arrived0 := relArrived(s)
 	origin := time.Now()
@@ -229,8 +230,8 @@ func TestReliabilityHalfFailAtHighLoad(t *testing.T) {
 	attempts := -attempts0
 	ampGauge := 0.0
 	for _, r := range s.Routers() {
-		attempts += relMetric(t, r.Handler().Registry(), "switchyard_router_upstream_attempts_total", nil)
-		ampGauge = max(ampGauge, relMetric(t, r.Handler().Registry(), "switchyard_router_retry_amplification", nil))
+		attempts += testenv.MetricSum(t, r.Handler().Registry(), "switchyard_router_upstream_attempts_total", nil)
+		ampGauge = max(ampGauge, testenv.MetricSum(t, r.Handler().Registry(), "switchyard_router_retry_amplification", nil))
 	}
 	relLogRouters(t, s)
 	st := relSummarise(rs)
@@ -430,8 +431,8 @@ func TestReliabilityHangingEngine(t *testing.T) {
 	sm.stop()
 	relLogRouter(t, rt)
 	reg := rt.Handler().Registry()
-	timeouts := relMetric(t, reg, "switchyard_router_retries_total", map[string]string{"reason": "timeout"})
-	engTimeouts := relMetric(t, reg, "switchyard_router_engine_requests_total", map[string]string{"engine": bad.Name(), "code": "timeout"})
+	timeouts := testenv.MetricSum(t, reg, "switchyard_router_retries_total", map[string]string{"reason": "timeout"})
+	engTimeouts := testenv.MetricSum(t, reg, "switchyard_router_engine_requests_total", map[string]string{"engine": bad.Name(), "code": "timeout"})
 	st := relSummarise(rs)
 	retried := 0 // successes that waited out the deadline: retried after a timeout
 	for _, r := range rs {

@@ -13,11 +13,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"github.com/vmihailenco/msgpack/v5"
+
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/testenv"
-	"github.com/vmihailenco/msgpack/v5"
 )
 
 // fakeEngine publishes signals with a constant TTFT and TBT, counting the

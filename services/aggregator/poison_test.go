@@ -10,41 +10,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
-
-// counterSum sums the series of metric name whose labels include want.
-func counterSum(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			for k, v := range want {
-				found := false
-				for _, l := range m.GetLabel() {
-					if l.GetName() == k && l.GetValue() == v {
-						found = true
-					}
-				}
-				if !found {
-					continue series
-				}
-			}
-			total += m.GetCounter().GetValue()
-		}
-	}
-	return total
-}
 
 // panicOn is a BeforeFold hook that panics on every message whose subject
 // or key names the engine, router or key "boom": a handler bug provoked by
@@ -149,13 +119,13 @@ func TestPoisonMessages(t *testing.T) {
 	panics := "switchyard_aggregator_handler_panics_total"
 	bad := "switchyard_aggregator_bad_messages_total"
 	for _, stream := range []string{"signals", "reports"} {
-		if n := counterSum(t, reg, panics, map[string]string{"handler": stream}); n != rounds {
+		if n := testenv.MetricSum(t, reg, panics, map[string]string{"handler": stream}); n != rounds {
 			t.Errorf("%s: %v panics counted, want %d", stream, n, rounds)
 		}
-		if n := counterSum(t, reg, bad, map[string]string{"stream": stream, "reason": "panic"}); n != rounds {
+		if n := testenv.MetricSum(t, reg, bad, map[string]string{"stream": stream, "reason": "panic"}); n != rounds {
 			t.Errorf("%s: %v bad messages with reason panic, want %d", stream, n, rounds)
 		}
-		if n := counterSum(t, reg, bad, map[string]string{"stream": stream, "reason": "decode"}); n != rounds {
+		if n := testenv.MetricSum(t, reg, bad, map[string]string{"stream": stream, "reason": "decode"}); n != rounds {
 			t.Errorf("%s: %v bad messages with reason decode, want %d", stream, n, rounds)
 		}
 	}
@@ -221,10 +191,10 @@ func TestPoisonStateAtStart(t *testing.T) {
 	alive := runAggregator(t, env, reg)
 	bucket := env.Names.EnginesBucket
 	testenv.WaitFor(t, 10*time.Second, "three poison values counted", func() bool {
-		return counterSum(t, reg, "switchyard_aggregator_bad_messages_total", map[string]string{"stream": bucket}) == 3
+		return testenv.MetricSum(t, reg, "switchyard_aggregator_bad_messages_total", map[string]string{"stream": bucket}) == 3
 	})
 	for _, reason := range []string{"decode", "invalid", "panic"} {
-		if n := counterSum(t, reg, "switchyard_aggregator_bad_messages_total", map[string]string{"stream": bucket, "reason": reason}); n != 1 {
+		if n := testenv.MetricSum(t, reg, "switchyard_aggregator_bad_messages_total", map[string]string{"stream": bucket, "reason": reason}); n != 1 {
 			t.Errorf("reason %s: %v values counted, want 1", reason, n)
 		}
 	}
@@ -288,7 +258,7 @@ func TestPoisonFloodOfSubjects(t *testing.T) {
 		t.Fatal("flood not stored in 10s")
 	}
 	testenv.WaitFor(t, 15*time.Second, "flood counted", func() bool {
-		return counterSum(t, reg, "switchyard_aggregator_bad_messages_total", map[string]string{"stream": "signals"}) == flood
+		return testenv.MetricSum(t, reg, "switchyard_aggregator_bad_messages_total", map[string]string{"stream": "signals"}) == flood
 	})
 	testenv.WaitFor(t, 5*time.Second, "flood settled", func() bool {
 		cons, err := env.JS.Consumer(ctx, env.Names.SignalStream, "sy-aggregator-signals")

@@ -10,9 +10,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vmihailenco/msgpack/v5"
+
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/testenv"
-	"github.com/vmihailenco/msgpack/v5"
 )
 
 // publishRaw publishes m encoded without validation, as a careless or

@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
@@ -221,7 +222,7 @@ func TestClientErrorsDoNotPenalise(t *testing.T) {
 		if _, err := eng.Get(context.Background(), "penalty."+model+"."+victim); err == nil {
 			t.Fatalf("%s penalised for client errors", victim)
 		}
-		if n := metricSum(t, optReg, "switchyard_optimizer_penalties_total"); n != 0 {
+		if n := testenv.MetricSum(t, optReg, "switchyard_optimizer_penalties_total", nil); n != 0 {
 			t.Fatalf("%v penalties", n)
 		}
 		if h.Live(model).Engine(victim).Ejected() {

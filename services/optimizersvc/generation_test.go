@@ -7,10 +7,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vmihailenco/msgpack/v5"
+
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/testenv"
-	"github.com/vmihailenco/msgpack/v5"
 )
 
 // forgedSnapshot encodes a weight snapshot of generation gen the way a
@@ -104,10 +105,10 @@ func TestRecoversFromUnfollowableGeneration(t *testing.T) {
 		return err == nil && messages.DecodeInto(e.Value(), &next) == nil && next.Generation > b.Generation
 	})
 	checkGen(next, "B")
-	if n := metricSum(t, reg, "switchyard_optimizer_weights_overwritten_total"); n < 4 {
+	if n := testenv.MetricSum(t, reg, "switchyard_optimizer_weights_overwritten_total", nil); n < 4 {
 		t.Errorf("switchyard_optimizer_weights_overwritten_total = %v, want >= 4", n)
 	}
-	if n := metricSum(t, reg, "switchyard_optimizer_bad_values_total"); n < 4 {
+	if n := testenv.MetricSum(t, reg, "switchyard_optimizer_bad_values_total", nil); n < 4 {
 		t.Errorf("switchyard_optimizer_bad_values_total = %v, want >= 4", n)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
@@ -276,29 +277,6 @@ func waitSnapshots(t *testing.T, r *recorder, clusters ...string) {
 	})
 }
 
-func metricSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			switch {
-			case m.GetCounter() != nil:
-				sum += m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				sum += m.GetGauge().GetValue()
-			}
-		}
-	}
-	return sum
-}
-
 // TestCaseStudy: state in the buckets yields one snapshot per (model, cluster),
 // weights and shed sum to 1, and B's overflow goes to engine-c, not engine-a.
 // Clusters listed in Options.Clusters get a snapshot before any demand is seen,
@@ -351,13 +329,18 @@ func TestCaseStudy(t *testing.T) {
 	if sol := in.svc.LastSolution(model); sol == nil || len(sol.Clusters) != 4 || len(sol.Engines) != 3 {
 		t.Errorf("LastSolution: %+v", sol)
 	}
-	if n := metricSum(t, reg, "switchyard_optimizer_bad_values_total"); n < 1 {
+	if n := testenv.MetricSum(t, reg, "switchyard_optimizer_bad_values_total", nil); n < 1 {
 		t.Errorf("bad values counted: %v, want >= 1", n)
 	}
-	if n := metricSum(t, reg, "switchyard_optimizer_generations_written_total"); n != 4 {
+	// The counter rises after the write returns, so it may trail the
+	// snapshots the recorder saw.
+	testenv.WaitFor(t, 5*time.Second, "four generations counted", func() bool {
+		return testenv.MetricSum(t, reg, "switchyard_optimizer_generations_written_total", nil) >= 4
+	})
+	if n := testenv.MetricSum(t, reg, "switchyard_optimizer_generations_written_total", nil); n != 4 {
 		t.Errorf("generations written: %v, want 4", n)
 	}
-	if n := metricSum(t, reg, "switchyard_optimizer_leader"); n != 1 {
+	if n := testenv.MetricSum(t, reg, "switchyard_optimizer_leader", nil); n != 1 {
 		t.Errorf("leader gauge: %v, want 1", n)
 	}
 	r.checkSlots(t)

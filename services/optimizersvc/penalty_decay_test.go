@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/messages"
 )
 

@@ -7,39 +7,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
-
-// labelledSum sums the series of metric name whose labels include want.
-func labelledSum(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	total := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			for k, v := range want {
-				found := false
-				for _, l := range m.GetLabel() {
-					found = found || (l.GetName() == k && l.GetValue() == v)
-				}
-				if !found {
-					continue series
-				}
-			}
-			total += m.GetCounter().GetValue()
-		}
-	}
-	return total
-}
 
 // TestPoisonAtStart starts the optimizer service, twice, on state buckets
 // that already hold values which do not decode, are of the wrong kind or
@@ -83,14 +55,14 @@ func TestPoisonAtStart(t *testing.T) {
 		waitSnapshots(t, r, "A", "B", "C")
 		bad := "switchyard_optimizer_bad_values_total"
 		testenv.WaitFor(t, 5*time.Second, "every poison value counted", func() bool {
-			return labelledSum(t, reg, bad, nil) == 8
+			return testenv.MetricSum(t, reg, bad, nil) == 8
 		})
 		for reason, want := range map[string]float64{"decode": 3, "version": 1, "kind": 1, "invalid": 1, "panic": 2} {
-			if n := labelledSum(t, reg, bad, map[string]string{"reason": reason}); n != want {
+			if n := testenv.MetricSum(t, reg, bad, map[string]string{"reason": reason}); n != want {
 				t.Errorf("run %d: %v values counted with reason %s, want %v", run, n, reason, want)
 			}
 		}
-		if n := labelledSum(t, reg, "switchyard_optimizer_handler_panics_total", nil); n != 2 {
+		if n := testenv.MetricSum(t, reg, "switchyard_optimizer_handler_panics_total", nil); n != 2 {
 			t.Errorf("run %d: %v panics counted, want 2", run, n)
 		}
 		for _, c := range []string{"A", "B", "C"} {
