@@ -231,8 +231,9 @@ func TestReportsPublished(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
+	// The test engines serve /healthz: probing it shows probes reach them.
 	svc := runService(t, router.ServiceOptions{Conn: env.Dial(t, "router"), Cluster: "A", Router: "r1",
-		ReportInterval: 200 * time.Millisecond})
+		ReportInterval: 200 * time.Millisecond, RTTProbe: "http:/healthz"})
 	testenv.WaitFor(t, 5*time.Second, "routable", func() bool {
 		tb, _, ok := svc.Store().Table("m")
 		return ok && tb.Slots() > 0

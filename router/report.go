@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"sort"
 	"strings"
 	"sync"
@@ -206,6 +208,10 @@ type ReporterOptions struct {
 	ProbeInterval time.Duration
 	// ProbeTimeout bounds one probe (default 1 s).
 	ProbeTimeout time.Duration
+	// RTTProbe is how HTTP engines are probed (default DefaultRTTProbe):
+	// "tcp" times a TCP connect to the engine's host and port; "http:/path"
+	// times a GET of that path on the engine's base URL. See CheckRTTProbe.
+	RTTProbe string
 	// PublishTimeout bounds publishing one interval's reports (default the
 	// interval).
 	PublishTimeout time.Duration
@@ -234,9 +240,53 @@ type modelAcc struct {
 }
 
 type probeState struct {
-	last time.Time
-	rtt  time.Duration
-	ok   bool
+	last   time.Time
+	rtt    time.Duration
+	ok     bool
+	warned bool // the probe path was answered 404/405 and that was logged
+}
+
+// DefaultRTTProbe is the default RTT probe: a TCP connect. The handshake
+// takes one network round trip and nothing else, it works for every engine
+// (vLLM, SGLang, TGI and llama.cpp serve /health, Switchyard's own engines
+// /healthz: no one path is served by all) and it does not depend on the
+// engine's HTTP stack. An HTTP probe also times the engine's own request
+// handling, which grows with its load: that is not network latency, and the
+// optimizer would read a busy engine as a far one.
+const DefaultRTTProbe = "tcp"
+
+// ErrBadRTTProbe is returned (wrapped) for an RTT probe CheckRTTProbe
+// refuses.
+var ErrBadRTTProbe = errors.New("invalid RTT probe")
+
+// rttProbe is a parsed RTTProbe: tcp, or the HTTP path to GET.
+type rttProbe struct {
+	tcp  bool
+	path string
+}
+
+// CheckRTTProbe reports whether s is a valid RTT probe: "tcp", or "http:"
+// followed by an absolute path (an optional query allowed), such as
+// "http:/health". The error wraps ErrBadRTTProbe and quotes s.
+func CheckRTTProbe(s string) error {
+	_, err := parseRTTProbe(s)
+	return err
+}
+
+func parseRTTProbe(s string) (rttProbe, error) {
+	if s == "tcp" {
+		return rttProbe{tcp: true}, nil
+	}
+	path, ok := strings.CutPrefix(s, "http:")
+	if !ok {
+		return rttProbe{}, fmt.Errorf("%w %q: want tcp or http:/path", ErrBadRTTProbe, s)
+	}
+	u, err := url.ParseRequestURI(path)
+	if err != nil || !strings.HasPrefix(path, "/") || strings.HasPrefix(path, "//") || u.Host != "" || u.Fragment != "" ||
+		strings.ContainsAny(path, " \t#") {
+		return rttProbe{}, fmt.Errorf("%w %q: the path after http: must be absolute, like http:/health", ErrBadRTTProbe, s)
+	}
+	return rttProbe{path: path}, nil
 }
 
 // Reporter counts what the router sees (an Observer) and publishes one
@@ -248,9 +298,10 @@ type probeState struct {
 // are logged and counted, and never block requests; a report that cannot be
 // published (NATS away) is dropped.
 type Reporter struct {
-	opts ReporterOptions
-	log  zerolog.Logger
-	js   jetstream.JetStream
+	opts   ReporterOptions
+	log    zerolog.Logger
+	js     jetstream.JetStream
+	rttHow rttProbe
 
 	mu     sync.Mutex
 	acc    map[string]*modelAcc
@@ -290,6 +341,13 @@ func NewReporter(opts ReporterOptions) (*Reporter, error) {
 	if opts.PublishTimeout <= 0 {
 		opts.PublishTimeout = opts.Interval
 	}
+	if opts.RTTProbe == "" {
+		opts.RTTProbe = DefaultRTTProbe
+	}
+	how, err := parseRTTProbe(opts.RTTProbe)
+	if err != nil {
+		return nil, fmt.Errorf("router: new reporter: ReporterOptions.RTTProbe: %w", err)
+	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -300,6 +358,7 @@ func NewReporter(opts ReporterOptions) (*Reporter, error) {
 	now := opts.Now()
 	r := &Reporter{
 		opts:   opts,
+		rttHow: how,
 		log:    opts.Logger.With().Str("component", "router").Str("cluster", opts.Cluster).Logger(),
 		js:     js,
 		acc:    make(map[string]*modelAcc),
@@ -592,9 +651,11 @@ func (r *Reporter) endpointKey(_ string, e Engine) string {
 	return ""
 }
 
-// probeLoop measures RTT to engines: HTTP GET <url>/healthz for HTTP
-// engines, the NATS connection's RTT for NATS-only engines; each endpoint at
-// most once per ProbeInterval.
+// probeLoop measures RTT to engines: for HTTP engines a TCP connect or a GET
+// of the configured path (RTTProbe), for NATS-only engines the NATS
+// connection's RTT; each endpoint at most once per ProbeInterval. A probe
+// never counts against an engine's health: a failed one only measures no
+// RTT.
 func (r *Reporter) probeLoop(ctx context.Context) {
 	tick := time.NewTicker(min(r.opts.Interval, r.opts.ProbeInterval))
 	defer tick.Stop()
@@ -659,6 +720,11 @@ func (r *Reporter) probeDue(ctx context.Context) {
 	wg.Wait()
 }
 
+// probe measures the RTT to the endpoint key, and whether it measured one.
+// A refused or timed-out connect, a transport error and an HTTP probe
+// answered 404 or 405 (the engine does not serve that path: the answer says
+// nothing about the engine, and its time includes a routing miss) measure
+// none.
 func (r *Reporter) probe(ctx context.Context, key string) (time.Duration, bool) {
 	if key == "nats:" {
 		d, err := r.opts.Conn.RTT()
@@ -666,7 +732,10 @@ func (r *Reporter) probe(ctx context.Context, key string) (time.Duration, bool) 
 	}
 	pctx, cancel := context.WithTimeout(ctx, r.opts.ProbeTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(pctx, http.MethodGet, strings.TrimSuffix(key, "/")+"/healthz", nil)
+	if r.rttHow.tcp {
+		return r.probeTCP(pctx, key)
+	}
+	req, err := http.NewRequestWithContext(pctx, http.MethodGet, strings.TrimSuffix(key, "/")+r.rttHow.path, nil)
 	if err != nil {
 		return 0, false
 	}
@@ -675,6 +744,57 @@ func (r *Reporter) probe(ctx context.Context, key string) (time.Duration, bool) 
 	if err != nil {
 		return 0, false
 	}
+	d := time.Since(start)
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // lets the connection be reused
 	_ = resp.Body.Close()
-	return time.Since(start), true
+	if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed {
+		r.unservedPath(key, resp.StatusCode)
+		return 0, false
+	}
+	return d, true
+}
+
+// probeTCP times a TCP connect to the host and port of the base URL key
+// (port 80 or 443 by scheme when the URL has none).
+func (r *Reporter) probeTCP(ctx context.Context, key string) (time.Duration, bool) {
+	u, err := url.Parse(key)
+	if err != nil || u.Hostname() == "" {
+		return 0, false
+	}
+	port := u.Port()
+	if port == "" {
+		switch u.Scheme {
+		case "https":
+			port = "443"
+		case "http":
+			port = "80"
+		default:
+			return 0, false
+		}
+	}
+	var d net.Dialer
+	start := time.Now()
+	c, err := d.DialContext(ctx, "tcp", net.JoinHostPort(u.Hostname(), port))
+	if err != nil {
+		return 0, false
+	}
+	rtt := time.Since(start)
+	_ = c.Close()
+	return rtt, true
+}
+
+// unservedPath logs, once per endpoint, that the engine answered the HTTP
+// probe path with status: no RTT is measured there until the probe changes.
+func (r *Reporter) unservedPath(key string, status int) {
+	r.mu.Lock()
+	p := r.probes[key]
+	first := p != nil && !p.warned
+	if first {
+		p.warned = true
+	}
+	r.mu.Unlock()
+	if first {
+		r.log.Warn().Str("endpoint", key).Str("rtt_probe", r.opts.RTTProbe).Int("status", status).
+			Msg("engine does not serve the RTT probe path: no RTT measured for it (the default probe, tcp, needs no path)")
+	}
 }

@@ -47,6 +47,9 @@ type ServiceOptions struct {
 	DownAfter time.Duration
 	// ReportInterval is the report interval (default 1 s).
 	ReportInterval time.Duration
+	// RTTProbe is how the router measures its RTT to HTTP engines: "tcp"
+	// (DefaultRTTProbe, the default) or "http:/path" (see CheckRTTProbe).
+	RTTProbe string
 	// RefreshInterval is how often the store re-evaluates staleness, the
 	// local policy and down marks (default 250 ms).
 	RefreshInterval time.Duration
@@ -106,6 +109,11 @@ func NewService(opts ServiceOptions) (*Service, error) {
 	}
 	if err := messages.CheckName("cluster", opts.Cluster); err != nil {
 		return nil, fmt.Errorf("router: new service: %w", err)
+	}
+	if opts.RTTProbe != "" {
+		if err := CheckRTTProbe(opts.RTTProbe); err != nil {
+			return nil, fmt.Errorf("router: new service: ServiceOptions.RTTProbe: %w", err)
+		}
 	}
 	if opts.Router == "" {
 		var b [4]byte
@@ -167,7 +175,7 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		return nil, err
 	}
 	s.reporter, err = NewReporter(ReporterOptions{Conn: opts.Conn, Names: opts.Names, Cluster: opts.Cluster,
-		Router: opts.Router, Interval: opts.ReportInterval, Tables: s.store, Endpoints: s.signals,
+		Router: opts.Router, Interval: opts.ReportInterval, RTTProbe: opts.RTTProbe, Tables: s.store, Endpoints: s.signals,
 		Logger: logger, Registry: opts.Registry, Now: opts.Now})
 	if err != nil {
 		return nil, err

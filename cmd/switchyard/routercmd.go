@@ -37,6 +37,7 @@ func routerCommand() command {
 			fs.BoolVar(&o.PreferNATS, "prefer-nats", false, "forward over NATS to engines that offer both HTTP and NATS")
 			fs.DurationVar(&o.StaleAfter, "stale-after", router.DefaultStaleAfter, "snapshot age past which the local policy takes over")
 			fs.DurationVar(&o.ReportInterval, "report-interval", time.Second, "how often to publish reports")
+			fs.StringVar(&o.RTTProbe, "rtt-probe", router.DefaultRTTProbe, "how to measure the RTT to HTTP engines: tcp (time a TCP connect: the network round trip alone, for any engine) or http:/path (time a GET of that path, e.g. http:/health; also times the engine's request handling; a 404 or 405 there measures nothing)")
 			fs.IntVar(&o.Protection.Routers, "routers", 1, "routers serving this cluster: local admission control allots this router 1/N of the cluster's planned traffic")
 			httpServer := fs.String("http-server", string(router.DefaultServerKind), "HTTP front's server: fasthttp (github.com/valyala/fasthttp) or std (Go's net/http)")
 			var rt router.RuntimeOptions
@@ -56,6 +57,9 @@ func routerCommand() command {
 				}
 				if err := messages.CheckName("--cluster", o.Cluster); err != nil {
 					return usageError{err}
+				}
+				if err := router.CheckRTTProbe(o.RTTProbe); err != nil {
+					return usagef("--rtt-probe: %v", err)
 				}
 				if o.Protection.Routers < 1 {
 					return usagef("--routers %d: a cluster has at least one router", o.Protection.Routers)
