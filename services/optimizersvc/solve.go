@@ -62,7 +62,7 @@ func (s *Service) buildProblems() []built {
 	for _, model := range sortedKeys(engines) {
 		p := &optimizer.Problem{}
 		for _, e := range engines[model] {
-			key := model + "." + e.name
+			key := streams.JoinKey(model, e.name)
 			if e.st.Status == messages.StatusDown {
 				s.slowStart(key, e.st, 0, now)
 				continue
