@@ -198,6 +198,10 @@ func joinKey(a, b string) (string, error) {
 	return a + "." + b, nil
 }
 
+// CutKey splits a key built by JoinKey into its two tokens at the first dot,
+// without validating them (SplitKey does), for keys the caller built itself.
+func CutKey(key string) (a, b string, ok bool) { return strings.Cut(key, ".") }
+
 // SplitKey splits a two-token key such as <model>.<engine> into its tokens.
 func SplitKey(key string) (a, b string, ok bool) {
 	a, b, ok = strings.Cut(key, ".")

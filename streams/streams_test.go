@@ -102,6 +102,12 @@ func TestKeyLayout(t *testing.T) {
 			}
 		}
 	}
+	if a, b, ok := streams.CutKey(streams.JoinKey("llama", "engine-a")); !ok || a != "llama" || b != "engine-a" {
+		t.Errorf("CutKey(JoinKey(llama, engine-a)) = %q %q %v", a, b, ok)
+	}
+	if _, _, ok := streams.CutKey("nodot"); ok {
+		t.Error("CutKey split a key without a dot")
+	}
 	for key, want := range map[string]bool{"operator.engine-a": true, "operator.a.b": false, "operator": false, "llama.engine-a": false, "penalty.llama.e": false} {
 		if got := streams.IsOperatorKey(key); got != want {
 			t.Errorf("IsOperatorKey(%q) = %v, want %v", key, got, want)

@@ -786,7 +786,7 @@ func (a *Aggregator) foldReport(rep *messages.RouterReport, now time.Time) error
 	// Per-engine outcomes, into the states of engines that have signalled:
 	// a report cannot create an engine.
 	for engine, o := range rep.Engines {
-		e, ok := a.engines[rep.Model+"."+engine]
+		e, ok := a.engines[streams.JoinKey(rep.Model, engine)]
 		if !ok {
 			continue
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -169,7 +168,7 @@ func (s *Service) updatePenalties(ctx context.Context, kv jetstream.KeyValue) {
 	var recs []rec
 	for _, key := range sortedKeys(s.pens) {
 		p := s.pens[key]
-		model, engine, _ := strings.Cut(key, ".")
+		model, engine, _ := streams.CutKey(key)
 		pkey, err := streams.PenaltyKey(model, engine)
 		if err != nil {
 			continue
@@ -190,7 +189,7 @@ func (s *Service) updatePenalties(ctx context.Context, kv jetstream.KeyValue) {
 	s.mu.Unlock()
 	s.metrics.penalised.Set(float64(penalised))
 	for _, ev := range events {
-		model, engine, _ := strings.Cut(ev.key, ".")
+		model, engine, _ := streams.CutKey(ev.key)
 		s.metrics.penalties.WithLabelValues(ev.p.reason).Inc()
 		s.log.Warn().Str("model", model).Str("engine", engine).Str("reason", ev.p.reason).Float64("multiplier", ev.p.mult).
 			Dur("duration", ev.p.until.Sub(ev.p.since)).Int("strikes", ev.p.strikes).Str("detail", ev.p.detail).

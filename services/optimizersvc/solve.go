@@ -92,7 +92,7 @@ func (s *Service) buildProblems() []built {
 			var row []optimizer.Link
 			conf := s.opts.NetworkMs[c]
 			for j := range p.Engines {
-				ms, ok := s.rtt[c+"."+p.Engines[j].Name]
+				ms, ok := s.rtt[streams.JoinKey(c, p.Engines[j].Name)]
 				if cms, has := conf[p.Engines[j].Name]; has && (!ok || s.opts.PreferConfiguredNetwork) {
 					ms, ok = cms, true
 				}
