@@ -260,7 +260,7 @@ func (d *Dashboard) apply(bucket string, e jetstream.KeyValueEntry) {
 			d.engines[key] = &m
 		}
 	case d.opts.Names.DemandBucket:
-		if strings.HasPrefix(key, "rtt.") {
+		if strings.HasPrefix(key, streams.RTTPrefix) {
 			return
 		}
 		if del {

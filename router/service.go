@@ -321,9 +321,6 @@ func (s *Service) Store() *SnapshotStore { return s.store }
 // Signals returns the live engine signals.
 func (s *Service) Signals() *Signals { return s.signals }
 
-// Reporter returns the reporter.
-func (s *Service) Reporter() *Reporter { return s.reporter }
-
 // Close releases the listener of a Service whose Run was never called.
 func (s *Service) Close() error {
 	s.mu.Lock()

@@ -88,6 +88,59 @@ func (n Names) InferSubject(model, engine string) (string, error) {
 	return join(n.Prefix+".infer", model, engine)
 }
 
+// The KV key layout. Model-keyed records (engine state, demand, weights) are
+// <model>.<name>; the records that share the buckets with them are led by a
+// reserved word a model may not take (messages.ValidModelName), so the two
+// never collide:
+//
+//	sy_engines  <model>.<engine>            engine state
+//	            penalty.<model>.<engine>    penalty record
+//	            operator.<engine>           operator override
+//	sy_demand   <model>.<cluster>           demand
+//	            rtt.<cluster>.<engine>      RTT from a cluster to an engine
+//	sy_weights  <model>.<cluster>           weights snapshot
+//
+// The builders without a Join prefix validate their tokens and are for names
+// from outside (flags, configuration, the wire before validation). The Join
+// builders only concatenate: they are for names taken from messages that were
+// validated on decode, on paths that build a key per message.
+const (
+	// RTTPrefix leads the sy_demand keys of RTT records.
+	RTTPrefix = "rtt."
+	// PenaltyPrefix leads the sy_engines keys of penalty records.
+	PenaltyPrefix = "penalty."
+	// OperatorPrefix leads the sy_engines keys of operator overrides.
+	OperatorPrefix = "operator."
+)
+
+// JoinKey is <a>.<b>, the key of a model-keyed record (engine state, demand,
+// weights), for tokens already validated. It does not check them; use
+// EngineKey, DemandKey or WeightsKey for names from outside.
+func JoinKey(a, b string) string { return a + "." + b }
+
+// JoinRTTKey is rtt.<cluster>.<engine> for tokens already validated; RTTKey
+// checks them.
+func JoinRTTKey(cluster, engine string) string { return RTTPrefix + cluster + "." + engine }
+
+// JoinOperatorKey is operator.<engine> for an engine name already validated;
+// OperatorKey checks it.
+func JoinOperatorKey(engine string) string { return OperatorPrefix + engine }
+
+// CutRTTKey reports whether key has the shape of an RTT key (rtt.<a>.<b>) and
+// returns what follows the prefix, <cluster>.<engine>, for SplitKey. It does
+// not validate the tokens.
+func CutRTTKey(key string) (rest string, ok bool) {
+	rest, ok = strings.CutPrefix(key, RTTPrefix)
+	return rest, ok && strings.Count(rest, ".") == 1
+}
+
+// IsOperatorKey reports whether key has the shape of an operator override's
+// key (operator.<engine>). It does not validate the engine name.
+func IsOperatorKey(key string) bool {
+	rest, ok := strings.CutPrefix(key, OperatorPrefix)
+	return ok && !strings.Contains(rest, ".")
+}
+
 // EngineKey is the sy_engines key of an engine's state: <model>.<engine>.
 func EngineKey(model, engine string) (string, error) { return modelKey(model, engine) }
 
@@ -97,7 +150,30 @@ func DemandKey(model, cluster string) (string, error) { return modelKey(model, c
 // RTTKey is the sy_demand key of the RTT from a cluster to an engine: rtt.<cluster>.<engine>.
 func RTTKey(cluster, engine string) (string, error) {
 	k, err := joinKey(cluster, engine)
-	return "rtt." + k, err
+	if err != nil {
+		return "", err
+	}
+	return RTTPrefix + k, nil
+}
+
+// PenaltyKey is the sy_engines key of an engine's penalty record:
+// penalty.<model>.<engine>.
+func PenaltyKey(model, engine string) (string, error) {
+	if err := messages.CheckModelName(model); err != nil {
+		return "", err
+	}
+	if err := messages.CheckName("engine", engine); err != nil {
+		return "", err
+	}
+	return PenaltyPrefix + model + "." + engine, nil
+}
+
+// OperatorKey is the sy_engines key of an operator override: operator.<engine>.
+func OperatorKey(engine string) (string, error) {
+	if err := messages.CheckName("engine", engine); err != nil {
+		return "", err
+	}
+	return JoinOperatorKey(engine), nil
 }
 
 // WeightsKey is the sy_weights key of a snapshot: <model>.<cluster>.
@@ -121,6 +197,10 @@ func joinKey(a, b string) (string, error) {
 	}
 	return a + "." + b, nil
 }
+
+// CutKey splits a key built by JoinKey into its two tokens at the first dot,
+// without validating them (SplitKey does), for keys the caller built itself.
+func CutKey(key string) (a, b string, ok bool) { return strings.Cut(key, ".") }
 
 // SplitKey splits a two-token key such as <model>.<engine> into its tokens.
 func SplitKey(key string) (a, b string, ok bool) {

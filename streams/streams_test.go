@@ -52,6 +52,69 @@ func TestSubjects(t *testing.T) {
 	}
 }
 
+// TestKeyLayout pins the KV key layout of DESIGN.md: the validating builders
+// and the joiners used on hot paths agree, the validating ones refuse what
+// the joiners would happily concatenate, and the parsers recognise exactly
+// the shapes the builders produce.
+func TestKeyLayout(t *testing.T) {
+	valid := []struct {
+		got  func() (string, error)
+		join string
+		want string
+		what string
+	}{
+		{func() (string, error) { return streams.EngineKey("llama", "engine-a") }, streams.JoinKey("llama", "engine-a"), "llama.engine-a", "EngineKey"},
+		{func() (string, error) { return streams.DemandKey("llama", "A") }, streams.JoinKey("llama", "A"), "llama.A", "DemandKey"},
+		{func() (string, error) { return streams.WeightsKey("llama", "A") }, streams.JoinKey("llama", "A"), "llama.A", "WeightsKey"},
+		{func() (string, error) { return streams.RTTKey("A", "engine-a") }, streams.JoinRTTKey("A", "engine-a"), "rtt.A.engine-a", "RTTKey"},
+		{func() (string, error) { return streams.OperatorKey("engine-a") }, streams.JoinOperatorKey("engine-a"), "operator.engine-a", "OperatorKey"},
+		{func() (string, error) { return streams.PenaltyKey("llama", "engine-a") }, streams.PenaltyPrefix + "llama.engine-a", "penalty.llama.engine-a", "PenaltyKey"},
+	}
+	for _, c := range valid {
+		got, err := c.got()
+		if err != nil || got != c.want || c.join != c.want {
+			t.Errorf("%s = %q, %v (joined %q); want %q", c.what, got, err, c.join, c.want)
+		}
+	}
+	bad := map[string]func() (string, error){
+		"DemandKey(llama, a.b)":   func() (string, error) { return streams.DemandKey("llama", "a.b") },
+		"WeightsKey(rtt, A)":      func() (string, error) { return streams.WeightsKey("rtt", "A") },
+		"RTTKey(A, >)":            func() (string, error) { return streams.RTTKey("A", ">") },
+		"RTTKey(, e)":             func() (string, error) { return streams.RTTKey("", "e") },
+		"OperatorKey(a.b)":        func() (string, error) { return streams.OperatorKey("a.b") },
+		"PenaltyKey(operator, e)": func() (string, error) { return streams.PenaltyKey("operator", "e") },
+		"PenaltyKey(llama, *)":    func() (string, error) { return streams.PenaltyKey("llama", "*") },
+	}
+	for name, f := range bad {
+		if k, err := f(); !errors.Is(err, messages.ErrInvalid) || k != "" {
+			t.Errorf("%s = %q, %v; want \"\", ErrInvalid", name, k, err)
+		}
+	}
+
+	for key, want := range map[string]string{"rtt.A.engine-a": "A.engine-a", "rtt.A": "", "rtt.A.b.c": "", "llama.A": "", "rttx.A.b": ""} {
+		rest, ok := streams.CutRTTKey(key)
+		if ok != (want != "") || (ok && rest != want) {
+			t.Errorf("CutRTTKey(%q) = %q, %v; want %q", key, rest, ok, want)
+		}
+		if ok {
+			if c, e, split := streams.SplitKey(rest); !split || streams.JoinRTTKey(c, e) != key {
+				t.Errorf("CutRTTKey(%q) then SplitKey = %q %q %v; does not rebuild the key", key, c, e, split)
+			}
+		}
+	}
+	if a, b, ok := streams.CutKey(streams.JoinKey("llama", "engine-a")); !ok || a != "llama" || b != "engine-a" {
+		t.Errorf("CutKey(JoinKey(llama, engine-a)) = %q %q %v", a, b, ok)
+	}
+	if _, _, ok := streams.CutKey("nodot"); ok {
+		t.Error("CutKey split a key without a dot")
+	}
+	for key, want := range map[string]bool{"operator.engine-a": true, "operator.a.b": false, "operator": false, "llama.engine-a": false, "penalty.llama.e": false} {
+		if got := streams.IsOperatorKey(key); got != want {
+			t.Errorf("IsOperatorKey(%q) = %v, want %v", key, got, want)
+		}
+	}
+}
+
 func TestProvisionIdempotentAndApplyChanges(t *testing.T) {
 	env := testenv.StartNATS(t) // provisions once
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -63,9 +63,6 @@ func (n *ClusterNode) RouteURL() string {
 	return "nats-route://127.0.0.1:" + strconv.Itoa(n.ClusterPort)
 }
 
-// Server returns the running server, or nil while the node is stopped.
-func (n *ClusterNode) Server() *natsembed.Server { return n.srv }
-
 // Cluster is a real NATS cluster of embedded JetStream servers started for
 // one test: every node on 127.0.0.1 with its own client and route port and a
 // temporary store, all routed to each other. Conn and JS are a client
@@ -254,13 +251,6 @@ func (c *Cluster) provision(ctx context.Context) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-}
-
-// Nodes returns the cluster's nodes, running or not.
-func (c *Cluster) Nodes() []*ClusterNode {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return slices.Clone(c.nodes)
 }
 
 // Node returns node i (0-based).

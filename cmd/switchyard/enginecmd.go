@@ -19,7 +19,6 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
-	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
@@ -110,7 +109,7 @@ engine simulator over NATS (subject <prefix>.ctl.engine.NAME).`,
 				if action == "list" {
 					return listEngines(ctx, kv, *model, e)
 				}
-				key, _ := optimizersvc.OperatorKey(name)
+				key, _ := streams.OperatorKey(name)
 				if action == "restore" {
 					if err := kv.Delete(ctx, key); err != nil {
 						return fmt.Errorf("restore %s: %w", name, err)

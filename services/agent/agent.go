@@ -192,7 +192,7 @@ func (o Options) Validate() error {
 		if err := e.validate(f); err != nil {
 			return fmt.Errorf("%w: %v", ErrOptions, err)
 		}
-		key := e.Model + "." + e.Name
+		key := streams.JoinKey(e.Model, e.Name)
 		if seen[key] {
 			return bad("%s: engine %q of model %q is given twice", f, e.Name, e.Model)
 		}

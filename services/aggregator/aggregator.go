@@ -531,7 +531,7 @@ func (a *Aggregator) loadEntry(bucket string, e jetstream.KeyValueEntry, now tim
 	}
 	switch s := m.(type) {
 	case *messages.EngineState:
-		if misfiled(s.Model + "." + s.Engine) {
+		if misfiled(streams.JoinKey(s.Model, s.Engine)) {
 			return
 		}
 		last := time.UnixMilli(s.LastSignal)
@@ -549,12 +549,12 @@ func (a *Aggregator) loadEntry(bucket string, e jetstream.KeyValueEntry, now tim
 		}
 		a.engines[e.Key()] = ent
 	case *messages.DemandState:
-		if misfiled(s.Model + "." + s.Cluster) {
+		if misfiled(streams.JoinKey(s.Model, s.Cluster)) {
 			return
 		}
 		a.demand[e.Key()] = &demandEntry{state: *s}
 	case *messages.RTTState:
-		if misfiled("rtt." + s.Cluster + "." + s.Engine) {
+		if misfiled(streams.JoinRTTKey(s.Cluster, s.Engine)) {
 			return
 		}
 		a.rtt[e.Key()] = &rttEntry{state: *s}
@@ -629,7 +629,7 @@ func (a *Aggregator) handleSignal(msg jetstream.Msg) {
 
 // foldSignal folds one valid signal into the engine's state. Callers hold a.mu.
 func (a *Aggregator) foldSignal(sig *messages.EngineSignal, now time.Time) {
-	key := sig.Model + "." + sig.Engine
+	key := streams.JoinKey(sig.Model, sig.Engine)
 	e, ok := a.engines[key]
 	if !ok {
 		e = &engineEntry{state: messages.EngineState{Model: sig.Model, Engine: sig.Engine}}
@@ -737,7 +737,7 @@ func dedupHorizon(ms int64, now time.Time) int64 {
 // a report dated in the future cannot make the router's next ones look seen.
 // Callers hold a.mu.
 func (a *Aggregator) foldReport(rep *messages.RouterReport, now time.Time) error {
-	key := rep.Model + "." + rep.Cluster
+	key := streams.JoinKey(rep.Model, rep.Cluster)
 	d, ok := a.demand[key]
 	if !ok {
 		d = &demandEntry{state: messages.DemandState{Model: rep.Model, Cluster: rep.Cluster}}
@@ -786,7 +786,7 @@ func (a *Aggregator) foldReport(rep *messages.RouterReport, now time.Time) error
 	// Per-engine outcomes, into the states of engines that have signalled:
 	// a report cannot create an engine.
 	for engine, o := range rep.Engines {
-		e, ok := a.engines[rep.Model+"."+engine]
+		e, ok := a.engines[streams.JoinKey(rep.Model, engine)]
 		if !ok {
 			continue
 		}
@@ -798,7 +798,7 @@ func (a *Aggregator) foldReport(rep *messages.RouterReport, now time.Time) error
 	}
 
 	for engine, ms := range rep.RTTMs {
-		rk := "rtt." + rep.Cluster + "." + engine
+		rk := streams.JoinRTTKey(rep.Cluster, engine)
 		e, ok := a.rtt[rk]
 		if !ok {
 			e = &rttEntry{state: messages.RTTState{Cluster: rep.Cluster, Engine: engine}}

@@ -253,9 +253,6 @@ func (e *Engine) Capacity() float64 {
 	return capacity(e.opts, e.failure.factor())
 }
 
-// Handler returns the engine's full HTTP handler (inference, health, metrics, admin).
-func (e *Engine) Handler() http.Handler { return e.handler }
-
 // Failure returns the failure injection in force.
 func (e *Engine) Failure() Failure {
 	e.mu.Lock()

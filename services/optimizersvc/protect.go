@@ -4,33 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/optimizer"
+	"github.com/switchyard-dev/switchyard/streams"
 )
-
-// PenaltyKey is the sy_engines key of an engine's penalty record:
-// penalty.<model>.<engine>.
-func PenaltyKey(model, engine string) (string, error) {
-	if err := messages.CheckModelName(model); err != nil {
-		return "", err
-	}
-	if err := messages.CheckName("engine", engine); err != nil {
-		return "", err
-	}
-	return "penalty." + model + "." + engine, nil
-}
-
-// OperatorKey is the sy_engines key of an operator override: operator.<engine>.
-func OperatorKey(engine string) (string, error) {
-	if err := messages.CheckName("engine", engine); err != nil {
-		return "", err
-	}
-	return "operator." + engine, nil
-}
 
 // handleOther folds a non-engine-state value of sy_engines (by its kind:
 // operator overrides, and the leader's penalty records, which a follower
@@ -47,7 +27,7 @@ func (s *Service) handleOther(key string, value []byte) bool {
 			s.bad(s.opts.Names.EnginesBucket, key, err)
 			return true
 		}
-		if want, _ := OperatorKey(op.Engine); want != key {
+		if want, _ := streams.OperatorKey(op.Engine); want != key {
 			s.bad(s.opts.Names.EnginesBucket, key, fmt.Errorf("%w: operator record for %s stored under key %q", messages.ErrInvalid, op.Engine, key))
 			return true
 		}
@@ -64,7 +44,7 @@ func (s *Service) handleOther(key string, value []byte) bool {
 			s.bad(s.opts.Names.EnginesBucket, key, err)
 			return true
 		}
-		if want, _ := PenaltyKey(pen.Model, pen.Engine); want != key {
+		if want, _ := streams.PenaltyKey(pen.Model, pen.Engine); want != key {
 			s.bad(s.opts.Names.EnginesBucket, key, fmt.Errorf("%w: penalty record for %s.%s stored under key %q", messages.ErrInvalid, pen.Model, pen.Engine, key))
 			return true
 		}
@@ -96,7 +76,7 @@ func (s *Service) adoptPenalty(pen *messages.Penalty) {
 	if pen.Strikes <= 0 || (s.Leader() && !restored) {
 		return
 	}
-	key := pen.Model + "." + pen.Engine
+	key := streams.JoinKey(pen.Model, pen.Engine)
 	since := time.UnixMilli(pen.Since)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -120,7 +100,7 @@ func (s *Service) adoptPenalty(pen *messages.Penalty) {
 
 // forgetOther drops an operator override whose key was deleted (restore).
 func (s *Service) forgetOther(key string) bool {
-	if !strings.HasPrefix(key, "operator.") || strings.Count(key, ".") != 1 {
+	if !streams.IsOperatorKey(key) {
 		return false
 	}
 	s.mu.Lock()
@@ -138,7 +118,7 @@ func (s *Service) forgetOther(key string) bool {
 // operatorFor returns the override in force for an engine of model, or nil.
 // Callers hold s.mu.
 func (s *Service) operatorFor(model, engine string) *messages.Operator {
-	op := s.operators["operator."+engine]
+	op := s.operators[streams.JoinOperatorKey(engine)]
 	if op == nil || (op.Model != "" && op.Model != model) {
 		return nil
 	}
@@ -188,8 +168,8 @@ func (s *Service) updatePenalties(ctx context.Context, kv jetstream.KeyValue) {
 	var recs []rec
 	for _, key := range sortedKeys(s.pens) {
 		p := s.pens[key]
-		model, engine, _ := strings.Cut(key, ".")
-		pkey, err := PenaltyKey(model, engine)
+		model, engine, _ := streams.CutKey(key)
+		pkey, err := streams.PenaltyKey(model, engine)
 		if err != nil {
 			continue
 		}
@@ -209,7 +189,7 @@ func (s *Service) updatePenalties(ctx context.Context, kv jetstream.KeyValue) {
 	s.mu.Unlock()
 	s.metrics.penalised.Set(float64(penalised))
 	for _, ev := range events {
-		model, engine, _ := strings.Cut(ev.key, ".")
+		model, engine, _ := streams.CutKey(ev.key)
 		s.metrics.penalties.WithLabelValues(ev.p.reason).Inc()
 		s.log.Warn().Str("model", model).Str("engine", engine).Str("reason", ev.p.reason).Float64("multiplier", ev.p.mult).
 			Dur("duration", ev.p.until.Sub(ev.p.since)).Int("strikes", ev.p.strikes).Str("detail", ev.p.detail).

@@ -2,10 +2,10 @@ package optimizersvc
 
 import (
 	"math"
-	"strings"
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/streams"
 )
 
 // AboutZeroShare is the share of an engine's reference capacity (the
@@ -66,7 +66,7 @@ func (s *Service) slowStart(key string, st *messages.EngineState, eff float64, n
 		r.low = false
 		if po.SlowStart > 0 {
 			r.start = now
-			model, engine, _ := strings.Cut(key, ".")
+			model, engine, _ := streams.CutKey(key)
 			s.log.Info().Str("model", model).Str("engine", engine).Float64("capacity_rps", eff).
 				Float64("from_multiplier", po.RecoveryFloor).Dur("slow_start", po.SlowStart).
 				Msg("engine capacity back from about zero; slow start")
@@ -74,7 +74,7 @@ func (s *Service) slowStart(key string, st *messages.EngineState, eff float64, n
 	}
 	m := r.multiplier(now, po.RecoveryFloor, po.SlowStart)
 	if !r.start.IsZero() {
-		model, engine, _ := strings.Cut(key, ".")
+		model, engine, _ := streams.CutKey(key)
 		if m >= 1 {
 			s.endSlowStart(key, "done")
 		} else {
@@ -91,7 +91,7 @@ func (s *Service) endSlowStart(key, why string) {
 	if r == nil {
 		return
 	}
-	model, engine, _ := strings.Cut(key, ".")
+	model, engine, _ := streams.CutKey(key)
 	if !r.start.IsZero() {
 		r.start = time.Time{}
 		s.metrics.slowStart.DeleteLabelValues(model, engine)

@@ -62,7 +62,7 @@ func (s *Service) buildProblems() []built {
 	for _, model := range sortedKeys(engines) {
 		p := &optimizer.Problem{}
 		for _, e := range engines[model] {
-			key := model + "." + e.name
+			key := streams.JoinKey(model, e.name)
 			if e.st.Status == messages.StatusDown {
 				s.slowStart(key, e.st, 0, now)
 				continue
@@ -92,7 +92,7 @@ func (s *Service) buildProblems() []built {
 			var row []optimizer.Link
 			conf := s.opts.NetworkMs[c]
 			for j := range p.Engines {
-				ms, ok := s.rtt[c+"."+p.Engines[j].Name]
+				ms, ok := s.rtt[streams.JoinKey(c, p.Engines[j].Name)]
 				if cms, has := conf[p.Engines[j].Name]; has && (!ok || s.opts.PreferConfiguredNetwork) {
 					ms, ok = cms, true
 				}

@@ -2,7 +2,6 @@ package optimizersvc
 
 import (
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -88,8 +87,7 @@ func (s *Service) handleEngine(e jetstream.KeyValueEntry) {
 // handleDemand folds one sy_demand entry (demand or RTT) into the state.
 func (s *Service) handleDemand(e jetstream.KeyValueEntry) {
 	key := e.Key()
-	rttKey, isRTT := strings.CutPrefix(key, "rtt.")
-	isRTT = isRTT && strings.Count(key, ".") == 2
+	rttKey, isRTT := streams.CutRTTKey(key)
 	if deleted(e) {
 		s.mu.Lock()
 		if isRTT {
@@ -195,7 +193,7 @@ func (s *Service) sweepDemand(seen map[string]bool) {
 		}
 	}
 	for k := range s.rtt {
-		if !seen["rtt."+k] {
+		if !seen[streams.RTTPrefix+k] {
 			if replaced {
 				s.carried["r/"+k] = now
 				continue

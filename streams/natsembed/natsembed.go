@@ -188,15 +188,6 @@ func (e *Server) ClientURL() string {
 	return e.srv.ClientURL()
 }
 
-// ClusterURL returns the nats-route:// URL of this node's cluster listener, or "".
-func (e *Server) ClusterURL() string {
-	a := e.srv.ClusterAddr()
-	if a == nil {
-		return ""
-	}
-	return "nats-route://" + a.String()
-}
-
 // LeafURL returns the nats-leaf:// URL of this server's leaf-node listener, or "".
 func (e *Server) LeafURL() string {
 	v, err := e.srv.Varz(nil)
@@ -205,10 +196,6 @@ func (e *Server) LeafURL() string {
 	}
 	return "nats-leaf://" + net.JoinHostPort(v.LeafNode.Host, strconv.Itoa(v.LeafNode.Port))
 }
-
-// LeafConnected reports whether this server has a leaf-node connection up
-// (to its hub, or from a leaf node).
-func (e *Server) LeafConnected() bool { return e.srv.NumLeafNodes() > 0 }
 
 // Shutdown stops the server and waits until it has stopped.
 func (e *Server) Shutdown() {
