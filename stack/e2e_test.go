@@ -30,20 +30,8 @@ import (
 func TestCaseStudyEndToEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s, err := stack.Start(ctx, stack.Options{DataDir: t.TempDir(), NATSPort: -1, RouterAddr: "127.0.0.1:0", Logger: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := startCaseStudy(t, ctx)
 	f := s.File()
-	testenv.WaitFor(t, 15*time.Second, "every router holds a snapshot", func() bool {
-		for _, r := range s.Routers() {
-			if _, ok := r.Store().Snapshot(f.Model); !ok {
-				return false
-			}
-		}
-		return true
-	})
 
 	streamedBeforeLast(t, ctx, "http://"+s.Routers()[0].Addr(), f.Model)
 	disconnectCancelsEngine(t, ctx, "http://"+s.Routers()[1].Addr(), f.Model, s.Engines())
@@ -230,5 +218,32 @@ func disconnectCancelsEngine(t *testing.T, ctx context.Context, url, model strin
 	resp.Body.Close()
 	testenv.WaitFor(t, 3*time.Second, "the engine drops the request after the client hangs up", func() bool {
 		return eng.Stats().Running == 0
+	})
+}
+
+// startCaseStudy starts the built-in stack as `switchyard up` runs it, on a
+// temporary data dir, a random NATS port and random router ports, closed
+// with the test, and waits until every router holds a snapshot.
+func startCaseStudy(t *testing.T, ctx context.Context) *stack.Stack {
+	t.Helper()
+	s, err := stack.Start(ctx, stack.Options{DataDir: t.TempDir(), NATSPort: -1, RouterAddr: "127.0.0.1:0", Logger: zerolog.Nop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	waitSnapshots(t, s, s.File().Model)
+	return s
+}
+
+// waitSnapshots waits until every router of s holds a snapshot of model.
+func waitSnapshots(t *testing.T, s *stack.Stack, model string) {
+	t.Helper()
+	testenv.WaitFor(t, 15*time.Second, "every router holds a snapshot", func() bool {
+		for _, r := range s.Routers() {
+			if _, ok := r.Store().Snapshot(model); !ok {
+				return false
+			}
+		}
+		return true
 	})
 }

@@ -13,7 +13,6 @@ import (
 
 	"github.com/switchyard-dev/switchyard/services/loadgen"
 	"github.com/switchyard-dev/switchyard/stack"
-	"github.com/switchyard-dev/switchyard/testenv"
 	"github.com/switchyard-dev/switchyard/workload"
 )
 
@@ -124,14 +123,7 @@ func TestReliabilityRestart(t *testing.T) {
 
 	// Fresh start.
 	s := restartUp(t, ctx, restartFile("engine-b"), dir)
-	testenv.WaitFor(t, 15*time.Second, "every router holds a snapshot", func() bool {
-		for _, r := range s.Routers() {
-			if _, ok := r.Store().Snapshot(relModel); !ok {
-				return false
-			}
-		}
-		return true
-	})
+	waitSnapshots(t, s, relModel)
 	fresh := restartLoad(ctx, s, window, 1)
 	freshPen := restartPenalties(t, ctx, s)
 	s.Close()

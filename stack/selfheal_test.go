@@ -11,10 +11,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/rs/zerolog"
 
 	"github.com/switchyard-dev/switchyard/messages"
-	"github.com/switchyard-dev/switchyard/stack"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
@@ -29,20 +27,8 @@ import (
 func TestDeletedLayoutUnderLoad(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s, err := stack.Start(ctx, stack.Options{DataDir: t.TempDir(), NATSPort: -1, RouterAddr: "127.0.0.1:0", Logger: zerolog.Nop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := startCaseStudy(t, ctx)
 	f := s.File()
-	testenv.WaitFor(t, 15*time.Second, "every router holds a snapshot", func() bool {
-		for _, r := range s.Routers() {
-			if _, ok := r.Store().Snapshot(f.Model); !ok {
-				return false
-			}
-		}
-		return true
-	})
 	js, err := jetstream.New(s.Conn())
 	if err != nil {
 		t.Fatal(err)
