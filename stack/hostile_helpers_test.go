@@ -332,19 +332,25 @@ func allOK(st map[string]map[int]int) bool {
 // engineState reads engine's state from sy_engines, nil when absent or
 // undecodable.
 func (h *hostileEnv) engineState(engine string) *messages.EngineState {
-	kv, err := h.js.KeyValue(h.ctx, "sy_engines")
-	if err != nil {
-		return nil
-	}
-	e, err := kv.Get(h.ctx, hostileModel+"."+engine)
-	if err != nil {
-		return nil
-	}
 	var st messages.EngineState
-	if messages.DecodeInto(e.Value(), &st) != nil {
+	if !h.readState("sy_engines", hostileModel+"."+engine, &st) {
 		return nil
 	}
 	return &st
+}
+
+// readState decodes the value of key in bucket into m, and reports whether
+// it was there and decoded.
+func (h *hostileEnv) readState(bucket, key string, m messages.Message) bool {
+	kv, err := h.js.KeyValue(h.ctx, bucket)
+	if err != nil {
+		return false
+	}
+	e, err := kv.Get(h.ctx, key)
+	if err != nil {
+		return false
+	}
+	return messages.DecodeInto(e.Value(), m) == nil
 }
 
 // fleetState describes what is not yet healthy, "" when everything is:

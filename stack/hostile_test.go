@@ -171,16 +171,8 @@ func (h *hostileEnv) realReport(cluster, router string) *messages.RouterReport {
 
 // demand reads cluster's demand state from sy_demand, nil when absent.
 func (h *hostileEnv) demand(cluster string) *messages.DemandState {
-	kv, err := h.js.KeyValue(h.ctx, "sy_demand")
-	if err != nil {
-		return nil
-	}
-	e, err := kv.Get(h.ctx, hostileModel+"."+cluster)
-	if err != nil {
-		return nil
-	}
 	var d messages.DemandState
-	if messages.DecodeInto(e.Value(), &d) != nil {
+	if !h.readState("sy_demand", hostileModel+"."+cluster, &d) {
 		return nil
 	}
 	return &d
