@@ -90,7 +90,7 @@ func BenchmarkSolve(b *testing.B) {
 			}
 			b.ReportMetric(float64((cpuTime()-c0).Microseconds())/1000/float64(n), "cpu-ms/op")
 			b.ReportMetric(float64(sol.Diagnostics.Iterations), "sweeps")
-			b.ReportMetric(float64(s.newt.steps), "newton-steps")
+			b.ReportMetric(float64(s.newton.Steps()), "newton-steps")
 			b.ReportMetric(sol.Diagnostics.RelGap, "relgap")
 			b.ReportMetric(b2f(sol.Diagnostics.OutOfTime), "out-of-time")
 			if sz.load > 1 {
@@ -162,7 +162,7 @@ func BenchmarkSolve(b *testing.B) {
 			// relgap is the gap of the weights returned, after the dead band kept some
 			// clusters' previous weights; solve-relgap is what the solve itself certified.
 			b.ReportMetric(float64(sol.Diagnostics.Iterations), "sweeps")
-			b.ReportMetric(float64(s.newt.steps), "newton-steps")
+			b.ReportMetric(float64(s.newton.Steps()), "newton-steps")
 			b.ReportMetric(sol.Diagnostics.RelGap, "relgap")
 			b.ReportMetric(sol.Diagnostics.SolveRelGap, "solve-relgap")
 			if g := sol.Diagnostics.SolveRelGap; !(g <= s.Options().Tolerance) {

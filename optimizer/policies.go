@@ -32,7 +32,7 @@ func PolicyByName(name string, opt Options) (Policy, error) {
 		o := opt
 		o.ProximalMs, o.DeadBand = 0, 0
 		s := NewSolver(o)
-		s.equilibrium = true
+		s.st.Equilibrium = true
 		return &optimalPolicy{s: s, name: name}, nil
 	case "nearest", "waterfall", "proportional":
 		return &baseline{name: name, s: NewSolver(opt)}, nil
@@ -58,13 +58,13 @@ func (o *optimalPolicy) Solve(p *Problem, prev *Solution) (*Solution, error) {
 		return nil, err
 	}
 	sol.Policy = o.Name()
-	if o.s.equilibrium {
+	if o.s.st.Equilibrium {
 		// Report the system-optimum gap of the equilibrium, not its own equilibrium gap.
-		o.s.equilibrium = false
-		m := o.s.measure(false)
-		o.s.equilibrium = true
-		sol.Diagnostics.Objective, sol.Diagnostics.Gap, sol.Diagnostics.RelGap = m.objective, m.gap, m.relGap
-		sol.Diagnostics.SolveRelGap = m.relGap
+		o.s.st.Equilibrium = false
+		m := o.s.st.Measure(false)
+		o.s.st.Equilibrium = true
+		sol.Diagnostics.Objective, sol.Diagnostics.Gap, sol.Diagnostics.RelGap = m.Objective, m.Gap, m.RelGap
+		sol.Diagnostics.SolveRelGap = m.RelGap
 		sol.Diagnostics.Notes = append(sol.Diagnostics.Notes, "least-latency equalises average latency; gap is relative to the optimum")
 	}
 	return sol, nil
@@ -86,64 +86,64 @@ func (b *baseline) Solve(p *Problem, _ *Solution) (*Solution, error) {
 	s := b.s
 	s.setup(p)
 	s.warm(p, nil, true)
-	clear(s.X)
+	clear(s.st.Load)
 	var order []int
 	for i := range p.Clusters {
-		e0, e1 := s.start[i], s.start[i+1]
-		D := s.demand[i]
+		e0, e1 := s.st.Start[i], s.st.Start[i+1]
+		D := s.st.Demand[i]
 		for k := e0; k < e1; k++ {
-			s.x[k] = 0
+			s.st.Flow[k] = 0
 		}
 		switch b.name {
 		case "nearest":
 			best := -1
 			for k := e0; k < e1; k++ {
-				if s.capv[s.eng[k]] > 0 && (best < 0 || s.dist[k] < s.dist[best]) {
+				if s.st.Cap[s.st.Eng[k]] > 0 && (best < 0 || s.st.Dist[k] < s.st.Dist[best]) {
 					best = k
 				}
 			}
 			if best >= 0 {
-				s.x[best] = D
+				s.st.Flow[best] = D
 			}
 		case "waterfall":
 			order = order[:0]
 			for k := e0; k < e1; k++ {
 				order = append(order, k)
 			}
-			sort.SliceStable(order, func(a, c int) bool { return s.dist[order[a]] < s.dist[order[c]] })
+			sort.SliceStable(order, func(a, c int) bool { return s.st.Dist[order[a]] < s.st.Dist[order[c]] })
 			left := D
 			for _, k := range order {
-				j := s.eng[k]
-				t := math.Min(left, math.Max(0, s.capv[j]-s.X[j]))
-				s.x[k] = t
-				s.X[j] += t
+				j := s.st.Eng[k]
+				t := math.Min(left, math.Max(0, s.st.Cap[j]-s.st.Load[j]))
+				s.st.Flow[k] = t
+				s.st.Load[j] += t
 				left -= t
 			}
 			for k := e0; k < e1; k++ {
-				s.X[s.eng[k]] -= s.x[k]
+				s.st.Load[s.st.Eng[k]] -= s.st.Flow[k]
 			}
 		case "proportional":
 			total := 0.0
 			for k := e0; k < e1; k++ {
-				total += s.capv[s.eng[k]]
+				total += s.st.Cap[s.st.Eng[k]]
 			}
 			if total > 0 {
 				for k := e0; k < e1; k++ {
-					s.x[k] = D * s.capv[s.eng[k]] / total
+					s.st.Flow[k] = D * s.st.Cap[s.st.Eng[k]] / total
 				}
 			}
 		}
 		served := 0.0
 		for k := e0; k < e1; k++ {
-			s.X[s.eng[k]] += s.x[k]
-			served += s.x[k]
+			s.st.Load[s.st.Eng[k]] += s.st.Flow[k]
+			served += s.st.Flow[k]
 		}
-		s.shed[i] = math.Max(0, D-served)
-		s.mu[i] = math.NaN()
+		s.st.Shed[i] = math.Max(0, D-served)
+		s.st.Mu[i] = math.NaN()
 	}
 	over := false
-	for j := range s.X {
-		if s.X[j] > s.capv[j]*(1+1e-12) {
+	for j := range s.st.Load {
+		if s.st.Load[j] > s.st.Cap[j]*(1+1e-12) {
 			over = true
 		}
 	}
@@ -154,8 +154,8 @@ func (b *baseline) Solve(p *Problem, _ *Solution) (*Solution, error) {
 		sol.Diagnostics.Gap, sol.Diagnostics.RelGap, sol.Diagnostics.Objective = math.NaN(), math.NaN(), math.NaN()
 		// Recompute the mean latency: solution() skips nothing, so infinite latencies propagate.
 	} else {
-		m := s.measure(false)
-		sol.Diagnostics.Objective, sol.Diagnostics.Gap, sol.Diagnostics.RelGap = m.objective, m.gap, m.relGap
+		m := s.st.Measure(false)
+		sol.Diagnostics.Objective, sol.Diagnostics.Gap, sol.Diagnostics.RelGap = m.Objective, m.Gap, m.RelGap
 	}
 	sol.Diagnostics.SolveRelGap = sol.Diagnostics.RelGap
 	sol.Diagnostics.Duration = time.Since(t0)

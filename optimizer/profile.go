@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"sort"
+
+	"github.com/switchyard-dev/switchyard/optimizer/flow"
 )
 
 // Profile describes how an engine's latency grows with its load. A profile is bound to an
@@ -19,22 +21,10 @@ type Profile interface {
 }
 
 // Curve is a latency profile bound to an engine: engine-side latency L(x) in ms at load x req/s,
-// increasing and convex, with a hard load limit. The solver uses the marginal cost
+// increasing and convex, with a hard load limit. It is the solver's view of an engine
+// (flow.Curve, where its methods are documented): the solver uses the marginal cost
 // F'(x) = d/dx (x·L(x)) and its inverse.
-type Curve interface {
-	// Capacity returns the hard limit on the load, in req/s.
-	Capacity() float64
-	// Latency returns L(x) in ms; it may be +Inf at or beyond capacity.
-	Latency(x float64) float64
-	// Marginal returns F'(x) = L(x) + x·L'(x), the marginal cost of one more req/s.
-	Marginal(x float64) float64
-	// InverseMarginal returns the largest load x in [0, Capacity()] with Marginal(x) ≤ m, and
-	// dx/dm there (0 when clamped).
-	InverseMarginal(m float64) (x, slope float64)
-	// InverseLatency returns the largest load x in [0, Capacity()] with Latency(x) ≤ l, and
-	// dx/dl there (0 when clamped).
-	InverseLatency(l float64) (x, slope float64)
-}
+type Curve = flow.Curve
 
 // QueueCapFraction is the fraction of a queue engine's effective capacity that the solver may
 // load it to: the queue latency diverges at capacity, so the load is kept strictly below it.

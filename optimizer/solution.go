@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/optimizer/flow"
 )
 
 // Solution is the routing decided for a Problem. Clusters and Engines are indexed like the
@@ -144,44 +146,44 @@ func (s *Solver) solution(p *Problem, policy string, notes []string) *Solution {
 func (s *Solver) newSolution(p *Problem, policy string) *Solution {
 	nc := len(p.Clusters)
 	sol := &Solution{Policy: policy, Clusters: make([]ClusterResult, nc), Engines: make([]EngineResult, len(p.Engines))}
-	edges := len(s.eng)
+	edges := len(s.st.Eng)
 	flat := make([]float64, 2*edges)
 	weights, flows := flat[:edges], flat[edges:]
 	// The engine lists are the network rows: solutions share them while the rows stay the
 	// same (they are read-only), so that a warm start recognises its rows without comparing.
-	if s.rowsLinks != s.links || len(s.rows) != edges {
+	if s.rowsLinks != s.st.Links || len(s.rows) != edges {
 		s.rows = make([]int, edges)
-		for k, j := range s.eng {
+		for k, j := range s.st.Eng {
 			s.rows[k] = int(j)
 		}
-		s.rowsLinks = s.links
+		s.rowsLinks = s.st.Links
 	}
 	idx := s.rows
 	for j := range p.Engines {
 		e := &sol.Engines[j]
 		e.Name = p.Engines[j].Name
 		e.CapacityRPS = p.Engines[j].EffectiveCapacity()
-		e.LoadRPS = s.X[j]
+		e.LoadRPS = s.st.Load[j]
 		switch {
 		case e.CapacityRPS > 0:
-			e.Utilisation = s.X[j] / e.CapacityRPS
-		case s.X[j] > 0:
+			e.Utilisation = s.st.Load[j] / e.CapacityRPS
+		case s.st.Load[j] > 0:
 			e.Utilisation = math.Inf(1)
 		}
-		e.LatencyMs = s.curves[j].Latency(s.X[j])
-		e.PriceMs = s.lam[j]
+		e.LatencyMs = s.st.Curves[j].Latency(s.st.Load[j])
+		e.PriceMs = s.st.Lam[j]
 	}
-	s.served = growRaw(s.served, nc)
-	s.costs = growRaw(s.costs, nc)
+	s.served = flow.GrowRaw(s.served, nc)
+	s.costs = flow.GrowRaw(s.costs, nc)
 	for i := range p.Clusters {
 		c := &sol.Clusters[i]
-		e0, e1 := s.start[i], s.start[i+1]
+		e0, e1 := s.st.Start[i], s.st.Start[i+1]
 		c.Name = p.Clusters[i].Name
-		c.DemandRPS = s.demand[i]
+		c.DemandRPS = s.st.Demand[i]
 		c.Engines = idx[e0:e1:e1]
 		c.Weights = weights[e0:e1:e1]
 		c.FlowsRPS = flows[e0:e1:e1]
-		c.level = s.mu[i]
+		c.level = s.st.Mu[i]
 	}
 	return sol
 }
@@ -190,10 +192,10 @@ func (s *Solver) newSolution(p *Problem, policy string) *Solution {
 // latency cost for finishSolution.
 func (s *Solver) rowOut(sol *Solution, i int) {
 	c := &sol.Clusters[i]
-	e0, e1 := s.start[i], s.start[i+1]
-	D := s.demand[i]
+	e0, e1 := s.st.Start[i], s.st.Start[i+1]
+	D := s.st.Demand[i]
 	served, cost := 0.0, 0.0
-	x, dist, eng := s.x[e0:e1], s.dist[e0:e1], s.eng[e0:e1]
+	x, dist, eng := s.st.Flow[e0:e1], s.st.Dist[e0:e1], s.st.Eng[e0:e1]
 	flows, weights := c.FlowsRPS[:len(x)], c.Weights[:len(x)]
 	for r, v := range x {
 		flows[r] = v
@@ -215,14 +217,14 @@ func (s *Solver) finishSolution(sol *Solution, notes []string) {
 	for i := range p.Clusters {
 		c := &sol.Clusters[i]
 		cl := &p.Clusters[i]
-		e0, e1 := s.start[i], s.start[i+1]
+		e0, e1 := s.st.Start[i], s.st.Start[i+1]
 		served, cost := s.served[i], s.costs[i]
-		c.ShedRPS = s.shed[i]
-		if s.demand[i] > 0 {
-			c.ShedFraction = s.shed[i] / s.demand[i]
+		c.ShedRPS = s.st.Shed[i]
+		if s.st.Demand[i] > 0 {
+			c.ShedFraction = s.st.Shed[i] / s.st.Demand[i]
 		}
-		left := s.shed[i]
-		for _, q := range s.order {
+		left := s.st.Shed[i]
+		for _, q := range s.st.Order {
 			t := math.Min(left, cl.Demand[q])
 			c.ShedByPriority[q] = t
 			left -= t
@@ -232,13 +234,13 @@ func (s *Solver) finishSolution(sol *Solution, notes []string) {
 		}
 		totalServed += served
 		totalCost += cost
-		sol.ShedRPS += s.shed[i]
-		if e0 == e1 && s.demand[i] > 0 {
+		sol.ShedRPS += s.st.Shed[i]
+		if e0 == e1 && s.st.Demand[i] > 0 {
 			notes = append(notes, fmt.Sprintf("cluster %s has no eligible engine: all shed", cl.Name))
-		} else if s.demand[i] > 0 && s.shed[i] >= s.demand[i]*(1-1e-12) {
+		} else if s.st.Demand[i] > 0 && s.st.Shed[i] >= s.st.Demand[i]*(1-1e-12) {
 			notes = append(notes, fmt.Sprintf("cluster %s: its eligible engines have no capacity left: all shed", cl.Name))
-		} else if s.shed[i] > 1e-9*s.demand[i] {
-			notes = append(notes, fmt.Sprintf("cluster %s: %.4g of %.4g req/s shed for lack of capacity", cl.Name, s.shed[i], s.demand[i]))
+		} else if s.st.Shed[i] > 1e-9*s.st.Demand[i] {
+			notes = append(notes, fmt.Sprintf("cluster %s: %.4g of %.4g req/s shed for lack of capacity", cl.Name, s.st.Shed[i], s.st.Demand[i]))
 		}
 	}
 	if totalServed > 0 {

@@ -300,6 +300,9 @@ func TestDiagnosticsPath(t *testing.T) {
 	}{
 		{"case study", caseStudy(), PathLevels},
 		{"30 clusters", randomProblem(3, 30, 40, 6, 0.7), PathNewton},
+		// The level solver does not settle cold on this small overloaded problem: the chain
+		// goes on to the Newton path and then to the auction, whose point the sweeps finish.
+		{"small overloaded", randomProblem(1, 3, 5, 5, 1.2), PathAuction},
 		{"overloaded", overloaded(5, 30, 40, 1.3), ""},
 	} {
 		sol, err := s.Solve(c.p, nil)

@@ -1,8 +1,20 @@
-package optimizer
+// Package levels holds the level solver: a dual ascent on the clusters' marginal-cost levels
+// in which clusters whose bids tie on an engine move together, each round solving one
+// one-dimensional equation per component (docs/optimizer.md). It settles small problems in a
+// few rounds with exact ties.
+package levels
 
 import (
 	"math"
+
+	"github.com/switchyard-dev/switchyard/optimizer/flow"
 )
+
+// Solver runs the level solver on a flow.State; it keeps its buffers between solves.
+type Solver struct {
+	*flow.State
+	dual dualState
+}
 
 // The dual solver works on the clusters' marginal-cost levels μ_i. Given the levels, cluster i
 // bids μ_i − d_ij for engine j; every engine goes to its highest bidder at the price of that
@@ -17,14 +29,10 @@ import (
 // set-valued coordinates (as in Bertsekas' relaxation method) on a problem whose dual has only
 // as many variables as clusters; every round costs O(links).
 
-// dualState holds the buffers of the dual solver.
+// dualState holds the buffers of the level solver; the engine-major view of the links is the
+// state's (flow.State.EngineView).
 type dualState struct {
-	estart       []int     // engine j's incoming links are ein[estart[j]:estart[j+1]]
-	ein          []int32   // CSR edge index of each incoming link
-	clOf         []int32   // cluster of each CSR edge
-	ecl          []int32   // cluster of each incoming link, in ein's (engine-major) order
 	lv           []float64 // level of each active cluster, -Inf for the others (dualBids)
-	edist        []float64 // network latency of each incoming link, in ein's order
 	m0           []float64 // marginal cost at zero load per engine
 	b1           []float64 // top bid per engine
 	w1           []int32   // top bidder (-1: none)
@@ -46,8 +54,6 @@ type dualState struct {
 	par          []int32   // parent edge of each node (CSR edge, -1 for roots), clusters then engines
 	req, shift   []float64 // per node
 	nodeIsActive []bool
-	// The Solver's counts of network-row changes when dualLinks built the view.
-	links, dists uint64
 }
 
 func (d *dualState) find(i int32) int32 {
@@ -77,65 +83,65 @@ func tieTol(b float64) float64 { return 1e-11 * (math.Abs(b) + 1) }
 // servedDemand returns the demand cluster i serves at level mu: classes whose shed price is
 // below the level are shed.
 func (s *Solver) servedDemand(i int, mu float64) float64 {
-	dem := &s.p.Clusters[i].Demand
+	dem := &s.Classes[i]
 	v := 0.0
 	for q := range dem {
-		if !(s.opt.ShedPriceMs[q] < mu) {
+		if !(s.Opt.ShedPriceMs[q] < mu) {
 			v += dem[q]
 		}
 	}
 	return v
 }
 
-// dualSolve runs the dual solver from the levels in s.mu (NaN: cold) and leaves flows, loads,
+// Solve runs the dual solver from the levels in s.Mu (NaN: cold) and leaves flows, loads,
 // shed and levels in the solver's buffers. It reports whether it balanced every component.
-func (s *Solver) dualSolve(maxRounds int) (rounds int, ok bool) {
-	nc, ne := len(s.demand), len(s.X)
+func (s *Solver) Solve(maxRounds int) (rounds int, ok bool) {
+	nc, ne := len(s.Demand), len(s.Load)
 	d := &s.dual
-	s.dualLinks()
-	d.m0 = grow(d.m0, ne)
+	s.EngineView()
+	d.m0 = flow.Grow(d.m0, ne)
 	for j := 0; j < ne; j++ {
-		if s.capv[j] > 0 {
-			d.m0[j] = s.curves[j].Marginal(0)
+		if s.Cap[j] > 0 {
+			d.m0[j] = s.Curves[j].Marginal(0)
 		} else {
 			d.m0[j] = math.Inf(1)
 		}
 	}
-	d.active = grow(d.active, nc)
-	d.dem = grow(d.dem, nc)
-	d.need = grow(d.need, nc)
+	d.active = flow.Grow(d.active, nc)
+	d.dem = flow.Grow(d.dem, nc)
+	d.need = flow.Grow(d.need, nc)
 	common := math.NaN()
 	for i := 0; i < nc; i++ {
-		if s.demand[i] > 0 && s.start[i+1] > s.start[i] {
+		if s.Demand[i] > 0 && s.Start[i+1] > s.Start[i] {
 			d.active[i] = true
-			if math.IsNaN(s.mu[i]) || math.IsInf(s.mu[i], 0) {
+			if math.IsNaN(s.Mu[i]) || math.IsInf(s.Mu[i], 0) {
 				if math.IsNaN(common) {
-					common = s.commonLevel()
+					common = s.CommonLevel()
 				}
 				lo := math.Inf(1)
-				for k := s.start[i]; k < s.start[i+1]; k++ {
-					lo = math.Min(lo, s.dist[k])
+				for k := s.Start[i]; k < s.Start[i+1]; k++ {
+					lo = math.Min(lo, s.Dist[k])
 				}
-				s.mu[i] = common + lo
+				s.Mu[i] = common + lo
 			}
 		}
 	}
-	d.b1 = grow(d.b1, ne)
-	d.w1 = grow(d.w1, ne)
-	d.tied = grow(d.tied, ne)
-	d.tree = growRaw(d.tree, len(s.eng)) // cleared by dualBids
-	d.uf = grow(d.uf, nc)
-	d.f = grow(d.f, nc)
-	d.up = grow(d.up, nc)
-	d.down = grow(d.down, nc)
-	d.sup = grow(d.sup, ne)
-	d.req = grow(d.req, nc+ne)
-	d.shift = grow(d.shift, nc+ne)
-	d.par = grow(d.par, nc+ne)
-	d.nodeIsActive = grow(d.nodeIsActive, nc)
+	d.b1 = flow.Grow(d.b1, ne)
+	d.w1 = flow.Grow(d.w1, ne)
+	d.tied = flow.Grow(d.tied, ne)
+	d.tree = flow.GrowRaw(d.tree, len(s.Eng)) // cleared by dualBids
+	d.uf = flow.Grow(d.uf, nc)
+	d.f = flow.Grow(d.f, nc)
+	d.up = flow.Grow(d.up, nc)
+	d.down = flow.Grow(d.down, nc)
+	d.sup = flow.Grow(d.sup, ne)
+	d.req = flow.Grow(d.req, nc+ne)
+	d.shift = flow.Grow(d.shift, nc+ne)
+	d.par = flow.Grow(d.par, nc+ne)
+	d.nodeIsActive = flow.Grow(d.nodeIsActive, nc)
 
 	phaseUp := true
-	for rounds = 0; rounds < maxRounds && !s.expired(s.fastEnd); rounds++ {
+	for rounds = 0; rounds < maxRounds && !s.Expired(s.FastEnd); rounds++ {
 		s.dualBids()
 		if s.dualComponents() {
 			if !s.dualForest() {
@@ -159,55 +165,6 @@ func (s *Solver) dualSolve(maxRounds int) (rounds int, ok bool) {
 	return rounds, false
 }
 
-// dualLinks builds the engine-major view of the links (estart, ein, clOf, ecl, edist). It is
-// kept between solves while the network rows (cluster starts and engines) are the same, as on
-// warm re-solves of one deployment and on the second run of a cold solve; only the latencies
-// are copied again when they changed.
-func (s *Solver) dualLinks() {
-	d := &s.dual
-	nc, ne := len(s.demand), len(s.X)
-	if d.links == s.links && len(d.estart) == ne+1 && len(d.ein) == len(s.eng) {
-		if d.dists != s.dists {
-			// The same links at other latencies.
-			for e, k := range d.ein {
-				d.edist[e] = s.dist[k]
-			}
-			d.dists = s.dists
-		}
-		return
-	}
-	edges := len(s.eng)
-	d.estart = growRaw(d.estart, ne+1)
-	clear(d.estart)
-	for _, j := range s.eng {
-		d.estart[j+1]++
-	}
-	for j := 0; j < ne; j++ {
-		d.estart[j+1] += d.estart[j]
-	}
-	d.ein = growRaw(d.ein, edges)
-	d.clOf = growRaw(d.clOf, edges)
-	fill := append(d.mstart[:0], d.estart...)
-	for i := 0; i < nc; i++ {
-		for k := s.start[i]; k < s.start[i+1]; k++ {
-			j := s.eng[k]
-			d.ein[fill[j]] = int32(k)
-			fill[j]++
-			d.clOf[k] = int32(i)
-		}
-	}
-	d.mstart = fill[:0]
-	// Engine-major copies of the links' clusters and latencies: the per-engine scans of every
-	// round then read memory in order instead of striding over the cluster-major CSR arrays.
-	d.ecl = growRaw(d.ecl, edges)
-	d.edist = growRaw(d.edist, edges)
-	for e, k := range d.ein {
-		d.ecl[e] = d.clOf[k]
-		d.edist[e] = s.dist[k]
-	}
-	d.links, d.dists = s.links, s.dists
-}
-
 // dualBids computes every engine's top bid and bidder, the ties and the components.
 func (s *Solver) dualBids() {
 	d := &s.dual
@@ -215,17 +172,17 @@ func (s *Solver) dualBids() {
 		d.uf[i] = int32(i)
 	}
 	clear(d.tree)
-	d.lv = grow(d.lv, len(s.mu))
+	d.lv = flow.Grow(d.lv, len(s.Mu))
 	for i, a := range d.active {
 		d.lv[i] = math.Inf(-1)
 		if a {
-			d.lv[i] = s.mu[i]
+			d.lv[i] = s.Mu[i]
 		}
 	}
 	lv := d.lv
 	for j := range d.b1 {
-		e0, e1 := d.estart[j], d.estart[j+1]
-		ecl, edist := d.ecl[e0:e1], d.edist[e0:e1]
+		e0, e1 := s.EStart[j], s.EStart[j+1]
+		ecl, edist := s.ECl[e0:e1], s.EDist[e0:e1]
 		// The top bid and the second one: when the second is below the tie threshold, the
 		// engine has no ties and the second pass is skipped.
 		b1, b2, w := math.Inf(-1), math.Inf(-1), int32(-1)
@@ -249,12 +206,12 @@ func (s *Solver) dualBids() {
 			continue
 		}
 		for e, i := range ecl {
-			if i == w || !d.active[i] || s.mu[i]-edist[e] < thr {
+			if i == w || !d.active[i] || s.Mu[i]-edist[e] < thr {
 				continue
 			}
 			d.tied[j] = true
 			if d.union(w, i) {
-				d.tree[d.ein[e0+e]] = true
+				d.tree[s.EIn[e0+e]] = true
 			}
 		}
 	}
@@ -264,9 +221,9 @@ func (s *Solver) dualBids() {
 // imbalance (demand minus supply) and reports whether every component is balanced.
 func (s *Solver) dualComponents() bool {
 	d := &s.dual
-	nc := len(s.demand)
+	nc := len(s.Demand)
 	// The components are fixed here (dualBids made the unions): look the roots up once.
-	d.root = grow(d.root, nc)
+	d.root = flow.Grow(d.root, nc)
 	for i := 0; i < nc; i++ {
 		d.root[i] = d.find(int32(i))
 	}
@@ -275,7 +232,7 @@ func (s *Solver) dualComponents() bool {
 	}
 	for i := 0; i < nc; i++ {
 		if d.active[i] {
-			d.dem[i] = s.servedDemand(i, s.mu[i])
+			d.dem[i] = s.servedDemand(i, s.Mu[i])
 			d.f[d.root[i]] += d.dem[i]
 		}
 	}
@@ -285,7 +242,7 @@ func (s *Solver) dualComponents() bool {
 		if w < 0 || !(d.b1[j] > d.m0[j]) {
 			continue
 		}
-		d.sup[j], _ = s.curves[j].InverseMarginal(d.b1[j])
+		d.sup[j], _ = s.Curves[j].InverseMarginal(d.b1[j])
 		d.f[d.root[w]] -= d.sup[j]
 	}
 	balanced := true
@@ -300,7 +257,7 @@ func (s *Solver) dualComponents() bool {
 // dualAnyMoves reports whether dualMove would shift any component in the phase.
 func (s *Solver) dualAnyMoves(up bool) bool {
 	d := &s.dual
-	for i := range s.demand {
+	for i := range s.Demand {
 		if d.active[i] && d.root[i] == int32(i) && s.dualMoves(i, up) {
 			return true
 		}
@@ -312,13 +269,13 @@ func (s *Solver) dualAnyMoves(up bool) bool {
 // phase (up or down): how far each may move before it ties with another component.
 func (s *Solver) dualLimits(up bool) {
 	d := &s.dual
-	nc := len(s.demand)
+	nc := len(s.Demand)
 	if up {
 		// A rising component ties with the winner of an engine it does not win. Per engine:
 		// the winner's component and the bid that ties with it (+Inf: none); then scan the
 		// rows of the rising components' members (contiguous in the CSR arrays).
-		d.wroot = grow(d.wroot, len(d.b1))
-		d.wtop = grow(d.wtop, len(d.b1))
+		d.wroot = flow.Grow(d.wroot, len(d.b1))
+		d.wtop = flow.Grow(d.wtop, len(d.b1))
 		for j := range d.b1 {
 			d.wroot[j], d.wtop[j] = -1, math.Inf(1)
 			w := d.w1[j]
@@ -342,10 +299,10 @@ func (s *Solver) dualLimits(up bool) {
 			if !d.active[i] || !s.dualMoves(int(ri), true) {
 				continue
 			}
-			mu, lim := s.mu[i], d.up[ri]
-			e0, e1 := s.start[i], s.start[i+1]
-			dist := s.dist[e0:e1]
-			for e, j := range s.eng[e0:e1] {
+			mu, lim := s.Mu[i], d.up[ri]
+			e0, e1 := s.Start[i], s.Start[i+1]
+			dist := s.Dist[e0:e1]
+			for e, j := range s.Eng[e0:e1] {
 				if d.wroot[j] == ri {
 					continue
 				}
@@ -368,13 +325,13 @@ func (s *Solver) dualLimits(up bool) {
 			continue
 		}
 		out := math.Inf(-1)
-		e0, e1 := d.estart[j], d.estart[j+1]
-		edist := d.edist[e0:e1]
-		for e, i := range d.ecl[e0:e1] {
+		e0, e1 := s.EStart[j], s.EStart[j+1]
+		edist := s.EDist[e0:e1]
+		for e, i := range s.ECl[e0:e1] {
 			if !d.active[i] || d.root[i] == rw {
 				continue
 			}
-			if b := s.mu[i] - edist[e]; b > out {
+			if b := s.Mu[i] - edist[e]; b > out {
 				out = b
 			}
 		}
@@ -397,7 +354,7 @@ func (s *Solver) dualMoves(r int, up bool) bool {
 }
 
 func (s *Solver) balTol(root int) float64 {
-	return 1e-10 * (s.demand[root] + 1)
+	return 1e-10 * (s.Demand[root] + 1)
 }
 
 // dualMove shifts the levels of every unbalanced component (with unmet demand when up, with
@@ -405,9 +362,9 @@ func (s *Solver) balTol(root int) float64 {
 // component.
 func (s *Solver) dualMove(up bool) {
 	d := &s.dual
-	nc := len(s.demand)
+	nc := len(s.Demand)
 	// Members and won engines per root (counting sort).
-	d.mstart = growRaw(d.mstart, nc+1)
+	d.mstart = flow.GrowRaw(d.mstart, nc+1)
 	clear(d.mstart)
 	for i := 0; i < nc; i++ {
 		if d.active[i] {
@@ -417,8 +374,8 @@ func (s *Solver) dualMove(up bool) {
 	for i := 0; i < nc; i++ {
 		d.mstart[i+1] += d.mstart[i]
 	}
-	d.mem = grow(d.mem, d.mstart[nc])
-	pos := grow(d.order, nc)
+	d.mem = flow.Grow(d.mem, d.mstart[nc])
+	pos := flow.Grow(d.order, nc)
 	for i := 0; i < nc; i++ {
 		pos[i] = int32(d.mstart[i])
 	}
@@ -429,7 +386,7 @@ func (s *Solver) dualMove(up bool) {
 			pos[r]++
 		}
 	}
-	d.jstart = growRaw(d.jstart, nc+1)
+	d.jstart = flow.GrowRaw(d.jstart, nc+1)
 	clear(d.jstart)
 	for j := range d.w1 {
 		if d.w1[j] >= 0 {
@@ -439,7 +396,7 @@ func (s *Solver) dualMove(up bool) {
 	for i := 0; i < nc; i++ {
 		d.jstart[i+1] += d.jstart[i]
 	}
-	d.jmem = grow(d.jmem, d.jstart[nc])
+	d.jmem = flow.Grow(d.jmem, d.jstart[nc])
 	for i := 0; i < nc; i++ {
 		pos[i] = int32(d.jstart[i])
 	}
@@ -462,7 +419,7 @@ func (s *Solver) dualMove(up bool) {
 		js := d.jmem[d.jstart[r]:d.jstart[r+1]]
 		t := s.solveShift(mem, js, up, d.up[r], d.down[r])
 		for _, i := range mem {
-			s.mu[i] += t
+			s.Mu[i] += t
 		}
 	}
 }
@@ -472,14 +429,14 @@ func (s *Solver) imbalance(mem, js []int32, t float64) (float64, float64) {
 	d := &s.dual
 	v, dv := 0.0, 0.0
 	for _, i := range mem {
-		v += s.servedDemand(int(i), s.mu[i]+t)
+		v += s.servedDemand(int(i), s.Mu[i]+t)
 	}
 	for _, j := range js {
 		p := d.b1[j] + t
 		if !(p > d.m0[j]) {
 			continue
 		}
-		x, sl := s.curves[j].InverseMarginal(p)
+		x, sl := s.Curves[j].InverseMarginal(p)
 		v -= x
 		dv -= sl
 	}
@@ -537,7 +494,7 @@ func (s *Solver) solveShift(mem, js []int32, up bool, hi, lo float64) float64 {
 	}
 	tol := 0.0
 	for _, i := range mem {
-		tol += s.demand[i]
+		tol += s.Demand[i]
 	}
 	tol *= 1e-13
 	t := 0.5 * (a + b)
@@ -576,8 +533,8 @@ func (s *Solver) solveShift(mem, js []int32, up bool, hi, lo float64) float64 {
 // components that would need a negative flow (splitting them) and reports whether it did.
 func (s *Solver) dualForest() (split bool) {
 	d := &s.dual
-	nc, ne := len(s.demand), len(s.X)
-	clear(s.x)
+	nc, ne := len(s.Demand), len(s.Load)
+	clear(s.Flow)
 	for i := 0; i < nc; i++ {
 		d.need[i] = 0
 		if d.active[i] {
@@ -592,7 +549,7 @@ func (s *Solver) dualForest() (split bool) {
 		}
 		if !d.tied[j] {
 			k := s.edgeOf(int(w), j)
-			s.x[k] = d.sup[j]
+			s.Flow[k] = d.sup[j]
 			d.need[w] -= d.sup[j]
 			continue
 		}
@@ -613,16 +570,16 @@ func (s *Solver) dualForest() (split bool) {
 		for h := len(order) - 1; h < len(order); h++ {
 			v := int(order[h])
 			if v < nc {
-				for k := s.start[v]; k < s.start[v+1]; k++ {
-					if j := nc + int(s.eng[k]); d.tree[k] && d.par[j] == -2 {
+				for k := s.Start[v]; k < s.Start[v+1]; k++ {
+					if j := nc + int(s.Eng[k]); d.tree[k] && d.par[j] == -2 {
 						d.par[j] = int32(k)
 						order = append(order, int32(j))
 					}
 				}
 			} else {
 				j := v - nc
-				for _, k := range d.ein[d.estart[j]:d.estart[j+1]] {
-					if i := int(d.clOf[k]); d.tree[k] && d.par[i] == -2 {
+				for _, k := range s.EIn[s.EStart[j]:s.EStart[j+1]] {
+					if i := int(s.ClOf[k]); d.tree[k] && d.par[i] == -2 {
 						d.par[i] = k
 						order = append(order, int32(i))
 					}
@@ -640,16 +597,16 @@ func (s *Solver) dualForest() (split bool) {
 		if v < nc {
 			d.req[v] += d.need[v] // minus what child engines gave (accumulated below)
 			if k := d.par[v]; k >= 0 {
-				d.req[nc+int(s.eng[k])] += d.req[v] // the parent engine must give req[v]
-				s.x[k] = d.req[v]
+				d.req[nc+int(s.Eng[k])] += d.req[v] // the parent engine must give req[v]
+				s.Flow[k] = d.req[v]
 			}
 		} else {
 			j := v - nc
 			avail := d.sup[j] - d.req[v]
 			d.req[v] = -avail // reuse: stored as what the parent must supply (negative avail)
 			if k := d.par[v]; k >= 0 {
-				s.x[k] = avail
-				d.req[d.clOf[k]] -= avail
+				s.Flow[k] = avail
+				d.req[s.ClOf[k]] -= avail
 			}
 		}
 	}
@@ -664,14 +621,14 @@ func (s *Solver) dualForest() (split bool) {
 		if k < 0 {
 			continue
 		}
-		parent := int(d.clOf[k])
+		parent := int(s.ClOf[k])
 		if v < nc {
-			parent = nc + int(s.eng[k])
+			parent = nc + int(s.Eng[k])
 		}
 		d.shift[v] = d.shift[parent]
-		if s.x[k] < -1e-9*(d.sup[s.eng[k]]+1) {
+		if s.Flow[k] < -1e-9*(d.sup[s.Eng[k]]+1) {
 			split = true
-			b := d.b1[s.eng[k]]
+			b := d.b1[s.Eng[k]]
 			delta := 100 * tieTol(b)
 			if v < nc {
 				d.shift[v] -= delta // the cluster's subtree has surplus: lower it
@@ -682,51 +639,51 @@ func (s *Solver) dualForest() (split bool) {
 	}
 	if split {
 		for i := 0; i < nc; i++ {
-			s.mu[i] += d.shift[i]
+			s.Mu[i] += d.shift[i]
 		}
 		return true
 	}
 	// Final flows: clip rounding, loads, shed.
-	clear(s.X)
+	clear(s.Load)
 	for i := 0; i < nc; i++ {
 		served := 0.0
-		for k := s.start[i]; k < s.start[i+1]; k++ {
-			if s.x[k] < 0 {
-				s.x[k] = 0
+		for k := s.Start[i]; k < s.Start[i+1]; k++ {
+			if s.Flow[k] < 0 {
+				s.Flow[k] = 0
 			}
-			served += s.x[k]
+			served += s.Flow[k]
 		}
-		if served > s.demand[i] {
-			f := s.demand[i] / served
-			for k := s.start[i]; k < s.start[i+1]; k++ {
-				s.x[k] *= f
+		if served > s.Demand[i] {
+			f := s.Demand[i] / served
+			for k := s.Start[i]; k < s.Start[i+1]; k++ {
+				s.Flow[k] *= f
 			}
-			served = s.demand[i]
+			served = s.Demand[i]
 		}
-		for k := s.start[i]; k < s.start[i+1]; k++ {
-			s.X[s.eng[k]] += s.x[k]
+		for k := s.Start[i]; k < s.Start[i+1]; k++ {
+			s.Load[s.Eng[k]] += s.Flow[k]
 		}
-		s.shed[i] = math.Max(0, s.demand[i]-served)
+		s.Shed[i] = math.Max(0, s.Demand[i]-served)
 		if !d.active[i] {
-			if s.demand[i] > 0 {
-				s.mu[i] = math.Inf(1)
+			if s.Demand[i] > 0 {
+				s.Mu[i] = math.Inf(1)
 			} else {
-				s.mu[i] = math.NaN()
+				s.Mu[i] = math.NaN()
 			}
 		}
 	}
-	for j := range s.X {
-		s.X[j] = math.Min(s.X[j], s.capv[j])
+	for j := range s.Load {
+		s.Load[j] = math.Min(s.Load[j], s.Cap[j])
 	}
 	return false
 }
 
 // edgeOf returns the CSR edge from cluster i to engine j (which must exist).
 func (s *Solver) edgeOf(i, j int) int {
-	lo, hi := s.start[i], s.start[i+1]
+	lo, hi := s.Start[i], s.Start[i+1]
 	for lo < hi {
 		m := (lo + hi) / 2
-		if int(s.eng[m]) < j {
+		if int(s.Eng[m]) < j {
 			lo = m + 1
 		} else {
 			hi = m
@@ -735,12 +692,12 @@ func (s *Solver) edgeOf(i, j int) int {
 	return lo
 }
 
-// dualRounds bounds the rounds of the dual solver; past the bound Solve tries the auction's
+// Rounds bounds the rounds of the dual solver; past the bound Solve tries the auction's
 // levels or falls back to sweeps, so the bound caps the time lost on problems where the rounds
 // do not settle. A first try from a common level gets fewer rounds than one from good levels.
-func (s *Solver) dualRounds(p *Problem, good bool) int {
+func (s *Solver) Rounds(good bool) int {
 	if !good {
-		return min(10*len(p.Clusters)+100, 200)
+		return min(10*len(s.Demand)+100, 200)
 	}
-	return min(40*len(p.Clusters)+200, 1000)
+	return min(40*len(s.Demand)+200, 1000)
 }

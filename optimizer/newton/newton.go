@@ -1,9 +1,21 @@
-package optimizer
+// Package newton holds the Newton path: Newton's method on the clusters' levels of a
+// regularised dual, with a continuation in the regularisation, optionally with the shed
+// modelled (docs/optimizer.md). It solves large problems in a few dozen factorisations.
+package newton
 
 import (
 	"math"
 	"slices"
+
+	"github.com/switchyard-dev/switchyard/optimizer/flow"
 )
+
+// Solver runs the Newton path on a flow.State; it keeps its buffers, the order of each
+// engine's links by latency and the last solve's θ between solves.
+type Solver struct {
+	*flow.State
+	newt newtonState
+}
 
 // The Newton path solves a regularised version of the problem on the clusters' levels. Adding
 // (ε_j/2)·Σ_i x_ij² to every engine's cost makes the split of an engine among the clusters that
@@ -76,7 +88,7 @@ type newtonState struct {
 	// partial is set when the shed mode settled but its certificate did not close: its
 	// point (flows, shed, levels) is in the solver's buffers for the sweeps to go on from.
 	partial bool
-	m       measures // the certificate of its point
+	m       flow.Measures // the certificate of its point
 }
 
 func (n *newtonState) find(i int32) int32 {
@@ -87,7 +99,7 @@ func (n *newtonState) find(i int32) int32 {
 	return i
 }
 
-// newtonSolve runs the Newton path. It starts from the levels in s.mu (warm, when every
+// Solve runs the Newton path. It starts from the levels in s.Mu (warm, when every
 // cluster that takes part has one) or from a common level, and on success leaves flows, loads,
 // shed and levels in the solver's buffers. When the optimum sheds demand (levels reach shed
 // prices, or the demand exceeds every reachable engine's capacity) and shed is set, it runs
@@ -95,11 +107,11 @@ func (n *newtonState) find(i int32) int32 {
 // (newtonShed), with the regularisation scaled to the latencies rather than to the levels. It
 // fails (reports false) when the steps do not converge; the caller then takes the other paths
 // from a fresh setup. When the shed mode settles but its certificate does not close, it fails
-// with newt.partial set and its point in the buffers, for the sweeps to go on from.
-func (s *Solver) newtonSolve(shed bool) bool {
+// with Partial set and its point in the buffers, for the sweeps to go on from.
+func (s *Solver) Solve(shed bool) bool {
 	s.newt.partial = false
 	ok, sheds := s.newtonRun(false)
-	if ok || !sheds || !shed || s.outOfTime {
+	if ok || !sheds || !shed || s.OutOfTime {
 		return ok
 	}
 	ok, _ = s.newtonRun(true)
@@ -110,31 +122,31 @@ func (s *Solver) newtonSolve(shed bool) bool {
 // also reports whether it gave up because the optimum sheds.
 func (s *Solver) newtonRun(shed bool) (ok, sheds bool) {
 	n := &s.newt
-	nc, ne := len(s.demand), len(s.X)
+	nc, ne := len(s.Demand), len(s.Load)
 	n.shed = shed
-	s.dualLinks()
+	s.EngineView()
 	n.ordered = s.newtonOrder()
-	n.act = grow(n.act, nc)
-	n.served = grow(n.served, nc)
-	n.r = grow(n.r, nc)
-	n.mu = grow(n.mu, nc)
-	n.trial = grow(n.trial, nc)
-	n.step = grow(n.step, nc)
-	n.uf = grow(n.uf, nc)
-	n.loc = grow(n.loc, nc)
-	n.eps = grow(n.eps, ne)
-	n.m0 = grow(n.m0, ne)
-	n.p = grow(n.p, ne)
-	n.sl = grow(n.sl, ne)
-	n.astart = grow(n.astart, ne+1)
+	n.act = flow.Grow(n.act, nc)
+	n.served = flow.Grow(n.served, nc)
+	n.r = flow.Grow(n.r, nc)
+	n.mu = flow.Grow(n.mu, nc)
+	n.trial = flow.Grow(n.trial, nc)
+	n.step = flow.Grow(n.step, nc)
+	n.uf = flow.Grow(n.uf, nc)
+	n.loc = flow.Grow(n.loc, nc)
+	n.eps = flow.Grow(n.eps, ne)
+	n.m0 = flow.Grow(n.m0, ne)
+	n.p = flow.Grow(n.p, ne)
+	n.sl = flow.Grow(n.sl, ne)
+	n.astart = flow.Grow(n.astart, ne+1)
 	n.steps, n.evals = 0, 0
 	warm := true
 	some := false
 	for i := 0; i < nc; i++ {
-		if s.demand[i] > 0 && s.start[i+1] > s.start[i] {
+		if s.Demand[i] > 0 && s.Start[i+1] > s.Start[i] {
 			n.act[i] = true
 			some = true
-			if math.IsNaN(s.mu[i]) || math.IsInf(s.mu[i], 0) {
+			if math.IsNaN(s.Mu[i]) || math.IsInf(s.Mu[i], 0) {
 				warm = false
 			}
 		}
@@ -147,13 +159,13 @@ func (s *Solver) newtonRun(shed bool) (ok, sheds bool) {
 	total, reach := 0.0, 0.0
 	for i, a := range n.act {
 		if a {
-			total += s.demand[i]
+			total += s.Demand[i]
 		}
 	}
 	for j := 0; j < ne; j++ {
-		for _, i := range s.dual.ecl[s.dual.estart[j]:s.dual.estart[j+1]] {
+		for _, i := range s.ECl[s.EStart[j]:s.EStart[j+1]] {
 			if n.act[i] {
-				reach += s.capv[j]
+				reach += s.Cap[j]
 				break
 			}
 		}
@@ -163,8 +175,8 @@ func (s *Solver) newtonRun(shed bool) (ok, sheds bool) {
 	}
 	for j := 0; j < ne; j++ {
 		n.m0[j] = math.Inf(1)
-		if s.capv[j] > 0 {
-			n.m0[j] = s.curves[j].Marginal(0)
+		if s.Cap[j] > 0 {
+			n.m0[j] = s.Curves[j].Marginal(0)
 		}
 		n.p[j] = math.NaN()
 	}
@@ -173,9 +185,9 @@ func (s *Solver) newtonRun(shed bool) (ok, sheds bool) {
 		sum, w := 0.0, 0.0
 		for i := 0; i < nc; i++ {
 			if n.act[i] {
-				n.mu[i] = s.mu[i]
-				sum += s.mu[i] * s.demand[i]
-				w += s.demand[i]
+				n.mu[i] = s.Mu[i]
+				sum += s.Mu[i] * s.Demand[i]
+				w += s.Demand[i]
 			}
 		}
 		M = sum / w
@@ -197,7 +209,7 @@ func (s *Solver) newtonRun(shed bool) (ok, sheds bool) {
 	// fall (the square root of the last), as on problems with many small overlapping regions
 	// where a ten-fold fall re-splits too many shared engines at once; when the first stage
 	// does not settle, the solve starts again at θ = 0.1.
-	thetaEnd := s.opt.Tolerance
+	thetaEnd := s.Opt.Tolerance
 	theta, fall := 1e-2, 10.0
 	if shed {
 		// Ten-fold falls from the first stage failed on 100×1000 at 150% (15 steps each,
@@ -218,8 +230,8 @@ func (s *Solver) newtonRun(shed bool) (ok, sheds bool) {
 			if !a {
 				continue
 			}
-			for q, D := range s.p.Clusters[i].Demand {
-				if P := s.opt.ShedPriceMs[q]; D > 0 && math.Abs(n.mu[i]-P) <= delta {
+			for q, D := range s.Classes[i] {
+				if P := s.Opt.ShedPriceMs[q]; D > 0 && math.Abs(n.mu[i]-P) <= delta {
 					n.mu[i] = P + delta/2
 				}
 			}
@@ -229,12 +241,12 @@ func (s *Solver) newtonRun(shed bool) (ok, sheds bool) {
 	n.saved = append(n.saved[:0], n.mu...)
 	extra := 0
 	for {
-		if s.expired(s.fastEnd) {
+		if s.Expired(s.FastEnd) {
 			return false, false
 		}
 		for j := 0; j < ne; j++ {
-			if s.capv[j] > 0 {
-				n.eps[j] = theta * M / s.capv[j]
+			if s.Cap[j] > 0 {
+				n.eps[j] = theta * M / s.Cap[j]
 			}
 		}
 		n.delta = theta * M
@@ -283,7 +295,7 @@ func (s *Solver) newtonRun(shed bool) (ok, sheds bool) {
 			return false, true
 		}
 		s.newtonFlows()
-		if n.m = s.measure(true); n.m.relGap <= s.opt.Tolerance {
+		if n.m = s.Measure(true); n.m.RelGap <= s.Opt.Tolerance {
 			if !shed {
 				n.theta = theta
 			}
@@ -306,9 +318,9 @@ func (s *Solver) newtonSheds() bool {
 		if !n.act[i] {
 			continue
 		}
-		dem := &s.p.Clusters[i].Demand
+		dem := &s.Classes[i]
 		for q := range dem {
-			if dem[q] > 0 && !(n.mu[i] < s.opt.ShedPriceMs[q]) {
+			if dem[q] > 0 && !(n.mu[i] < s.Opt.ShedPriceMs[q]) {
 				return false
 			}
 		}
@@ -329,7 +341,7 @@ const newtonStageTol = 1e-2
 // within tol of its demand.
 func (s *Solver) newtonStage(maxSteps int, tol float64) bool {
 	n := &s.newt
-	nc := len(s.demand)
+	nc := len(s.Demand)
 	q := s.newtonEval(n.mu)
 	tLast := 1.0
 	for it := 0; it < maxSteps; it++ {
@@ -339,7 +351,7 @@ func (s *Solver) newtonStage(maxSteps int, tol float64) bool {
 		}
 		// The deadline is checked per step, not only per stage: the first stage of the
 		// shed mode has 60 steps, seconds under -race.
-		if s.expired(s.fastEnd) {
+		if s.Expired(s.FastEnd) {
 			return false
 		}
 		n.steps++
@@ -407,7 +419,7 @@ func (s *Solver) newtonResidual() float64 {
 	res := 0.0
 	for i, a := range n.act {
 		if a {
-			res = math.Max(res, math.Abs(n.r[i])/s.demand[i])
+			res = math.Max(res, math.Abs(n.r[i])/s.Demand[i])
 		}
 	}
 	return res
@@ -421,21 +433,20 @@ func (s *Solver) newtonResidual() float64 {
 // order is nearly sorted and an insertion sort restores it.
 func (s *Solver) newtonOrder() bool {
 	n := &s.newt
-	d := &s.dual
-	edges := len(d.ecl)
-	if n.seenLinks != s.links {
-		n.seenLinks = s.links
+	edges := len(s.ECl)
+	if n.seenLinks != s.Links {
+		n.seenLinks = s.Links
 		return false
 	}
-	fresh := n.ordLinks != s.links || len(n.spos) != edges
-	if !fresh && n.ordDists == s.dists {
+	fresh := n.ordLinks != s.Links || len(n.spos) != edges
+	if !fresh && n.ordDists == s.Dists {
 		return true
 	}
-	n.spos = growRaw(n.spos, edges)
-	n.scl = growRaw(n.scl, edges)
-	n.sdist = growRaw(n.sdist, edges)
-	for j := 0; j+1 < len(d.estart); j++ {
-		e0, e1 := d.estart[j], d.estart[j+1]
+	n.spos = flow.GrowRaw(n.spos, edges)
+	n.scl = flow.GrowRaw(n.scl, edges)
+	n.sdist = flow.GrowRaw(n.sdist, edges)
+	for j := 0; j+1 < len(s.EStart); j++ {
+		e0, e1 := s.EStart[j], s.EStart[j+1]
 		pos := n.spos[e0:e1]
 		sorted := false
 		if !fresh {
@@ -444,7 +455,7 @@ func (s *Solver) newtonOrder() bool {
 			sorted = true
 			budget := 8 * len(pos)
 			for q := 1; q < len(pos) && sorted; q++ {
-				for r := q; r > 0 && linkBefore(d.edist, pos[r], pos[r-1]); r-- {
+				for r := q; r > 0 && linkBefore(s.EDist, pos[r], pos[r-1]); r-- {
 					pos[r], pos[r-1] = pos[r-1], pos[r]
 					if budget--; budget < 0 {
 						sorted = false
@@ -456,7 +467,7 @@ func (s *Solver) newtonOrder() bool {
 		if !sorted {
 			n.sortBuf = n.sortBuf[:0]
 			for e := e0; e < e1; e++ {
-				n.sortBuf = append(n.sortBuf, latLink{d.edist[e], int32(e)})
+				n.sortBuf = append(n.sortBuf, latLink{s.EDist[e], int32(e)})
 			}
 			slices.SortFunc(n.sortBuf, func(a, b latLink) int {
 				switch {
@@ -472,11 +483,11 @@ func (s *Solver) newtonOrder() bool {
 			}
 		}
 		for q, e := range pos {
-			n.scl[e0+q] = d.ecl[e]
-			n.sdist[e0+q] = d.edist[e]
+			n.scl[e0+q] = s.ECl[e]
+			n.sdist[e0+q] = s.EDist[e]
 		}
 	}
-	n.ordLinks, n.ordDists = s.links, s.dists
+	n.ordLinks, n.ordDists = s.Links, s.Dists
 	return true
 }
 
@@ -495,13 +506,12 @@ func linkBefore(dist []float64, a, b int32) bool {
 // clusters' unmet demand (n.r) and the regularised dual function, which it returns.
 func (s *Solver) newtonEval(mu []float64) float64 {
 	n := &s.newt
-	d := &s.dual
-	ne := len(s.X)
+	ne := len(s.Load)
 	clear(n.served)
 	n.alink = n.alink[:0]
 	n.ax = n.ax[:0]
 	// Levels with -Inf for the clusters that do not take part: they never bid.
-	n.lv = growRaw(n.lv, len(mu))
+	n.lv = flow.GrowRaw(n.lv, len(mu))
 	lv := n.lv
 	top := math.Inf(-1) // the highest level
 	for i, a := range n.act {
@@ -514,15 +524,15 @@ func (s *Solver) newtonEval(mu []float64) float64 {
 	h := 0.0
 	for j := 0; j < ne; j++ {
 		n.astart[j] = len(n.alink)
-		e0, e1 := d.estart[j], d.estart[j+1]
+		e0, e1 := s.EStart[j], s.EStart[j+1]
 		if e0 == e1 || math.IsInf(n.m0[j], 1) {
 			continue
 		}
-		scl, sdist, spos, reach := d.ecl[e0:e1], d.edist[e0:e1], []int32(nil), math.Inf(1)
+		scl, sdist, spos, reach := s.ECl[e0:e1], s.EDist[e0:e1], []int32(nil), math.Inf(1)
 		if n.ordered {
 			scl, sdist, spos, reach = n.scl[e0:e1], n.sdist[e0:e1], n.spos[e0:e1], top
 		}
-		eps, c := n.eps[j], s.capv[j]
+		eps, c := n.eps[j], s.Cap[j]
 		// One pass, by ascending latency: the top bid, and the candidates above the running
 		// threshold (the top bid so far minus ε·C, and at least m0), filtered again once the
 		// top bid is known. Nobody below bmax − ε·C can be above the price. The pass stops at
@@ -584,7 +594,7 @@ func (s *Solver) newtonEval(mu []float64) float64 {
 					cnt++
 				}
 			}
-			x, dx := s.curves[j].InverseMarginal(pr)
+			x, dx := s.Curves[j].InverseMarginal(pr)
 			sl = dx
 			g := sum/eps - x
 			// The bids are exact only to their rounding: stop at a residual of that order.
@@ -618,19 +628,19 @@ func (s *Solver) newtonEval(mu []float64) float64 {
 				X += x
 				bx += v * x
 				xx += x * x
-				n.served[d.ecl[n.alink[w-1]]] += x
+				n.served[s.ECl[n.alink[w-1]]] += x
 			}
 		}
 		n.alink, n.ax = n.alink[:w], n.ax[:w]
-		h += bx - X*s.curves[j].Latency(X) - 0.5*eps*xx
+		h += bx - X*s.Curves[j].Latency(X) - 0.5*eps*xx
 	}
 	n.astart[ne] = len(n.alink)
 	q := -h
 	for i, a := range n.act {
 		n.r[i] = 0
 		if a {
-			n.r[i] = s.demand[i] - n.served[i]
-			q += mu[i] * s.demand[i]
+			n.r[i] = s.Demand[i] - n.served[i]
+			q += mu[i] * s.Demand[i]
 			if n.shed {
 				sh, conj, _ := s.newtonShed(i, mu[i])
 				n.r[i] -= sh
@@ -646,12 +656,12 @@ func (s *Solver) newtonEval(mu []float64) float64 {
 // δ·s²/(2·D_q), so that it is shed from level P_q and entirely from P_q + δ.
 func (s *Solver) newtonShed(i int, mu float64) (shed, conj, slope float64) {
 	n := &s.newt
-	dem := &s.p.Clusters[i].Demand
+	dem := &s.Classes[i]
 	for q, D := range dem {
 		if !(D > 0) {
 			continue
 		}
-		switch t := mu - s.opt.ShedPriceMs[q]; {
+		switch t := mu - s.Opt.ShedPriceMs[q]; {
 		case t <= 0:
 		case t < n.delta:
 			shed += D * t / n.delta
@@ -669,20 +679,20 @@ func (s *Solver) newtonShed(i int, mu float64) (shed, conj, slope float64) {
 // nearest network latency, and returns the common level.
 func (s *Solver) newtonColdLevels() float64 {
 	n := &s.newt
-	common := s.commonLevel()
+	common := s.CommonLevel()
 	M := common
 	if n.shed {
 		// Demand above the capacity puts the common level at the supply's pole: start in
 		// the regularised shed of the cheapest class instead.
-		common = math.Min(common, s.cheapestShedPrice()+0.5*s.opt.Tolerance*s.newtonShedScale())
+		common = math.Min(common, s.cheapestShedPrice()+0.5*s.Opt.Tolerance*s.newtonShedScale())
 	}
 	for i := range n.act {
 		if !n.act[i] {
 			continue
 		}
 		lo := math.Inf(1)
-		for k := s.start[i]; k < s.start[i+1]; k++ {
-			lo = math.Min(lo, s.dist[k])
+		for k := s.Start[i]; k < s.Start[i+1]; k++ {
+			lo = math.Min(lo, s.Dist[k])
 		}
 		n.mu[i] = common + lo
 	}
@@ -692,10 +702,10 @@ func (s *Solver) newtonColdLevels() float64 {
 // cheapestShedPrice returns the lowest shed price of a class with demand (+Inf: none).
 func (s *Solver) cheapestShedPrice() float64 {
 	P := math.Inf(1)
-	for i := range s.p.Clusters {
-		for q, D := range s.p.Clusters[i].Demand {
+	for i := range s.Classes {
+		for q, D := range s.Classes[i] {
 			if D > 0 {
-				P = math.Min(P, s.opt.ShedPriceMs[q])
+				P = math.Min(P, s.Opt.ShedPriceMs[q])
 			}
 		}
 	}
@@ -708,10 +718,10 @@ func (s *Solver) cheapestShedPrice() float64 {
 func (s *Solver) newtonShedScale() float64 {
 	P := s.cheapestShedPrice()
 	sum, w := 0.0, 0.0
-	for j := range s.curves {
-		if c := s.capv[j]; c > 0 {
-			x, _ := s.curves[j].InverseMarginal(P)
-			sum += c * s.curves[j].Latency(x)
+	for j := range s.Curves {
+		if c := s.Cap[j]; c > 0 {
+			x, _ := s.Curves[j].InverseMarginal(P)
+			sum += c * s.Curves[j].Latency(x)
 			w += c
 		}
 	}
@@ -725,8 +735,7 @@ func (s *Solver) newtonShedScale() float64 {
 // J·step = r per component of the Hessian J.
 func (s *Solver) newtonStep() bool {
 	n := &s.newt
-	d := &s.dual
-	nc, ne := len(s.demand), len(s.X)
+	nc, ne := len(s.Demand), len(s.Load)
 	for i := range n.uf {
 		n.uf[i] = int32(i)
 	}
@@ -735,9 +744,9 @@ func (s *Solver) newtonStep() bool {
 		if a1-a0 < 2 {
 			continue
 		}
-		r0 := n.find(d.ecl[n.alink[a0]])
+		r0 := n.find(s.ECl[n.alink[a0]])
 		for _, e := range n.alink[a0+1 : a1] {
-			r1 := n.find(d.ecl[e])
+			r1 := n.find(s.ECl[e])
 			if r0 != r1 {
 				if r1 < r0 {
 					r0, r1 = r1, r0
@@ -746,7 +755,7 @@ func (s *Solver) newtonStep() bool {
 			}
 		}
 	}
-	n.cstart = grow(n.cstart, nc+1)
+	n.cstart = flow.Grow(n.cstart, nc+1)
 	for i := 0; i < nc; i++ {
 		if n.act[i] {
 			n.cstart[n.find(int32(i))+1]++
@@ -755,7 +764,7 @@ func (s *Solver) newtonStep() bool {
 	for i := 0; i < nc; i++ {
 		n.cstart[i+1] += n.cstart[i]
 	}
-	n.cmem = grow(n.cmem, n.cstart[nc])
+	n.cmem = flow.Grow(n.cmem, n.cstart[nc])
 	fill := n.loc // scratch, overwritten below
 	for i := 0; i < nc; i++ {
 		fill[i] = int32(n.cstart[i])
@@ -775,7 +784,7 @@ func (s *Solver) newtonStep() bool {
 	}
 	// An engine belongs to the component of its bidders: assemble every component's dense
 	// block in one pass over the engines, each block at its offset in one buffer.
-	n.boff = growRaw(n.boff, nc)
+	n.boff = flow.GrowRaw(n.boff, nc)
 	total := 0
 	for r := 0; r < nc; r++ {
 		n.boff[r] = total
@@ -783,8 +792,8 @@ func (s *Solver) newtonStep() bool {
 		total += m * m
 	}
 	boff := n.boff
-	n.mat = grow(n.mat, total)
-	n.rhs = grow(n.rhs, nc)
+	n.mat = flow.Grow(n.mat, total)
+	n.rhs = flow.Grow(n.rhs, nc)
 	for j := 0; j < ne; j++ {
 		a0, a1 := n.astart[j], n.astart[j+1]
 		if a0 == a1 {
@@ -792,7 +801,7 @@ func (s *Solver) newtonStep() bool {
 		}
 		eps, sl := n.eps[j], n.sl[j]
 		if a1-a0 == 1 {
-			i := d.ecl[n.alink[a0]]
+			i := s.ECl[n.alink[a0]]
 			r := n.find(i)
 			m := n.cstart[r+1] - n.cstart[r]
 			l := int(n.loc[i])
@@ -801,14 +810,14 @@ func (s *Solver) newtonStep() bool {
 		}
 		cnt := float64(a1 - a0)
 		c := 1 / (cnt + eps*sl)
-		r := n.find(d.ecl[n.alink[a0]])
+		r := n.find(s.ECl[n.alink[a0]])
 		m := n.cstart[r+1] - n.cstart[r]
 		blk := n.mat[boff[r] : boff[r]+m*m]
 		for _, e := range n.alink[a0:a1] {
-			la := int(n.loc[d.ecl[e]])
+			la := int(n.loc[s.ECl[e]])
 			blk[la*m+la] += 1 / eps
 			for _, f := range n.alink[a0:a1] {
-				lb := int(n.loc[d.ecl[f]])
+				lb := int(n.loc[s.ECl[f]])
 				blk[la*m+lb] -= c / eps
 			}
 		}
@@ -838,10 +847,10 @@ func (s *Solver) newtonStep() bool {
 			// engine starts to take traffic.
 			i := int(mem[0])
 			lo, best := math.Inf(1), -1
-			for k := s.start[i]; k < s.start[i+1]; k++ {
-				j := s.eng[k]
-				if pj := math.Max(n.p[j], n.m0[j]); pj+s.dist[k] < lo {
-					lo, best = pj+s.dist[k], int(j)
+			for k := s.Start[i]; k < s.Start[i+1]; k++ {
+				j := s.Eng[k]
+				if pj := math.Max(n.p[j], n.m0[j]); pj+s.Dist[k] < lo {
+					lo, best = pj+s.Dist[k], int(j)
 				}
 			}
 			n.step[i] = 0
@@ -852,8 +861,8 @@ func (s *Solver) newtonStep() bool {
 			if n.shed {
 				// Stop in the middle of the regularised shed of the first class priced on
 				// the way (up with unmet demand, down with surplus).
-				for q, D := range s.p.Clusters[i].Demand {
-					P := s.opt.ShedPriceMs[q] + n.delta/2
+				for q, D := range s.Classes[i] {
+					P := s.Opt.ShedPriceMs[q] + n.delta/2
 					if D > 0 && (n.r[i] > 0 && P > n.mu[i] && (n.step[i] == 0 || P < n.mu[i]+n.step[i]) ||
 						n.r[i] < 0 && P < n.mu[i] && P > n.mu[i]+n.step[i]) {
 						n.step[i] = P - n.mu[i]
@@ -956,8 +965,7 @@ func dot(a, b []float64) float64 {
 // carry flow: the loads are summed over those, engine by engine.
 func (s *Solver) newtonFlows() {
 	n := &s.newt
-	d := &s.dual
-	nc, ne := len(s.demand), len(s.X)
+	nc, ne := len(s.Demand), len(s.Load)
 	for i := 0; i < nc; i++ {
 		// n.served becomes the factor of cluster i's flows.
 		switch f := 1.0; {
@@ -965,44 +973,44 @@ func (s *Solver) newtonFlows() {
 			sh := 0.0
 			if n.shed {
 				sh, _, _ = s.newtonShed(i, n.mu[i])
-				sh = math.Min(sh, s.demand[i])
+				sh = math.Min(sh, s.Demand[i])
 			}
 			if n.served[i] > 0 {
-				f = (s.demand[i] - sh) / n.served[i]
+				f = (s.Demand[i] - sh) / n.served[i]
 			} else if n.shed {
-				sh = s.demand[i]
+				sh = s.Demand[i]
 			}
 			n.served[i] = f
-			s.shed[i] = sh
-			s.mu[i] = n.mu[i]
-		case s.demand[i] > 0:
+			s.Shed[i] = sh
+			s.Mu[i] = n.mu[i]
+		case s.Demand[i] > 0:
 			n.served[i] = f
-			s.shed[i] = s.demand[i]
-			s.mu[i] = math.Inf(1)
+			s.Shed[i] = s.Demand[i]
+			s.Mu[i] = math.Inf(1)
 		default:
 			n.served[i] = f
-			s.shed[i] = 0
-			s.mu[i] = math.NaN()
+			s.Shed[i] = 0
+			s.Mu[i] = math.NaN()
 		}
 	}
-	clear(s.x)
+	clear(s.Flow)
 	for j := 0; j < ne; j++ {
 		X := 0.0
 		for a := n.astart[j]; a < n.astart[j+1]; a++ {
 			e := n.alink[a]
-			v := n.ax[a] * n.served[d.ecl[e]]
-			s.x[d.ein[e]] = v
+			v := n.ax[a] * n.served[s.ECl[e]]
+			s.Flow[s.EIn[e]] = v
 			X += v
 		}
-		s.X[j] = math.Min(X, s.capv[j])
-		if n.shed && X > s.capv[j] {
+		s.Load[j] = math.Min(X, s.Cap[j])
+		if n.shed && X > s.Cap[j] {
 			// The scaling pushed an engine at its hard limit over it: scale its flows back
 			// and shed what they lose.
-			f := s.capv[j] / X
+			f := s.Cap[j] / X
 			for a := n.astart[j]; a < n.astart[j+1]; a++ {
-				k := d.ein[n.alink[a]]
-				s.shed[d.clOf[k]] += s.x[k] * (1 - f)
-				s.x[k] *= f
+				k := s.EIn[n.alink[a]]
+				s.Shed[s.ClOf[k]] += s.Flow[k] * (1 - f)
+				s.Flow[k] *= f
 			}
 		}
 	}
@@ -1013,14 +1021,14 @@ func (s *Solver) newtonFlows() {
 // neighbours narrow whatever the clusters' indices. It reports false when A is not positive
 // definite.
 func (n *newtonState) orderedSolve(A, b []float64, m int) bool {
-	n.first = growRaw(n.first, m)
+	n.first = flow.GrowRaw(n.first, m)
 	if m <= 2 {
 		return cholSolve(A, b, m, n.first)
 	}
 	// Adjacency from the non-zeros.
-	n.adjStart = growRaw(n.adjStart, m+1)
+	n.adjStart = flow.GrowRaw(n.adjStart, m+1)
 	n.adj = n.adj[:0]
-	n.deg = growRaw(n.deg, m)
+	n.deg = flow.GrowRaw(n.deg, m)
 	for l := 0; l < m; l++ {
 		n.adjStart[l] = len(n.adj)
 		row := A[l*m : l*m+m]
@@ -1035,7 +1043,7 @@ func (n *newtonState) orderedSolve(A, b []float64, m int) bool {
 	// Cuthill-McKee: breadth-first from a node of least degree in each connected part,
 	// neighbours by ascending degree (ties by index); then reversed.
 	n.perm = n.perm[:0]
-	n.rank = growRaw(n.rank, m)
+	n.rank = flow.GrowRaw(n.rank, m)
 	for l := range n.rank {
 		n.rank[l] = -1
 	}
@@ -1073,8 +1081,8 @@ func (n *newtonState) orderedSolve(A, b []float64, m int) bool {
 	for pos, l := range n.perm {
 		n.rank[l] = pos
 	}
-	n.pmat = growRaw(n.pmat, m*m)
-	n.prhs = growRaw(n.prhs, m)
+	n.pmat = flow.GrowRaw(n.pmat, m*m)
+	n.prhs = flow.GrowRaw(n.prhs, m)
 	for pa, la := range n.perm {
 		src := A[la*m : la*m+m]
 		dst := n.pmat[pa*m : pa*m+m]
@@ -1091,3 +1099,13 @@ func (n *newtonState) orderedSolve(A, b []float64, m int) bool {
 	}
 	return true
 }
+
+// Partial reports whether the last Solve failed with the shed modelled settled but its
+// certificate open: its point is in the state, for the sweeps to go on from.
+func (s *Solver) Partial() bool { return s.newt.partial }
+
+// Cert returns the certificate of the last Solve's point.
+func (s *Solver) Cert() *flow.Measures { return &s.newt.m }
+
+// Steps returns the Newton steps of the last Solve.
+func (s *Solver) Steps() int { return s.newt.steps }

@@ -1,9 +1,27 @@
-package optimizer
+// Package sweep holds the solver's last stage, which always runs: Gauss-Seidel sweeps over
+// the clusters (each an exact per-cluster equilibration), negative-cycle cancelling and
+// exchanges at binding hard limits, repeated until the certificate is within tolerance or the
+// time budget has run out, then the repair that sheds by priority across clusters
+// (docs/optimizer.md).
+package sweep
 
 import (
 	"math"
 	"slices"
+
+	"github.com/switchyard-dev/switchyard/optimizer/flow"
 )
+
+// Solver runs the sweeps on a flow.State; it keeps the cycle search's buffers between solves.
+type Solver struct {
+	*flow.State
+
+	bfDist         []float64
+	bfPred, bfMark []int
+	cycle          []int
+	saved          []float64
+	users          []int
+}
 
 // cancelCycles improves the split of the current engine loads among the clusters: with every
 // engine's load and every cluster's shed held fixed, re-assigning traffic is a transportation
@@ -12,41 +30,41 @@ import (
 // cancels them. Gauss-Seidel sweeps alone make such exchanges only slowly when the latency
 // curves are steep. It returns the number of cycles cancelled.
 func (s *Solver) cancelCycles(maxRounds int) int {
-	nc := len(s.demand)
-	ne := len(s.X)
+	nc := len(s.Demand)
+	ne := len(s.Load)
 	// When some cluster sheds, a sink node (index nc+ne) stands for the shed: edges cluster →
 	// sink shed more of that cluster (at the price of its cheapest class still served) and
 	// sink → cluster shed less (at minus the price of its dearest class shed), so that a
 	// cycle can move capacity from a cluster serving a cheap class to one shedding a dear one.
 	shedding := false
 	for i := 0; i < nc; i++ {
-		shedding = shedding || s.shed[i] > 0
+		shedding = shedding || s.Shed[i] > 0
 	}
 	nv := nc + ne + 1
 	sink := nc + ne
-	s.bfDist = grow(s.bfDist, nv)
-	s.bfPred = growRaw(s.bfPred, nv)
-	s.bfMark = growRaw(s.bfMark, nv)
+	s.bfDist = flow.Grow(s.bfDist, nv)
+	s.bfPred = flow.GrowRaw(s.bfPred, nv)
+	s.bfMark = flow.GrowRaw(s.bfMark, nv)
 	dist, pred := s.bfDist, s.bfPred
 	for v := range pred {
 		pred[v] = -1
 	}
-	base := 2 * len(s.x) // predecessor entries of the shed edges start here
+	base := 2 * len(s.Flow) // predecessor entries of the shed edges start here
 	cancelled := 0
 	for round := 0; round < maxRounds; round++ {
 		changed := false
 		for i := 0; i < nc; i++ {
-			kappa := s.kappa(i)
-			for k := s.start[i]; k < s.start[i+1]; k++ {
-				j := nc + int(s.eng[k])
-				c := s.dist[k] + s.edgeProx(k, kappa, true)
+			kappa := s.Kappa(i)
+			for k := s.Start[i]; k < s.Start[i+1]; k++ {
+				j := nc + int(s.Eng[k])
+				c := s.Dist[k] + s.edgeProx(k, kappa, true)
 				if dist[i]+c < dist[j]-1e-9 {
 					dist[j] = dist[i] + c
 					pred[j] = 2 * k
 					changed = true
 				}
-				if s.x[k] > 0 {
-					c := -s.dist[k] + s.edgeProx(k, kappa, false)
+				if s.Flow[k] > 0 {
+					c := -s.Dist[k] + s.edgeProx(k, kappa, false)
 					if dist[j]+c < dist[i]-1e-9 {
 						dist[i] = dist[j] + c
 						pred[i] = 2*k + 1
@@ -86,22 +104,22 @@ func (s *Solver) cancelCycles(maxRounds int) int {
 // and how much less can be shed at that price.
 func (s *Solver) shedMargins(i int) (up, upRoom, down, downRoom float64) {
 	up, down = math.Inf(1), math.Inf(1)
-	if !(s.demand[i] > 0) || s.start[i+1] == s.start[i] {
+	if !(s.Demand[i] > 0) || s.Start[i+1] == s.Start[i] {
 		return up, 0, down, 0
 	}
-	dem := &s.p.Clusters[i].Demand
-	left := s.shed[i]
-	for _, q := range s.order {
+	dem := &s.Classes[i]
+	left := s.Shed[i]
+	for _, q := range s.Order {
 		if !(dem[q] > 0) {
 			continue
 		}
 		t := math.Min(left, dem[q])
 		left -= t
 		if t > 0 {
-			down, downRoom = s.opt.ShedPriceMs[q], t
+			down, downRoom = s.Opt.ShedPriceMs[q], t
 		}
 		if dem[q]-t > 1e-12*dem[q] && math.IsInf(up, 1) {
-			up, upRoom = s.opt.ShedPriceMs[q], dem[q]-t
+			up, upRoom = s.Opt.ShedPriceMs[q], dem[q]-t
 		}
 	}
 	return up, upRoom, down, downRoom
@@ -110,21 +128,21 @@ func (s *Solver) shedMargins(i int) (up, upRoom, down, downRoom float64) {
 // edgeCost returns the cost of pushing flow along predecessor entry e.
 func (s *Solver) edgeCost(e int) float64 {
 	k := e / 2
-	if k >= len(s.x) {
-		up, _, down, _ := s.shedMargins(k - len(s.x))
+	if k >= len(s.Flow) {
+		up, _, down, _ := s.shedMargins(k - len(s.Flow))
 		if e%2 == 0 {
 			return up
 		}
 		return -down
 	}
-	kappa := s.kappa(s.clusterOf(k))
+	kappa := s.Kappa(s.clusterOf(k))
 	if e%2 == 0 {
-		return s.dist[k] + s.edgeProx(k, kappa, true)
+		return s.Dist[k] + s.edgeProx(k, kappa, true)
 	}
-	if s.x[k] <= 0 {
+	if s.Flow[k] <= 0 {
 		return math.Inf(1)
 	}
-	return -s.dist[k] + s.edgeProx(k, kappa, false)
+	return -s.Dist[k] + s.edgeProx(k, kappa, false)
 }
 
 // cancelPredCycles cancels every negative cycle of the predecessor graph and returns how many.
@@ -179,7 +197,7 @@ func (s *Solver) edgeProx(k int, kappa float64, up bool) float64 {
 	if kappa == 0 {
 		return 0
 	}
-	if up == (s.x[k] < s.x0[k]) {
+	if up == (s.Flow[k] < s.Flow0[k]) {
 		return -kappa
 	}
 	return kappa
@@ -188,15 +206,15 @@ func (s *Solver) edgeProx(k int, kappa float64, up bool) float64 {
 // edgeOf returns the cluster and engine node of predecessor entry e.
 func (s *Solver) edgeEnds(e, nc int) (from, to int) {
 	k := e / 2
-	if k >= len(s.x) {
-		i, sink := k-len(s.x), nc+len(s.X)
+	if k >= len(s.Flow) {
+		i, sink := k-len(s.Flow), nc+len(s.Load)
 		if e%2 == 0 {
 			return i, sink
 		}
 		return sink, i
 	}
 	i := s.clusterOf(k)
-	j := nc + int(s.eng[k])
+	j := nc + int(s.Eng[k])
 	if e%2 == 0 {
 		return i, j
 	}
@@ -204,16 +222,16 @@ func (s *Solver) edgeEnds(e, nc int) (from, to int) {
 }
 
 func (s *Solver) clusterOf(k int) int {
-	lo, hi := 0, len(s.demand)
+	lo, hi := 0, len(s.Demand)
 	for lo+1 < hi {
 		m := (lo + hi) / 2
-		if s.start[m] <= k {
+		if s.Start[m] <= k {
 			lo = m
 		} else {
 			hi = m
 		}
 	}
-	for lo+1 < len(s.start) && s.start[lo+1] <= k {
+	for lo+1 < len(s.Start) && s.Start[lo+1] <= k {
 		lo++
 	}
 	return lo
@@ -224,8 +242,8 @@ func (s *Solver) cancel() bool {
 	amount := math.Inf(1)
 	for _, e := range s.cycle {
 		k := e / 2
-		if k >= len(s.x) {
-			_, upRoom, _, downRoom := s.shedMargins(k - len(s.x))
+		if k >= len(s.Flow) {
+			_, upRoom, _, downRoom := s.shedMargins(k - len(s.Flow))
 			if e%2 == 0 {
 				amount = math.Min(amount, upRoom)
 			} else {
@@ -233,14 +251,14 @@ func (s *Solver) cancel() bool {
 			}
 			continue
 		}
-		kappa := s.kappa(s.clusterOf(k))
+		kappa := s.Kappa(s.clusterOf(k))
 		if e%2 == 1 {
-			amount = math.Min(amount, s.x[k])
-			if kappa > 0 && s.x[k] > s.x0[k] {
-				amount = math.Min(amount, s.x[k]-s.x0[k])
+			amount = math.Min(amount, s.Flow[k])
+			if kappa > 0 && s.Flow[k] > s.Flow0[k] {
+				amount = math.Min(amount, s.Flow[k]-s.Flow0[k])
 			}
-		} else if kappa > 0 && s.x[k] < s.x0[k] {
-			amount = math.Min(amount, s.x0[k]-s.x[k])
+		} else if kappa > 0 && s.Flow[k] < s.Flow0[k] {
+			amount = math.Min(amount, s.Flow0[k]-s.Flow[k])
 		}
 	}
 	if !(amount > 0) || math.IsInf(amount, 1) {
@@ -249,16 +267,16 @@ func (s *Solver) cancel() bool {
 	for _, e := range s.cycle {
 		k := e / 2
 		switch {
-		case k >= len(s.x) && e%2 == 0:
-			i := k - len(s.x)
-			s.shed[i] = math.Min(s.demand[i], s.shed[i]+amount)
-		case k >= len(s.x):
-			i := k - len(s.x)
-			s.shed[i] = math.Max(0, s.shed[i]-amount)
+		case k >= len(s.Flow) && e%2 == 0:
+			i := k - len(s.Flow)
+			s.Shed[i] = math.Min(s.Demand[i], s.Shed[i]+amount)
+		case k >= len(s.Flow):
+			i := k - len(s.Flow)
+			s.Shed[i] = math.Max(0, s.Shed[i]-amount)
 		case e%2 == 0:
-			s.x[k] += amount
+			s.Flow[k] += amount
 		default:
-			s.x[k] = math.Max(0, s.x[k]-amount)
+			s.Flow[k] = math.Max(0, s.Flow[k]-amount)
 		}
 	}
 	return true
@@ -269,26 +287,26 @@ func (s *Solver) cancel() bool {
 // the full engine as unavailable. A cluster values engine j at mu_i - d_ij (its marginal-cost
 // level minus the network latency). The move is kept only if it lowers the objective.
 func (s *Solver) exchange() {
-	nc := len(s.demand)
-	for j := range s.X {
-		if !(s.capv[j] > 0) || s.X[j] < s.capv[j]*(1-1e-9) {
+	nc := len(s.Demand)
+	for j := range s.Load {
+		if !(s.Cap[j] > 0) || s.Load[j] < s.Cap[j]*(1-1e-9) {
 			continue
 		}
 		highK, high := -1, math.Inf(-1)
 		s.users = s.users[:0]
 		for i := 0; i < nc; i++ {
-			if !(s.demand[i] > 0) || math.IsNaN(s.mu[i]) {
+			if !(s.Demand[i] > 0) || math.IsNaN(s.Mu[i]) {
 				continue
 			}
-			for k := s.start[i]; k < s.start[i+1]; k++ {
-				if int(s.eng[k]) != j {
+			for k := s.Start[i]; k < s.Start[i+1]; k++ {
+				if int(s.Eng[k]) != j {
 					continue
 				}
-				v := s.mu[i] - s.dist[k]
-				if s.x[k] > 0 {
+				v := s.Mu[i] - s.Dist[k]
+				if s.Flow[k] > 0 {
 					s.users = append(s.users, k)
 				}
-				if s.x[k] < s.demand[i] && v > high {
+				if s.Flow[k] < s.Demand[i] && v > high {
 					high, highK = v, k
 				}
 			}
@@ -300,7 +318,7 @@ func (s *Solver) exchange() {
 		// Try the users from the lowest valuation up; a user's level understates what it
 		// loses when its other engines are full too, so several may have to be tried.
 		slices.SortStableFunc(s.users, func(a, b int) int {
-			va, vb := s.mu[s.clusterOf(a)]-s.dist[a], s.mu[s.clusterOf(b)]-s.dist[b]
+			va, vb := s.Mu[s.clusterOf(a)]-s.Dist[a], s.Mu[s.clusterOf(b)]-s.Dist[b]
 			switch {
 			case va < vb:
 				return -1
@@ -311,7 +329,7 @@ func (s *Solver) exchange() {
 		})
 		for n, lowK := range s.users {
 			lo := s.clusterOf(lowK)
-			if n >= 4 || s.mu[lo]-s.dist[lowK] >= high-1e-9*(math.Abs(high)+1) {
+			if n >= 4 || s.Mu[lo]-s.Dist[lowK] >= high-1e-9*(math.Abs(high)+1) {
 				break
 			}
 			if lo == hi {
@@ -330,12 +348,12 @@ func (s *Solver) exchange() {
 func (s *Solver) tryExchange(j, lowK, lo, hi int) bool {
 	before := s.objective()
 	s.saveClusters(lo, hi)
-	for d, try := s.x[lowK], 0; try < 30; d, try = d/2, try+1 {
-		s.x[lowK] -= d
-		s.X[j] -= d
-		s.shed[lo] += d
-		s.updateCluster(hi)
-		s.updateCluster(lo)
+	for d, try := s.Flow[lowK], 0; try < 30; d, try = d/2, try+1 {
+		s.Flow[lowK] -= d
+		s.Load[j] -= d
+		s.Shed[lo] += d
+		s.UpdateCluster(hi)
+		s.UpdateCluster(lo)
 		if s.objective() < before*(1-1e-15) {
 			return true
 		}
@@ -347,17 +365,17 @@ func (s *Solver) tryExchange(j, lowK, lo, hi int) bool {
 // objective evaluates the objective of the current flows.
 func (s *Solver) objective() float64 {
 	c := 0.0
-	for j := range s.X {
-		c += s.X[j] * s.curves[j].Latency(s.X[j])
+	for j := range s.Load {
+		c += s.Load[j] * s.Curves[j].Latency(s.Load[j])
 	}
-	for i := range s.demand {
-		for k := s.start[i]; k < s.start[i+1]; k++ {
-			c += s.x[k] * s.dist[k]
-			if kappa := s.kappa(i); kappa > 0 {
-				c += kappa * math.Abs(s.x[k]-s.x0[k])
+	for i := range s.Demand {
+		for k := s.Start[i]; k < s.Start[i+1]; k++ {
+			c += s.Flow[k] * s.Dist[k]
+			if kappa := s.Kappa(i); kappa > 0 {
+				c += kappa * math.Abs(s.Flow[k]-s.Flow0[k])
 			}
 		}
-		c += s.shedCost(i, s.shed[i])
+		c += s.ShedCost(i, s.Shed[i])
 	}
 	return c
 }
@@ -365,23 +383,57 @@ func (s *Solver) objective() float64 {
 func (s *Solver) saveClusters(a, b int) {
 	s.saved = s.saved[:0]
 	for _, i := range [2]int{a, b} {
-		s.saved = append(s.saved, s.shed[i], s.mu[i])
-		s.saved = append(s.saved, s.x[s.start[i]:s.start[i+1]]...)
+		s.saved = append(s.saved, s.Shed[i], s.Mu[i])
+		s.saved = append(s.saved, s.Flow[s.Start[i]:s.Start[i+1]]...)
 	}
 }
 
 func (s *Solver) restoreClusters(a, b int) {
 	r := s.saved
 	for _, i := range [2]int{a, b} {
-		for k := s.start[i]; k < s.start[i+1]; k++ {
-			s.X[s.eng[k]] -= s.x[k]
+		for k := s.Start[i]; k < s.Start[i+1]; k++ {
+			s.Load[s.Eng[k]] -= s.Flow[k]
 		}
-		s.shed[i], s.mu[i] = r[0], r[1]
+		s.Shed[i], s.Mu[i] = r[0], r[1]
 		r = r[2:]
-		n := copy(s.x[s.start[i]:s.start[i+1]], r)
+		n := copy(s.Flow[s.Start[i]:s.Start[i+1]], r)
 		r = r[n:]
-		for k := s.start[i]; k < s.start[i+1]; k++ {
-			s.X[s.eng[k]] += s.x[k]
+		for k := s.Start[i]; k < s.Start[i+1]; k++ {
+			s.Load[s.Eng[k]] += s.Flow[k]
 		}
 	}
+}
+
+// Run runs Gauss-Seidel sweeps over the clusters until the gap is within tolerance. first
+// is the certificate of the current point when the caller has computed it (nil: compute it).
+func (s *Solver) Run(first *flow.Measures) (int, flow.Measures) {
+	nc := len(s.Demand)
+	var m flow.Measures
+	if first != nil {
+		m = *first
+	} else {
+		m = s.Measure(true)
+	}
+	sweeps := 0
+	for sweeps < s.Opt.MaxSweeps && m.RelGap > s.Opt.Tolerance && (sweeps == 0 || !s.Expired(s.End)) {
+		if sweeps%2 == 0 {
+			for i := 0; i < nc; i++ {
+				s.UpdateCluster(i)
+			}
+		} else {
+			for i := nc - 1; i >= 0; i-- {
+				s.UpdateCluster(i)
+			}
+		}
+		sweeps++
+		s.exchange()
+		s.cancelCycles(100)
+		m = s.Measure(true)
+	}
+	// Whatever stopped the sweeps, the point returned sheds by priority across clusters
+	// (flow.State.EnforcePriority); at an optimum there is nothing to move.
+	if !s.Equilibrium && s.EnforcePriority() > 0 {
+		m = s.Measure(true)
+	}
+	return sweeps, m
 }

@@ -1,6 +1,19 @@
-package optimizer
+// Package auction holds the auction: clusters bid for engines' capacity with ε-scaling and
+// outbid the users of full engines, which gives the level solver better starting levels on
+// problems where it does not settle (docs/optimizer.md).
+package auction
 
-import "math"
+import (
+	"math"
+
+	"github.com/switchyard-dev/switchyard/optimizer/flow"
+)
+
+// Solver runs the auction on a flow.State; it keeps its buffers between solves.
+type Solver struct {
+	*flow.State
+	auc auctionState
+}
 
 // The auction solver is the fast path of Solve: an ε-relaxation (auction) method for the
 // convex-cost transportation problem, with ε-scaling (Bertsekas and Castañon's auction for
@@ -20,7 +33,7 @@ import "math"
 // cluster but the evicted ones. Between phases ε shrinks (÷4) and units that cost more than the
 // new ε above their cluster's cheapest option are evicted. At the end every unit costs at most
 // ε above its cluster's level, which bounds the duality gap by about ε × served traffic; the
-// gap is then certified by the same computation as for the sweeps (measure), and Solve falls
+// gap is then certified by the same computation as for the sweeps (Measure), and Solve falls
 // back to the sweeps if the certificate does not close.
 
 // auctionState holds the buffers of the auction solver.
@@ -36,7 +49,7 @@ type auctionState struct {
 	cand    []auctionCand
 	chunks  []auctionChunk
 	bids    int
-	saved   []float64 // auctionSave: flows, then shed and levels per cluster
+	saved   []float64 // Save: flows, then shed and levels per cluster
 }
 
 // auctionCand is an engine that a bidding cluster may take traffic from.
@@ -56,36 +69,36 @@ type auctionChunk struct {
 }
 
 // auctionSetup builds the engine-side index and the initial prices, shed split and surplus
-// from the flows set by warm.
+// from the warm-started flows.
 func (s *Solver) auctionSetup() {
-	nc, ne := len(s.demand), len(s.X)
-	// The engine-major view of the links is the level solver's (s.dual), built once per
-	// network shape and shared.
-	s.dualLinks()
+	nc, ne := len(s.Demand), len(s.Load)
+	// The engine-major view of the links is the state's, built once per network shape and
+	// shared.
+	s.EngineView()
 	a := &s.auc
-	a.price = grow(a.price, ne)
-	a.surplus = grow(a.surplus, nc)
-	a.best1 = grow(a.best1, nc)
-	a.best2 = grow(a.best2, nc)
-	a.bestJ = grow(a.bestJ, nc)
-	a.shedQ = grow(a.shedQ, nc*NumPriorities)
-	a.inQ = grow(a.inQ, nc)
+	a.price = flow.Grow(a.price, ne)
+	a.surplus = flow.Grow(a.surplus, nc)
+	a.best1 = flow.Grow(a.best1, nc)
+	a.best2 = flow.Grow(a.best2, nc)
+	a.bestJ = flow.Grow(a.bestJ, nc)
+	a.shedQ = flow.Grow(a.shedQ, nc*flow.NumClasses)
+	a.inQ = flow.Grow(a.inQ, nc)
 	a.queue = a.queue[:0]
 	a.bids = 0
 	for i := 0; i < nc; i++ {
-		left := s.shed[i]
-		dem := &s.p.Clusters[i].Demand
-		for _, q := range s.order {
+		left := s.Shed[i]
+		dem := &s.Classes[i]
+		for _, q := range s.Order {
 			t := math.Min(left, dem[q])
-			a.shedQ[i*NumPriorities+q] = t
+			a.shedQ[i*flow.NumClasses+q] = t
 			left -= t
 		}
 		a.surplus[i] = math.Max(0, left)
 	}
 	for j := 0; j < ne; j++ {
 		a.price[j] = math.Inf(1)
-		if s.capv[j] > 0 {
-			a.price[j] = s.leftMarginal(j, s.X[j])
+		if s.Cap[j] > 0 {
+			a.price[j] = s.leftMarginal(j, s.Load[j])
 		}
 	}
 }
@@ -94,16 +107,16 @@ func (s *Solver) auctionSetup() {
 // which the engine supplies x).
 func (s *Solver) leftMarginal(j int, x float64) float64 {
 	if x <= 0 {
-		return s.curves[j].Marginal(0)
+		return s.Curves[j].Marginal(0)
 	}
-	return math.Min(s.curves[j].Marginal(x), s.curves[j].Marginal(x*(1-1e-12)))
+	return math.Min(s.Curves[j].Marginal(x), s.Curves[j].Marginal(x*(1-1e-12)))
 }
 
 // unitCost returns the cost of cluster i's next unit on edge k (κ is the cluster's proximal
 // price, 0 when it is not anchored).
 func (s *Solver) unitCost(k int, kappa float64) float64 {
-	c := s.dist[k] + s.auc.price[s.eng[k]]
-	if kappa > 0 && s.x[k] < s.x0[k] {
+	c := s.Dist[k] + s.auc.price[s.Eng[k]]
+	if kappa > 0 && s.Flow[k] < s.Flow0[k] {
 		return c - kappa
 	}
 	return c + kappa
@@ -112,10 +125,10 @@ func (s *Solver) unitCost(k int, kappa float64) float64 {
 // nextShed returns the shed price of cluster i's cheapest class with unshed demand, +Inf if
 // there is none.
 func (s *Solver) nextShed(i int) float64 {
-	dem := &s.p.Clusters[i].Demand
-	for _, q := range s.order {
-		if s.auc.shedQ[i*NumPriorities+q] < dem[q] {
-			return s.opt.ShedPriceMs[q]
+	dem := &s.Classes[i]
+	for _, q := range s.Order {
+		if s.auc.shedQ[i*flow.NumClasses+q] < dem[q] {
+			return s.Opt.ShedPriceMs[q]
 		}
 	}
 	return math.Inf(1)
@@ -128,16 +141,16 @@ func (s *Solver) nextShed(i int) float64 {
 // cheaply, for ever). An engine at its limit counts at its price.
 func (s *Solver) cacheBest(i int) {
 	a := &s.auc
-	kappa := s.kappa(i)
+	kappa := s.Kappa(i)
 	b1, b2, bj := s.nextShed(i), math.Inf(1), int32(-1)
-	for k := s.start[i]; k < s.start[i+1]; k++ {
-		j := int(s.eng[k])
-		if s.capv[j] <= 0 {
+	for k := s.Start[i]; k < s.Start[i+1]; k++ {
+		j := int(s.Eng[k])
+		if s.Cap[j] <= 0 {
 			continue
 		}
 		c := s.unitCost(k, kappa)
-		if s.X[j] < s.capv[j]*(1-1e-12) {
-			if m := s.curves[j].Marginal(s.X[j]); m > a.price[j] {
+		if s.Load[j] < s.Cap[j]*(1-1e-12) {
+			if m := s.Curves[j].Marginal(s.Load[j]); m > a.price[j] {
 				c += m - a.price[j]
 			}
 		}
@@ -165,7 +178,7 @@ func (s *Solver) otherOption(u, j int) float64 {
 // enqueue queues cluster i for a bid if it has surplus and is not queued yet.
 func (s *Solver) enqueue(i int) {
 	a := &s.auc
-	if !a.inQ[i] && a.surplus[i] > 1e-13*s.demand[i] {
+	if !a.inQ[i] && a.surplus[i] > 1e-13*s.Demand[i] {
 		a.inQ[i] = true
 		a.queue = append(a.queue, int32(i))
 	}
@@ -178,8 +191,8 @@ func (s *Solver) avail(c *auctionCand, p float64) (float64, float64) {
 	if p < a.price[c.j] {
 		return 0, 0 // prices do not fall within a phase
 	}
-	sup, sl := s.curves[c.j].InverseMarginal(p)
-	kept := s.X[c.j]
+	sup, sl := s.Curves[c.j].InverseMarginal(p)
+	kept := s.Load[c.j]
 	for _, ch := range a.chunks[c.c0:c.c1] {
 		if ch.theta < p {
 			kept -= ch.amt
@@ -191,7 +204,7 @@ func (s *Solver) avail(c *auctionCand, p float64) (float64, float64) {
 // take returns what the bidder takes from candidate c at level mu, the engine's price then and
 // the derivative of the take.
 func (s *Solver) take(c *auctionCand, mu, kappa float64) (t, price, slope float64) {
-	d := s.dist[c.k]
+	d := s.Dist[c.k]
 	pm := mu - d - kappa
 	am, sm := s.avail(c, pm)
 	if c.keepRoom <= 0 || am >= c.keepRoom {
@@ -223,11 +236,11 @@ func (s *Solver) take(c *auctionCand, mu, kappa float64) (t, price, slope float6
 
 // shedAt returns the demand cluster i would shed beyond what it sheds now at level mu.
 func (s *Solver) shedAt(i int, mu float64) float64 {
-	dem := &s.p.Clusters[i].Demand
+	dem := &s.Classes[i]
 	v := 0.0
-	for _, q := range s.order {
-		if s.opt.ShedPriceMs[q] < mu {
-			v += dem[q] - s.auc.shedQ[i*NumPriorities+q]
+	for _, q := range s.Order {
+		if s.Opt.ShedPriceMs[q] < mu {
+			v += dem[q] - s.auc.shedQ[i*flow.NumClasses+q]
 		}
 	}
 	return v
@@ -247,7 +260,7 @@ func (s *Solver) total(i int, cands []auctionCand, mu, kappa float64) (float64, 
 // bracketRoot narrows [a, b] (total(a) < r ≤ total(b)) around the level where cluster i's
 // total reaches r, by Newton's method safeguarded with bisection.
 func (s *Solver) bracketRoot(i int, cands []auctionCand, r, a, b, kappa float64) (float64, float64) {
-	tol := 1e-13 * s.demand[i]
+	tol := 1e-13 * s.Demand[i]
 	mu := 0.5 * (a + b)
 	for it := 0; it < 200; it++ {
 		v, dv := s.total(i, cands, mu, kappa)
@@ -277,21 +290,21 @@ func (s *Solver) bracketRoot(i int, cands []auctionCand, r, a, b, kappa float64)
 // bid places cluster i's surplus at ε-complementary slackness, evicting other users whose
 // units then cost more than ε above their best other option.
 func (s *Solver) bid(i int, eps float64) {
-	a, d := &s.auc, &s.dual
+	a := &s.auc
 	a.bids++
 	r := a.surplus[i]
-	kappa := s.kappa(i)
-	e0, e1 := s.start[i], s.start[i+1]
+	kappa := s.Kappa(i)
+	e0, e1 := s.Start[i], s.Start[i+1]
 	cands := a.cand[:0]
 	lo := s.nextShed(i)
 	for k := e0; k < e1; k++ {
-		j := int(s.eng[k])
-		if s.capv[j] <= 0 {
+		j := int(s.Eng[k])
+		if s.Cap[j] <= 0 {
 			continue
 		}
 		c := auctionCand{k: k, j: j}
 		if kappa > 0 {
-			c.keepRoom = math.Max(0, s.x0[k]-s.x[k])
+			c.keepRoom = math.Max(0, s.Flow0[k]-s.Flow[k])
 		}
 		cands = append(cands, c)
 		lo = math.Min(lo, s.unitCost(k, kappa))
@@ -335,34 +348,34 @@ func (s *Solver) bid(i int, eps float64) {
 		cd := cands[c]
 		j := cd.j
 		cd.c0 = len(a.chunks)
-		for _, k := range d.ein[d.estart[j]:d.estart[j+1]] {
-			u := int(d.clOf[k])
-			if u == i || s.x[k] <= 0 {
+		for _, k := range s.EIn[s.EStart[j]:s.EStart[j+1]] {
+			u := int(s.ClOf[k])
+			if u == i || s.Flow[k] <= 0 {
 				continue
 			}
-			ku := s.kappa(u)
+			ku := s.Kappa(u)
 			// u's best option other than j, from its cache: a lower bound, as prices only
 			// rise within a phase (less 2κ: an eviction can reopen u's cheaper anchored
 			// units). Where the bound allows an eviction at p, it is refreshed: evicting on a
 			// stale bound would let two clusters take the same units from each other without
 			// a price rise, forever.
 			other := s.otherOption(u, j) - 2*ku
-			if other+eps-s.dist[k]-ku < p {
+			if other+eps-s.Dist[k]-ku < p {
 				s.cacheBest(u)
 				other = s.otherOption(u, j)
 			}
 			other += eps
 			keep := 0.0
 			if ku > 0 {
-				keep = math.Min(s.x[k], s.x0[k])
+				keep = math.Min(s.Flow[k], s.Flow0[k])
 			}
-			if nw := s.x[k] - keep; nw > 0 {
-				if th := other - s.dist[k] - ku; th < p {
+			if nw := s.Flow[k] - keep; nw > 0 {
+				if th := other - s.Dist[k] - ku; th < p {
 					a.chunks = append(a.chunks, auctionChunk{theta: th, amt: nw, k: int(k)})
 				}
 			}
 			if keep > 0 {
-				if th := other - s.dist[k] + ku; th < p {
+				if th := other - s.Dist[k] + ku; th < p {
 					a.chunks = append(a.chunks, auctionChunk{theta: th, amt: keep, k: int(k)})
 				}
 			}
@@ -422,17 +435,17 @@ func (s *Solver) bid(i int, eps float64) {
 				e = f * ch.amt
 			}
 			if e > 0 {
-				e = math.Min(e, s.x[ch.k])
-				s.x[ch.k] -= e
-				u := int(s.dual.clOf[ch.k])
+				e = math.Min(e, s.Flow[ch.k])
+				s.Flow[ch.k] -= e
+				u := int(s.ClOf[ch.k])
 				a.surplus[u] += e
 				s.enqueue(u)
 				ev += e
 			}
 		}
 		if t > 0 || ev > 0 {
-			s.x[cd.k] += t
-			s.X[j] += t - ev
+			s.Flow[cd.k] += t
+			s.Load[j] += t - ev
 			placed += t
 			if cd.pb > a.price[j] {
 				a.price[j] = cd.pb
@@ -443,15 +456,15 @@ func (s *Solver) bid(i int, eps float64) {
 		}
 	}
 	sh := shA + f*(shB-shA)
-	dem := &s.p.Clusters[i].Demand
-	for _, q := range s.order {
+	dem := &s.Classes[i]
+	for _, q := range s.Order {
 		if sh <= 0 {
 			break
 		}
-		room := dem[q] - a.shedQ[i*NumPriorities+q]
+		room := dem[q] - a.shedQ[i*flow.NumClasses+q]
 		t := math.Min(sh, room)
 		if t > 0 {
-			a.shedQ[i*NumPriorities+q] += t
+			a.shedQ[i*flow.NumClasses+q] += t
 			sh -= t
 			placed += t
 		}
@@ -459,9 +472,9 @@ func (s *Solver) bid(i int, eps float64) {
 	// Rounding residual: onto the largest take.
 	if res := r - placed; res != 0 && best >= 0 {
 		cd := &cands[best]
-		v := math.Max(-s.x[cd.k], res)
-		s.x[cd.k] += v
-		s.X[cd.j] += v
+		v := math.Max(-s.Flow[cd.k], res)
+		s.Flow[cd.k] += v
+		s.Load[cd.j] += v
 		placed += v
 	}
 	a.surplus[i] = math.Max(0, r-placed)
@@ -475,49 +488,49 @@ func (s *Solver) bid(i int, eps float64) {
 // reports whether it evicted anything.
 func (s *Solver) restore(eps float64) bool {
 	a := &s.auc
-	nc := len(s.demand)
-	for j := range s.X {
-		if s.capv[j] <= 0 {
+	nc := len(s.Demand)
+	for j := range s.Load {
+		if s.Cap[j] <= 0 {
 			continue
 		}
-		a.price[j] = math.Max(a.price[j], s.leftMarginal(j, s.X[j]))
+		a.price[j] = math.Max(a.price[j], s.leftMarginal(j, s.Load[j]))
 	}
 	changed := false
 	for i := 0; i < nc; i++ {
-		if !(s.demand[i] > 0) {
+		if !(s.Demand[i] > 0) {
 			continue
 		}
-		kappa := s.kappa(i)
+		kappa := s.Kappa(i)
 		s.cacheBest(i)
 		thr := a.best1[i] + eps
-		for k := s.start[i]; k < s.start[i+1]; k++ {
-			if s.x[k] <= 0 {
+		for k := s.Start[i]; k < s.Start[i+1]; k++ {
+			if s.Flow[k] <= 0 {
 				continue
 			}
-			j := s.eng[k]
-			c := s.dist[k] + a.price[j]
+			j := s.Eng[k]
+			c := s.Dist[k] + a.price[j]
 			keep := 0.0
 			if kappa > 0 {
-				keep = math.Min(s.x[k], s.x0[k])
+				keep = math.Min(s.Flow[k], s.Flow0[k])
 			}
 			ev := 0.0
 			if c+kappa > thr {
-				ev = s.x[k] - keep
+				ev = s.Flow[k] - keep
 			}
 			if c-kappa > thr {
-				ev = s.x[k]
+				ev = s.Flow[k]
 			}
 			if ev > 0 {
-				s.x[k] -= ev
-				s.X[j] -= ev
+				s.Flow[k] -= ev
+				s.Load[j] -= ev
 				a.surplus[i] += ev
 				changed = true
 			}
 		}
-		for q := NumPriorities - 1; q >= 0; q-- {
-			cls := s.order[q]
-			if v := a.shedQ[i*NumPriorities+cls]; v > 0 && s.opt.ShedPriceMs[cls] > thr {
-				a.shedQ[i*NumPriorities+cls] = 0
+		for q := flow.NumClasses - 1; q >= 0; q-- {
+			cls := s.Order[q]
+			if v := a.shedQ[i*flow.NumClasses+cls]; v > 0 && s.Opt.ShedPriceMs[cls] > thr {
+				a.shedQ[i*flow.NumClasses+cls] = 0
 				a.surplus[i] += v
 				changed = true
 			}
@@ -527,33 +540,33 @@ func (s *Solver) restore(eps float64) bool {
 	return changed
 }
 
-// auctionSolve runs the auction from the flows set by warm and leaves flows, loads, shed and
+// Solve runs the auction from the warm-started flows and leaves flows, loads, shed and
 // levels in the solver's buffers. It reports whether the duality gap certificate closed, with
 // the number of bids made.
-func (s *Solver) auctionSolve() (bids int, ok bool) {
+func (s *Solver) Solve() (bids int, ok bool) {
 	s.auctionSetup()
 	a := &s.auc
-	nc := len(s.demand)
-	level := s.commonLevel()
-	epsFinal := s.opt.Tolerance * level
+	nc := len(s.Demand)
+	level := s.CommonLevel()
+	epsFinal := s.Opt.Tolerance * level
 	eps := 0.05 * level
 	maxBids := 400*nc + 20000
 	for {
 		// Phase start: prices back to the marginal cost of the loads (evictions of the last
 		// phase can leave engines with unsold supply at their price).
-		for j := range s.X {
-			if s.capv[j] > 0 && s.X[j] < s.capv[j]*(1-1e-12) {
-				a.price[j] = s.leftMarginal(j, s.X[j])
+		for j := range s.Load {
+			if s.Cap[j] > 0 && s.Load[j] < s.Cap[j]*(1-1e-12) {
+				a.price[j] = s.leftMarginal(j, s.Load[j])
 			}
 		}
 		for s.restore(eps) || len(a.queue) > 0 {
 			for h := 0; h < len(a.queue); h++ {
 				i := int(a.queue[h])
 				a.inQ[i] = false
-				if a.surplus[i] > 1e-13*s.demand[i] {
+				if a.surplus[i] > 1e-13*s.Demand[i] {
 					s.bid(i, eps)
 				}
-				if a.bids > maxBids || (a.bids%64 == 0 && s.expired(s.fastEnd)) {
+				if a.bids > maxBids || (a.bids%64 == 0 && s.Expired(s.FastEnd)) {
 					s.auctionFinish()
 					return a.bids, false
 				}
@@ -562,8 +575,8 @@ func (s *Solver) auctionSolve() (bids int, ok bool) {
 		}
 		if eps <= 4*epsFinal {
 			s.auctionFinish()
-			m := s.measure(true)
-			if m.relGap <= s.opt.Tolerance {
+			m := s.Measure(true)
+			if m.RelGap <= s.Opt.Tolerance {
 				return a.bids, true
 			}
 			return a.bids, false
@@ -572,82 +585,51 @@ func (s *Solver) auctionSolve() (bids int, ok bool) {
 	}
 }
 
-// auctionFinish writes the shed, the levels and the loads for measure and solution.
+// auctionFinish writes the shed, the levels and the loads for Measure and the solution.
 func (s *Solver) auctionFinish() {
 	a := &s.auc
-	clear(s.X)
-	for i := range s.demand {
+	clear(s.Load)
+	for i := range s.Demand {
 		served := 0.0
-		for k := s.start[i]; k < s.start[i+1]; k++ {
-			s.x[k] = math.Max(0, s.x[k])
-			served += s.x[k]
-			s.X[s.eng[k]] += s.x[k]
+		for k := s.Start[i]; k < s.Start[i+1]; k++ {
+			s.Flow[k] = math.Max(0, s.Flow[k])
+			served += s.Flow[k]
+			s.Load[s.Eng[k]] += s.Flow[k]
 		}
-		s.shed[i] = math.Max(0, s.demand[i]-served)
-		s.mu[i] = math.NaN()
+		s.Shed[i] = math.Max(0, s.Demand[i]-served)
+		s.Mu[i] = math.NaN()
 	}
-	for j := range s.X {
-		s.X[j] = math.Min(s.X[j], s.capv[j])
+	for j := range s.Load {
+		s.Load[j] = math.Min(s.Load[j], s.Cap[j])
 	}
-	// A cluster's level is the cost of its next unit (measure reads the engines' subgradients
+	// A cluster's level is the cost of its next unit (Measure reads the engines' subgradients
 	// at kinks and the capacity prices off the levels).
-	for i := range s.demand {
-		if s.demand[i] > 0 {
+	for i := range s.Demand {
+		if s.Demand[i] > 0 {
 			s.cacheBest(i)
-			s.mu[i] = a.best1[i]
+			s.Mu[i] = a.best1[i]
 		}
 	}
 }
 
-// commonLevel returns the price at which all engines together supply the total demand (the
-// scale of the clusters' levels, from which ε is chosen).
-func (s *Solver) commonLevel() float64 {
-	total := 0.0
-	for i := range s.demand {
-		total += s.demand[i]
-	}
-	supply := func(m float64) float64 {
-		v := 0.0
-		for j := range s.curves {
-			if s.capv[j] > 0 {
-				x, _ := s.curves[j].InverseMarginal(m)
-				v += x
-			}
-		}
-		return v
-	}
-	lo, hi := 0.0, 1.0
-	for supply(hi) < total && hi < 1e12 {
-		lo, hi = hi, hi*4
-	}
-	for it := 0; it < 60 && hi-lo > 1e-9*hi; it++ {
-		if m := 0.5 * (lo + hi); supply(m) < total {
-			lo = m
-		} else {
-			hi = m
-		}
-	}
-	return hi
-}
-
-// auctionSave keeps the auction's routing (flows, shed, levels) for auctionRestore.
-func (s *Solver) auctionSave() {
+// Save keeps the auction's routing (flows, shed, levels) for Restore.
+func (s *Solver) Save() {
 	a := &s.auc
-	a.saved = append(append(append(a.saved[:0], s.x...), s.shed...), s.mu...)
+	a.saved = append(append(append(a.saved[:0], s.Flow...), s.Shed...), s.Mu...)
 }
 
-// auctionRestore brings back the routing kept by auctionSave and rebuilds the loads.
-func (s *Solver) auctionRestore() {
+// Restore brings back the routing kept by Save and rebuilds the loads.
+func (s *Solver) Restore() {
 	a := &s.auc
-	edges, nc := len(s.x), len(s.shed)
-	copy(s.x, a.saved[:edges])
-	copy(s.shed, a.saved[edges:edges+nc])
-	copy(s.mu, a.saved[edges+nc:])
-	clear(s.X)
-	for k, j := range s.eng {
-		s.X[j] += s.x[k]
+	edges, nc := len(s.Flow), len(s.Shed)
+	copy(s.Flow, a.saved[:edges])
+	copy(s.Shed, a.saved[edges:edges+nc])
+	copy(s.Mu, a.saved[edges+nc:])
+	clear(s.Load)
+	for k, j := range s.Eng {
+		s.Load[j] += s.Flow[k]
 	}
-	for j := range s.X {
-		s.X[j] = math.Min(s.X[j], s.capv[j])
+	for j := range s.Load {
+		s.Load[j] = math.Min(s.Load[j], s.Cap[j])
 	}
 }

@@ -1,11 +1,11 @@
-package optimizer
+package flow
 
 import "math"
 
 // Shedding by priority across clusters. Within a cluster the shed always goes cheapest class
-// first (level, shedCost), but across clusters only the optimum guarantees it: a point stopped
+// first (level, ShedCost), but across clusters only the optimum guarantees it: a point stopped
 // by the time budget may shed one cluster's critical traffic while an engine it could use
-// serves another cluster's sheddable traffic. enforcePriority turns any feasible point into
+// serves another cluster's sheddable traffic. EnforcePriority turns any feasible point into
 // one whose served traffic per class is lexicographically maximal (critical first), by
 // augmenting paths in the bipartite residual graph, one phase per class from the dearest:
 //
@@ -24,7 +24,7 @@ import "math"
 // cheaper classes. The paths move traffic without regard to latency: the sweeps that follow,
 // if the time budget allows, re-split it.
 
-// prioState holds the buffers of enforcePriority.
+// prioState holds the buffers of EnforcePriority.
 type prioState struct {
 	capq  []float64 // per engine: the phase's capacity
 	pred  []int32   // per node (clusters, then engines): the CSR edge it was reached by, -1 for a source, -2 unreached
@@ -33,15 +33,15 @@ type prioState struct {
 	sinks []int32
 }
 
-// enforcePriority makes the served traffic per priority class lexicographically maximal (see
+// EnforcePriority makes the served traffic per priority class lexicographically maximal (see
 // above) and returns the traffic moved onto the augmenting paths in req/s (0 when the point
 // already had the property). It keeps the flows, loads and shed consistent; the levels are left
 // as they were.
-func (s *Solver) enforcePriority() float64 {
-	nc, ne := len(s.demand), len(s.X)
+func (s *State) EnforcePriority() float64 {
+	nc, ne := len(s.Demand), len(s.Load)
 	shedding := false
 	for i := 0; i < nc; i++ {
-		if s.shed[i] > 1e-9*s.demand[i] && s.start[i+1] > s.start[i] {
+		if s.Shed[i] > 1e-9*s.Demand[i] && s.Start[i+1] > s.Start[i] {
 			shedding = true
 			break
 		}
@@ -49,32 +49,31 @@ func (s *Solver) enforcePriority() float64 {
 	if !shedding {
 		return 0
 	}
-	s.dualLinks()
-	d := &s.dual
+	s.EngineView()
 	ps := &s.prio
-	ps.capq = growRaw(ps.capq, ne)
-	ps.pred = growRaw(ps.pred, nc+ne)
-	ps.root = growRaw(ps.root, nc+ne)
+	ps.capq = GrowRaw(ps.capq, ne)
+	ps.pred = GrowRaw(ps.pred, nc+ne)
+	ps.root = GrowRaw(ps.root, nc+ne)
 	maxDist := 0.0 // the largest network latency, for the phases' capacities
-	for _, v := range s.dist {
+	for _, v := range s.Dist {
 		maxDist = math.Max(maxDist, v)
 	}
 	moved := 0.0
-	// Phases from the dearest class to the cheapest (s.order is by ascending price).
-	for n := NumPriorities - 1; n >= 0; n-- {
-		q := s.order[n]
-		P := s.opt.ShedPriceMs[q]
+	// Phases from the dearest class to the cheapest (s.Order is by ascending price).
+	for n := NumClasses - 1; n >= 0; n-- {
+		q := s.Order[n]
+		P := s.Opt.ShedPriceMs[q]
 		for j := 0; j < ne; j++ {
 			ps.capq[j] = 0
-			if s.capv[j] > 0 {
-				x, _ := s.curves[j].InverseMarginal(P - maxDist)
-				ps.capq[j] = math.Min(math.Max(x, 0), s.capv[j])
+			if s.Cap[j] > 0 {
+				x, _ := s.Curves[j].InverseMarginal(P - maxDist)
+				ps.capq[j] = math.Min(math.Max(x, 0), s.Cap[j])
 			}
 		}
 		// Every round saturates a source, a sink or a link; the bound is a safeguard
 		// against rounds that move only rounding residues.
 		for round := 0; round < 4*(nc+ne); round++ {
-			a := s.augmentPhase(n, d)
+			a := s.augmentPhase(n)
 			moved += a
 			if a == 0 {
 				break
@@ -84,12 +83,12 @@ func (s *Solver) enforcePriority() float64 {
 	return moved
 }
 
-// cum returns cluster i's demand of the classes at positions n and above of s.order (the
+// cum returns cluster i's demand of the classes at positions n and above of s.Order (the
 // phase's class and the dearer ones).
-func (s *Solver) cum(i, n int) float64 {
-	dem := &s.p.Clusters[i].Demand
+func (s *State) cum(i, n int) float64 {
+	dem := &s.Classes[i]
 	c := 0.0
-	for _, q := range s.order[n:] {
+	for _, q := range s.Order[n:] {
 		c += dem[q]
 	}
 	return c
@@ -98,8 +97,8 @@ func (s *Solver) cum(i, n int) float64 {
 // augmentPhase runs one breadth-first search from every source of phase n at once and pushes
 // traffic along the path to every sink it reached, as far as the residual capacities (updated
 // by the earlier paths) allow. It returns the traffic moved.
-func (s *Solver) augmentPhase(n int, d *dualState) float64 {
-	nc := len(s.demand)
+func (s *State) augmentPhase(n int) float64 {
+	nc := len(s.Demand)
 	ps := &s.prio
 	pred, root := ps.pred, ps.root
 	queue := ps.queue[:0]
@@ -107,7 +106,7 @@ func (s *Solver) augmentPhase(n int, d *dualState) float64 {
 		pred[v] = -2
 	}
 	for i := 0; i < nc; i++ {
-		if s.start[i+1] > s.start[i] && s.deficit(i, n) > 0 {
+		if s.Start[i+1] > s.Start[i] && s.deficit(i, n) > 0 {
 			pred[i], root[i] = -1, int32(i)
 			queue = append(queue, int32(i))
 		}
@@ -123,9 +122,9 @@ func (s *Solver) augmentPhase(n int, d *dualState) float64 {
 			if v != int(root[v]) && s.surplus(v, n) > 0 {
 				sinks = append(sinks, int32(v))
 			}
-			for k := s.start[v]; k < s.start[v+1]; k++ {
-				j := int(s.eng[k])
-				if w := nc + j; pred[w] == -2 && s.capv[j] > 0 {
+			for k := s.Start[v]; k < s.Start[v+1]; k++ {
+				j := int(s.Eng[k])
+				if w := nc + j; pred[w] == -2 && s.Cap[j] > 0 {
 					pred[w], root[w] = int32(k), root[v]
 					queue = append(queue, int32(w))
 				}
@@ -136,9 +135,9 @@ func (s *Solver) augmentPhase(n int, d *dualState) float64 {
 		if s.phaseRoom(j) > 0 {
 			sinks = append(sinks, int32(v))
 		}
-		for e := d.estart[j]; e < d.estart[j+1]; e++ {
-			k := int(d.ein[e])
-			if i := int(d.clOf[k]); pred[i] == -2 && s.x[k] > 1e-12*s.demand[i] {
+		for e := s.EStart[j]; e < s.EStart[j+1]; e++ {
+			k := int(s.EIn[e])
+			if i := int(s.ClOf[k]); pred[i] == -2 && s.Flow[k] > 1e-12*s.Demand[i] {
 				pred[i], root[i] = int32(k), root[v]
 				queue = append(queue, int32(i))
 			}
@@ -159,10 +158,10 @@ func (s *Solver) augmentPhase(n int, d *dualState) float64 {
 		for u := v; u != src; {
 			k := int(pred[u])
 			if u < nc {
-				a = math.Min(a, s.x[k])
-				u = nc + int(s.eng[k])
+				a = math.Min(a, s.Flow[k])
+				u = nc + int(s.Eng[k])
 			} else {
-				u = int(d.clOf[k])
+				u = int(s.ClOf[k])
 			}
 		}
 		if !(a > 0) {
@@ -170,20 +169,20 @@ func (s *Solver) augmentPhase(n int, d *dualState) float64 {
 		}
 		for u := v; u != src; {
 			k := int(pred[u])
-			j := int(s.eng[k])
+			j := int(s.Eng[k])
 			if u < nc {
-				s.x[k] = math.Max(0, s.x[k]-a)
-				s.X[j] -= a
+				s.Flow[k] = math.Max(0, s.Flow[k]-a)
+				s.Load[j] -= a
 				u = nc + j
 			} else {
-				s.x[k] += a
-				s.X[j] += a
-				u = int(d.clOf[k])
+				s.Flow[k] += a
+				s.Load[j] += a
+				u = int(s.ClOf[k])
 			}
 		}
-		s.shed[src] = math.Max(0, s.shed[src]-a)
+		s.Shed[src] = math.Max(0, s.Shed[src]-a)
 		if v < nc {
-			s.shed[v] = math.Min(s.demand[v], s.shed[v]+a)
+			s.Shed[v] = math.Min(s.Demand[v], s.Shed[v]+a)
 		}
 		moved += a
 	}
@@ -193,9 +192,9 @@ func (s *Solver) augmentPhase(n int, d *dualState) float64 {
 
 // deficit returns how much of cluster i's demand of the classes of phase n and dearer is shed,
 // 0 below a relative 1e-9 of its demand.
-func (s *Solver) deficit(i, n int) float64 {
-	v := s.cum(i, n) - (s.demand[i] - s.shed[i])
-	if v <= 1e-9*s.demand[i] {
+func (s *State) deficit(i, n int) float64 {
+	v := s.cum(i, n) - (s.Demand[i] - s.Shed[i])
+	if v <= 1e-9*s.Demand[i] {
 		return 0
 	}
 	return v
@@ -203,9 +202,9 @@ func (s *Solver) deficit(i, n int) float64 {
 
 // surplus returns how much of cluster i's served traffic is of classes cheaper than phase n's,
 // 0 below a relative 1e-9 of its demand.
-func (s *Solver) surplus(i, n int) float64 {
-	v := (s.demand[i] - s.shed[i]) - s.cum(i, n)
-	if v <= 1e-9*s.demand[i] {
+func (s *State) surplus(i, n int) float64 {
+	v := (s.Demand[i] - s.Shed[i]) - s.cum(i, n)
+	if v <= 1e-9*s.Demand[i] {
 		return 0
 	}
 	return v
@@ -213,9 +212,9 @@ func (s *Solver) surplus(i, n int) float64 {
 
 // phaseRoom returns how much engine j can take below the phase's capacity, 0 below a relative 1e-9
 // of its hard limit.
-func (s *Solver) phaseRoom(j int) float64 {
-	v := s.prio.capq[j] - s.X[j]
-	if v <= 1e-9*s.capv[j] {
+func (s *State) phaseRoom(j int) float64 {
+	v := s.prio.capq[j] - s.Load[j]
+	if v <= 1e-9*s.Cap[j] {
 		return 0
 	}
 	return v
