@@ -4,6 +4,8 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+
+	"github.com/switchyard-dev/switchyard/messages"
 )
 
 // Event kinds of the heap.
@@ -165,19 +167,16 @@ func (e *engine) finPop() finEntry {
 	return top
 }
 
-// ewma is a pair of exponentially weighted moving averages.
+// ewma is one of the aggregator's windows and whether it has a sample yet.
 type ewma struct {
-	fast, slow float64
-	init       bool
+	messages.Window
+	init bool
 }
 
-func (w *ewma) add(v, af, as float64) {
-	if !w.init {
-		w.fast, w.slow, w.init = v, v, true
-		return
-	}
-	w.fast += af * (v - w.fast)
-	w.slow += as * (v - w.slow)
+// add folds in v, observed dt seconds after the previous sample.
+func (w *ewma) add(s messages.Smoother, v, dt float64) {
+	s.Update(&w.Window, v, dt, !w.init)
+	w.init = true
 }
 
 // engineSignal is the aggregator's view of one engine.
@@ -223,7 +222,7 @@ type run struct {
 	sig       []engineSignal
 	demand    []ewma // [cluster] req/s
 	dArrived  []int  // [cluster] arrivals since the last signal
-	af, as    float64
+	smooth    messages.Smoother
 	sigPeriod float64
 
 	m *metrics
@@ -258,8 +257,7 @@ func newRun(f *fleet, arrivals []Arrival, pol policy, seed uint64) *run {
 	r.demand = make([]ewma, nc)
 	r.dArrived = make([]int, nc)
 	r.sigPeriod = f.sc.SignalPeriodMs
-	r.af = 1 - math.Exp2(-r.sigPeriod/1000)
-	r.as = 1 - math.Exp2(-r.sigPeriod/30000)
+	r.smooth = messages.DefaultSmoother()
 	r.m = newMetrics(f)
 	return r
 }
@@ -560,7 +558,7 @@ func (r *run) signal() {
 			s.capacity = 0
 		}
 		s.outstanding = e.queueLen() + e.running
-		s.load.add(float64(e.sArrived)/per, r.af, r.as)
+		s.load.add(r.smooth, float64(e.sArrived)/per, per)
 		s.lastLatValid = false
 		if e.sDone > 0 {
 			n := float64(e.sDone)
@@ -569,12 +567,12 @@ func (r *run) signal() {
 			if e.sTBTn > 0 {
 				tbt = e.sTBT / float64(e.sTBTn)
 			}
-			s.ttft.add(ttft, r.af, r.as)
-			s.out.add(out, r.af, r.as)
-			s.tbt.add(tbt, r.af, r.as)
+			s.ttft.add(r.smooth, ttft, per)
+			s.out.add(r.smooth, out, per)
+			s.tbt.add(r.smooth, tbt, per)
 			s.lastLat = ttft + (out-1)*tbt
 			s.lastLatValid = true
-			s.lat.add(s.lastLat, r.af, r.as)
+			s.lat.add(r.smooth, s.lastLat, per)
 		}
 		e.sArrived, e.sDone, e.sTTFT, e.sTBT, e.sOut, e.sTBTn = 0, 0, 0, 0, 0, 0
 		for c := range r.f.clusters {
@@ -586,7 +584,7 @@ func (r *run) signal() {
 		}
 	}
 	for c := range r.demand {
-		r.demand[c].add(float64(r.dArrived[c])/per, r.af, r.as)
+		r.demand[c].add(r.smooth, float64(r.dArrived[c])/per, per)
 		r.dArrived[c] = 0
 	}
 }
