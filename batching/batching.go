@@ -60,6 +60,19 @@ func (c Cost) Capacity(batch, prompt, output int) float64 {
 	return 1000 * b / perBatchMs
 }
 
+// IdleMs returns the engine-side latency of a lone request of prompt tokens
+// (none cached) and output tokens on an idle engine: its prefill, then
+// output−1 decode steps of one request.
+func (c Cost) IdleMs(prompt, output int) float64 {
+	ms := c.PrefillMs(prompt) + float64(output-1)*c.DecodeMs(1, 0)
+	if c.TBTPerKTokenMs != 0 && output > 1 {
+		// The k-th decode step holds prompt + k tokens of context.
+		n := float64(output - 1)
+		ms += c.TBTPerKTokenMs * (n*float64(prompt) + n*(n+1)/2) / 1000
+	}
+	return ms
+}
+
 // Phase is what an engine is doing.
 type Phase uint8
 

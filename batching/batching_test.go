@@ -323,3 +323,30 @@ func TestCapacityMatchesSaturation(t *testing.T) {
 		})
 	}
 }
+
+// IdleMs is the latency the step model gives a lone request.
+func TestIdleMs(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		c              Cost
+		prompt, output int
+	}{
+		{"no context term", Cost{PrefillMsPerToken: 0.02, TBTBaseMs: 15, TBTPerRequestMs: 0.1}, 256, 128},
+		{"context term", testCost, 500, 40},
+		{"one token", testCost, 500, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := New[*req](tc.c, 4)
+			got := 0.0
+			r := newReq(1, tc.prompt, tc.output)
+			b.Enqueue(r)
+			for r.doneAt < 0 {
+				got += b.Start(admitAll).Ms
+				b.End(func(*req) {}, func(r *req) { r.doneAt = 0 })
+			}
+			if want := tc.c.IdleMs(tc.prompt, tc.output); math.Abs(got-want) > 1e-9*want {
+				t.Errorf("a lone request takes %g ms in the model, IdleMs says %g", got, want)
+			}
+		})
+	}
+}
