@@ -94,7 +94,7 @@ func New(opts Options) (*Engine, error) {
 	e.poison = guard
 	e.handler = e.routes()
 	// Before any measurement, signal what the model predicts for a lone request.
-	e.stats.lastTTFTMs = float64(opts.PromptTokens) * opts.PrefillMsPerToken * opts.TimeScale
+	e.stats.lastTTFTMs = opts.cost().PrefillMs(opts.PromptTokens) * opts.TimeScale
 	e.stats.lastTBTMs = opts.cost().DecodeMs(1, 0) * opts.TimeScale
 	e.stats.lastOut = float64(opts.OutputTokens)
 	if opts.Conn != nil {
@@ -472,7 +472,7 @@ func (e *Engine) admit(ctx context.Context, j *job) (*request, error) {
 		return nil, j.err
 	}
 	if k := e.Failure().TTFTFactor; k > 1 {
-		idle := float64(j.prompt) * e.opts.PrefillMsPerToken * e.opts.TimeScale / e.Failure().factor()
+		idle := e.opts.cost().PrefillMs(j.prompt) * e.opts.TimeScale / e.Failure().factor()
 		delay += time.Duration((k - 1) * idle * float64(time.Millisecond))
 	}
 	if delay > 0 {
