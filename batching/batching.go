@@ -148,12 +148,6 @@ func New[R any](cost Cost, maxBatch int) *Batch[R] {
 	return &Batch[R]{cost: cost, maxBatch: max(maxBatch, 1)}
 }
 
-// Cost returns the step-time model.
-func (b *Batch[R]) Cost() Cost { return b.cost }
-
-// MaxBatch returns the most requests that run together.
-func (b *Batch[R]) MaxBatch() int { return b.maxBatch }
-
 // Enqueue adds r at the tail of the queue. It is admitted at a later step
 // boundary (call Start when Phase is Idle).
 func (b *Batch[R]) Enqueue(r R) { b.queue = append(b.queue, r) }
