@@ -111,7 +111,8 @@ type Admission struct {
 	// Prefill is the prompt tokens its prefill computes: the prompt less
 	// any prefix served from the cache.
 	Prefill int
-	// Prompt is its prompt length, tokens: the context it holds once admitted.
+	// Prompt is its prompt length, tokens (below 2^31): the context it
+	// holds once admitted.
 	Prompt int
 	// Output is the tokens it generates, the first at the end of its
 	// prefill; less than 1 counts as 1.
@@ -171,7 +172,7 @@ func (b *Batch[R]) Phase() Phase { return b.phase }
 // far (nothing running and nothing admitted by this step), where a caller
 // may admit a request its cache cannot otherwise hold. Start returns the
 // prefill of what it admitted, else a decode step when requests run, else
-// Idle.
+// Idle. Start during a step is the caller's bug and panics.
 func (b *Batch[R]) Start(admit func(r R, alone bool) (Admission, bool)) Step {
 	if b.phase != Idle {
 		panic("batching: Start during a " + b.phase.String() + " step")
@@ -263,7 +264,7 @@ func (b *Batch[R]) Decoding(f func(r R, generated int)) {
 
 // Drop removes, between steps, every queued and running request for which
 // drop returns true (it is told whether the request is running), as when
-// their clients give up.
+// their clients give up. Drop during a step is the caller's bug and panics.
 func (b *Batch[R]) Drop(drop func(r R, running bool) bool) {
 	if b.phase != Idle {
 		panic("batching: Drop during a " + b.phase.String() + " step")

@@ -2,6 +2,7 @@ package batching
 
 import (
 	"math"
+	"math/rand/v2"
 	"slices"
 	"testing"
 )
@@ -349,4 +350,90 @@ func TestIdleMs(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Random arrivals, lengths, cache refusals and client cancellations keep
+// the batch's invariants: at most MaxBatch run, every admitted request gets
+// its first token once and its last once, after exactly output−1 decode
+// steps of its own, and an emptied batch holds no context.
+func TestBatchInvariantsRandom(t *testing.T) {
+	for _, seed := range []uint64{1, 2, 3, 4} {
+		rng := rand.New(rand.NewPCG(seed, 99))
+		const maxBatch = 6
+		b := New[*req](testCost, maxBatch)
+		tokens := map[*req]int{} // tokens seen per running request
+		firsts, dones, dropped, next := 0, 0, 0, 0
+		var all []*req
+		for step := range 3000 {
+			for range rng.IntN(3) {
+				r := newReq(next, 1+rng.IntN(500), rng.IntN(20))
+				next++
+				all = append(all, r)
+				b.Enqueue(r)
+			}
+			if rng.IntN(50) == 0 {
+				b.Drop(func(r *req, running bool) bool {
+					if rng.IntN(4) != 0 {
+						return false
+					}
+					if _, ok := tokens[r]; ok != running {
+						t.Fatalf("seed %d: request %d dropped as running=%v, tokens seen %v", seed, r.id, running, ok)
+					}
+					delete(tokens, r)
+					r.doneAt = -2
+					dropped++
+					return true
+				})
+			}
+			st := b.Start(func(r *req, _ bool) (Admission, bool) {
+				if rng.IntN(10) == 0 {
+					return Admission{}, false // the cache is full this time
+				}
+				return Admission{Prefill: r.prompt, Prompt: r.prompt, Output: r.output}, true
+			})
+			if b.Running() > maxBatch {
+				t.Fatalf("seed %d step %d: %d running", seed, step, b.Running())
+			}
+			b.End(func(r *req) {
+				if r.firstAt >= 0 {
+					t.Fatalf("seed %d: request %d got a second first token", seed, r.id)
+				}
+				r.firstAt = step
+				tokens[r] = 1
+				firsts++
+			}, func(r *req) {
+				if r.doneAt != -1 || tokens[r] != max(r.output, 1)-boolInt(st.Phase == Decode) {
+					t.Fatalf("seed %d: request %d of %d tokens done after %d (done at %d)", seed, r.id, r.output, tokens[r], r.doneAt)
+				}
+				delete(tokens, r)
+				r.doneAt = step
+				dones++
+			})
+			if st.Phase == Decode {
+				for r := range tokens {
+					tokens[r]++
+				}
+				b.Decoding(func(r *req, n int) {
+					if tokens[r] != n {
+						t.Fatalf("seed %d: request %d has %d tokens, Decoding says %d", seed, r.id, tokens[r], n)
+					}
+				})
+			}
+		}
+		// Drain: no more arrivals, no refusals.
+		for b.Running()+b.Queued() > 0 {
+			b.Start(admitAll)
+			b.End(func(r *req) { r.firstAt = 0; firsts++ }, func(*req) { dones++ })
+		}
+		if b.Context() != 0 || dones+dropped != len(all) {
+			t.Errorf("seed %d: drained with context %d; %d done + %d dropped of %d", seed, b.Context(), dones, dropped, len(all))
+		}
+	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
