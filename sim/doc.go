@@ -15,14 +15,15 @@
 // generator seeded by the scenario's seed, so a run is a pure function of the
 // scenario, the arrivals and the seed.
 //
-// Engines batch continuously like the live engine simulator
-// (services/enginesim): at each step boundary queued requests are admitted in
-// arrival order while the batch has room (MaxBatch) and the KV cache can hold
-// them; admitted requests are prefilled together in one step lasting
-// Σ uncached prompt tokens × PrefillMsPerToken, during which decoding pauses;
-// otherwise one decode step gives every running request a token and lasts
-// TBTBaseMs + TBTPerRequestMs·(b−1) + TBTPerKTokenMs·(context tokens in the
-// batch)/1000. A capacity factor divides every duration.
+// Engines run the continuous-batching step model of package batching, the
+// one the engine simulator (services/enginesim) runs in real time: at each
+// step boundary queued requests are admitted in arrival order while the
+// batch has room (MaxBatch) and the KV cache can hold them; admitted requests
+// are prefilled together in one step lasting Σ uncached prompt tokens ×
+// PrefillMsPerToken, during which decoding pauses; otherwise one decode step
+// gives every running request a token and lasts TBTBaseMs +
+// TBTPerRequestMs·(b−1) + TBTPerKTokenMs·(context tokens in the batch)/1000.
+// A capacity factor divides every duration.
 //
 // The KV cache holds a fixed number of 512-token blocks. A request pins its
 // prompt blocks (named by the trace's hash ids, or by its session) and
@@ -40,8 +41,8 @@
 // Every SignalPeriod each engine publishes what it measured (requests
 // arrived, completed, their TTFT, TBT and output tokens, queue and batch
 // sizes, capacity and health). An aggregator folds them into EWMA windows
-// (half-lives of 1 s and 30 s, as services/aggregator) and the frontend
-// routers' demand into a fast window. Policies that need signals see only
+// with the aggregator's own messages.Smoother and default half-lives (1 s
+// and 30 s), and the frontend routers' demand likewise. Policies that need signals see only
 // these lagged values, plus what each router knows by itself (its own
 // in-flight requests, and engines that refused it).
 //

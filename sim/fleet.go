@@ -3,6 +3,8 @@ package sim
 import (
 	"fmt"
 	"math"
+
+	"github.com/switchyard-dev/switchyard/batching"
 )
 
 // fleet is a scenario compiled into indexes: what every policy run shares.
@@ -108,10 +110,10 @@ func compile(sc *Scenario, lastMs float64) (*fleet, error) {
 	return f, nil
 }
 
-// tbtMs is the decode step time of an engine type with b running requests
-// holding ctx context tokens, at speed 1.
-func (t *EngineType) tbtMs(b int, ctx int64) float64 {
-	return t.TBTBaseMs + t.TBTPerRequestMs*float64(max(b, 1)-1) + t.TBTPerKTokenMs*float64(ctx)/1000
+// cost returns the step-time model of an engine type.
+func (t *EngineType) cost() batching.Cost {
+	return batching.Cost{PrefillMsPerToken: t.PrefillMsPerToken, TBTBaseMs: t.TBTBaseMs,
+		TBTPerRequestMs: t.TBTPerRequestMs, TBTPerKTokenMs: t.TBTPerKTokenMs}
 }
 
 // anonBlocks is the number of anonymous KV blocks a request reserves: its

@@ -4,6 +4,9 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+
+	"github.com/switchyard-dev/switchyard/batching"
+	"github.com/switchyard-dev/switchyard/messages"
 )
 
 // Event kinds of the heap.
@@ -95,27 +98,18 @@ type reqRun struct {
 	first    float64
 }
 
-type finEntry struct {
-	step int64
-	req  int32
-}
-
 // engine is one engine's live state in a run.
 type engine struct {
-	d         *engineDesc
-	speed     float64
-	up        bool
-	queue     []int32
-	qhead     int
-	running   int
-	fin       []finEntry // min-heap on step
-	steps     int64      // decode steps done
-	ctx       int64      // context tokens of the running requests
-	busy      bool
-	gen       uint32
-	prefill   []int32
-	inPrefill bool
-	kv        *kvCache
+	d     *engineDesc
+	speed float64
+	up    bool
+	// batch is the engine's queue and running batch (arrival indexes).
+	batch *batching.Batch[int32]
+	gen   uint32
+	kv    *kvCache
+	// admit, first and done are the batch's callbacks for this engine.
+	admit       func(q int32, alone bool) (batching.Admission, bool)
+	first, done func(q int32)
 
 	// signal accumulators since the last signal
 	sArrived, sDone   int
@@ -126,58 +120,16 @@ type engine struct {
 	latN              int64
 }
 
-func (e *engine) queueLen() int { return len(e.queue) - e.qhead }
-
-func (e *engine) finPush(x finEntry) {
-	e.fin = append(e.fin, x)
-	i := len(e.fin) - 1
-	for i > 0 {
-		p := (i - 1) / 2
-		if e.fin[p].step <= e.fin[i].step {
-			break
-		}
-		e.fin[i], e.fin[p] = e.fin[p], e.fin[i]
-		i = p
-	}
-}
-
-func (e *engine) finPop() finEntry {
-	top := e.fin[0]
-	n := len(e.fin) - 1
-	e.fin[0] = e.fin[n]
-	e.fin = e.fin[:n]
-	i := 0
-	for {
-		l := 2*i + 1
-		if l >= n {
-			break
-		}
-		m := l
-		if r := l + 1; r < n && e.fin[r].step < e.fin[l].step {
-			m = r
-		}
-		if e.fin[i].step <= e.fin[m].step {
-			break
-		}
-		e.fin[i], e.fin[m] = e.fin[m], e.fin[i]
-		i = m
-	}
-	return top
-}
-
-// ewma is a pair of exponentially weighted moving averages.
+// ewma is one of the aggregator's windows and whether it has a sample yet.
 type ewma struct {
-	fast, slow float64
-	init       bool
+	messages.Window
+	init bool
 }
 
-func (w *ewma) add(v, af, as float64) {
-	if !w.init {
-		w.fast, w.slow, w.init = v, v, true
-		return
-	}
-	w.fast += af * (v - w.fast)
-	w.slow += as * (v - w.slow)
+// add folds in v, observed dt seconds after the previous sample.
+func (w *ewma) add(s messages.Smoother, v, dt float64) {
+	s.Update(&w.Window, v, dt, !w.init)
+	w.init = true
 }
 
 // engineSignal is the aggregator's view of one engine.
@@ -223,7 +175,7 @@ type run struct {
 	sig       []engineSignal
 	demand    []ewma // [cluster] req/s
 	dArrived  []int  // [cluster] arrivals since the last signal
-	af, as    float64
+	smooth    messages.Smoother
 	sigPeriod float64
 
 	m *metrics
@@ -242,7 +194,9 @@ func newRun(f *fleet, arrivals []Arrival, pol policy, seed uint64) *run {
 	r.engines = make([]engine, len(f.engines))
 	for j := range r.engines {
 		d := &f.engines[j]
-		r.engines[j] = engine{d: d, speed: 1, up: true, kv: newKVCache(d.typ.KVBlocks)}
+		r.engines[j] = engine{d: d, speed: 1, up: true, kv: newKVCache(d.typ.KVBlocks),
+			batch: batching.New[int32](d.typ.cost(), d.typ.MaxBatch)}
+		r.bindEngine(j)
 	}
 	nc, ne := len(f.clusters), len(f.engines)
 	r.inflight = grid[int32](nc, ne)
@@ -258,8 +212,7 @@ func newRun(f *fleet, arrivals []Arrival, pol policy, seed uint64) *run {
 	r.demand = make([]ewma, nc)
 	r.dArrived = make([]int, nc)
 	r.sigPeriod = f.sc.SignalPeriodMs
-	r.af = 1 - math.Exp2(-r.sigPeriod/1000)
-	r.as = 1 - math.Exp2(-r.sigPeriod/30000)
+	r.smooth = messages.DefaultSmoother()
 	r.m = newMetrics(f)
 	return r
 }
@@ -434,84 +387,49 @@ func (r *run) engineArrive(j int, q int32) {
 	if r.arrivals[q].AtMs >= r.f.measureFrom && r.arrivals[q].AtMs < r.f.measureTo {
 		e.measured++
 	}
-	e.queue = append(e.queue, q)
-	if !e.busy {
+	e.batch.Enqueue(q)
+	if e.batch.Phase() == batching.Idle {
 		r.startStep(j)
 	}
 }
 
-// startStep begins engine j's next step: a prefill of newly admitted
-// requests, else a decode step, else idles.
-func (r *run) startStep(j int) {
+// bindEngine makes engine j's batch callbacks: admission holds the
+// request's blocks in the KV cache (a prefix hit costs no prefill, but the
+// last prompt token is always computed), a prefill gives the first token,
+// and a request's last token retires it.
+func (r *run) bindEngine(j int) {
 	e := &r.engines[j]
-	t := e.d.typ
-	e.prefill = e.prefill[:0]
-	uncached := 0
-	for e.queueLen() > 0 && e.running < t.MaxBatch {
-		q := e.queue[e.qhead]
+	e.admit = func(q int32, alone bool) (batching.Admission, bool) {
 		a := &r.arrivals[q]
-		hit, ok := e.kv.acquire(a.Blocks, anonBlocks(a), e.running == 0 && len(e.prefill) == 0)
+		hit, ok := e.kv.acquire(a.Blocks, anonBlocks(a), alone)
 		if !ok {
-			break
+			return batching.Admission{}, false
 		}
-		e.qhead++
-		e.running++
 		rq := &r.reqs[q]
 		rq.state = rsRunning
-		cached := min(hit*512, int(a.Prompt)-1)
-		if cached < 0 {
-			cached = 0
-		}
+		cached := max(0, min(hit*512, int(a.Prompt)-1))
 		rq.hitTok = int32(cached)
-		uncached += int(a.Prompt) - cached
-		e.prefill = append(e.prefill, q)
+		return batching.Admission{Prefill: int(a.Prompt) - cached, Prompt: int(a.Prompt), Output: int(a.Output)}, true
 	}
-	if e.qhead > 1024 && e.qhead*2 > len(e.queue) {
-		n := copy(e.queue, e.queue[e.qhead:])
-		e.queue = e.queue[:n]
-		e.qhead = 0
-	}
-	var ms float64
-	switch {
-	case len(e.prefill) > 0:
-		e.inPrefill = true
-		ms = float64(uncached) * t.PrefillMsPerToken
-	case e.running > 0:
-		e.inPrefill = false
-		ms = t.tbtMs(e.running, e.ctx)
-	default:
-		e.busy = false
+	e.first = func(q int32) { r.reqs[q].first = r.now }
+	e.done = func(q int32) { r.finish(j, q) }
+}
+
+// startStep begins engine j's next step (see package batching), or leaves
+// it idle.
+func (r *run) startStep(j int) {
+	e := &r.engines[j]
+	st := e.batch.Start(e.admit)
+	if st.Phase == batching.Idle {
 		return
 	}
-	e.busy = true
 	e.gen++
-	r.push(event{t: r.now + ms/e.speed, kind: evStep, x: int32(j), gen: e.gen})
+	r.push(event{t: r.now + st.Ms/e.speed, kind: evStep, x: int32(j), gen: e.gen})
 }
 
 // stepEnd completes engine j's current step and starts the next.
 func (r *run) stepEnd(j int) {
-	e := &r.engines[j]
-	if e.inPrefill {
-		for _, q := range e.prefill {
-			a := &r.arrivals[q]
-			rq := &r.reqs[q]
-			rq.first = r.now
-			e.ctx += int64(a.Prompt) + 1
-			if a.Output <= 1 {
-				r.finish(j, q)
-			} else {
-				e.finPush(finEntry{step: e.steps + int64(a.Output) - 1, req: q})
-			}
-		}
-		e.prefill = e.prefill[:0]
-	} else {
-		e.steps++
-		e.ctx += int64(e.running)
-		for len(e.fin) > 0 && e.fin[0].step <= e.steps {
-			x := e.finPop()
-			r.finish(j, x.req)
-		}
-	}
+	r.engines[j].batch.End(r.engines[j].first, r.engines[j].done)
 	r.startStep(j)
 }
 
@@ -520,8 +438,6 @@ func (r *run) finish(j int, q int32) {
 	e := &r.engines[j]
 	a := &r.arrivals[q]
 	rq := &r.reqs[q]
-	e.running--
-	e.ctx -= int64(a.Prompt) + int64(a.Output)
 	e.kv.release(a.Blocks, anonBlocks(a))
 	rq.state = rsDone
 	r.active--
@@ -559,8 +475,8 @@ func (r *run) signal() {
 		if !e.up {
 			s.capacity = 0
 		}
-		s.outstanding = e.queueLen() + e.running
-		s.load.add(float64(e.sArrived)/per, r.af, r.as)
+		s.outstanding = e.batch.Queued() + e.batch.Running()
+		s.load.add(r.smooth, float64(e.sArrived)/per, per)
 		s.lastLatValid = false
 		if e.sDone > 0 {
 			n := float64(e.sDone)
@@ -569,12 +485,12 @@ func (r *run) signal() {
 			if e.sTBTn > 0 {
 				tbt = e.sTBT / float64(e.sTBTn)
 			}
-			s.ttft.add(ttft, r.af, r.as)
-			s.out.add(out, r.af, r.as)
-			s.tbt.add(tbt, r.af, r.as)
+			s.ttft.add(r.smooth, ttft, per)
+			s.out.add(r.smooth, out, per)
+			s.tbt.add(r.smooth, tbt, per)
 			s.lastLat = ttft + (out-1)*tbt
 			s.lastLatValid = true
-			s.lat.add(s.lastLat, r.af, r.as)
+			s.lat.add(r.smooth, s.lastLat, per)
 		}
 		e.sArrived, e.sDone, e.sTTFT, e.sTBT, e.sOut, e.sTBTn = 0, 0, 0, 0, 0, 0
 		for c := range r.f.clusters {
@@ -586,7 +502,7 @@ func (r *run) signal() {
 		}
 	}
 	for c := range r.demand {
-		r.demand[c].add(float64(r.dArrived[c])/per, r.af, r.as)
+		r.demand[c].add(r.smooth, float64(r.dArrived[c])/per, per)
 		r.dArrived[c] = 0
 	}
 }
@@ -602,20 +518,13 @@ func (r *run) timed(te *timedEvent) {
 			}
 			e.up = false
 			e.gen++ // cancels the step in progress
-			e.busy = false
-			for len(e.fin) > 0 {
-				x := e.finPop()
-				r.lose(j, x.req)
-			}
-			for _, q := range e.prefill {
-				r.bounce(q) // no token yet: the router may retry it
-			}
-			e.prefill = e.prefill[:0]
-			for _, q := range e.queue[e.qhead:] {
-				r.bounce(q)
-			}
-			e.queue, e.qhead = e.queue[:0], 0
-			e.running, e.ctx, e.steps = 0, 0, 0
+			e.batch.Clear(func(q int32, started bool) {
+				if started {
+					r.lose(j, q)
+				} else {
+					r.bounce(q) // no token yet: the router may retry it
+				}
+			})
 			e.kv.reset()
 		case tRecover:
 			e.up = true

@@ -96,7 +96,7 @@ clusters:
 	var samples int
 	r.onSignal = func(r *run) {
 		if r.now < f.measureTo {
-			sum += float64(r.engines[0].queueLen() + r.engines[0].running)
+			sum += float64(r.engines[0].batch.Queued() + r.engines[0].batch.Running())
 			samples++
 		}
 	}

@@ -189,7 +189,7 @@ type switchyard struct {
 // fitSample is the latency-fit sample of an engine's signal windows; it
 // carries no time, since every control period folds in a new one.
 func fitSample(s *engineSignal) optimizer.Sample {
-	return optimizer.Sample{LoadRPS: s.load.slow, CapacityRPS: s.capacity, TTFTMs: s.ttft.slow, TBTMs: s.tbt.slow, OutputTokens: s.out.slow}
+	return optimizer.Sample{LoadRPS: s.load.Slow, CapacityRPS: s.capacity, TTFTMs: s.ttft.Slow, TBTMs: s.tbt.Slow, OutputTokens: s.out.Slow}
 }
 
 func (p *switchyard) init(r *run) {
@@ -244,7 +244,7 @@ func (p *switchyard) solve(r *run, fit bool) {
 		idx = append(idx, j)
 	}
 	for c := range f.clusters {
-		d := r.demand[c].fast
+		d := r.demand[c].Fast
 		if !r.demand[c].init || d < minDemandRPS {
 			d = minDemandRPS
 		}

@@ -7,13 +7,14 @@
 // admitted TTFT p99 <= 2x the unloaded p99) can be met together at all, by
 // any router.
 //
-// The engines follow services/enginesim's model exactly: a FIFO queue;
-// at a step boundary, waiting requests are admitted while a batch slot is
-// free and prefilled together in one step of PromptTokens·PrefillMsPerToken
-// per admitted request, which gives each its first token; otherwise a
-// decode step of BaseTBT + Growth·(running−1) ms gives every running
-// request one token; a request ends after OutputTokens tokens and frees its
-// slot at that boundary. Arrivals are Poisson. The admission oracle sees
+// The engines run the engine simulator's step model (package batching,
+// without a KV limit): a FIFO queue; at a step boundary, waiting requests
+// are admitted while a batch slot is free and prefilled together in one step
+// of PromptTokens·PrefillMsPerToken per admitted request, which gives each
+// its first token; otherwise a decode step of BaseTBT + Growth·(running−1)
+// ms gives every running request one token; a request ends after
+// OutputTokens tokens and frees its slot at that boundary. Arrivals are
+// Poisson. The admission oracle sees
 // each engine's running and queued requests exactly (no signal lag, no
 // other routers) and sends an arrival to the engine with the fewest of
 // them among those under their slots plus an allowance of queued requests;
@@ -32,34 +33,31 @@ import (
 	"os"
 	"slices"
 	"text/tabwriter"
+
+	"github.com/switchyard-dev/switchyard/batching"
 )
 
 // Params is one fleet and load.
 type Params struct {
 	Engines      int
-	Batch        int     // batch slots per engine
-	OutputTokens int     // tokens per request, the first from the prefill step
-	PromptTokens int     // prompt tokens per request
-	PrefillMs    float64 // prefill ms per prompt token
-	BaseTBTMs    float64 // decode step with one running request, ms
-	GrowthMs     float64 // decode step growth per extra running request, ms
-	Load         float64 // offered demand over capacity
-	Allowance    int     // queued requests per engine beyond its slots
-	QueueCap     int     // queued requests beyond slots in all (negative: no cap)
-	Critical     float64 // share of arrivals that are critical: never shed, sent to the least occupied engine when every one is full
-	Sheddable    float64 // share of arrivals that are sheddable (the rest beyond Critical are standard)
-	KeyShed      float64 // share of all arrivals shed up front, from the sheddable ones (the router's relaxed snapshot shed by key)
-	Reserve      float64 // share of an engine's limit that sheddable requests leave free (the router's SlotReserve)
-	Seconds      float64 // simulated time; the first tenth is warm-up
+	Batch        int           // batch slots per engine
+	OutputTokens int           // tokens per request, the first from the prefill step
+	PromptTokens int           // prompt tokens per request
+	Cost         batching.Cost // step times (the prefill per prompt token, the decode step and its growth per request)
+	Load         float64       // offered demand over capacity
+	Allowance    int           // queued requests per engine beyond its slots
+	QueueCap     int           // queued requests beyond slots in all (negative: no cap)
+	Critical     float64       // share of arrivals that are critical: never shed, sent to the least occupied engine when every one is full
+	Sheddable    float64       // share of arrivals that are sheddable (the rest beyond Critical are standard)
+	KeyShed      float64       // share of all arrivals shed up front, from the sheddable ones (the router's relaxed snapshot shed by key)
+	Reserve      float64       // share of an engine's limit that sheddable requests leave free (the router's SlotReserve)
+	Seconds      float64       // simulated time; the first tenth is warm-up
 	Seed         uint64
 }
 
-// Capacity returns one engine's sustainable rate, req/s (the formula of
-// services/enginesim).
+// Capacity returns one engine's sustainable rate, req/s.
 func (p Params) Capacity() float64 {
-	b := float64(p.Batch)
-	tbt := p.BaseTBTMs + p.GrowthMs*(b-1)
-	return 1000 * b / (b*float64(p.PromptTokens)*p.PrefillMs + float64(p.OutputTokens-1)*tbt)
+	return p.Cost.Capacity(p.Batch, p.PromptTokens, p.OutputTokens)
 }
 
 // Result is what one run measured.
@@ -71,14 +69,11 @@ type Result struct {
 }
 
 type engine struct {
-	running  []int     // tokens left per running request
-	queue    []float64 // arrival times, ms; negative for critical requests
-	admitted []float64 // arrival times of the requests in the current prefill step, negative for critical ones
-	prefill  bool
-	next     float64 // end of the current step; +Inf while idle
+	batch *batching.Batch[float64] // arrival times, ms; negative for critical requests
+	next  float64                  // end of the current step; +Inf while idle
 }
 
-func (e *engine) occupancy() int { return len(e.running) + len(e.queue) }
+func (e *engine) occupancy() int { return e.batch.Running() + e.batch.Queued() }
 
 // Run simulates p.
 func Run(p Params) Result {
@@ -87,40 +82,45 @@ func Run(p Params) Result {
 	lambda := p.Load * capacity / 1000 // per ms
 	engines := make([]*engine, p.Engines)
 	for i := range engines {
-		engines[i] = &engine{next: math.Inf(1)}
+		engines[i] = &engine{batch: batching.New[float64](p.Cost, p.Batch), next: math.Inf(1)}
 	}
 	end := p.Seconds * 1000
 	warm := end / 10
 	var ttft, crit []float64
 	completed, critical, forced := 0, 0, 0
+	admit := func(float64, bool) (batching.Admission, bool) {
+		return batching.Admission{Prefill: p.PromptTokens, Prompt: p.PromptTokens, Output: p.OutputTokens}, true
+	}
 	start := func(e *engine, now float64) {
-		e.admitted = e.admitted[:0]
-		for len(e.queue) > 0 && len(e.running) < p.Batch {
-			e.admitted = append(e.admitted, e.queue[0])
-			e.queue = e.queue[1:]
-			e.running = append(e.running, p.OutputTokens)
+		e.next = math.Inf(1)
+		if st := e.batch.Start(admit); st.Phase != batching.Idle {
+			e.next = now + st.Ms
 		}
-		switch {
-		case len(e.admitted) > 0:
-			e.prefill = true
-			e.next = now + float64(len(e.admitted)*p.PromptTokens)*p.PrefillMs
-		case len(e.running) > 0:
-			e.prefill = false
-			e.next = now + p.BaseTBTMs + p.GrowthMs*float64(len(e.running)-1)
-		default:
-			e.next = math.Inf(1)
+	}
+	var now float64
+	first := func(a float64) {
+		if math.Abs(a) > warm {
+			ttft = append(ttft, now-math.Abs(a))
+			if a < 0 {
+				crit = append(crit, now+a)
+			}
+		}
+	}
+	done := func(float64) {
+		if now > warm {
+			completed++
 		}
 	}
 	arrival := rng.ExpFloat64() / lambda
 	for {
-		first := engines[0]
+		next := engines[0]
 		for _, e := range engines[1:] {
-			if e.next < first.next {
-				first = e
+			if e.next < next.next {
+				next = e
 			}
 		}
-		if arrival < first.next {
-			now := arrival
+		if arrival < next.next {
+			now = arrival
 			if now > end {
 				break
 			}
@@ -169,35 +169,15 @@ func Run(p Params) Result {
 			if isCrit {
 				at = -now
 			}
-			pick.queue = append(pick.queue, at)
+			pick.batch.Enqueue(at)
 			if math.IsInf(pick.next, 1) {
 				start(pick, now)
 			}
 			continue
 		}
-		e, now := first, first.next
-		if e.prefill {
-			n := len(e.admitted)
-			for _, a := range e.admitted {
-				if math.Abs(a) > warm {
-					ttft = append(ttft, now-math.Abs(a))
-					if a < 0 {
-						crit = append(crit, now+a)
-					}
-				}
-			}
-			for j := len(e.running) - n; j < len(e.running); j++ {
-				e.running[j]--
-			}
-		} else {
-			for j := range e.running {
-				e.running[j]--
-				if e.running[j] == 0 && now > warm {
-					completed++
-				}
-			}
-		}
-		e.running = slices.DeleteFunc(e.running, func(left int) bool { return left <= 0 })
+		e := next
+		now = e.next
+		e.batch.End(first, done)
 		start(e, now)
 	}
 	pct := func(xs []float64, q float64) float64 {
@@ -217,9 +197,9 @@ func main() {
 	flag.IntVar(&p.Batch, "batch", 20, "batch slots per engine")
 	flag.IntVar(&p.OutputTokens, "output", 16, "output tokens per request")
 	flag.IntVar(&p.PromptTokens, "prompt", 64, "prompt tokens per request")
-	flag.Float64Var(&p.PrefillMs, "prefill", 0.02, "prefill ms per prompt token")
-	flag.Float64Var(&p.BaseTBTMs, "tbt", 60, "decode step with one running request, ms")
-	flag.Float64Var(&p.GrowthMs, "growth", 0.2, "decode step growth per extra running request, ms")
+	flag.Float64Var(&p.Cost.PrefillMsPerToken, "prefill", 0.02, "prefill ms per prompt token")
+	flag.Float64Var(&p.Cost.TBTBaseMs, "tbt", 60, "decode step with one running request, ms")
+	flag.Float64Var(&p.Cost.TBTPerRequestMs, "growth", 0.2, "decode step growth per extra running request, ms")
 	flag.Float64Var(&p.Load, "load", 1.5, "offered demand over capacity")
 	flag.Float64Var(&p.Seconds, "seconds", 600, "simulated seconds per run")
 	flag.Uint64Var(&p.Seed, "seed", 1, "seed")
@@ -230,7 +210,7 @@ func main() {
 	flag.Float64Var(&p.KeyShed, "key-shed", 0, "share of all requests shed up front from the sheddable ones, as the router's relaxed snapshot shed does (second table)")
 	flag.Float64Var(&p.Reserve, "reserve", 0, "share of an engine's limit sheddable requests leave free, as the router's SlotReserve (second table)")
 	flag.Parse()
-	if p.Engines < 1 || p.Batch < 1 || p.OutputTokens < 1 || p.PromptTokens < 0 || !(p.BaseTBTMs > 0) || !(p.Load > 0) || !(p.Seconds > 0) {
+	if p.Engines < 1 || p.Batch < 1 || p.OutputTokens < 1 || p.PromptTokens < 0 || !(p.Cost.TBTBaseMs > 0) || !(p.Load > 0) || !(p.Seconds > 0) {
 		fmt.Fprintln(os.Stderr, "slotmodel: engines, batch, output, tbt, load and seconds must be positive")
 		os.Exit(2)
 	}
@@ -238,7 +218,7 @@ func main() {
 	base.Load, base.Allowance, base.QueueCap, base.Critical, base.Sheddable, base.KeyShed = *unloaded, p.Batch*10, -1, 0, 0, 0
 	u := Run(base)
 	fmt.Printf("%d engines x %d slots, %d output tokens, decode step %.0f ms (+%.1f per request), prefill %.1f ms: capacity %.1f req/s, %.2f completions per decode step per engine\n",
-		p.Engines, p.Batch, p.OutputTokens, p.BaseTBTMs, p.GrowthMs, float64(p.PromptTokens)*p.PrefillMs, p.Capacity()*float64(p.Engines),
+		p.Engines, p.Batch, p.OutputTokens, p.Cost.TBTBaseMs, p.Cost.TBTPerRequestMs, p.Cost.PrefillMs(p.PromptTokens), p.Capacity()*float64(p.Engines),
 		float64(p.Batch)/float64(p.OutputTokens-1))
 	fmt.Printf("unloaded (%.0f%% of capacity): TTFT p50 %.1f ms, p99 %.1f ms\n", 100**unloaded, u.TTFTP50, u.TTFTP99)
 	fmt.Printf("offered %.0f%% of capacity, admission by an oracle that sees every engine exactly:\n", 100*p.Load)

@@ -4,6 +4,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/switchyard-dev/switchyard/batching"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 )
 
@@ -14,7 +15,7 @@ func TestCapacityMatchesEngineSim(t *testing.T) {
 		batch, out, prompt int
 		tbt                float64
 	}{{20, 16, 64, 60}, {32, 128, 256, 15}, {64, 16, 64, 100}} {
-		p := Params{Batch: tc.batch, OutputTokens: tc.out, PromptTokens: tc.prompt, PrefillMs: 0.02, BaseTBTMs: tc.tbt, GrowthMs: 0.2}
+		p := Params{Batch: tc.batch, OutputTokens: tc.out, PromptTokens: tc.prompt, Cost: batching.Cost{PrefillMsPerToken: 0.02, TBTBaseMs: tc.tbt, TBTPerRequestMs: 0.2}}
 		want := enginesim.Capacity(enginesim.Options{MaxBatch: tc.batch, OutputTokens: tc.out, PromptTokens: tc.prompt,
 			PrefillMsPerToken: 0.02, BaseTBTMs: tc.tbt, TBTGrowthMs: 0.2, KVTokens: 1 << 30, TimeScale: 1})
 		if got := p.Capacity(); math.Abs(got-want) > 1e-9*want {
@@ -29,7 +30,7 @@ func TestCapacityMatchesEngineSim(t *testing.T) {
 // unbounded allowance the engines serve their capacity while the TTFT
 // grows.
 func TestRunServesWhatItAdmits(t *testing.T) {
-	p := Params{Engines: 4, Batch: 20, OutputTokens: 16, PromptTokens: 64, PrefillMs: 0.02, BaseTBTMs: 60, GrowthMs: 0.2,
+	p := Params{Engines: 4, Batch: 20, OutputTokens: 16, PromptTokens: 64, Cost: batching.Cost{PrefillMsPerToken: 0.02, TBTBaseMs: 60, TBTPerRequestMs: 0.2},
 		Load: 0.25, Allowance: 1000, QueueCap: -1, Seconds: 300, Seed: 1}
 	low := Run(p)
 	if math.Abs(low.Served-0.25) > 0.02 || low.TTFTP50 < 20 || low.TTFTP50 > 50 {
@@ -55,7 +56,7 @@ func TestRunServesWhatItAdmits(t *testing.T) {
 // at the same allowance, some of them go beyond the limits at 150% of
 // capacity, and their TTFT p99 is reported; without them it is NaN.
 func TestCriticalNeverShed(t *testing.T) {
-	p := Params{Engines: 2, Batch: 64, OutputTokens: 16, PromptTokens: 64, PrefillMs: 0.02, BaseTBTMs: 100, GrowthMs: 0.2,
+	p := Params{Engines: 2, Batch: 64, OutputTokens: 16, PromptTokens: 64, Cost: batching.Cost{PrefillMsPerToken: 0.02, TBTBaseMs: 100, TBTPerRequestMs: 0.2},
 		Load: 1.5, Allowance: 0, QueueCap: -1, Seconds: 120, Seed: 1}
 	plain := Run(p)
 	if !math.IsNaN(plain.CriticalP99) || plain.Forced != 0 {
@@ -76,7 +77,7 @@ func TestCriticalNeverShed(t *testing.T) {
 // SlotReserve) each serve less than the oracle without them at the same
 // allowance.
 func TestRouterPolicyCosts(t *testing.T) {
-	p := Params{Engines: 2, Batch: 64, OutputTokens: 16, PromptTokens: 64, PrefillMs: 0.02, BaseTBTMs: 100, GrowthMs: 0.2,
+	p := Params{Engines: 2, Batch: 64, OutputTokens: 16, PromptTokens: 64, Cost: batching.Cost{PrefillMsPerToken: 0.02, TBTBaseMs: 100, TBTPerRequestMs: 0.2},
 		Load: 1.5, Allowance: 2, QueueCap: -1, Seconds: 120, Seed: 1, Critical: 0.2, Sheddable: 0.4}
 	free := Run(p)
 	keyed := p
@@ -86,6 +87,18 @@ func TestRouterPolicyCosts(t *testing.T) {
 	for name, q := range map[string]Params{"key shed": keyed, "reserve": reserved} {
 		if r := Run(q); r.Served >= free.Served {
 			t.Errorf("%s: served %.3f, not less than %.3f without it", name, r.Served, free.Served)
+		}
+	}
+}
+
+// TestServedCountsEveryLength: a request is served when its last token
+// comes, from a decode step or, for a one-token request, its prefill.
+func TestServedCountsEveryLength(t *testing.T) {
+	for _, out := range []int{1, 2, 16} {
+		p := Params{Engines: 2, Batch: 8, OutputTokens: out, PromptTokens: 64, Cost: batching.Cost{PrefillMsPerToken: 0.02, TBTBaseMs: 20, TBTPerRequestMs: 0.2},
+			Load: 0.5, Allowance: 1000, QueueCap: -1, Seconds: 60, Seed: 1}
+		if r := Run(p); math.Abs(r.Served-0.5) > 0.03 {
+			t.Errorf("%d-token requests at half of capacity: served %.3f of capacity, want 0.5", out, r.Served)
 		}
 	}
 }

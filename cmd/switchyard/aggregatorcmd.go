@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
 	"github.com/switchyard-dev/switchyard/streams"
 )
@@ -24,8 +25,8 @@ func aggregatorCommand() command {
 			url := natsFlags(fs)
 			var o aggregator.Options
 			fs.StringVar(&o.Durable, "durable", "sy-aggregator", "durable consumer name prefix")
-			fs.DurationVar(&o.FastHalfLife, "fast-half-life", time.Second, "half-life of the fast EWMA window")
-			fs.DurationVar(&o.SlowHalfLife, "slow-half-life", 30*time.Second, "half-life of the slow EWMA window")
+			fs.DurationVar(&o.FastHalfLife, "fast-half-life", messages.DefaultFastHalfLife, "half-life of the fast EWMA window")
+			fs.DurationVar(&o.SlowHalfLife, "slow-half-life", messages.DefaultSlowHalfLife, "half-life of the slow EWMA window")
 			fs.DurationVar(&o.StaleAfter, "stale-after", 2*time.Second, "mark an engine stale after this long without a signal")
 			fs.DurationVar(&o.DownAfter, "down-after", 6*time.Second, "mark an engine down after this long without a signal")
 			fs.DurationVar(&o.WriteInterval, "write-interval", 250*time.Millisecond, "write each changed key at most once per interval")

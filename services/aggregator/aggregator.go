@@ -43,7 +43,8 @@ type Options struct {
 	Names streams.Names
 	// Durable is the prefix of the durable consumer names. Empty means "sy-aggregator".
 	Durable string
-	// FastHalfLife and SlowHalfLife are the EWMA half-lives. Defaults 1 s and 30 s.
+	// FastHalfLife and SlowHalfLife are the half-lives of the windows (see
+	// messages.Smoother). Defaults messages.DefaultFastHalfLife and DefaultSlowHalfLife.
 	FastHalfLife time.Duration
 	SlowHalfLife time.Duration
 	// StaleAfter and DownAfter bound how long an engine may stay silent before
@@ -82,10 +83,10 @@ func (o *Options) setDefaults() {
 		o.Durable = "sy-aggregator"
 	}
 	if o.FastHalfLife == 0 {
-		o.FastHalfLife = time.Second
+		o.FastHalfLife = messages.DefaultFastHalfLife
 	}
 	if o.SlowHalfLife == 0 {
-		o.SlowHalfLife = 30 * time.Second
+		o.SlowHalfLife = messages.DefaultSlowHalfLife
 	}
 	if o.StaleAfter == 0 {
 		o.StaleAfter = 2 * time.Second
@@ -123,7 +124,7 @@ type Aggregator struct {
 	opts    Options
 	log     zerolog.Logger
 	js      jetstream.JetStream
-	smooth  Smoother
+	smooth  messages.Smoother
 	metrics *metrics
 	guard   *poison.Guard
 	keeper  *streams.Keeper
@@ -204,7 +205,7 @@ func New(opts Options) (*Aggregator, error) {
 		opts:    opts,
 		log:     log,
 		js:      js,
-		smooth:  Smoother{Fast: opts.FastHalfLife.Seconds(), Slow: opts.SlowHalfLife.Seconds()},
+		smooth:  messages.Smoother{Fast: opts.FastHalfLife.Seconds(), Slow: opts.SlowHalfLife.Seconds()},
 		metrics: newMetrics(opts.Registerer),
 		guard:   guard,
 		engines: make(map[string]*engineEntry),

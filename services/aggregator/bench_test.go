@@ -15,19 +15,6 @@ import (
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
-// BenchmarkSmootherUpdate is the cost of folding one sample into a fast and a slow window.
-func BenchmarkSmootherUpdate(b *testing.B) {
-	s := aggregator.Smoother{Fast: 1, Slow: 30}
-	var w messages.Window
-	b.ReportAllocs()
-	for i := 0; b.Loop(); i++ {
-		s.Update(&w, float64(i%100), 0.2, false)
-	}
-	if w.Fast < 0 {
-		b.Fatal("impossible")
-	}
-}
-
 // BenchmarkIngest measures the aggregator's ingest rate: b.N signals from
 // 10,000 engines are stored in SY_SIGNALS first, then the timer runs while the
 // aggregator consumes, folds and writes them all.

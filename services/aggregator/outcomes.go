@@ -59,17 +59,17 @@ func failures(o messages.EngineOutcome) int64 {
 
 // fold adds one report's outcome for the engine, received at now and
 // covering the interval ending at reportMs, and updates out.
-func (a *outcomeAcc) fold(out *messages.EngineOutcomes, o messages.EngineOutcome, reportMs int64, now time.Time, s Smoother) {
+func (a *outcomeAcc) fold(out *messages.EngineOutcomes, o messages.EngineOutcome, reportMs int64, now time.Time, s messages.Smoother) {
 	if !a.at.IsZero() {
 		if dt := now.Sub(a.at).Seconds(); dt > 3*s.Fast {
 			// Silent for a while (for example drained or penalised): start
 			// the fast sums over, so that old failures do not count against
 			// the first requests after the pause.
 			a.fast = decayedSums{}
-			a.slow.decay(math.Exp(-dt * math.Ln2 / s.Slow))
+			a.slow.decay(messages.Retained(dt, s.Slow))
 		} else if dt > 0 {
-			a.fast.decay(math.Exp(-dt * math.Ln2 / s.Fast))
-			a.slow.decay(math.Exp(-dt * math.Ln2 / s.Slow))
+			a.fast.decay(messages.Retained(dt, s.Fast))
+			a.slow.decay(messages.Retained(dt, s.Slow))
 		}
 	}
 	a.at = now
@@ -98,7 +98,7 @@ func (a *outcomeAcc) fold(out *messages.EngineOutcomes, o messages.EngineOutcome
 }
 
 // render writes the sums' rates into out.
-func (a *outcomeAcc) render(out *messages.EngineOutcomes, s Smoother) {
+func (a *outcomeAcc) render(out *messages.EngineOutcomes, s messages.Smoother) {
 	fs, fe, ft, fl := a.fast.rates(s.Fast)
 	ss, se, st, sl := a.slow.rates(s.Slow)
 	// Each report's rates are bounded (messages.MaxRouterRate), their sum
@@ -117,7 +117,7 @@ func (a *outcomeAcc) render(out *messages.EngineOutcomes, s Smoother) {
 
 // restore rebuilds decayed sums from stored windows, so that a restarted
 // aggregator continues them.
-func (a *outcomeAcc) restore(out *messages.EngineOutcomes, s Smoother, now time.Time) {
+func (a *outcomeAcc) restore(out *messages.EngineOutcomes, s messages.Smoother, now time.Time) {
 	set := func(d *decayedSums, h, sentRPS, errRate, toRate, ttft float64) {
 		d.sent = sentRPS * h / math.Ln2
 		d.failed = errRate * d.sent

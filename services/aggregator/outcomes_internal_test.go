@@ -10,7 +10,7 @@ import (
 // Intervals of nothing but client errors are neither failures nor a
 // failure streak: the engine answered every request.
 func TestOutcomesClientErrorsNotFailures(t *testing.T) {
-	s := Smoother{Fast: 1, Slow: 30}
+	s := messages.DefaultSmoother()
 	var a outcomeAcc
 	out := &messages.EngineOutcomes{}
 	now := time.Now()

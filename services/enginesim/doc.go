@@ -5,8 +5,9 @@
 //
 // # Model
 //
-// One scheduler goroutine per engine advances in steps, using real timers so
-// that clients see real latency:
+// One scheduler goroutine per engine runs the steps of the continuous-batching
+// model of package batching (the one the fleet simulator runs in virtual
+// time), on real timers so that clients see real latency:
 //
 //   - Requests wait in a FIFO queue until a batch slot is free (at most
 //     MaxBatch running) and the KV cache can hold prompt plus output tokens.
@@ -34,7 +35,7 @@
 //	capacity_rps = 1000 · B / (B·p + (T − 1)·TBT(B)) · factor / TimeScale
 //
 // with B = min(MaxBatch, ⌊KVTokens / (PromptTokens + T)⌋), T = OutputTokens
-// and all times in ms. Engine.Capacity returns it, and signals carry it as
+// and all times in ms (batching.Cost.Capacity). Engine.Capacity returns it, and signals carry it as
 // capacity_rps. The defaults (B 32, p = 256 × 0.02 ms, T 128, TBT 15 ms +
 // 0.1 ms per extra request, so TBT(32) = 18.1 ms) give about 13 req/s.
 // BatchForCapacity finds the batch size that reaches a target rate: 100 req/s

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/batching"
 	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/services/engine"
 )
@@ -36,9 +37,10 @@ type Engine struct {
 	wg         sync.WaitGroup
 	closeOnce  sync.Once
 
-	mu         sync.Mutex // guards the fields below up to ctl
-	queue      []*request
-	running    []*request
+	mu    sync.Mutex // guards the fields below up to ctl
+	batch *batching.Batch[*request]
+	// admitted are the requests of the prefill step in progress.
+	admitted   []*request
 	kvReserved int
 	stats      stats
 	failure    Failure
@@ -77,6 +79,7 @@ func New(opts Options) (*Engine, error) {
 		wake:    make(chan struct{}, 1),
 		quit:    make(chan struct{}),
 		failure: opts.Failure,
+		batch:   batching.New[*request](opts.cost(), opts.MaxBatch),
 		rng:     rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		addr:    opts.Listen,
 		log: opts.Logger.With().Str("component", "enginesim").
@@ -91,8 +94,8 @@ func New(opts Options) (*Engine, error) {
 	e.poison = guard
 	e.handler = e.routes()
 	// Before any measurement, signal what the model predicts for a lone request.
-	e.stats.lastTTFTMs = float64(opts.PromptTokens) * opts.PrefillMsPerToken * opts.TimeScale
-	e.stats.lastTBTMs = opts.tbtMs(1) * opts.TimeScale
+	e.stats.lastTTFTMs = opts.cost().PrefillMs(opts.PromptTokens) * opts.TimeScale
+	e.stats.lastTBTMs = opts.cost().DecodeMs(1, 0) * opts.TimeScale
 	e.stats.lastOut = float64(opts.OutputTokens)
 	if opts.Conn != nil {
 		subj, err := opts.Names.InferSubject(opts.Model, opts.Name)
@@ -469,7 +472,7 @@ func (e *Engine) admit(ctx context.Context, j *job) (*request, error) {
 		return nil, j.err
 	}
 	if k := e.Failure().TTFTFactor; k > 1 {
-		idle := float64(j.prompt) * e.opts.PrefillMsPerToken * e.opts.TimeScale / e.Failure().factor()
+		idle := e.opts.cost().PrefillMs(j.prompt) * e.opts.TimeScale / e.Failure().factor()
 		delay += time.Duration((k - 1) * idle * float64(time.Millisecond))
 	}
 	if delay > 0 {

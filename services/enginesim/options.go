@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/batching"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/services/engine"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -241,9 +242,9 @@ func (o Options) validate() error {
 	return validMetricsFormat(o.MetricsFormat)
 }
 
-// tbtMs is the modelled time between tokens with b running requests, before scaling.
-func (o Options) tbtMs(b int) float64 {
-	return o.BaseTBTMs + o.TBTGrowthMs*float64(max(b, 1)-1)
+// cost returns the step-time model of these options, before scaling.
+func (o Options) cost() batching.Cost {
+	return batching.Cost{PrefillMsPerToken: o.PrefillMsPerToken, TBTBaseMs: o.BaseTBTMs, TBTPerRequestMs: o.TBTGrowthMs}
 }
 
 // effectiveBatch is the batch size the KV cache allows for mean-sized requests.
@@ -259,10 +260,7 @@ func Capacity(o Options) float64 {
 }
 
 func capacity(o Options, factor float64) float64 {
-	b := float64(o.effectiveBatch())
-	p := float64(o.PromptTokens) * o.PrefillMsPerToken
-	perBatchMs := b*p + float64(o.OutputTokens-1)*o.tbtMs(int(b))
-	return 1000 * b / perBatchMs * factor / o.TimeScale
+	return o.cost().Capacity(o.effectiveBatch(), o.PromptTokens, o.OutputTokens) * factor / o.TimeScale
 }
 
 // BatchForCapacity returns the smallest MaxBatch at which an engine with the

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/batching"
 )
 
 type reqState int
@@ -70,7 +72,7 @@ func (e *Engine) submit(r *request) error {
 		return errCrashed
 	}
 	r.queued = time.Now()
-	e.queue = append(e.queue, r)
+	e.batch.Enqueue(r)
 	e.pokeScheduler()
 	return nil
 }
@@ -118,107 +120,91 @@ func (e *Engine) wait(ctx context.Context, r *request, emit func(from, to int) e
 
 // abortAllLocked drops every queued and running request, as a crash does.
 func (e *Engine) abortAllLocked() {
-	for _, r := range e.queue {
+	e.batch.Clear(func(r *request, _ bool) {
 		r.state = stateAborted
 		r.poke()
-	}
-	for _, r := range e.running {
-		r.state = stateAborted
-		r.poke()
-	}
-	e.queue, e.running, e.kvReserved = nil, nil, 0
+	})
+	e.kvReserved = 0
 }
 
 // reapLocked drops cancelled requests from the queue and the batch.
 func (e *Engine) reapLocked() {
-	q := e.queue[:0]
-	for _, r := range e.queue {
-		if r.cancelled {
-			r.state = stateAborted
-			continue
+	e.batch.Drop(func(r *request, running bool) bool {
+		if !r.cancelled {
+			return false
 		}
-		q = append(q, r)
-	}
-	clear(e.queue[len(q):])
-	e.queue = q
-	run := e.running[:0]
-	for _, r := range e.running {
-		if r.cancelled {
-			r.state = stateAborted
+		r.state = stateAborted
+		if running {
 			e.kvReserved -= r.prompt + r.maxOut
-			continue
 		}
-		run = append(run, r)
-	}
-	clear(e.running[len(run):])
-	e.running = run
+		return true
+	})
 }
 
-// admitLocked moves requests from the queue into the batch while a slot is
-// free and the KV cache can hold them, in arrival order.
-func (e *Engine) admitLocked() []*request {
-	var admitted []*request
-	for len(e.queue) > 0 && len(e.running) < e.opts.MaxBatch {
-		r := e.queue[0]
-		need := r.prompt + r.maxOut
-		if e.kvReserved+need > e.opts.KVTokens {
-			break
-		}
-		e.queue[0] = nil
-		e.queue = e.queue[1:]
-		e.kvReserved += need
-		r.state = stateRunning
-		e.running = append(e.running, r)
-		admitted = append(admitted, r)
+// admitLocked is the batch's admission check: r is admitted while the KV
+// cache can hold its prompt and its whole output.
+func (e *Engine) admitLocked(r *request, _ bool) (batching.Admission, bool) {
+	need := r.prompt + r.maxOut
+	if e.kvReserved+need > e.opts.KVTokens {
+		return batching.Admission{}, false
 	}
-	if len(e.queue) == 0 {
-		e.queue = nil // let the backing array go
-	}
-	return admitted
+	e.kvReserved += need
+	r.state = stateRunning
+	e.admitted = append(e.admitted, r)
+	return batching.Admission{Prefill: r.prompt, Prompt: r.prompt, Output: r.maxOut}, true
 }
 
 // finishLocked retires r after its last token.
 func (e *Engine) finishLocked(r *request, now time.Time) {
 	r.state = stateDone
+	r.generated, r.lastAt = r.maxOut, now
 	e.kvReserved -= r.prompt + r.maxOut
 	e.stats.completed(r, now)
 	e.metrics.vllm.finished(r, now)
 	if r.generated > 1 {
 		e.metrics.tbt.Observe(r.lastAt.Sub(r.firstAt).Seconds() / float64(r.generated-1))
 	}
+	r.poke()
+}
+
+// firstTokenLocked records r's first token, from its prefill, at now.
+func (e *Engine) firstTokenLocked(r *request, now time.Time) {
+	r.firstAt, r.lastAt, r.generated = now, now, 1
+	ttft := now.Sub(r.arrived)
+	e.stats.firstToken(ttft)
+	e.metrics.ttft.Observe(ttft.Seconds())
+	e.metrics.vllm.firstToken(r, ttft)
+	r.poke()
 }
 
 // maxLag is how late a step may start and still be scheduled from the ideal
 // end of the previous one (which keeps timer lateness from adding up).
 const maxLag = 2 * time.Millisecond
 
-// schedule is the engine's one scheduler goroutine: it alternates prefill and
-// decode steps on a timer until quit closes.
+// schedule is the engine's one scheduler goroutine: it runs the batch's
+// steps (package batching) on a timer until quit closes.
 func (e *Engine) schedule() {
 	defer e.wg.Done()
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
 	var lastEnd time.Time
+	var now time.Time
+	first := func(r *request) { e.firstTokenLocked(r, now) }
+	done := func(r *request) { e.finishLocked(r, now) }
+	token := func(r *request, generated int) {
+		r.generated, r.lastAt = generated, now
+		r.poke()
+	}
 	for {
 		e.mu.Lock()
 		e.reapLocked()
-		admitted := e.admitLocked()
-		var ms float64
-		prefill := len(admitted) > 0
-		if prefill {
-			tokens := 0
-			for _, r := range admitted {
-				tokens += r.prompt
-			}
-			ms = float64(tokens) * e.opts.PrefillMsPerToken
-		} else if len(e.running) > 0 {
-			ms = e.opts.tbtMs(len(e.running))
-		}
-		ms *= e.opts.TimeScale / e.failure.factor()
+		e.admitted = e.admitted[:0]
+		step := e.batch.Start(e.admitLocked)
+		ms := step.Ms * e.opts.TimeScale / e.failure.factor()
 		e.mu.Unlock()
 
-		if ms == 0 {
+		if step.Phase == batching.Idle {
 			lastEnd = time.Time{} // after idling, the next step starts when it is scheduled
 			select {
 			case <-e.wake:
@@ -227,12 +213,12 @@ func (e *Engine) schedule() {
 				return
 			}
 		}
-		now := time.Now()
+		now = time.Now()
 		start := lastEnd
 		if lastEnd.IsZero() || now.Sub(lastEnd) > maxLag {
 			start = now
 		}
-		for _, r := range admitted {
+		for _, r := range e.admitted {
 			// A prefill cannot start before its request was there.
 			if r.queued.After(start) {
 				start = r.queued
@@ -249,42 +235,12 @@ func (e *Engine) schedule() {
 
 		e.mu.Lock()
 		now = time.Now()
-		progressed := e.running
-		if prefill {
-			progressed = admitted
+		// A crash during the step cleared the batch: End does nothing.
+		decode := e.batch.Phase() == batching.Decode
+		e.batch.End(first, done)
+		if decode {
+			e.batch.Decoding(token)
 		}
-		finished := false
-		for _, r := range progressed {
-			if r.state != stateRunning {
-				continue // aborted by a crash during the step
-			}
-			if prefill {
-				r.firstAt = now
-				ttft := now.Sub(r.arrived)
-				e.stats.firstToken(ttft)
-				e.metrics.ttft.Observe(ttft.Seconds())
-				e.metrics.vllm.firstToken(r, ttft)
-			}
-			r.generated++
-			r.lastAt = now
-			if r.generated >= r.maxOut {
-				e.finishLocked(r, now)
-				finished = true
-			}
-			r.poke()
-		}
-		if !finished {
-			e.mu.Unlock()
-			continue
-		}
-		run := e.running[:0]
-		for _, r := range e.running {
-			if r.state == stateRunning {
-				run = append(run, r)
-			}
-		}
-		clear(e.running[len(run):])
-		e.running = run
 		e.mu.Unlock()
 	}
 }

@@ -91,18 +91,14 @@ func (e *Engine) Stats() Stats {
 		MeanTTFT:     time.Duration(t.ttftMs.mean() * float64(time.Millisecond)),
 		MeanTBT:      time.Duration(t.tbtMs.mean() * float64(time.Millisecond)),
 		OutputTokens: uint64(t.outToks.sum),
-		Queue:        len(e.queue),
-		Running:      len(e.running),
+		Queue:        e.batch.Queued(),
+		Running:      e.batch.Running(),
 		KVUse:        e.kvUseLocked(),
 	}
 }
 
 func (e *Engine) kvUseLocked() float64 {
-	held := 0
-	for _, r := range e.running {
-		held += r.prompt + r.generated
-	}
-	return min(1, float64(held)/float64(e.opts.KVTokens))
+	return min(1, float64(e.batch.Context())/float64(e.opts.KVTokens))
 }
 
 // signal computes the engine's signal from its live state and the
@@ -132,8 +128,8 @@ func (e *Engine) signal() messages.EngineSignal {
 	sig := messages.EngineSignal{
 		TTFTMs:        s.lastTTFTMs,
 		TBTMs:         s.lastTBTMs,
-		Queue:         len(e.queue),
-		Running:       len(e.running),
+		Queue:         e.batch.Queued(),
+		Running:       e.batch.Running(),
 		MaxRunning:    e.opts.MaxBatch,
 		KVUse:         e.kvUseLocked(),
 		CapacityRPS:   capacity(e.opts, e.failure.factor()),
@@ -187,12 +183,12 @@ func newMetrics(e *Engine) *metrics {
 		gauge("switchyard_enginesim_queue_depth", "Requests waiting for a batch slot.", func() float64 {
 			e.mu.Lock()
 			defer e.mu.Unlock()
-			return float64(len(e.queue))
+			return float64(e.batch.Queued())
 		}),
 		gauge("switchyard_enginesim_running_requests", "Requests in the running batch.", func() float64 {
 			e.mu.Lock()
 			defer e.mu.Unlock()
-			return float64(len(e.running))
+			return float64(e.batch.Running())
 		}),
 		gauge("switchyard_enginesim_capacity_rps", "Modelled sustainable request rate after failure injection.", func() float64 {
 			e.mu.Lock()
@@ -207,6 +203,5 @@ func newMetrics(e *Engine) *metrics {
 // prompt length on an idle engine: one prefill, then OutputTokens-1 steps at
 // batch 1.
 func idleLatencyMs(o Options, factor float64) float64 {
-	ms := float64(o.PromptTokens)*o.PrefillMsPerToken + float64(o.OutputTokens-1)*o.tbtMs(1)
-	return ms * o.TimeScale / factor
+	return o.cost().IdleMs(o.PromptTokens, o.OutputTokens) * o.TimeScale / factor
 }

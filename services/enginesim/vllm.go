@@ -85,8 +85,8 @@ func newVLLMMetrics(e *Engine, reg *prometheus.Registry) *vllmMetrics {
 	info.Set(1)
 	reg.MustRegister(m.success, m.promptTokens, m.genTokens, m.prefixQueries, m.prefixHits,
 		m.ttft, m.itl, m.tpot, m.e2e, m.gens, info,
-		gauge("vllm:num_requests_running", "Number of requests in model execution batches.", locked(func() float64 { return float64(len(e.running)) })),
-		gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", locked(func() float64 { return float64(len(e.queue)) })),
+		gauge("vllm:num_requests_running", "Number of requests in model execution batches.", locked(func() float64 { return float64(e.batch.Running()) })),
+		gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", locked(func() float64 { return float64(e.batch.Queued()) })),
 		gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", locked(e.kvUseLocked)),
 	)
 	return m
