@@ -49,6 +49,7 @@ func TestPlan(t *testing.T) {
 		{"data dir", stack.Options{}, stack.ErrOptions, "DataDir is empty"},
 		{"nats port", stack.Options{DataDir: dir, NATSPort: 70000}, stack.ErrOptions, "NATS: natsembed: invalid options: Port is 70000"},
 		{"signal interval", stack.Options{DataDir: dir, SignalInterval: -time.Second}, stack.ErrOptions, "SignalInterval is -1s"},
+		{"router addr", stack.Options{DataDir: dir, RouterAddr: "127.0.0.1:8081"}, stack.ErrOptions, `RouterAddr "127.0.0.1:8081"`},
 		{"aggregator", stack.Options{DataDir: dir, Aggregator: aggregator.Options{StaleAfter: time.Minute}}, aggregator.ErrOptions, "Aggregator: aggregator: invalid options: StaleAfter 1m0s"},
 		{"optimizer", stack.Options{DataDir: dir, Optimizer: optimizersvc.Options{TargetUtilisation: 2}}, optimizersvc.ErrOptions, "Optimizer: optimizersvc: invalid options: TargetUtilisation is 2"},
 		{"stack file", stack.Options{DataDir: dir, File: bad}, stack.ErrStack, "stack file"},

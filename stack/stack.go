@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -40,7 +41,8 @@ type Options struct {
 	// SignalInterval is the engines' signal period; zero means the SDK default.
 	SignalInterval time.Duration
 	// RouterAddr, when set, overrides every cluster's router address (for
-	// tests: "127.0.0.1:0" picks free ports). Empty uses the stack file's.
+	// tests: "127.0.0.1:0" picks free ports); with several clusters its port
+	// must be 0. Empty uses the stack file's.
 	RouterAddr string
 	// NoRouters leaves the routers out.
 	NoRouters bool
@@ -122,6 +124,9 @@ func (o Options) Plan() (Plan, error) {
 	}
 	if o.SignalInterval < 0 {
 		return Plan{}, fmt.Errorf("%w: SignalInterval is %s, want >= 0", ErrOptions, o.SignalInterval)
+	}
+	if o.RouterAddr != "" && !o.NoRouters && len(o.File.Clusters) > 1 && !strings.HasSuffix(o.RouterAddr, ":0") {
+		return Plan{}, fmt.Errorf("%w: RouterAddr %q: every router would listen there; give a port of 0 (free ports) or set each router's address in the stack file", ErrOptions, o.RouterAddr)
 	}
 	var p Plan
 	var err error
