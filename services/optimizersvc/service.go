@@ -150,8 +150,10 @@ import (
 	"fmt"
 	"github.com/switchyard-dev/switchyard/internal/logthrottle"
 	"github.com/switchyard-dev/switchyard/internal/poison"
+	"maps"
 	"math"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -328,11 +330,13 @@ func (o Options) Validate() error {
 			return fmt.Errorf("%w: Clusters: %v", ErrOptions, err)
 		}
 	}
-	for c, row := range o.NetworkMs {
+	for _, c := range slices.Sorted(maps.Keys(o.NetworkMs)) { // sorted: the same field is named every time
+		row := o.NetworkMs[c]
 		if err := messages.CheckName("cluster", c); err != nil {
 			return fmt.Errorf("%w: NetworkMs: %v", ErrOptions, err)
 		}
-		for e, ms := range row {
+		for _, e := range slices.Sorted(maps.Keys(row)) {
+			ms := row[e]
 			if err := messages.CheckName("engine", e); err != nil {
 				return fmt.Errorf("%w: NetworkMs[%s]: %v", ErrOptions, c, err)
 			}
@@ -355,8 +359,8 @@ func (o Options) Validate() error {
 	if !(o.TargetUtilisation > 0 && o.TargetUtilisation <= 1) {
 		return fmt.Errorf("%w: TargetUtilisation is %v, want a share in (0, 1]", ErrOptions, o.TargetUtilisation)
 	}
-	for e, tu := range o.EngineTargetUtilisation {
-		if !(tu > 0 && tu <= 1) {
+	for _, e := range slices.Sorted(maps.Keys(o.EngineTargetUtilisation)) {
+		if tu := o.EngineTargetUtilisation[e]; !(tu > 0 && tu <= 1) {
 			return fmt.Errorf("%w: EngineTargetUtilisation[%s] is %v, want a share in (0, 1]", ErrOptions, e, tu)
 		}
 	}
