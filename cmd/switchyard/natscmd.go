@@ -64,8 +64,10 @@ func natsCommand() command {
 					return err
 				}
 				prov := streams.ProvisionOptions{Replicas: *replicas}
-				if prov, err = effective(prov); err != nil {
-					return err
+				if *provision {
+					if prov, err = effective(prov); err != nil {
+						return err
+					}
 				}
 				if e.printOnly {
 					sections := []section{{"nats", opts}}
