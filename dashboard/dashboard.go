@@ -89,36 +89,65 @@ type Dashboard struct {
 	bad    *prometheus.CounterVec
 }
 
-// New returns a dashboard for opts; Run starts watching.
+// ErrOptions is wrapped by every error of Validate and of New for invalid options.
+var ErrOptions = errors.New("dashboard: invalid options")
+
+// maxSamples bounds the history ring (History / SampleInterval), so that
+// its memory stays a few MB.
+const maxSamples = 100_000
+
+// WithDefaults returns a copy of o with every zero field set to its default.
+func (o Options) WithDefaults() Options {
+	if o.Names == (streams.Names{}) {
+		o.Names = streams.DefaultNames()
+	}
+	if o.History == 0 {
+		o.History = DefaultHistory
+	}
+	if o.SampleInterval == 0 {
+		o.SampleInterval = DefaultSampleInterval
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	return o
+}
+
+// Validate reports the first field of o (after defaults) that is not
+// usable, naming it and its value; the error wraps ErrOptions. It checks
+// configuration only: New also needs Conn.
+func (o Options) Validate() error {
+	o = o.WithDefaults()
+	if err := o.Names.Validate(); err != nil {
+		return fmt.Errorf("%w: Names: %v", ErrOptions, err)
+	}
+	if o.History < 0 {
+		return fmt.Errorf("%w: History is %s, want > 0", ErrOptions, o.History)
+	}
+	if o.SampleInterval < 0 {
+		return fmt.Errorf("%w: SampleInterval is %s, want > 0", ErrOptions, o.SampleInterval)
+	}
+	n := int(o.History / o.SampleInterval)
+	if n < 2 {
+		return fmt.Errorf("%w: History %s holds fewer than two samples of SampleInterval %s", ErrOptions, o.History, o.SampleInterval)
+	}
+	if n > maxSamples {
+		return fmt.Errorf("%w: History %s holds more than %d samples of SampleInterval %s", ErrOptions, o.History, maxSamples, o.SampleInterval)
+	}
+	return nil
+}
+
+// New applies defaults to opts, validates them and returns a dashboard;
+// Run starts watching.
 func New(opts Options) (*Dashboard, error) {
+	opts = opts.WithDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
 	if opts.Conn == nil {
-		return nil, errors.New("dashboard: Options.Conn is nil")
-	}
-	if opts.Names.Prefix == "" {
-		opts.Names = streams.DefaultNames()
-	}
-	if err := opts.Names.Validate(); err != nil {
-		return nil, fmt.Errorf("dashboard: %w", err)
-	}
-	if opts.History < 0 || opts.SampleInterval < 0 {
-		return nil, errors.New("dashboard: Options.History and SampleInterval must not be negative")
-	}
-	if opts.History == 0 {
-		opts.History = DefaultHistory
-	}
-	if opts.SampleInterval == 0 {
-		opts.SampleInterval = DefaultSampleInterval
-	}
-	if opts.Now == nil {
-		opts.Now = time.Now
+		return nil, fmt.Errorf("%w: Conn is nil, want a NATS connection", ErrOptions)
 	}
 	n := int(opts.History / opts.SampleInterval)
-	if n < 2 {
-		return nil, fmt.Errorf("dashboard: History %s holds fewer than two samples of %s", opts.History, opts.SampleInterval)
-	}
-	if n > 100_000 {
-		return nil, fmt.Errorf("dashboard: History %s holds more than 100000 samples of %s", opts.History, opts.SampleInterval)
-	}
 	log := opts.Logger.With().Str("component", "dashboard").Logger()
 	guard, err := poison.New(poison.Options{Component: "dashboard", Logger: log, Registerer: opts.Registerer, Now: opts.Now})
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,7 +27,8 @@ type Options struct {
 	// DataDir holds the embedded NATS server's JetStream store. Required.
 	DataDir string
 	// NATSHost and NATSPort are the embedded server's client address; port -1
-	// picks a free port, 0 listens nowhere (in-process clients only).
+	// picks a free port, 0 listens nowhere (in-process clients only), as
+	// natsembed.Options.Port (nats-server's convention).
 	NATSHost string
 	NATSPort int
 	// Aggregator holds aggregator options; Conn, Logger and Registerer are set by the stack.
@@ -39,7 +41,8 @@ type Options struct {
 	// SignalInterval is the engines' signal period; zero means the SDK default.
 	SignalInterval time.Duration
 	// RouterAddr, when set, overrides every cluster's router address (for
-	// tests: "127.0.0.1:0" picks free ports). Empty uses the stack file's.
+	// tests: "127.0.0.1:0" picks free ports); with several clusters its port
+	// must be 0. Empty uses the stack file's.
 	RouterAddr string
 	// NoRouters leaves the routers out.
 	NoRouters bool
@@ -69,21 +72,145 @@ type Stack struct {
 	errs      chan error
 }
 
+// ErrOptions is wrapped by every error of Options.Validate and of Start for
+// invalid options other than the stack file's (which wrap ErrStack).
+var ErrOptions = errors.New("stack: invalid options")
+
+// WithDefaults returns a copy of o with File set to Default() when nil.
+// Each component's defaults are applied by Plan.
+func (o Options) WithDefaults() Options {
+	if o.File == nil {
+		o.File = Default()
+	}
+	return o
+}
+
+// Validate reports the first field of o, or of a component's options it
+// derives (see Plan), that is not usable, naming it and its value.
+func (o Options) Validate() error {
+	_, err := o.Plan()
+	return err
+}
+
+// Plan is what Start runs for a set of Options: every component's
+// effective options, defaults applied and validated, before Start adds the
+// connection, logger and registerer.
+type Plan struct {
+	// NATS is the embedded server.
+	NATS natsembed.Options
+	// Provision is the layout provisioned at start.
+	Provision streams.ProvisionOptions
+	// Aggregator is the aggregator's options.
+	Aggregator aggregator.Options
+	// Optimizer is the optimizer service's options; nil with NoOptimizer.
+	Optimizer *optimizersvc.Options
+	// Engines are the simulated engines' options, in stack file order.
+	Engines []enginesim.Options
+	// Routers are the routers' options, one per frontend cluster in stack
+	// file order; none with NoRouters.
+	Routers []router.ServiceOptions
+}
+
+// Plan derives every component's options from o and the stack file,
+// applies their defaults and validates them; the error names the
+// component and the field at fault.
+func (o Options) Plan() (Plan, error) {
+	o = o.WithDefaults()
+	if err := o.File.Validate(); err != nil {
+		return Plan{}, fmt.Errorf("%w: %v", ErrStack, err)
+	}
+	if o.DataDir == "" {
+		return Plan{}, fmt.Errorf("%w: DataDir is empty, want the embedded server's JetStream directory", ErrOptions)
+	}
+	if o.SignalInterval < 0 {
+		return Plan{}, fmt.Errorf("%w: SignalInterval is %s, want >= 0", ErrOptions, o.SignalInterval)
+	}
+	if o.RouterAddr != "" && !o.NoRouters && len(o.File.Clusters) > 1 && !strings.HasSuffix(o.RouterAddr, ":0") {
+		return Plan{}, fmt.Errorf("%w: RouterAddr %q: every router would listen there; give a port of 0 (free ports) or set each router's address in the stack file", ErrOptions, o.RouterAddr)
+	}
+	var p Plan
+	var err error
+	if p.NATS, err = checked(natsembed.Options{DataDir: o.DataDir, Host: o.NATSHost, Port: o.NATSPort, ServerName: "switchyard-up"}); err != nil {
+		return Plan{}, fmt.Errorf("%w: NATS: %w", ErrOptions, err)
+	}
+	if p.Provision, err = checked(streams.ProvisionOptions{}); err != nil {
+		return Plan{}, fmt.Errorf("%w: Provision: %w", ErrOptions, err)
+	}
+	if p.Aggregator, err = checked(o.Aggregator); err != nil {
+		return Plan{}, fmt.Errorf("%w: Aggregator: %w", ErrOptions, err)
+	}
+	f := o.File
+	if !o.NoOptimizer {
+		oo := o.Optimizer
+		oo.NetworkMs = f.NetworkTable()
+		oo.PreferConfiguredNetwork = true // one machine: every measured RTT is loopback
+		oo.Clusters = nil
+		for _, c := range f.Clusters {
+			oo.Clusters = append(oo.Clusters, c.Name)
+		}
+		if oo.Instance == "" {
+			oo.Instance = "up"
+		}
+		if oo, err = checked(oo); err != nil {
+			return Plan{}, fmt.Errorf("%w: Optimizer: %w", ErrOptions, err)
+		}
+		p.Optimizer = &oo
+	}
+	for _, e := range f.Engines {
+		eo := enginesim.Options{
+			Name: e.Name, Model: f.Model, Region: e.Region, Listen: e.Listen,
+			OutputTokens: f.Sim.OutputTokens, PromptTokens: f.Sim.PromptTokens, BaseTBTMs: f.Sim.BaseTBTMs,
+			TBTGrowthMs: f.Sim.TBTGrowthMs, PrefillMsPerToken: f.Sim.PrefillMsPerToken,
+			SignalInterval: o.SignalInterval,
+		}
+		if eo.MaxBatch, err = enginesim.BatchForCapacity(eo, e.CapacityRPS); err != nil {
+			return Plan{}, fmt.Errorf("%w: engine %s: %w", ErrOptions, e.Name, err)
+		}
+		if eo, err = checked(eo); err != nil {
+			return Plan{}, fmt.Errorf("%w: engine %s: %w", ErrOptions, e.Name, err)
+		}
+		p.Engines = append(p.Engines, eo)
+	}
+	if !o.NoRouters {
+		for _, c := range f.Clusters {
+			addr := c.Router
+			if o.RouterAddr != "" {
+				addr = o.RouterAddr
+			}
+			ro := router.ServiceOptions{Cluster: c.Name, Router: c.Name + "-1", HTTPAddr: addr}
+			if o.EmulateNetwork {
+				ro.NetworkDelay = f.DelayFrom(c.Name)
+			}
+			p.Routers = append(p.Routers, ro)
+		}
+	}
+	return p, nil
+}
+
+// options is an Options type of the project's convention.
+type options[T any] interface {
+	WithDefaults() T
+	Validate() error
+}
+
+// checked returns o with its defaults applied, or its Validate error.
+func checked[T options[T]](o T) (T, error) {
+	o = o.WithDefaults()
+	return o, o.Validate()
+}
+
 // Start starts the embedded NATS server, provisions the layout, and starts the
 // aggregator and the simulated engines. On error everything started is stopped.
 func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
-	if opts.File == nil {
-		opts.File = Default()
-	}
-	if err := opts.File.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrStack, err)
-	}
-	if opts.DataDir == "" {
-		return nil, errors.New("stack: Options.DataDir is required")
+	opts = opts.WithDefaults()
+	plan, err := opts.Plan()
+	if err != nil {
+		return nil, err
 	}
 	log := opts.Logger
-	srv, err := natsembed.Start(natsembed.Options{DataDir: opts.DataDir, Host: opts.NATSHost, Port: opts.NATSPort,
-		Logger: &log, ServerName: "switchyard-up"})
+	no := plan.NATS
+	no.Logger = &log
+	srv, err := natsembed.Start(no)
 	if err != nil {
 		return nil, err
 	}
@@ -102,11 +229,11 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := streams.Provision(ctx, js, streams.DefaultNames(), streams.ProvisionOptions{}); err != nil {
+	if err := streams.Provision(ctx, js, streams.DefaultNames(), plan.Provision); err != nil {
 		return nil, err
 	}
 
-	ao := opts.Aggregator
+	ao := plan.Aggregator
 	ao.Conn, ao.Logger, ao.Registerer = s.conn, log, opts.Registerer
 	agg, err := aggregator.New(ao)
 	if err != nil {
@@ -114,19 +241,9 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	}
 	s.goRun("aggregator", func() error { return agg.Run(runCtx) })
 
-	f := s.file
-	if !opts.NoOptimizer {
-		oo := opts.Optimizer
+	if plan.Optimizer != nil {
+		oo := *plan.Optimizer
 		oo.Conn, oo.Logger, oo.Registerer = s.conn, log, opts.Registerer
-		oo.NetworkMs = f.NetworkTable()
-		oo.PreferConfiguredNetwork = true // one machine: every measured RTT is loopback
-		oo.Clusters = nil
-		for _, c := range f.Clusters {
-			oo.Clusters = append(oo.Clusters, c.Name)
-		}
-		if oo.Instance == "" {
-			oo.Instance = "up"
-		}
 		opt, err := optimizersvc.New(oo)
 		if err != nil {
 			return nil, fmt.Errorf("stack: optimizer service: %w", err)
@@ -134,49 +251,28 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		s.optimizer = opt
 		s.goRun("optimizer", func() error { return opt.Run(runCtx) })
 	}
-	for _, e := range f.Engines {
-		eo := enginesim.Options{
-			Name: e.Name, Model: f.Model, Region: e.Region, Listen: e.Listen,
-			OutputTokens: f.Sim.OutputTokens, PromptTokens: f.Sim.PromptTokens, BaseTBTMs: f.Sim.BaseTBTMs,
-			TBTGrowthMs: f.Sim.TBTGrowthMs, PrefillMsPerToken: f.Sim.PrefillMsPerToken,
-			Conn: s.conn, SignalInterval: opts.SignalInterval, Logger: log,
-		}
-		b, err := enginesim.BatchForCapacity(eo, e.CapacityRPS)
-		if err != nil {
-			return nil, fmt.Errorf("stack: engine %s: %w", e.Name, err)
-		}
-		eo.MaxBatch = b
+	for _, eo := range plan.Engines {
+		eo.Conn, eo.Logger = s.conn, log
 		eng, err := enginesim.New(eo)
 		if err != nil {
-			return nil, fmt.Errorf("stack: engine %s: %w", e.Name, err)
+			return nil, fmt.Errorf("stack: engine %s: %w", eo.Name, err)
 		}
 		if err := eng.Start(ctx); err != nil {
-			return nil, fmt.Errorf("stack: engine %s: %w", e.Name, err)
+			return nil, fmt.Errorf("stack: engine %s: %w", eo.Name, err)
 		}
 		s.engines = append(s.engines, eng)
 	}
-	if !opts.NoRouters {
-		for _, c := range f.Clusters {
-			addr := c.Router
-			if opts.RouterAddr != "" {
-				addr = opts.RouterAddr
-			}
-			ro := router.ServiceOptions{Conn: s.conn, Cluster: c.Name, Router: c.Name + "-1", HTTPAddr: addr,
-				Logger: log.With().Str("cluster", c.Name).Logger()}
-			if opts.EmulateNetwork {
-				ro.NetworkDelay = f.DelayFrom(c.Name)
-			}
-			rs, err := router.NewService(ro)
-			if err != nil {
-				return nil, fmt.Errorf("stack: router of cluster %s: %w", c.Name, err)
-			}
-			s.routers = append(s.routers, rs)
-			s.goRun("router "+c.Name, func() error { return rs.Run(runCtx) })
+	for _, ro := range plan.Routers {
+		ro.Conn, ro.Logger = s.conn, log.With().Str("cluster", ro.Cluster).Logger()
+		rs, err := router.NewService(ro)
+		if err != nil {
+			return nil, fmt.Errorf("stack: router of cluster %s: %w", ro.Cluster, err)
 		}
+		s.routers = append(s.routers, rs)
+		s.goRun("router "+ro.Cluster, func() error { return rs.Run(runCtx) })
 	}
 	return s, nil
 }
-
 func (s *Stack) goRun(name string, fn func() error) {
 	s.wg.Add(1)
 	go func() {

@@ -2,8 +2,8 @@ package streams
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"time"
 
@@ -24,30 +24,81 @@ type ConnectOptions struct {
 	WaitForServer bool
 	// InProcess, when set, connects to this embedded server without a socket.
 	InProcess nats.InProcessConnProvider
-	// ReconnectWait is the pause between reconnect attempts. Zero means 250 ms.
+	// ReconnectWait is the pause between reconnect attempts. Zero means DefaultReconnectWait.
 	ReconnectWait time.Duration
 }
 
-// ErrNoURL is returned by Connect when neither URLs nor InProcess is set.
-var ErrNoURL = errors.New("streams: no NATS URL given")
+// ErrNoURL is returned by Connect when neither URLs nor InProcess is set;
+// it wraps ErrOptions.
+var ErrNoURL = fmt.Errorf("%w: no NATS URL given", ErrOptions)
 
-// Connect dials NATS with reconnect-forever and logs connection events.
-func Connect(ctx context.Context, opts ConnectOptions) (*nats.Conn, error) {
+// DefaultReconnectWait is ConnectOptions.ReconnectWait's default: short,
+// since a router or service without NATS works on stale state.
+const DefaultReconnectWait = 250 * time.Millisecond
+
+// WithDefaults returns a copy of o with the URLs split at commas (one per
+// element, trimmed, empty ones dropped) and ReconnectWait defaulted.
+func (o ConnectOptions) WithDefaults() ConnectOptions {
 	var urls []string
-	for _, u := range opts.URLs {
+	for _, u := range o.URLs {
 		for _, p := range strings.Split(u, ",") {
 			if p = strings.TrimSpace(p); p != "" {
 				urls = append(urls, p)
 			}
 		}
 	}
-	if len(urls) == 0 && opts.InProcess == nil {
-		return nil, ErrNoURL
+	o.URLs = urls
+	if o.ReconnectWait == 0 {
+		o.ReconnectWait = DefaultReconnectWait
 	}
-	wait := opts.ReconnectWait
-	if wait == 0 {
-		wait = 250 * time.Millisecond
+	return o
+}
+
+// Validate reports the first field of o (after defaults) that is not
+// usable, naming it and its value (a URL's password redacted); the error
+// wraps ErrOptions (ErrNoURL when there is nothing to connect to).
+func (o ConnectOptions) Validate() error {
+	o = o.WithDefaults()
+	if len(o.URLs) == 0 && o.InProcess == nil {
+		return ErrNoURL
 	}
+	for i, s := range o.URLs {
+		full := s
+		if !strings.Contains(s, "://") {
+			full = "nats://" + s // nats.go's default scheme
+		}
+		u, err := url.Parse(full)
+		if err != nil || u.Hostname() == "" {
+			return fmt.Errorf("%w: URLs[%d] %q is not a NATS URL like nats://host:4222", ErrOptions, i, redactURL(s))
+		}
+	}
+	if o.ReconnectWait < 0 {
+		return fmt.Errorf("%w: ReconnectWait is %s, want >= 0", ErrOptions, o.ReconnectWait)
+	}
+	return nil
+}
+
+// redactURL returns s with the password of its URL, if any, hidden.
+func redactURL(s string) string {
+	if u, err := url.Parse(s); err == nil {
+		if _, has := u.User.Password(); !has {
+			return s
+		}
+		return u.Redacted()
+	}
+	if at := strings.LastIndex(s, "@"); at >= 0 {
+		return "xxxxx" + s[at:]
+	}
+	return s
+}
+
+// Connect dials NATS with reconnect-forever and logs connection events.
+func Connect(ctx context.Context, opts ConnectOptions) (*nats.Conn, error) {
+	opts = opts.WithDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	urls, wait := opts.URLs, opts.ReconnectWait
 	log := opts.Logger
 	nopts := []nats.Option{
 		nats.Name(opts.Name),
@@ -94,7 +145,11 @@ func Connect(ctx context.Context, opts ConnectOptions) (*nats.Conn, error) {
 	select {
 	case r := <-done:
 		if r.err != nil {
-			return nil, fmt.Errorf("streams: connect to NATS at %s: %w", strings.Join(urls, ","), r.err)
+			redacted := make([]string, len(urls))
+			for i, u := range urls {
+				redacted[i] = redactURL(u)
+			}
+			return nil, fmt.Errorf("streams: connect to NATS at %s: %w", strings.Join(redacted, ","), r.err)
 		}
 		return r.nc, nil
 	case <-ctx.Done():

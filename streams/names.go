@@ -38,12 +38,12 @@ func DefaultNames() Names {
 
 // Validate checks that every name is set and is a single NATS token.
 func (n Names) Validate() error {
-	for field, v := range map[string]string{
-		"prefix": n.Prefix, "signal stream": n.SignalStream, "report stream": n.ReportStream,
-		"engines bucket": n.EnginesBucket, "demand bucket": n.DemandBucket,
-		"weights bucket": n.WeightsBucket, "leases bucket": n.LeasesBucket,
+	for _, f := range []struct{ field, v string }{
+		{"Prefix", n.Prefix}, {"SignalStream", n.SignalStream}, {"ReportStream", n.ReportStream},
+		{"EnginesBucket", n.EnginesBucket}, {"DemandBucket", n.DemandBucket},
+		{"WeightsBucket", n.WeightsBucket}, {"LeasesBucket", n.LeasesBucket},
 	} {
-		if err := messages.CheckName(field, v); err != nil {
+		if err := messages.CheckName(f.field, f.v); err != nil {
 			return err
 		}
 	}

@@ -2,6 +2,7 @@ package streams
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -14,7 +15,9 @@ import (
 // gives single-replica, file-backed streams with the defaults below.
 type ProvisionOptions struct {
 	// Replicas is the replica count of every stream and bucket (1 on one
-	// server, 3 in a cluster). Zero means 1.
+	// server, 3 in a cluster). Zero means 1 to Provision and, to Repair, the
+	// replica count of the layout's surviving streams; WithDefaults leaves it
+	// zero for that reason.
 	Replicas int
 	// SignalMaxAge is how long engine signals are kept. Zero means 5 minutes.
 	SignalMaxAge time.Duration
@@ -36,8 +39,12 @@ type ProvisionOptions struct {
 	// WeightsMaxBytes caps the weights bucket. Zero means DefaultWeightsMaxBytes.
 	WeightsMaxBytes int64
 	// SignalMaxPerSubject is how many signals per engine subject SY_SIGNALS
-	// keeps. Zero means DefaultSignalMaxPerSubject; negative means no limit.
+	// keeps. Zero means DefaultSignalMaxPerSubject.
 	SignalMaxPerSubject int64
+	// NoSignalMaxPerSubject sets no per-subject limit on SY_SIGNALS (the
+	// byte limit and MaxAge still bound it); SignalMaxPerSubject is then
+	// ignored.
+	NoSignalMaxPerSubject bool
 	// Memory stores everything in memory instead of files (tests, benchmarks).
 	Memory bool
 }
@@ -81,10 +88,12 @@ const (
 	StateMarkerTTL = time.Minute
 )
 
-func (o ProvisionOptions) withDefaults() ProvisionOptions {
-	if o.Replicas == 0 {
-		o.Replicas = 1
-	}
+// ErrOptions is wrapped by every error of ProvisionOptions.Validate and
+// ConnectOptions.Validate.
+var ErrOptions = errors.New("streams: invalid options")
+
+// WithDefaults returns a copy of o with every zero field set to its default.
+func (o ProvisionOptions) WithDefaults() ProvisionOptions {
 	if o.SignalMaxAge == 0 {
 		o.SignalMaxAge = 5 * time.Minute
 	}
@@ -118,9 +127,54 @@ func (o ProvisionOptions) withDefaults() ProvisionOptions {
 	return o
 }
 
+// maxReplicas is the largest replica count JetStream accepts.
+const maxReplicas = 5
+
+// Validate reports the first field of o (after defaults) that is not
+// usable, naming it and its value; the error wraps ErrOptions.
+func (o ProvisionOptions) Validate() error {
+	o = o.WithDefaults()
+	if o.Replicas < 0 || o.Replicas > maxReplicas {
+		return fmt.Errorf("%w: Replicas is %d, want 1 to %d (0: see the field)", ErrOptions, o.Replicas, maxReplicas)
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"SignalMaxAge", o.SignalMaxAge}, {"ReportMaxAge", o.ReportMaxAge}, {"DedupWindow", o.DedupWindow}, {"LeaseTTL", o.LeaseTTL}} {
+		if d.v <= 0 {
+			return fmt.Errorf("%w: %s is %s, want > 0", ErrOptions, d.field, d.v)
+		}
+	}
+	if o.LeaseTTL < time.Second {
+		// The server checks TTLs at most every 250 ms, and leaders renew at a third of it.
+		return fmt.Errorf("%w: LeaseTTL is %s, want at least 1s", ErrOptions, o.LeaseTTL)
+	}
+	if o.WeightsHistory < 1 || o.WeightsHistory > 64 {
+		return fmt.Errorf("%w: WeightsHistory is %d, want 1 to 64 (a KV bucket's limit)", ErrOptions, o.WeightsHistory)
+	}
+	for _, n := range []struct {
+		field string
+		v     int64
+	}{{"SignalMaxBytes", o.SignalMaxBytes}, {"ReportMaxBytes", o.ReportMaxBytes}, {"StateMaxBytes", o.StateMaxBytes},
+		{"WeightsMaxBytes", o.WeightsMaxBytes}, {"SignalMaxPerSubject", o.SignalMaxPerSubject}} {
+		if n.v < 1 {
+			return fmt.Errorf("%w: %s is %d, want > 0", ErrOptions, n.field, n.v)
+		}
+	}
+	return nil
+}
+
+// signalMaxPerSubject is the stream's MaxMsgsPerSubject: -1 is JetStream's "no limit".
+func (o ProvisionOptions) signalMaxPerSubject() int64 {
+	if o.NoSignalMaxPerSubject {
+		return -1
+	}
+	return o.SignalMaxPerSubject
+}
+
 // Streams returns the stream definitions for names and opts.
 func Streams(names Names, opts ProvisionOptions) []jetstream.StreamConfig {
-	opts = opts.withDefaults()
+	opts = opts.WithDefaults()
 	storage := jetstream.FileStorage
 	if opts.Memory {
 		storage = jetstream.MemoryStorage
@@ -137,11 +191,11 @@ func Streams(names Names, opts ProvisionOptions) []jetstream.StreamConfig {
 			Retention:         jetstream.LimitsPolicy,
 			MaxAge:            opts.SignalMaxAge,
 			MaxBytes:          opts.SignalMaxBytes,
-			MaxMsgsPerSubject: max(opts.SignalMaxPerSubject, -1),
+			MaxMsgsPerSubject: opts.signalMaxPerSubject(),
 			Duplicates:        dedup,
 			MaxMsgSize:        messages.MaxSnapshotSize, // larger than a valid message, so that oversize ones reach consumers and are counted
 			Storage:           storage,
-			Replicas:          opts.Replicas,
+			Replicas:          max(opts.Replicas, 1),
 			Discard:           jetstream.DiscardOld,
 		},
 		{
@@ -155,7 +209,7 @@ func Streams(names Names, opts ProvisionOptions) []jetstream.StreamConfig {
 			Duplicates:        opts.DedupWindow,
 			MaxMsgSize:        messages.MaxSnapshotSize, // larger than a valid message, so that oversize ones reach consumers and are counted
 			Storage:           storage,
-			Replicas:          opts.Replicas,
+			Replicas:          max(opts.Replicas, 1),
 			Discard:           jetstream.DiscardOld,
 		},
 	}
@@ -163,7 +217,7 @@ func Streams(names Names, opts ProvisionOptions) []jetstream.StreamConfig {
 
 // Buckets returns the KV bucket definitions for names and opts.
 func Buckets(names Names, opts ProvisionOptions) []jetstream.KeyValueConfig {
-	opts = opts.withDefaults()
+	opts = opts.WithDefaults()
 	storage := jetstream.FileStorage
 	if opts.Memory {
 		storage = jetstream.MemoryStorage
@@ -176,14 +230,14 @@ func Buckets(names Names, opts ProvisionOptions) []jetstream.KeyValueConfig {
 	return []jetstream.KeyValueConfig{
 		{Bucket: names.EnginesBucket, Description: "Switchyard engine state (aggregator)", History: 1,
 			MaxValueSize: messages.MaxMessageSize, MaxBytes: opts.StateMaxBytes, LimitMarkerTTL: StateMarkerTTL,
-			Storage: storage, Replicas: opts.Replicas},
+			Storage: storage, Replicas: max(opts.Replicas, 1)},
 		{Bucket: names.DemandBucket, Description: "Switchyard demand and RTT state (aggregator)", History: 1,
 			MaxValueSize: messages.MaxMessageSize, MaxBytes: opts.StateMaxBytes, LimitMarkerTTL: StateMarkerTTL,
-			Storage: storage, Replicas: opts.Replicas},
+			Storage: storage, Replicas: max(opts.Replicas, 1)},
 		{Bucket: names.WeightsBucket, Description: "Switchyard weight snapshots (optimizer)", History: uint8(min(opts.WeightsHistory, 64)),
-			MaxValueSize: messages.MaxSnapshotSize, MaxBytes: opts.WeightsMaxBytes, Storage: storage, Replicas: opts.Replicas},
+			MaxValueSize: messages.MaxSnapshotSize, MaxBytes: opts.WeightsMaxBytes, Storage: storage, Replicas: max(opts.Replicas, 1)},
 		{Bucket: names.LeasesBucket, Description: "Switchyard control-plane leases", History: 1,
-			TTL: opts.LeaseTTL, MaxBytes: LeasesMaxBytes, Storage: storage, Replicas: opts.Replicas},
+			TTL: opts.LeaseTTL, MaxBytes: LeasesMaxBytes, Storage: storage, Replicas: max(opts.Replicas, 1)},
 	}
 }
 
@@ -191,6 +245,9 @@ func Buckets(names Names, opts ProvisionOptions) []jetstream.KeyValueConfig {
 // twice, it succeeds both times, and changed settings are applied.
 func Provision(ctx context.Context, js jetstream.JetStream, names Names, opts ProvisionOptions) error {
 	if err := names.Validate(); err != nil {
+		return err
+	}
+	if err := opts.Validate(); err != nil {
 		return err
 	}
 	for _, cfg := range Streams(names, opts) {

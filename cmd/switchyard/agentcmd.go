@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"strings"
@@ -13,9 +12,10 @@ import (
 
 func agentCommand() command {
 	return command{
-		name:    "agent",
-		summary: "run the engine agent: scrape vLLM, SGLang, TGI or llama.cpp engines' metrics and health, publish their signals",
-		usage:   "--engine name=NAME,url=URL,metrics=FORMAT[,key=value...] [--engine ...] [flags]",
+		name:         "agent",
+		summary:      "run the engine agent: scrape vLLM, SGLang, TGI or llama.cpp engines' metrics and health, publish their signals",
+		usage:        "--engine name=NAME,url=URL,metrics=FORMAT[,key=value...] [--engine ...] [flags]",
+		printsConfig: true,
 		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 			url := natsFlags(fs)
 			var o agent.Options
@@ -55,8 +55,11 @@ func agentCommand() command {
 					connName = "switchyard-agent-" + o.Engines[0].Name
 				}
 				// Validate before connecting, so a bad spec fails fast.
-				if err := o.Validate(); err != nil && !errors.Is(err, agent.ErrNoConn) {
-					return usageError{err}
+				if o, err = effective(o); err != nil {
+					return err
+				}
+				if e.printOnly {
+					return e.printConfig(section{"agent", o})
 				}
 				nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{*url}, Name: connName, Logger: log, WaitForServer: true})
 				if err != nil {

@@ -19,8 +19,9 @@ import (
 
 func aggregatorCommand() command {
 	return command{
-		name:    "aggregator",
-		summary: "run the aggregator: engine signals and router reports into engine and demand state",
+		name:         "aggregator",
+		summary:      "run the aggregator: engine signals and router reports into engine and demand state",
+		printsConfig: true,
 		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 			url := natsFlags(fs)
 			var o aggregator.Options
@@ -42,6 +43,13 @@ func aggregatorCommand() command {
 				if err != nil {
 					return err
 				}
+				o.Provision = streams.ProvisionOptions{Replicas: *replicas} // what a deleted stream or bucket comes back with
+				if o, err = effective(o); err != nil {
+					return err
+				}
+				if e.printOnly {
+					return e.printConfig(section{"aggregator", o})
+				}
 				nc, err := connectService(ctx, *url, "switchyard-aggregator", log, *replicas, streams.ProvisionOptions{})
 				if err != nil {
 					return err
@@ -49,7 +57,6 @@ func aggregatorCommand() command {
 				defer nc.Close()
 				reg := newRegistry()
 				o.Conn, o.Logger, o.Registerer = nc, log, reg
-				o.Provision = streams.ProvisionOptions{Replicas: *replicas} // what a deleted stream or bucket comes back with
 				agg, err := aggregator.New(o)
 				if err != nil {
 					return usageError{err}

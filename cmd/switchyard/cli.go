@@ -26,6 +26,37 @@ const (
 type env struct {
 	stdin          io.Reader
 	stdout, stderr io.Writer
+	// printOnly is --print-config: a command that runs a component prints
+	// its effective configuration (see printConfig) and starts nothing.
+	printOnly bool
+	// flags are the command's parsed flags.
+	flags *flag.FlagSet
+}
+
+// printConfig writes the command's effective configuration to stdout: the
+// sections (each component's options after defaults and validation), then
+// "flags", every flag's value after the command line, the environment and
+// the config file.
+func (e *env) printConfig(sections ...section) error {
+	var flags object
+	e.flags.VisitAll(func(f *flag.Flag) {
+		v := redactURL(f.Value.String())
+		if secret(flagField(f.Name)) && v != "" {
+			v = redacted
+		}
+		flags = append(flags, member{f.Name, v})
+	})
+	return printConfig(e.stdout, append(sections, section{"flags", flags})...)
+}
+
+// flagField turns a flag name into a Go-style name ("nats-token" is
+// NatsToken), for the secret check.
+func flagField(name string) string {
+	var b strings.Builder
+	for _, w := range strings.FieldsFunc(name, func(r rune) bool { return r == '-' || r == '.' || r == '_' }) {
+		b.WriteString(strings.ToUpper(w[:1]) + w[1:])
+	}
+	return b.String()
 }
 
 // command is one subcommand: its flags are defined by setup, and run executes it.
@@ -36,6 +67,9 @@ type command struct {
 	// setup defines the command's flags and returns the function that runs it
 	// once flags are parsed; args are the remaining positional arguments.
 	setup func(fs *flag.FlagSet, e *env) func(ctx context.Context, args []string) error
+	// printsConfig gives the command --print-config: it runs a component,
+	// and its run function honours env.printOnly.
+	printsConfig bool
 }
 
 func commands() []command {
@@ -85,6 +119,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fs := flag.NewFlagSet("switchyard "+c.name, flag.ContinueOnError)
 		fs.SetOutput(stderr)
 		configFile := fs.String("config", "", "read flag values from this YAML or JSON `file` (keys are flag names)")
+		if c.printsConfig {
+			fs.BoolVar(&e.printOnly, "print-config", false, "print the effective configuration (every component's options after defaults and validation, then every flag) as JSON and exit without starting anything")
+		}
+		e.flags = fs
 		runFn := c.setup(fs, e)
 		fs.Usage = func() {
 			fmt.Fprintf(stderr, "Usage: switchyard %s %s\n\n%s\n\nFlags (each also read from SWITCHYARD_<FLAG> in the environment, e.g. SWITCHYARD_NATS_URL):\n", c.name, c.usage, c.summary)
@@ -158,6 +196,9 @@ func applyEnvAndConfig(fs *flag.FlagSet, configFile string) error {
 	fs.VisitAll(func(f *flag.Flag) {
 		if err != nil || set[f.Name] || f.Name == "config" {
 			return
+		}
+		if f.Name == "print-config" {
+			return // a one-off question, never a setting kept in the environment or a file
 		}
 		if v, ok := os.LookupEnv(envName(f.Name)); ok {
 			if e := f.Value.Set(v); e != nil {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/user"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -44,9 +45,10 @@ engine simulator over NATS (subject <prefix>.ctl.engine.NAME).`,
 		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 			url := natsFlags(fs)
 			model := fs.String("model", "", "limit to this model (default: every model)")
-			health := fs.Float64("health", -1, "health multiplier to pin, 0..1 (engine health)")
+			var health optionalFloat
+			fs.Var(&health, "health", "health multiplier to pin, 0..1 (engine health)")
 			reason := fs.String("reason", "", "why, recorded with the override")
-			errRate := fs.Float64("error-rate", -1, "inject: answer this fraction of requests with 500, 0..1")
+			errRate := fs.Float64("error-rate", 0, "inject: answer this fraction of requests with 500, 0..1")
 			hang := fs.Bool("hang", false, "inject: accept requests and never answer")
 			slow := fs.Float64("slow", 0, "inject: multiply TTFT by this factor (>= 1)")
 			crash := fs.Bool("crash", false, "inject: crash the engine (listener and subscription gone)")
@@ -119,11 +121,11 @@ engine simulator over NATS (subject <prefix>.ctl.engine.NAME).`,
 				}
 				op := &messages.Operator{Engine: name, Model: *model, Action: action, Reason: *reason, By: whoAmI(), Time: time.Now().UnixMilli()}
 				switch {
-				case action == "health" && *health < 0:
+				case action == "health" && !health.set:
 					return usagef("health: want --health X (0..1)")
 				case action == "health":
-					op.Health = *health
-				case *health >= 0:
+					op.Health = health.v
+				case health.set:
 					return usagef("--health goes with the health action, not %s", action)
 				}
 				data, err := messages.Encode(op)
@@ -143,6 +145,30 @@ engine simulator over NATS (subject <prefix>.ctl.engine.NAME).`,
 			}
 		},
 	}
+}
+
+// optionalFloat is a float flag that knows whether it was given (on the
+// command line, in the environment or in a config file), so that no value
+// has to stand for "not given".
+type optionalFloat struct {
+	v   float64
+	set bool
+}
+
+func (f *optionalFloat) String() string {
+	if f == nil || !f.set {
+		return ""
+	}
+	return strconv.FormatFloat(f.v, 'g', -1, 64)
+}
+
+func (f *optionalFloat) Set(s string) error {
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return err
+	}
+	f.v, f.set = v, true
+	return nil
 }
 
 // whoAmI names the person running the command, as user@host.

@@ -47,3 +47,26 @@ func TestEngineListSkipsPoison(t *testing.T) {
 		t.Errorf("stderr does not count the 3 skipped values: %s", stderr.String())
 	}
 }
+
+// TestEngineHealthFlag: --health is recognised as given whatever its value
+// (no value stands for "not given"), only with the health action.
+func TestEngineHealthFlag(t *testing.T) {
+	env := testenv.StartNATS(t)
+	ctx := context.Background()
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"engine", "health", "e1"}, exitUsage, "want --health"},
+		{[]string{"engine", "drain", "e1", "--health", "0.5"}, exitUsage, "goes with the health action"},
+		{[]string{"engine", "health", "e1", "--health", "-1"}, exitUsage, "health"},
+		{[]string{"engine", "health", "e1", "--health", "0"}, exitOK, "recorded"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(ctx, append(c.args, "--nats-url", env.URL()), strings.NewReader(""), &stdout, &stderr)
+		if code != c.code || !strings.Contains(stdout.String()+stderr.String(), c.want) {
+			t.Errorf("%v: exit %d, output %q %q; want %d and %q", c.args, code, stdout.String(), stderr.String(), c.code, c.want)
+		}
+	}
+}

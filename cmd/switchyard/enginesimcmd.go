@@ -11,9 +11,10 @@ import (
 
 func engineSimCommand() command {
 	return command{
-		name:    "engine-sim",
-		summary: "run one simulated continuous-batching engine (OpenAI HTTP, NATS request-reply, signals)",
-		usage:   "--name NAME [flags]",
+		name:         "engine-sim",
+		summary:      "run one simulated continuous-batching engine (OpenAI HTTP, NATS request-reply, signals)",
+		usage:        "--name NAME [flags]",
+		printsConfig: true,
 		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 			var o enginesim.Options
 			fs.StringVar(&o.Name, "name", "", "engine name (letters, digits, - and _)")
@@ -51,6 +52,12 @@ func engineSimCommand() command {
 					if o.MaxBatch, err = enginesim.BatchForCapacity(o, *capacity); err != nil {
 						return usageError{err}
 					}
+				}
+				if o, err = effective(o); err != nil {
+					return err
+				}
+				if e.printOnly {
+					return e.printConfig(section{"engine", o})
 				}
 				if *url != "" {
 					nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{*url}, Name: "switchyard-engine-" + o.Name, Logger: log, WaitForServer: true})

@@ -12,9 +12,10 @@ import (
 
 func loadCommand() command {
 	return command{
-		name:    "load",
-		summary: "send OpenAI requests to a router at a rate for a time, then summarise",
-		usage:   "--url http://127.0.0.1:8081 [--rate 90 --duration 30s | --trace FILE]",
+		name:         "load",
+		summary:      "send OpenAI requests to a router at a rate for a time, then summarise",
+		usage:        "--url http://127.0.0.1:8081 [--rate 90 --duration 30s | --trace FILE]",
+		printsConfig: true,
 		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 			url := fs.String("url", "http://127.0.0.1:8081", "router base `URL`")
 			model := fs.String("model", "llama", "model to request")
@@ -50,9 +51,18 @@ func loadCommand() command {
 					}
 					reqs = workload.Poisson(workload.PoissonOptions{Rate: *rate, Duration: *duration, PromptTokens: *prompt, OutputTokens: *output, Sessions: *sessions, Seed: *seed})
 				}
-				fmt.Fprintf(e.stderr, "sending to %s for up to %s (%d requests scheduled)\n", *url, *duration, len(reqs))
-				s, err := loadgen.Run(ctx, loadgen.Options{URL: *url, Model: *model, Requests: reqs, Duration: *duration, StreamFraction: *stream,
+				o, err := effective(loadgen.Options{URL: *url, Model: *model, Duration: *duration, StreamFraction: *stream,
 					MaxOutputTokens: *maxOut, Priority: *priority, Seed: *seed, Progress: e.stderr})
+				if err != nil {
+					return err
+				}
+				if e.printOnly {
+					// The schedule itself is data, not configuration: its size stands for it.
+					return e.printConfig(section{"load", o}, section{"schedule", map[string]any{"Requests": len(reqs), "RatePerSecond": workload.Rate(reqs)}})
+				}
+				fmt.Fprintf(e.stderr, "sending to %s for up to %s (%d requests scheduled)\n", *url, *duration, len(reqs))
+				o.Requests = reqs
+				s, err := loadgen.Run(ctx, o)
 				if err != nil {
 					return usageError{err}
 				}

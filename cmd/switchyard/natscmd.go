@@ -25,8 +25,9 @@ func defaultDataDir(sub string) string {
 
 func natsCommand() command {
 	return command{
-		name:    "nats",
-		summary: "run an embedded NATS server with JetStream (standalone, or one node of a cluster)",
+		name:         "nats",
+		summary:      "run an embedded NATS server with JetStream (standalone, or one node of a cluster)",
+		printsConfig: true,
 		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 			dataDir := fs.String("data-dir", defaultDataDir("nats"), "JetStream store `directory`")
 			host := fs.String("host", "127.0.0.1", "client listen address")
@@ -50,14 +51,8 @@ func natsCommand() command {
 					return err
 				}
 				log = log.With().Str("component", "nats").Logger()
-				opts := natsembed.Options{DataDir: *dataDir, Host: *host, Port: *port, ServerName: *name, HTTPPort: *httpPort, LeafPort: *leafPort, Logger: &log}
-				if *leafPort < 0 || *leafPort > 65535 {
-					return usagef("--leaf-port %d: the port must be 0 (off) to 65535", *leafPort)
-				}
+				opts := natsembed.Options{DataDir: *dataDir, Host: *host, Port: *port, ServerName: *name, HTTPPort: *httpPort, LeafPort: *leafPort}
 				if *cluster != "" {
-					if *name == "" {
-						return usagef("--server-name is required with --cluster-name")
-					}
 					opts.ClusterName, opts.ClusterHost, opts.ClusterPort = *cluster, *clusterHost, *clusterPort
 					for _, r := range strings.Split(*routes, ",") {
 						if r = strings.TrimSpace(r); r != "" {
@@ -65,6 +60,23 @@ func natsCommand() command {
 						}
 					}
 				}
+				if opts, err = effective(opts); err != nil {
+					return err
+				}
+				prov := streams.ProvisionOptions{Replicas: *replicas}
+				if *provision {
+					if prov, err = effective(prov); err != nil {
+						return err
+					}
+				}
+				if e.printOnly {
+					sections := []section{{"nats", opts}}
+					if *provision {
+						sections = append(sections, section{"provision", prov})
+					}
+					return e.printConfig(sections...)
+				}
+				opts.Logger = &log
 				srv, err := natsembed.Start(opts)
 				if err != nil {
 					return err
@@ -72,7 +84,7 @@ func natsCommand() command {
 				defer srv.Shutdown()
 				log.Info().Str("url", srv.ClientURL()).Str("data_dir", *dataDir).Str("cluster", *cluster).Str("leaf_url", srv.LeafURL()).Msg("NATS server running")
 				if *provision {
-					go provisionWhenReady(ctx, srv.ClientURL(), *replicas, e)
+					go provisionWhenReady(ctx, srv.ClientURL(), prov, e)
 				}
 				<-ctx.Done()
 				log.Info().Msg("shutting down")
@@ -83,7 +95,7 @@ func natsCommand() command {
 }
 
 // provisionWhenReady provisions the layout, retrying while a cluster forms.
-func provisionWhenReady(ctx context.Context, url string, replicas int, e *env) {
+func provisionWhenReady(ctx context.Context, url string, prov streams.ProvisionOptions, e *env) {
 	nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{url}, Name: "switchyard-provision"})
 	if err != nil {
 		fmt.Fprintf(e.stderr, "provision: %v\n", err)
@@ -97,7 +109,7 @@ func provisionWhenReady(ctx context.Context, url string, replicas int, e *env) {
 	}
 	for {
 		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := streams.Provision(pctx, js, streams.DefaultNames(), streams.ProvisionOptions{Replicas: replicas})
+		err := streams.Provision(pctx, js, streams.DefaultNames(), prov)
 		cancel()
 		if err == nil || ctx.Err() != nil {
 			return

@@ -18,9 +18,10 @@ import (
 
 func optimizerCommand() command {
 	return command{
-		name:    "optimizer",
-		summary: "run the optimizer service: engine and demand state into weight snapshots (one leader at a time)",
-		usage:   "--stack FILE | --network FILE [flags]",
+		name:         "optimizer",
+		summary:      "run the optimizer service: engine and demand state into weight snapshots (one leader at a time)",
+		usage:        "--stack FILE | --network FILE [flags]",
+		printsConfig: true,
 		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 			url := natsFlags(fs)
 			var o optimizersvc.Options
@@ -84,6 +85,17 @@ func optimizerCommand() command {
 				if err != nil {
 					return err
 				}
+				o.Provision = streams.ProvisionOptions{LeaseTTL: o.LeaseTTL, Replicas: *replicas} // what a deleted stream or bucket comes back with
+				if o, err = effective(o); err != nil {
+					return err
+				}
+				dash, err := effective(dashboard.Options{})
+				if err != nil {
+					return err
+				}
+				if e.printOnly {
+					return e.printConfig(section{"optimizer", o}, section{"dashboard", dash})
+				}
 				nc, err := connectService(ctx, *url, "switchyard-optimizer", log, *replicas, streams.ProvisionOptions{LeaseTTL: o.LeaseTTL})
 				if err != nil {
 					return err
@@ -91,18 +103,18 @@ func optimizerCommand() command {
 				defer nc.Close()
 				reg := newRegistry()
 				o.Conn, o.Logger, o.Registerer = nc, log, reg
-				o.Provision = streams.ProvisionOptions{LeaseTTL: o.LeaseTTL, Replicas: *replicas} // what a deleted stream or bucket comes back with
 				svc, err := optimizersvc.New(o)
 				if err != nil {
 					return usageError{err}
 				}
 				// The live dashboard is served next to /metrics, as `up` does.
-				dash, stopDash, err := startDashboard(ctx, dashboard.Options{Conn: nc, Logger: log, Registerer: reg})
+				dash.Conn, dash.Logger, dash.Registerer = nc, log, reg
+				dashHandler, stopDash, err := startDashboard(ctx, dash)
 				if err != nil {
 					return err
 				}
 				defer stopDash()
-				stopMetrics, err := serveHTTP(*metricsAddr, reg, dash, log)
+				stopMetrics, err := serveHTTP(*metricsAddr, reg, dashHandler, log)
 				if err != nil {
 					return err
 				}

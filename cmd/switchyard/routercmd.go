@@ -82,6 +82,9 @@ func routerCommand() command {
 				if !flagSet(fs, "gogc") && os.Getenv("GOGC") != "" {
 					rt.GCPercent = 0 // the environment's GOGC wins over the default
 				}
+				if e.printOnly {
+					return e.printConfig(section{"router", o}, section{"runtime", rt})
+				}
 				rt.Apply()
 				if *emulate != "" {
 					f, err := stack.Load(*emulate)
@@ -135,6 +138,7 @@ func routerCommand() command {
 				return svc.Run(ctx)
 			}
 		},
+		printsConfig: true,
 	}
 }
 

@@ -20,9 +20,10 @@ import (
 
 func upCommand() command {
 	return command{
-		name:    "up",
-		summary: "run the whole stack on one machine: embedded NATS, aggregator and simulated engines",
-		usage:   "[--stack FILE]",
+		name:         "up",
+		summary:      "run the whole stack on one machine: embedded NATS, aggregator and simulated engines",
+		usage:        "[--stack FILE]",
+		printsConfig: true,
 		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 			stackFile := fs.String("stack", "", "stack `file` (default: the built-in case study, also in examples/stack.yaml)")
 			dataDir := fs.String("data-dir", defaultDataDir("up"), "`directory` for the embedded NATS server's JetStream store")
@@ -42,28 +43,39 @@ func upCommand() command {
 				if err != nil {
 					return err
 				}
-				if *routerAddr != "" && !strings.HasSuffix(*routerAddr, ":0") {
-					return usagef("--router-addr %q: every router would listen there; give a port of 0 (free ports) or set each router's address in the stack file", *routerAddr)
-				}
 				f := stack.Default()
 				if *stackFile != "" {
 					if f, err = stack.Load(*stackFile); err != nil {
 						return usageError{err}
 					}
 				}
+				so := stack.Options{File: f, DataDir: *dataDir, NATSHost: *host, NATSPort: *port,
+					SignalInterval: *signalEvery, RouterAddr: *routerAddr, EmulateNetwork: *emulate, Logger: log}
+				plan, err := so.Plan()
+				if err != nil {
+					return usageError{err}
+				}
+				dash, err := effective(dashboard.Options{})
+				if err != nil {
+					return err
+				}
+				if e.printOnly {
+					return e.printConfig(section{"stack", f}, section{"components", plan}, section{"dashboard", dash})
+				}
 				reg := newRegistry()
-				s, err := stack.Start(ctx, stack.Options{File: f, DataDir: *dataDir, NATSHost: *host, NATSPort: *port,
-					SignalInterval: *signalEvery, RouterAddr: *routerAddr, EmulateNetwork: *emulate, Logger: log, Registerer: reg})
+				so.Registerer = reg
+				s, err := stack.Start(ctx, so)
 				if err != nil {
 					return err
 				}
 				defer s.Close()
-				dash, stopDash, err := startDashboard(ctx, dashboard.Options{Conn: s.Conn(), Logger: log, Routers: dashboard.RouterStatuses(s.Routers), Registerer: reg})
+				dash.Conn, dash.Logger, dash.Routers, dash.Registerer = s.Conn(), log, dashboard.RouterStatuses(s.Routers), reg
+				dashHandler, stopDash, err := startDashboard(ctx, dash)
 				if err != nil {
 					return err
 				}
 				defer stopDash()
-				stopMetrics, err := serveHTTP(*metricsAddr, reg, dash, log)
+				stopMetrics, err := serveHTTP(*metricsAddr, reg, dashHandler, log)
 				if err != nil {
 					return err
 				}

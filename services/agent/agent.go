@@ -63,9 +63,9 @@ const (
 // ErrOptions wraps every Options or EngineConfig validation error.
 var ErrOptions = errors.New("agent: invalid options")
 
-// ErrNoConn is the validation error of an Options without a NATS connection
-// (it wraps ErrOptions); Validate reports it only when everything else is
-// valid, so a command can check its flags before it connects.
+// ErrNoConn is New's error for an Options without a NATS connection (it
+// wraps ErrOptions). Validate checks configuration only, so that a command
+// can check its flags before it connects.
 var ErrNoConn = fmt.Errorf("%w: Options.Conn is nil, want a NATS connection", ErrOptions)
 
 // EngineConfig is one engine the agent serves.
@@ -115,7 +115,9 @@ type Options struct {
 	Logger zerolog.Logger
 }
 
-func (o Options) withDefaults() Options {
+// WithDefaults returns a copy of o with every zero field, its engines'
+// included, set to its default.
+func (o Options) WithDefaults() Options {
 	if o.Names == (streams.Names{}) {
 		o.Names = streams.DefaultNames()
 	}
@@ -165,7 +167,7 @@ func (o Options) withDefaults() Options {
 // Validate reports the first field of o (after defaults) that is not usable,
 // naming it and its value; the error wraps ErrOptions.
 func (o Options) Validate() error {
-	o = o.withDefaults()
+	o = o.WithDefaults()
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrOptions, fmt.Sprintf(format, args...))
 	}
@@ -197,9 +199,6 @@ func (o Options) Validate() error {
 			return bad("%s: engine %q of model %q is given twice", f, e.Name, e.Model)
 		}
 		seen[key] = true
-	}
-	if o.Conn == nil {
-		return ErrNoConn
 	}
 	return nil
 }
@@ -280,10 +279,13 @@ type Agent struct {
 
 // New validates opts and returns an Agent that does nothing until Run.
 func New(opts Options) (*Agent, error) {
+	opts = opts.WithDefaults()
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	opts = opts.withDefaults()
+	if opts.Conn == nil {
+		return nil, ErrNoConn
+	}
 	a := &Agent{opts: opts, reg: prometheus.NewRegistry(),
 		log: opts.Logger.With().Str("component", "agent").Logger()}
 	var reg prometheus.Registerer = a.reg

@@ -75,7 +75,8 @@ type Options struct {
 	BeforeFold func(subject string, data []byte)
 }
 
-func (o *Options) setDefaults() {
+// WithDefaults returns a copy of o with every zero field set to its default.
+func (o Options) WithDefaults() Options {
 	if o.Names == (streams.Names{}) {
 		o.Names = streams.DefaultNames()
 	}
@@ -103,6 +104,40 @@ func (o *Options) setDefaults() {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	o.Provision = o.Provision.WithDefaults()
+	return o
+}
+
+// Validate reports the first field of o (after defaults) that is not
+// usable, naming it and its value; the error wraps ErrOptions. It checks
+// configuration only: New also needs Conn.
+func (o Options) Validate() error {
+	o = o.WithDefaults()
+	if err := o.Names.Validate(); err != nil {
+		return fmt.Errorf("%w: Names: %v", ErrOptions, err)
+	}
+	if !messages.ValidName(o.Durable) {
+		return fmt.Errorf("%w: Durable %q is not a valid name", ErrOptions, o.Durable)
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"FastHalfLife", o.FastHalfLife}, {"SlowHalfLife", o.SlowHalfLife}, {"StaleAfter", o.StaleAfter},
+		{"DownAfter", o.DownAfter}, {"WriteInterval", o.WriteInterval}} {
+		if d.v <= 0 {
+			return fmt.Errorf("%w: %s is %s, want > 0", ErrOptions, d.field, d.v)
+		}
+	}
+	if o.StaleAfter >= o.DownAfter {
+		return fmt.Errorf("%w: StaleAfter %s must be shorter than DownAfter %s", ErrOptions, o.StaleAfter, o.DownAfter)
+	}
+	if o.ForgetAfter <= o.DownAfter || o.ForgetAfter < time.Second {
+		return fmt.Errorf("%w: ForgetAfter %s must be longer than DownAfter %s and at least 1s", ErrOptions, o.ForgetAfter, o.DownAfter)
+	}
+	if err := o.Provision.Validate(); err != nil {
+		return fmt.Errorf("%w: Provision: %v", ErrOptions, err)
+	}
+	return nil
 }
 
 // DefaultForgetAfter is ForgetAfter's default: ten minutes, so that an
@@ -116,7 +151,7 @@ const DefaultForgetAfter = 10 * time.Minute
 // re-creation.
 const consumerCheck = time.Second
 
-// ErrOptions is wrapped by New for invalid options.
+// ErrOptions is wrapped by every error of Validate and of New for invalid options.
 var ErrOptions = errors.New("aggregator: invalid options")
 
 // Aggregator is the running service. Create it with New and run it with Run.
@@ -174,23 +209,15 @@ type rttEntry struct {
 	dirty bool
 }
 
-// New validates opts and returns an Aggregator ready to Run.
+// New applies defaults to opts, validates them and returns an Aggregator
+// ready to Run.
 func New(opts Options) (*Aggregator, error) {
-	opts.setDefaults()
+	opts = opts.WithDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
 	if opts.Conn == nil {
-		return nil, fmt.Errorf("%w: Conn is nil", ErrOptions)
-	}
-	if err := opts.Names.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrOptions, err)
-	}
-	if !messages.ValidName(opts.Durable) {
-		return nil, fmt.Errorf("%w: durable name %q is not a valid name", ErrOptions, opts.Durable)
-	}
-	if opts.StaleAfter >= opts.DownAfter {
-		return nil, fmt.Errorf("%w: stale-after %s must be shorter than down-after %s", ErrOptions, opts.StaleAfter, opts.DownAfter)
-	}
-	if opts.ForgetAfter <= opts.DownAfter || opts.ForgetAfter < time.Second {
-		return nil, fmt.Errorf("%w: forget-after %s must be longer than down-after %s and at least 1s", ErrOptions, opts.ForgetAfter, opts.DownAfter)
+		return nil, fmt.Errorf("%w: Conn is nil, want a NATS connection", ErrOptions)
 	}
 	js, err := jetstream.New(opts.Conn, jetstream.WithPublishAsyncMaxPending(16384))
 	if err != nil {

@@ -87,36 +87,61 @@ type Publisher struct {
 	published, duplicates, failed, invalid atomic.Uint64
 }
 
-// NewPublisher validates opts and returns a Publisher; it publishes nothing until Run or PublishNow.
-func NewPublisher(opts Options) (*Publisher, error) {
-	if opts.Conn == nil {
-		return nil, errors.New("engine: Options.Conn is nil, want a NATS connection")
+// ErrOptions is wrapped by every error of Validate and of NewPublisher for invalid options.
+var ErrOptions = errors.New("engine: invalid options")
+
+// WithDefaults returns a copy of o with every zero field set to its
+// default. FirstSeq stays zero: NewPublisher picks it when it starts.
+func (o Options) WithDefaults() Options {
+	if o.Names == (streams.Names{}) {
+		o.Names = streams.DefaultNames()
 	}
-	if opts.Names == (streams.Names{}) {
-		opts.Names = streams.DefaultNames()
+	if o.Interval == 0 {
+		o.Interval = DefaultInterval
 	}
-	if err := opts.Names.Validate(); err != nil {
-		return nil, fmt.Errorf("engine: Options.Names: %w", err)
+	if o.PublishTimeout == 0 {
+		o.PublishTimeout = max(o.Interval, time.Second)
 	}
-	if err := messages.CheckName("Options.Model", opts.Model); err != nil {
-		return nil, fmt.Errorf("engine: %w", err)
+	return o
+}
+
+// Validate reports the first field of o (after defaults) that is not
+// usable, naming it and its value; the error wraps ErrOptions. It checks
+// configuration only: NewPublisher also needs Conn.
+func (o Options) Validate() error {
+	o = o.WithDefaults()
+	if err := o.Names.Validate(); err != nil {
+		return fmt.Errorf("%w: Names: %v", ErrOptions, err)
 	}
-	if err := messages.CheckName("Options.Engine", opts.Engine); err != nil {
-		return nil, fmt.Errorf("engine: %w", err)
+	if err := messages.CheckName("Model", o.Model); err != nil {
+		return fmt.Errorf("%w: %v", ErrOptions, err)
 	}
-	if opts.Region != "" {
-		if err := messages.CheckName("Options.Region", opts.Region); err != nil {
-			return nil, fmt.Errorf("engine: %w", err)
+	if err := messages.CheckName("Engine", o.Engine); err != nil {
+		return fmt.Errorf("%w: %v", ErrOptions, err)
+	}
+	if o.Region != "" {
+		if err := messages.CheckName("Region", o.Region); err != nil {
+			return fmt.Errorf("%w: %v", ErrOptions, err)
 		}
 	}
-	if opts.Interval < 0 {
-		return nil, fmt.Errorf("engine: Options.Interval is %s, want >= 0", opts.Interval)
+	if o.Interval < 0 {
+		return fmt.Errorf("%w: Interval is %s, want >= 0", ErrOptions, o.Interval)
 	}
-	if opts.Interval == 0 {
-		opts.Interval = DefaultInterval
+	if o.PublishTimeout < 0 {
+		return fmt.Errorf("%w: PublishTimeout is %s, want >= 0", ErrOptions, o.PublishTimeout)
 	}
-	if opts.PublishTimeout <= 0 {
-		opts.PublishTimeout = max(opts.Interval, time.Second)
+	return nil
+}
+
+// NewPublisher applies defaults to opts, validates them and returns a
+// Publisher; it publishes nothing until Run or PublishNow.
+func NewPublisher(opts Options) (*Publisher, error) {
+	opts = opts.WithDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Conn == nil {
+		return nil, fmt.Errorf("%w: Conn is nil, want a NATS connection", ErrOptions)
 	}
 	subject, err := opts.Names.SignalSubject(opts.Model, opts.Engine)
 	if err != nil {

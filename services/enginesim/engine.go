@@ -66,8 +66,8 @@ type Engine struct {
 
 // New validates opts (after applying defaults) and returns an engine that is not yet serving.
 func New(opts Options) (*Engine, error) {
-	opts = opts.withDefaults()
-	if err := opts.validate(); err != nil {
+	opts = opts.WithDefaults()
+	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
 	seed := opts.Seed

@@ -19,27 +19,37 @@ import (
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
+// TestNewValidates: New and Validate refuse each bad field, naming it, with
+// an error that is ErrOptions.
 func TestNewValidates(t *testing.T) {
 	base := fastOpts("e1")
 	cases := []struct {
 		mut  func(o *enginesim.Options)
 		want string
 	}{
-		{func(o *enginesim.Options) { o.Name = "" }, "Options.Name"},
-		{func(o *enginesim.Options) { o.Model = "a.b" }, "Options.Model"},
-		{func(o *enginesim.Options) { o.Region = "r 1" }, "Options.Region"},
-		{func(o *enginesim.Options) { o.MaxBatch = -1 }, "Options.MaxBatch"},
-		{func(o *enginesim.Options) { o.BaseTBTMs = math.NaN() }, "Options.BaseTBTMs"},
-		{func(o *enginesim.Options) { o.TimeScale = -1 }, "Options.TimeScale"},
-		{func(o *enginesim.Options) { o.KVTokens = 10 }, "Options.KVTokens"},
-		{func(o *enginesim.Options) { o.Failure.ErrorRate = 1.5 }, "ErrorRate"},
-		{func(o *enginesim.Options) { o.NATSQueue = "q.x" }, "Options.NATSQueue"},
+		{func(o *enginesim.Options) { o.Name = "" }, "Name"},
+		{func(o *enginesim.Options) { o.Model = "a.b" }, "Model"},
+		{func(o *enginesim.Options) { o.Region = "r 1" }, "Region"},
+		{func(o *enginesim.Options) { o.MaxBatch = -1 }, "MaxBatch is -1"},
+		{func(o *enginesim.Options) { o.BaseTBTMs = math.NaN() }, "BaseTBTMs is NaN"},
+		{func(o *enginesim.Options) { o.TimeScale = -1 }, "TimeScale is -1"},
+		{func(o *enginesim.Options) { o.KVTokens = 10 }, "KVTokens is 10"},
+		{func(o *enginesim.Options) { o.Failure.ErrorRate = 1.5 }, "Failure.ErrorRate is 1.5"},
+		{func(o *enginesim.Options) { o.NATSQueue = "q.x" }, "NATSQueue"},
+		{func(o *enginesim.Options) { o.NATSTimeout = -time.Second }, "NATSTimeout is -1s"},
+		{func(o *enginesim.Options) { o.SignalInterval = -time.Second }, "SignalInterval is -1s"},
+		{func(o *enginesim.Options) { o.MetricsFormat = "tgi" }, "MetricsFormat"},
+	}
+	if err := base.Validate(); err != nil {
+		t.Fatalf("Validate of good options: %v", err)
 	}
 	for _, c := range cases {
 		o := base
 		c.mut(&o)
-		if _, err := enginesim.New(o); err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("New with bad %s: %v", c.want, err)
+		for name, err := range map[string]error{"Validate": o.Validate(), "New": func() error { _, err := enginesim.New(o); return err }()} {
+			if err == nil || !strings.Contains(err.Error(), c.want) || !errors.Is(err, enginesim.ErrOptions) {
+				t.Errorf("%s with bad %s: %v, want an ErrOptions naming it", name, c.want, err)
+			}
 		}
 	}
 }

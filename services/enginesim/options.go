@@ -1,6 +1,7 @@
 package enginesim
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -111,15 +112,15 @@ type Failure struct {
 func (f Failure) validate() error {
 	switch {
 	case math.IsNaN(f.ErrorRate) || f.ErrorRate < 0 || f.ErrorRate > 1:
-		return fmt.Errorf("enginesim: Failure.ErrorRate is %v, want 0..1", f.ErrorRate)
+		return fmt.Errorf("%w: Failure.ErrorRate is %v, want 0..1", ErrOptions, f.ErrorRate)
 	case math.IsNaN(f.AddedLatencyMs) || f.AddedLatencyMs < 0 || f.AddedLatencyMs > 3.6e6:
-		return fmt.Errorf("enginesim: Failure.AddedLatencyMs is %v, want 0..3600000", f.AddedLatencyMs)
+		return fmt.Errorf("%w: Failure.AddedLatencyMs is %v, want 0..3600000", ErrOptions, f.AddedLatencyMs)
 	case f.CrashAfter < 0:
-		return fmt.Errorf("enginesim: Failure.CrashAfter is %d, want >= 0", f.CrashAfter)
+		return fmt.Errorf("%w: Failure.CrashAfter is %d, want >= 0", ErrOptions, f.CrashAfter)
 	case math.IsNaN(f.TTFTFactor) || f.TTFTFactor < 0 || f.TTFTFactor > 1000:
-		return fmt.Errorf("enginesim: Failure.TTFTFactor is %v, want 0 (meaning 1) or 1 <= k <= 1000", f.TTFTFactor)
+		return fmt.Errorf("%w: Failure.TTFTFactor is %v, want 0 (meaning 1) or 1 <= k <= 1000", ErrOptions, f.TTFTFactor)
 	case math.IsNaN(f.CapacityFactor) || f.CapacityFactor < 0 || f.CapacityFactor > 10:
-		return fmt.Errorf("enginesim: Failure.CapacityFactor is %v, want 0 (meaning 1) or 0 < f <= 10", f.CapacityFactor)
+		return fmt.Errorf("%w: Failure.CapacityFactor is %v, want 0 (meaning 1) or 0 < f <= 10", ErrOptions, f.CapacityFactor)
 	}
 	return nil
 }
@@ -143,7 +144,12 @@ func (f Failure) health() float64 {
 	return 1 - f.ErrorRate
 }
 
-func (o Options) withDefaults() Options {
+// ErrOptions is wrapped by every error of Validate and of New for invalid
+// options, and of Engine.SetFailure for an invalid Failure.
+var ErrOptions = errors.New("enginesim: invalid options")
+
+// WithDefaults returns a copy of o with every zero field set to its default.
+func (o Options) WithDefaults() Options {
 	if o.MaxBatch == 0 {
 		o.MaxBatch = DefaultMaxBatch
 	}
@@ -183,32 +189,36 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-func (o Options) validate() error {
+// Validate reports the first field of o (after defaults) that is not
+// usable, naming it and its value; the error wraps ErrOptions. Conn is
+// optional, so Validate checks everything New does.
+func (o Options) Validate() error {
+	o = o.WithDefaults()
 	for _, c := range []struct {
 		field, v string
 		optional bool
-	}{{"Options.Name", o.Name, false}, {"Options.Model", o.Model, false}, {"Options.Region", o.Region, true}} {
+	}{{"Name", o.Name, false}, {"Model", o.Model, false}, {"Region", o.Region, true}} {
 		if c.optional && c.v == "" {
 			continue
 		}
 		if err := messages.CheckName(c.field, c.v); err != nil {
-			return fmt.Errorf("enginesim: %w", err)
+			return fmt.Errorf("%w: %v", ErrOptions, err)
 		}
 	}
 	if err := messages.CheckModelName(o.Model); err != nil {
-		return fmt.Errorf("enginesim: Options.Model: %w", err)
+		return fmt.Errorf("%w: Model: %v", ErrOptions, err)
 	}
 	finitePos := func(field string, v float64) error {
 		if math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 {
-			return fmt.Errorf("enginesim: %s is %v, want a finite number > 0", field, v)
+			return fmt.Errorf("%w: %s is %v, want a finite number > 0", ErrOptions, field, v)
 		}
 		return nil
 	}
 	for _, c := range []struct {
 		field string
 		v     float64
-	}{{"Options.PrefillMsPerToken", o.PrefillMsPerToken}, {"Options.BaseTBTMs", o.BaseTBTMs},
-		{"Options.TBTGrowthMs", o.TBTGrowthMs}, {"Options.TimeScale", o.TimeScale}} {
+	}{{"PrefillMsPerToken", o.PrefillMsPerToken}, {"BaseTBTMs", o.BaseTBTMs},
+		{"TBTGrowthMs", o.TBTGrowthMs}, {"TimeScale", o.TimeScale}} {
 		if err := finitePos(c.field, c.v); err != nil {
 			return err
 		}
@@ -216,25 +226,25 @@ func (o Options) validate() error {
 	for _, c := range []struct {
 		field string
 		v     int
-	}{{"Options.MaxBatch", o.MaxBatch}, {"Options.OutputTokens", o.OutputTokens}, {"Options.PromptTokens", o.PromptTokens}, {"Options.KVTokens", o.KVTokens}} {
+	}{{"MaxBatch", o.MaxBatch}, {"OutputTokens", o.OutputTokens}, {"PromptTokens", o.PromptTokens}, {"KVTokens", o.KVTokens}} {
 		if c.v <= 0 {
-			return fmt.Errorf("enginesim: %s is %d, want > 0", c.field, c.v)
+			return fmt.Errorf("%w: %s is %d, want > 0", ErrOptions, c.field, c.v)
 		}
 	}
 	if o.KVTokens < o.PromptTokens+o.OutputTokens {
-		return fmt.Errorf("enginesim: Options.KVTokens is %d, want at least PromptTokens+OutputTokens = %d", o.KVTokens, o.PromptTokens+o.OutputTokens)
+		return fmt.Errorf("%w: KVTokens is %d, want at least PromptTokens+OutputTokens = %d", ErrOptions, o.KVTokens, o.PromptTokens+o.OutputTokens)
 	}
 	if o.NATSTimeout < 0 {
-		return fmt.Errorf("enginesim: Options.NATSTimeout is %s, want >= 0", o.NATSTimeout)
+		return fmt.Errorf("%w: NATSTimeout is %s, want >= 0", ErrOptions, o.NATSTimeout)
 	}
 	if o.SignalInterval < 0 {
-		return fmt.Errorf("enginesim: Options.SignalInterval is %s, want >= 0", o.SignalInterval)
+		return fmt.Errorf("%w: SignalInterval is %s, want >= 0", ErrOptions, o.SignalInterval)
 	}
 	if err := o.Names.Validate(); err != nil {
-		return fmt.Errorf("enginesim: Options.Names: %w", err)
+		return fmt.Errorf("%w: Names: %v", ErrOptions, err)
 	}
 	if o.NATSQueue != "" && !messages.ValidName(o.NATSQueue) {
-		return fmt.Errorf("enginesim: Options.NATSQueue is %q, want a NATS token", o.NATSQueue)
+		return fmt.Errorf("%w: NATSQueue is %q, want a NATS token", ErrOptions, o.NATSQueue)
 	}
 	if err := o.Failure.validate(); err != nil {
 		return err
@@ -255,7 +265,7 @@ func (o Options) effectiveBatch() int {
 // Capacity returns the sustainable request rate, req/s, of an engine with these
 // options (defaults applied) and no failure injected; see the package doc.
 func Capacity(o Options) float64 {
-	o = o.withDefaults()
+	o = o.WithDefaults()
 	return capacity(o, 1)
 }
 

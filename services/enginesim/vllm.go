@@ -36,7 +36,7 @@ func validMetricsFormat(f string) error {
 	case "", MetricsSwitchyard, MetricsVLLM:
 		return nil
 	}
-	return fmt.Errorf("enginesim: Options.MetricsFormat is %q, want %q or %q", f, MetricsSwitchyard, MetricsVLLM)
+	return fmt.Errorf("%w: MetricsFormat is %q, want %q or %q", ErrOptions, f, MetricsSwitchyard, MetricsVLLM)
 }
 
 func newVLLMMetrics(e *Engine, reg *prometheus.Registry) *vllmMetrics {

@@ -41,12 +41,12 @@ type Options struct {
 	Duration time.Duration
 	// StreamFraction is the share of streaming requests, 0..1.
 	StreamFraction float64
-	// MaxPromptBytes caps the prompt text sent per request; zero means 8192.
+	// MaxPromptBytes caps the prompt text sent per request; zero means DefaultMaxPromptBytes.
 	MaxPromptBytes int
 	// MaxOutputTokens caps max_tokens per request; zero means no cap.
 	MaxOutputTokens int
 	// MaxInFlight bounds concurrent requests; arrivals beyond it count as
-	// dropped by the generator. Zero means 2000.
+	// dropped by the generator. Zero means DefaultMaxInFlight.
 	MaxInFlight int
 	// Priority, when set, is sent as x-switchyard-priority.
 	Priority string
@@ -80,22 +80,65 @@ type result struct {
 	ttft, e2e time.Duration
 }
 
-// Run sends the schedule and returns the summary once every request has ended.
-func Run(ctx context.Context, o Options) (*Summary, error) {
-	if _, err := url.Parse(o.URL); err != nil || o.URL == "" {
-		return nil, fmt.Errorf("loadgen: URL %q: want a base URL such as http://127.0.0.1:8081", o.URL)
-	}
-	if o.Model == "" {
-		return nil, errors.New("loadgen: Model is required")
-	}
-	if o.StreamFraction < 0 || o.StreamFraction > 1 {
-		return nil, fmt.Errorf("loadgen: StreamFraction %v, want 0..1", o.StreamFraction)
-	}
+// Defaults of zero Options fields.
+const (
+	// DefaultMaxPromptBytes keeps a replayed trace's long prompts from
+	// making the generator, not the router, the bottleneck.
+	DefaultMaxPromptBytes = 8192
+	// DefaultMaxInFlight bounds the generator's sockets and goroutines; a
+	// router holding more requests than this is overloaded anyway.
+	DefaultMaxInFlight = 2000
+)
+
+// ErrOptions is wrapped by every error of Validate and of Run for invalid options.
+var ErrOptions = errors.New("loadgen: invalid options")
+
+// WithDefaults returns a copy of o with every zero field set to its default.
+func (o Options) WithDefaults() Options {
 	if o.MaxPromptBytes == 0 {
-		o.MaxPromptBytes = 8192
+		o.MaxPromptBytes = DefaultMaxPromptBytes
 	}
 	if o.MaxInFlight == 0 {
-		o.MaxInFlight = 2000
+		o.MaxInFlight = DefaultMaxInFlight
+	}
+	return o
+}
+
+// Validate reports the first field of o (after defaults) that is not
+// usable, naming it and its value; the error wraps ErrOptions.
+func (o Options) Validate() error {
+	o = o.WithDefaults()
+	if u, err := url.Parse(o.URL); err != nil || o.URL == "" || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%w: URL %q, want a base URL such as http://127.0.0.1:8081", ErrOptions, o.URL)
+	}
+	if o.Model == "" {
+		return fmt.Errorf("%w: Model is empty", ErrOptions)
+	}
+	if !(o.StreamFraction >= 0 && o.StreamFraction <= 1) {
+		return fmt.Errorf("%w: StreamFraction is %v, want 0..1", ErrOptions, o.StreamFraction)
+	}
+	for _, f := range []struct {
+		field string
+		v     int
+	}{{"MaxPromptBytes", o.MaxPromptBytes}, {"MaxInFlight", o.MaxInFlight}} {
+		if f.v < 1 {
+			return fmt.Errorf("%w: %s is %d, want > 0", ErrOptions, f.field, f.v)
+		}
+	}
+	if o.MaxOutputTokens < 0 {
+		return fmt.Errorf("%w: MaxOutputTokens is %d, want >= 0 (0: no cap)", ErrOptions, o.MaxOutputTokens)
+	}
+	if o.Duration < 0 {
+		return fmt.Errorf("%w: Duration is %s, want >= 0 (0: the schedule's length)", ErrOptions, o.Duration)
+	}
+	return nil
+}
+
+// Run sends the schedule and returns the summary once every request has ended.
+func Run(ctx context.Context, o Options) (*Summary, error) {
+	o = o.WithDefaults()
+	if err := o.Validate(); err != nil {
+		return nil, err
 	}
 	client := o.Client
 	if client == nil {

@@ -142,8 +142,8 @@ func TestPenaltySpanBounded(t *testing.T) {
 		{PenaltyOptions{SlowStart: messages.MaxPenaltySpan + time.Second}, false},
 	} {
 		o := Options{Conn: &nats.Conn{}, Penalties: tc.p}
-		o.setDefaults()
-		err := o.validate()
+		o = o.WithDefaults()
+		err := o.Validate()
 		if (err == nil) != tc.ok || (err != nil && !strings.Contains(err.Error(), "MaxPenaltySpan")) {
 			t.Errorf("penalties %+v: validate = %v, want ok=%v", tc.p, err, tc.ok)
 		}

@@ -47,9 +47,10 @@ type PenaltyOptions struct {
 	// SlowStart is how long the multiplier takes to ramp back to 1 after a
 	// penalty ends, and after an engine's effective capacity comes back from
 	// about zero for any other reason (see Service.slowStart: its health
-	// signal, status, an operator override, a capacity drop). Default 10 s;
-	// negative: no slow start.
+	// signal, status, an operator override, a capacity drop). Default 10 s.
 	SlowStart time.Duration
+	// NoSlowStart turns the slow start off: capacity comes back at once.
+	NoSlowStart bool
 	// RecoveryFloor is where the ramp starts for a penalty of multiplier 0
 	// and for a capacity back from about zero, so that the engine gets a
 	// little traffic to prove itself. Default 0.1.
@@ -59,9 +60,10 @@ type PenaltyOptions struct {
 	// of its next penalty halves every StrikeDecay of good behaviour.
 	// Default 1 min: an engine that relapses within a minute of coming back
 	// (a flapping one) keeps escalating, one whose fault is gone is back at
-	// strike zero within a few minutes. Negative: strikes do not decay (Forget
-	// alone clears them).
+	// strike zero within a few minutes.
 	StrikeDecay time.Duration
+	// NoStrikeDecay keeps strikes until Forget clears them all.
+	NoStrikeDecay bool
 	// Forget is how long an engine must behave after its slow start before
 	// all its strikes are forgotten (and its penalty record deleted),
 	// whatever StrikeDecay left. Default 5 min.
@@ -71,7 +73,8 @@ type PenaltyOptions struct {
 	MaxShare float64
 }
 
-func (o *PenaltyOptions) setDefaults() {
+// WithDefaults returns a copy of o with every zero field set to its default.
+func (o PenaltyOptions) WithDefaults() PenaltyOptions {
 	def := func(v *float64, d float64) {
 		if *v == 0 {
 			*v = d
@@ -99,6 +102,62 @@ func (o *PenaltyOptions) setDefaults() {
 	defDur(&o.StrikeDecay, time.Minute)
 	defDur(&o.Forget, 5*time.Minute)
 	def(&o.MaxShare, 0.5)
+	return o
+}
+
+// Validate reports the first field of o (after defaults) that is not
+// usable, naming it as Penalties.<field> with its value; the error wraps
+// ErrOptions.
+func (o PenaltyOptions) Validate() error {
+	o = o.WithDefaults()
+	for _, f := range []struct {
+		field string
+		v, hi float64
+	}{
+		{"ErrorRateFloor", o.ErrorRateFloor, 1}, {"TimeoutRateFloor", o.TimeoutRateFloor, 1},
+		{"ErrorRateFactor", o.ErrorRateFactor, math.MaxFloat64}, {"TTFTFactor", o.TTFTFactor, math.MaxFloat64},
+		{"TTFTSlackMs", o.TTFTSlackMs, math.MaxFloat64}, {"RecoveryFloor", o.RecoveryFloor, 1}, {"MaxShare", o.MaxShare, 1},
+	} {
+		if math.IsNaN(f.v) || f.v <= 0 || f.v > f.hi {
+			return fmt.Errorf("%w: Penalties.%s is %v, want a finite number in (0, %v]", ErrOptions, f.field, f.v, f.hi)
+		}
+	}
+	if math.IsNaN(o.Growth) || o.Growth < 1 || o.Growth > math.MaxFloat64 {
+		return fmt.Errorf("%w: Penalties.Growth is %v, want a finite number >= 1", ErrOptions, o.Growth)
+	}
+	if o.FailedIntervals < 1 {
+		return fmt.Errorf("%w: Penalties.FailedIntervals is %d, want >= 1", ErrOptions, o.FailedIntervals)
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"EvidenceMaxAge", o.EvidenceMaxAge}, {"Base", o.Base}, {"Max", o.Max}, {"SlowStart", o.SlowStart},
+		{"StrikeDecay", o.StrikeDecay}, {"Forget", o.Forget}} {
+		if d.v <= 0 {
+			return fmt.Errorf("%w: Penalties.%s is %s, want > 0 (zero means the default)", ErrOptions, d.field, d.v)
+		}
+	}
+	if o.Base > o.Max {
+		return fmt.Errorf("%w: Penalties.Base %s is longer than Penalties.Max %s", ErrOptions, o.Base, o.Max)
+	}
+	// Penalty records must validate (messages.MaxPenaltySpan) to be written.
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"Max", o.Max}, {"SlowStart", o.SlowStart}} {
+		if d.v > messages.MaxPenaltySpan {
+			return fmt.Errorf("%w: Penalties.%s is %s, want at most %s (messages.MaxPenaltySpan)", ErrOptions, d.field, d.v, messages.MaxPenaltySpan)
+		}
+	}
+	return nil
+}
+
+// slowStart is the length of a slow start: SlowStart, or 0 with NoSlowStart.
+func (o *PenaltyOptions) slowStart() time.Duration {
+	if o.NoSlowStart {
+		return 0
+	}
+	return o.SlowStart
 }
 
 // Multipliers of the penalty rules.
@@ -207,7 +266,7 @@ func (o *PenaltyOptions) strikesAt(p *penalty, now time.Time) int {
 	if p == nil {
 		return 0
 	}
-	if o.StrikeDecay <= 0 || now.Before(p.recoverUntil) {
+	if o.NoStrikeDecay || now.Before(p.recoverUntil) {
 		return p.strikes
 	}
 	gone := now.Sub(p.recoverUntil) / o.StrikeDecay
@@ -336,7 +395,7 @@ func (o *PenaltyOptions) judge(pens map[string]*penalty, keys []string, outs map
 		p.reason, p.detail, p.mult = c.verdict.reason, c.verdict.detail, c.verdict.multiplier
 		p.since = now
 		p.until = now.Add(o.duration(p.strikes))
-		p.recoverUntil = p.until.Add(o.SlowStart)
+		p.recoverUntil = p.until.Add(o.slowStart())
 		events = append(events, penaltyEvent{key: c.key, p: *p, new: true})
 	}
 	return events

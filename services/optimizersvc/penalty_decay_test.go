@@ -29,8 +29,7 @@ func TestStrikesDecay(t *testing.T) {
 	}
 	// Without decay, Forget alone clears them.
 	nd := defaultPenalties()
-	nd.StrikeDecay = -1
-	nd.setDefaults()
+	nd.NoStrikeDecay = true
 	if nd.strikesAt(p, end.Add(4*time.Minute)) != 4 || nd.forgotten(p, end.Add(4*time.Minute)) || !nd.forgotten(p, end.Add(5*time.Minute+time.Second)) {
 		t.Error("no-decay strikes: Forget does not clear them")
 	}

@@ -10,7 +10,7 @@ import (
 
 func defaultPenalties() *PenaltyOptions {
 	o := &PenaltyOptions{SlowTTFT: true}
-	o.setDefaults()
+	*o = o.WithDefaults()
 	return o
 }
 

@@ -150,8 +150,10 @@ import (
 	"fmt"
 	"github.com/switchyard-dev/switchyard/internal/logthrottle"
 	"github.com/switchyard-dev/switchyard/internal/poison"
+	"maps"
 	"math"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -243,7 +245,9 @@ type Options struct {
 	OnValue func(bucket, key string, data []byte)
 }
 
-func (o *Options) setDefaults() {
+// WithDefaults returns a copy of o with every zero field set to its default
+// (Instance from the host name and process id).
+func (o Options) WithDefaults() Options {
 	if o.Names == (streams.Names{}) {
 		o.Names = streams.DefaultNames()
 	}
@@ -284,7 +288,9 @@ func (o *Options) setDefaults() {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	o.Penalties.setDefaults()
+	o.Penalties = o.Penalties.WithDefaults()
+	o.Provision = o.Provision.WithDefaults()
+	return o
 }
 
 // sanitizeName turns s into a valid messages name: characters outside
@@ -305,17 +311,18 @@ func sanitizeName(s string) string {
 	return string(b)
 }
 
-// ErrOptions is wrapped by New for invalid options.
+// ErrOptions is wrapped by every error of Validate and of New for invalid options.
 var ErrOptions = errors.New("optimizersvc: invalid options")
 
-func (o *Options) validate() error {
-	if o.Conn == nil {
-		return fmt.Errorf("%w: Conn is nil", ErrOptions)
-	}
+// Validate reports the first field of o (after defaults) that is not
+// usable, naming it and its value; the error wraps ErrOptions. It checks
+// configuration only: New also needs Conn.
+func (o Options) Validate() error {
+	o = o.WithDefaults()
 	if err := o.Names.Validate(); err != nil {
-		return fmt.Errorf("%w: %v", ErrOptions, err)
+		return fmt.Errorf("%w: Names: %v", ErrOptions, err)
 	}
-	if err := messages.CheckName("instance", o.Instance); err != nil {
+	if err := messages.CheckName("Instance", o.Instance); err != nil {
 		return fmt.Errorf("%w: %v", ErrOptions, err)
 	}
 	for _, c := range o.Clusters {
@@ -323,11 +330,13 @@ func (o *Options) validate() error {
 			return fmt.Errorf("%w: Clusters: %v", ErrOptions, err)
 		}
 	}
-	for c, row := range o.NetworkMs {
+	for _, c := range slices.Sorted(maps.Keys(o.NetworkMs)) { // sorted: the same field is named every time
+		row := o.NetworkMs[c]
 		if err := messages.CheckName("cluster", c); err != nil {
 			return fmt.Errorf("%w: NetworkMs: %v", ErrOptions, err)
 		}
-		for e, ms := range row {
+		for _, e := range slices.Sorted(maps.Keys(row)) {
+			ms := row[e]
 			if err := messages.CheckName("engine", e); err != nil {
 				return fmt.Errorf("%w: NetworkMs[%s]: %v", ErrOptions, c, err)
 			}
@@ -336,21 +345,22 @@ func (o *Options) validate() error {
 			}
 		}
 	}
-	// Penalty records must validate (messages.MaxPenaltySpan) to be written.
-	if o.Penalties.Max > messages.MaxPenaltySpan || o.Penalties.SlowStart > messages.MaxPenaltySpan {
-		return fmt.Errorf("%w: Penalties.Max %s and SlowStart %s, want at most %s each (messages.MaxPenaltySpan)",
-			ErrOptions, o.Penalties.Max, o.Penalties.SlowStart, messages.MaxPenaltySpan)
+	if err := o.Penalties.Validate(); err != nil {
+		return err
 	}
-	for field, v := range map[string]float64{"MinDemandRPS": o.MinDemandRPS, "PriorBaseMs": o.PriorBaseMs} {
-		if math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 {
-			return fmt.Errorf("%w: %s is %v, want a finite positive number", ErrOptions, field, v)
+	for _, f := range []struct {
+		field string
+		v     float64
+	}{{"MinDemandRPS", o.MinDemandRPS}, {"PriorBaseMs", o.PriorBaseMs}} {
+		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v <= 0 {
+			return fmt.Errorf("%w: %s is %v, want a finite positive number", ErrOptions, f.field, f.v)
 		}
 	}
 	if !(o.TargetUtilisation > 0 && o.TargetUtilisation <= 1) {
 		return fmt.Errorf("%w: TargetUtilisation is %v, want a share in (0, 1]", ErrOptions, o.TargetUtilisation)
 	}
-	for e, tu := range o.EngineTargetUtilisation {
-		if !(tu > 0 && tu <= 1) {
+	for _, e := range slices.Sorted(maps.Keys(o.EngineTargetUtilisation)) {
+		if tu := o.EngineTargetUtilisation[e]; !(tu > 0 && tu <= 1) {
 			return fmt.Errorf("%w: EngineTargetUtilisation[%s] is %v, want a share in (0, 1]", ErrOptions, e, tu)
 		}
 	}
@@ -362,6 +372,9 @@ func (o *Options) validate() error {
 	}
 	if o.LeaseTTL < 30*time.Millisecond {
 		return fmt.Errorf("%w: LeaseTTL %s is too short (want >= 30ms)", ErrOptions, o.LeaseTTL)
+	}
+	if err := o.Provision.Validate(); err != nil {
+		return fmt.Errorf("%w: Provision: %v", ErrOptions, err)
 	}
 	return nil
 }
@@ -428,9 +441,12 @@ type keyState struct {
 
 // New validates opts and returns a Service ready to Run.
 func New(opts Options) (*Service, error) {
-	opts.setDefaults()
-	if err := opts.validate(); err != nil {
+	opts = opts.WithDefaults()
+	if err := opts.Validate(); err != nil {
 		return nil, err
+	}
+	if opts.Conn == nil {
+		return nil, fmt.Errorf("%w: Conn is nil, want a NATS connection", ErrOptions)
 	}
 	js, err := jetstream.New(opts.Conn)
 	if err != nil {

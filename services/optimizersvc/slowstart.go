@@ -64,15 +64,15 @@ func (s *Service) slowStart(key string, st *messages.EngineState, eff float64, n
 	}
 	if r.low {
 		r.low = false
-		if po.SlowStart > 0 {
+		if po.slowStart() > 0 {
 			r.start = now
 			model, engine, _ := streams.CutKey(key)
 			s.log.Info().Str("model", model).Str("engine", engine).Float64("capacity_rps", eff).
-				Float64("from_multiplier", po.RecoveryFloor).Dur("slow_start", po.SlowStart).
+				Float64("from_multiplier", po.RecoveryFloor).Dur("slow_start", po.slowStart()).
 				Msg("engine capacity back from about zero; slow start")
 		}
 	}
-	m := r.multiplier(now, po.RecoveryFloor, po.SlowStart)
+	m := r.multiplier(now, po.RecoveryFloor, po.slowStart())
 	if !r.start.IsZero() {
 		model, engine, _ := streams.CutKey(key)
 		if m >= 1 {

@@ -19,7 +19,7 @@ import (
 func newRampService() (*Service, *messages.EngineState) {
 	reg := prometheus.NewRegistry()
 	opts := Options{Penalties: PenaltyOptions{SlowStart: 10 * time.Second}, Logger: zerolog.Nop(), Registerer: reg}
-	opts.setDefaults()
+	opts = opts.WithDefaults()
 	s := &Service{opts: opts, log: opts.Logger, metrics: newMetrics(reg), engines: map[string]*messages.EngineState{},
 		demand: map[string]*messages.DemandState{}, rtt: map[string]float64{}, fits: map[string]*optimizer.BaseFit{},
 		pens: map[string]*penalty{}, ramps: map[string]*ramp{}, operators: map[string]*messages.Operator{}}
@@ -230,20 +230,41 @@ func TestTargetUtilisation(t *testing.T) {
 		t.Errorf("engine with its own target 0.6: snapshot utilisation %v, want %v (of the common target 0.9)", got, want)
 	}
 	bad := Options{Conn: &nats.Conn{}, EngineTargetUtilisation: map[string]float64{"e1": 1.5}}
-	bad.setDefaults()
-	if err := bad.validate(); err == nil || !strings.Contains(err.Error(), "EngineTargetUtilisation[e1]") {
+	bad = bad.WithDefaults()
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "EngineTargetUtilisation[e1]") {
 		t.Errorf("EngineTargetUtilisation 1.5: validate said %v", err)
 	}
 	for _, tu := range []float64{-0.1, 1.5, math.NaN()} {
 		o := Options{Conn: &nats.Conn{}, TargetUtilisation: tu}
-		o.setDefaults()
-		if err := o.validate(); err == nil || !strings.Contains(err.Error(), "TargetUtilisation") {
+		o = o.WithDefaults()
+		if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "TargetUtilisation") {
 			t.Errorf("TargetUtilisation %v: validate said %v", tu, err)
 		}
 	}
 	o := Options{Conn: &nats.Conn{}}
-	o.setDefaults()
-	if err := o.validate(); err != nil || o.TargetUtilisation != 1 {
+	o = o.WithDefaults()
+	if err := o.Validate(); err != nil || o.TargetUtilisation != 1 {
 		t.Errorf("default TargetUtilisation %v (validate: %v), want 1", o.TargetUtilisation, err)
+	}
+}
+
+// TestNoSlowStart: with Penalties.NoSlowStart an engine back from about
+// zero capacity gets its full health at once, and no slow-start gauge.
+func TestNoSlowStart(t *testing.T) {
+	s, st := newRampService()
+	s.opts.Penalties.NoSlowStart = true
+	if h := health(t, s); h != 1 {
+		t.Fatalf("engine first seen healthy: health %v, want 1", h)
+	}
+	st.Health = 0
+	if h := health(t, s); h != -1 {
+		t.Fatalf("health 0: engine in the problem with health %v", h)
+	}
+	st.Health = 1
+	if h := health(t, s); h != 1 {
+		t.Errorf("back without slow start: health %v, want 1", h)
+	}
+	if n := slowStartGauges(t, s); n != 0 {
+		t.Errorf("%d slow-start gauges, want 0", n)
 	}
 }

@@ -15,6 +15,11 @@ import (
 
 // Options configures an embedded NATS server, with JetStream unless
 // NoJetStream is set.
+//
+// The ports follow nats-server's own convention (server.RANDOM_PORT is -1),
+// which the tests and `switchyard up` rely on to run servers side by side:
+// a positive port listens there, -1 picks a free port, and 0 means no
+// listener, except for Port, where 0 means in-process connections only.
 type Options struct {
 	// DataDir holds the JetStream file store. Required unless NoJetStream.
 	DataDir string
@@ -22,10 +27,10 @@ type Options struct {
 	// node (LeafRemotes) such a server passes JetStream requests, KV
 	// buckets included, on to the hub's JetStream.
 	NoJetStream bool
-	// Host is the client listen address. Empty means 127.0.0.1.
+	// Host is the client listen address. Empty means DefaultHost.
 	Host string
 	// Port is the client port: 0 means no client listener at all (in-process
-	// connections only), -1 a random free port.
+	// connections only), -1 (RandomPort) a random free port.
 	Port int
 	// ServerName names the server; required in a cluster.
 	ServerName string
@@ -50,8 +55,68 @@ type Options struct {
 	// Logger, when set, receives the server's log at debug level (warnings and
 	// errors at their own levels).
 	Logger *zerolog.Logger
-	// StartTimeout bounds the wait for the server to accept connections. Zero means 10 s.
+	// StartTimeout bounds the wait for the server to accept connections.
+	// Zero means DefaultStartTimeout.
 	StartTimeout time.Duration
+}
+
+// Defaults of zero Options fields.
+const (
+	// DefaultHost keeps an embedded server on loopback unless asked otherwise.
+	DefaultHost = "127.0.0.1"
+	// DefaultStartTimeout bounds the wait for a new server: recovering a
+	// JetStream store of a few hundred MB takes seconds.
+	DefaultStartTimeout = 10 * time.Second
+	// RandomPort, as a port, picks a free one (server.RANDOM_PORT).
+	RandomPort = server.RANDOM_PORT
+)
+
+// ErrOptions is wrapped by every error of Validate.
+var ErrOptions = errors.New("natsembed: invalid options")
+
+// WithDefaults returns a copy of o with every zero field that has a default set to it.
+func (o Options) WithDefaults() Options {
+	if o.Host == "" {
+		o.Host = DefaultHost
+	}
+	if o.StartTimeout == 0 {
+		o.StartTimeout = DefaultStartTimeout
+	}
+	return o
+}
+
+// Validate reports the first field of o (after defaults) that is not
+// usable, naming it and its value; the error wraps ErrOptions.
+func (o Options) Validate() error {
+	o = o.WithDefaults()
+	if !o.NoJetStream && o.DataDir == "" {
+		return fmt.Errorf("%w: DataDir is empty, want the JetStream store's directory (or NoJetStream)", ErrOptions)
+	}
+	for _, p := range []struct {
+		field string
+		v     int
+	}{{"Port", o.Port}, {"ClusterPort", o.ClusterPort}, {"LeafPort", o.LeafPort}, {"HTTPPort", o.HTTPPort}} {
+		if p.v < RandomPort || p.v > 65535 {
+			return fmt.Errorf("%w: %s is %d, want 1 to 65535, %d (a free port) or 0 (off)", ErrOptions, p.field, p.v, RandomPort)
+		}
+	}
+	if o.ClusterName != "" && o.ServerName == "" {
+		return fmt.Errorf("%w: ServerName is empty, want a name for a node of cluster %q", ErrOptions, o.ClusterName)
+	}
+	for i, r := range o.Routes {
+		if u, err := url.Parse(r); err != nil || u.Host == "" {
+			return fmt.Errorf("%w: Routes[%d] %q is not a URL like nats-route://host:6222", ErrOptions, i, r)
+		}
+	}
+	for i, r := range o.LeafRemotes {
+		if u, err := url.Parse(r); err != nil || u.Host == "" {
+			return fmt.Errorf("%w: LeafRemotes[%d] %q is not a URL like nats-leaf://host:7422", ErrOptions, i, r)
+		}
+	}
+	if o.StartTimeout < 0 {
+		return fmt.Errorf("%w: StartTimeout is %s, want > 0", ErrOptions, o.StartTimeout)
+	}
+	return nil
 }
 
 // ErrPortInUse is returned by Start when the client or cluster port is taken.
@@ -65,18 +130,16 @@ type Server struct {
 // Start starts an embedded NATS server (with JetStream unless
 // opts.NoJetStream) and waits until it accepts connections.
 func Start(opts Options) (*Server, error) {
+	opts = opts.WithDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
 	if !opts.NoJetStream {
-		if opts.DataDir == "" {
-			return nil, errors.New("natsembed: embedded server needs a data directory")
-		}
 		if err := os.MkdirAll(opts.DataDir, 0o755); err != nil {
 			return nil, fmt.Errorf("natsembed: create data directory %s: %w", opts.DataDir, err)
 		}
 	}
 	host := opts.Host
-	if host == "" {
-		host = "127.0.0.1"
-	}
 	so := &server.Options{
 		ServerName: opts.ServerName,
 		Host:       host,
@@ -158,9 +221,6 @@ func Start(opts Options) (*Server, error) {
 	}
 	srv.Start()
 	timeout := opts.StartTimeout
-	if timeout == 0 {
-		timeout = 10 * time.Second
-	}
 	if !srv.ReadyForConnections(timeout) {
 		srv.Shutdown()
 		return nil, fmt.Errorf("natsembed: embedded NATS server (data dir %s) not ready within %s", opts.DataDir, timeout)
