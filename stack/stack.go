@@ -162,7 +162,7 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 				addr = opts.RouterAddr
 			}
 			ro := router.ServiceOptions{Conn: s.conn, Cluster: c.Name, Router: c.Name + "-1", HTTPAddr: addr,
-				Logger: log.With().Str("cluster", c.Name).Logger()}
+				Logger: log} // the router adds component, cluster and router to its lines
 			if opts.EmulateNetwork {
 				ro.NetworkDelay = f.DelayFrom(c.Name)
 			}

@@ -102,7 +102,7 @@ func optimizerCommand() command {
 					return err
 				}
 				defer stopDash()
-				stopMetrics, err := serveHTTP(*metricsAddr, reg, dash, log)
+				stopMetrics, err := serveHTTP(*metricsAddr, reg, reg, dash, log)
 				if err != nil {
 					return err
 				}

@@ -12,6 +12,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/switchyard-dev/switchyard/dashboard"
 	"github.com/switchyard-dev/switchyard/services/loadgen"
 	"github.com/switchyard-dev/switchyard/stack"
@@ -63,7 +65,7 @@ func upCommand() command {
 					return err
 				}
 				defer stopDash()
-				stopMetrics, err := serveHTTP(*metricsAddr, reg, dash, log)
+				stopMetrics, err := serveHTTP(*metricsAddr, prometheus.Gatherers{reg, s.Gatherer()}, reg, dash, log)
 				if err != nil {
 					return err
 				}

@@ -210,3 +210,7 @@ func idleLatencyMs(o Options, factor float64) float64 {
 	ms := float64(o.PromptTokens)*o.PrefillMsPerToken + float64(o.OutputTokens-1)*o.tbtMs(1)
 	return ms * o.TimeScale / factor
 }
+
+// Registry returns the registry of the engine's metrics, served on its
+// /metrics (and its admin listener's).
+func (e *Engine) Registry() *prometheus.Registry { return e.metrics.reg }
