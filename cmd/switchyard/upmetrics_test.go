@@ -45,16 +45,7 @@ func TestUpServesEveryComponentsMetrics(t *testing.T) {
 		return len(routers) == 3
 	})
 	for _, r := range routers {
-		testenv.WaitFor(t, 20*time.Second, "a chat request through router "+r[1]+" answers 200", func() bool {
-			resp, err := http.Post(r[2]+"/v1/chat/completions", "application/json",
-				strings.NewReader(`{"model":"llama","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`))
-			if err != nil {
-				return false
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			return resp.StatusCode == http.StatusOK
-		})
+		testenv.WaitFor(t, 20*time.Second, "a chat request through router "+r[1]+" answers 200", func() bool { return testenv.ChatStatus(r[2], "llama") == http.StatusOK })
 	}
 	resp, err := http.Get("http://" + metricsAddr + "/metrics")
 	if err != nil {
