@@ -17,7 +17,8 @@ import (
 // TestUpServesEveryComponentsMetrics runs `switchyard up`, sends a request
 // through each router, and scrapes up's one /metrics: it must hold the
 // routers' request histograms labelled by cluster, the aggregator's, the
-// optimizer's, the engines' and the Go runtime's series.
+// optimizer's, the engines' and the Go runtime's series. Then Ctrl-C must
+// stop it without a warning.
 func TestUpServesEveryComponentsMetrics(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
@@ -30,7 +31,11 @@ func TestUpServesEveryComponentsMetrics(t *testing.T) {
 	defer func() {
 		cancel()
 		select {
-		case <-done:
+		case code := <-done:
+			// Logging at warn, a clean Ctrl-C prints nothing after "stopping...".
+			if _, after, _ := strings.Cut(stderr.String(), "stopping...\n"); code != 0 || after != "" {
+				t.Errorf("up exited %d; logged at warn or above while stopping:\n%s", code, after)
+			}
 		case <-time.After(15 * time.Second):
 			t.Error("up did not stop within 15s")
 		}
