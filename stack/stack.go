@@ -105,6 +105,11 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	if err := streams.Provision(ctx, js, streams.DefaultNames(), streams.ProvisionOptions{}); err != nil {
 		return nil, err
 	}
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(natsCollector{s}); err != nil {
+			return nil, fmt.Errorf("stack: register the NATS server's metrics: %w", err)
+		}
+	}
 
 	ao := opts.Aggregator
 	ao.Conn, ao.Logger, ao.Registerer = s.conn, log, opts.Registerer
@@ -220,6 +225,9 @@ func (s *Stack) Close() {
 	}
 	if s.conn != nil {
 		s.conn.Close()
+	}
+	if s.opts.Registerer != nil {
+		s.opts.Registerer.Unregister(natsCollector{s})
 	}
 	s.nats.Shutdown()
 }

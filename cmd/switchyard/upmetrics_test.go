@@ -17,8 +17,8 @@ import (
 // TestUpServesEveryComponentsMetrics runs `switchyard up`, sends a request
 // through each router, and scrapes up's one /metrics: it must hold the
 // routers' request histograms labelled by cluster, the aggregator's, the
-// optimizer's, the engines' and the Go runtime's series. Then Ctrl-C must
-// stop it without a warning.
+// optimizer's, the engines', the embedded NATS server's and the Go
+// runtime's series. Then Ctrl-C must stop it without a warning.
 func TestUpServesEveryComponentsMetrics(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	metricsAddr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
@@ -71,6 +71,8 @@ func TestUpServesEveryComponentsMetrics(t *testing.T) {
 		{"the aggregator", `switchyard_aggregator_signals_total`},
 		{"the optimizer", `switchyard_optimizer_generations_written_total`},
 		{"an engine", `switchyard_enginesim_capacity_rps{engine="engine-a",model="llama"}`},
+		{"the embedded NATS server", `switchyard_nats_in_messages_total`},
+		{"its JetStream store", `switchyard_nats_jetstream_storage_bytes`},
 		{"the Go runtime", `go_goroutines`},
 	}
 	for _, c := range cases {
