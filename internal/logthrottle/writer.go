@@ -11,11 +11,13 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// DefaultKeyFields are the fields that name a log line's source for a
+// DefaultKeyFields returns the fields that name a log line's source for a
 // Writer: a line repeats another when these agree. Free text (errors,
 // request ids, keys) is left out, so one failing engine's per-request lines
 // are one source.
-var DefaultKeyFields = []string{zerolog.LevelFieldName, "component", "cluster", "router", "engine", "model", zerolog.MessageFieldName}
+func DefaultKeyFields() []string {
+	return []string{zerolog.LevelFieldName, "component", "cluster", "router", "engine", "model", zerolog.MessageFieldName}
+}
 
 // SuppressedField is the field of a summary line holding how many lines
 // like it were not written in the interval it covers.
@@ -39,7 +41,7 @@ type WriterOptions struct {
 	// MinLevel is the lowest level throttled; debug and trace lines always
 	// pass, since they are asked for on purpose (default zerolog.InfoLevel).
 	MinLevel zerolog.Level
-	// KeyFields name a line's source (default DefaultKeyFields).
+	// KeyFields name a line's source (default DefaultKeyFields()).
 	KeyFields []string
 	// Now is the clock (default time.Now).
 	Now func() time.Time
@@ -80,7 +82,7 @@ func NewWriter(out io.Writer, opts WriterOptions) *Writer {
 		opts.Throttle.MaxLines = DefaultWriterMaxLines
 	}
 	if opts.KeyFields == nil {
-		opts.KeyFields = DefaultKeyFields
+		opts.KeyFields = DefaultKeyFields()
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
