@@ -593,6 +593,13 @@ func (r *Reporter) Publish(ctx context.Context) {
 		}
 		id := fmt.Sprintf("%s-%s-%d", rep.Router, rep.Model, rep.Seq)
 		if _, err := r.js.Publish(pctx, subject, data, jetstream.WithMsgID(id)); err != nil {
+			if ctx.Err() != nil {
+				// The router is stopping: the interval's reports have no reader
+				// to miss them, so this is no fault to warn of.
+				r.failed.Add(float64(len(reps) - i))
+				r.log.Info().Int("reports", len(reps)-i).Msg("router reports not published: stopping")
+				return
+			}
 			r.fail(len(reps)-i, fmt.Errorf("publish report on %s: %w", subject, err))
 			return
 		}

@@ -232,6 +232,11 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	if err := streams.Provision(ctx, js, streams.DefaultNames(), plan.Provision); err != nil {
 		return nil, err
 	}
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(natsCollector{s}); err != nil {
+			return nil, fmt.Errorf("stack: register the NATS server's metrics: %w", err)
+		}
+	}
 
 	ao := plan.Aggregator
 	ao.Conn, ao.Logger, ao.Registerer = s.conn, log, opts.Registerer
@@ -263,7 +268,7 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		s.engines = append(s.engines, eng)
 	}
 	for _, ro := range plan.Routers {
-		ro.Conn, ro.Logger = s.conn, log.With().Str("cluster", ro.Cluster).Logger()
+		ro.Conn, ro.Logger = s.conn, log // the router adds component, cluster and router to its lines
 		rs, err := router.NewService(ro)
 		if err != nil {
 			return nil, fmt.Errorf("stack: router of cluster %s: %w", ro.Cluster, err)
@@ -316,6 +321,9 @@ func (s *Stack) Close() {
 	}
 	if s.conn != nil {
 		s.conn.Close()
+	}
+	if s.opts.Registerer != nil {
+		s.opts.Registerer.Unregister(natsCollector{s})
 	}
 	s.nats.Shutdown()
 }

@@ -107,7 +107,12 @@ func Connect(ctx context.Context, opts ConnectOptions) (*nats.Conn, error) {
 		nats.ReconnectJitter(50*time.Millisecond, 250*time.Millisecond),
 		nats.ReconnectBufSize(8 << 20),
 		nats.PingInterval(5 * time.Second),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+		nats.DisconnectErrHandler(func(c *nats.Conn, err error) {
+			if err == nil && c.IsClosed() {
+				// This process closed the connection (a clean stop): nothing lost.
+				log.Info().Msg("nats connection closed")
+				return
+			}
 			log.Warn().Err(err).Msg("nats disconnected")
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {

@@ -81,12 +81,13 @@ func newRegistry() *prometheus.Registry {
 
 // serveMetrics serves /metrics for reg on addr until the returned function is called.
 func serveMetrics(addr string, reg *prometheus.Registry, log zerolog.Logger) (func(), error) {
-	return serveHTTP(addr, reg, nil, log)
+	return serveHTTP(addr, reg, reg, nil, log)
 }
 
-// serveHTTP serves /metrics for reg, and root (when not nil) at /, on addr
-// until the returned function is called.
-func serveHTTP(addr string, reg *prometheus.Registry, root http.Handler, log zerolog.Logger) (func(), error) {
+// serveHTTP serves /metrics for g, and root (when not nil) at /, on addr
+// until the returned function is called; reg receives the handler's own
+// metrics (promhttp_*).
+func serveHTTP(addr string, g prometheus.Gatherer, reg prometheus.Registerer, root http.Handler, log zerolog.Logger) (func(), error) {
 	if addr == "" {
 		return func() {}, nil
 	}
@@ -95,7 +96,7 @@ func serveHTTP(addr string, reg *prometheus.Registry, root http.Handler, log zer
 		return nil, err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{Registry: reg}))
 	if root != nil {
 		mux.Handle("/", root)
 	}

@@ -11,7 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/internal/logthrottle"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -31,6 +33,8 @@ type env struct {
 	printOnly bool
 	// flags are the command's parsed flags.
 	flags *flag.FlagSet
+	// atExit runs, last added first, when the command returns.
+	atExit []func()
 }
 
 // printConfig writes the command's effective configuration to stdout: the
@@ -138,7 +142,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			fmt.Fprintf(stderr, "switchyard %s: %v\n", c.name, err)
 			return exitUsage
 		}
-		if err := runFn(ctx, fs.Args()); err != nil {
+		err := runFn(ctx, fs.Args())
+		for i := len(e.atExit) - 1; i >= 0; i-- {
+			e.atExit[i]()
+		}
+		if err != nil {
 			fmt.Fprintf(stderr, "switchyard %s: %v\n", c.name, err)
 			var ue usageError
 			if errors.As(err, &ue) {
@@ -223,26 +231,61 @@ func applyEnvAndConfig(fs *flag.FlagSet, configFile string) error {
 	return err
 }
 
-// logFlags adds --log-level and --log-format and returns a function building the logger.
+// Log formats of --log-format.
+const (
+	logAuto    = "auto"
+	logConsole = "console"
+	logJSON    = "json"
+)
+
+// logFlags adds --log-level and --log-format and returns a function building
+// the logger. Lines at info and above are aggregated per source
+// (logthrottle.Writer), so a warning repeated per request becomes a line and
+// a count every 10 s; the summaries still pending are written when the
+// command returns.
 func logFlags(fs *flag.FlagSet, e *env) func() (zerolog.Logger, error) {
 	level := fs.String("log-level", "info", "log level: trace, debug, info, warn, error")
-	format := fs.String("log-format", "console", "log format: console (for people) or json")
+	format := fs.String("log-format", logAuto, "log format: auto (console on a terminal, else json), console (for people) or json")
 	return func() (zerolog.Logger, error) {
 		lvl, err := zerolog.ParseLevel(*level)
 		if err != nil {
 			return zerolog.Nop(), usagef("--log-level %q: %v", *level, err)
 		}
-		var w io.Writer
-		switch *format {
-		case "json":
-			w = e.stderr
-		case "console":
-			w = zerolog.ConsoleWriter{Out: e.stderr, TimeFormat: time.TimeOnly}
-		default:
-			return zerolog.Nop(), usagef("--log-format %q: want console or json", *format)
+		terminal := isTerminal(e.stderr)
+		f, err := resolveLogFormat(*format, terminal)
+		if err != nil {
+			return zerolog.Nop(), err
 		}
-		return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), nil
+		var w io.Writer = e.stderr
+		if f == logConsole {
+			// Colour only on a terminal: escape codes in a file or `docker logs` are noise.
+			w = zerolog.ConsoleWriter{Out: e.stderr, TimeFormat: time.TimeOnly, NoColor: !terminal || os.Getenv("NO_COLOR") != ""}
+		}
+		tw := logthrottle.NewWriter(w, logthrottle.WriterOptions{})
+		e.atExit = append(e.atExit, func() { _ = tw.Close() })
+		return zerolog.New(tw).Level(lvl).With().Timestamp().Logger(), nil
 	}
+}
+
+// resolveLogFormat returns the format --log-format names: auto is console
+// on a terminal and JSON otherwise (a log file, a pipe, `docker logs`).
+func resolveLogFormat(format string, terminal bool) (string, error) {
+	switch format {
+	case logAuto:
+		if terminal {
+			return logConsole, nil
+		}
+		return logJSON, nil
+	case logConsole, logJSON:
+		return format, nil
+	}
+	return "", usagef("--log-format %q: want auto, console or json", format)
+}
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
 }
 
 // natsFlags adds the NATS connection flags shared by the services.

@@ -114,7 +114,7 @@ func optimizerCommand() command {
 					return err
 				}
 				defer stopDash()
-				stopMetrics, err := serveHTTP(*metricsAddr, reg, dashHandler, log)
+				stopMetrics, err := serveHTTP(*metricsAddr, reg, reg, dashHandler, log)
 				if err != nil {
 					return err
 				}

@@ -12,6 +12,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/switchyard-dev/switchyard/dashboard"
 	"github.com/switchyard-dev/switchyard/services/loadgen"
 	"github.com/switchyard-dev/switchyard/stack"
@@ -75,7 +77,7 @@ func upCommand() command {
 					return err
 				}
 				defer stopDash()
-				stopMetrics, err := serveHTTP(*metricsAddr, reg, dashHandler, log)
+				stopMetrics, err := serveHTTP(*metricsAddr, prometheus.Gatherers{reg, s.Gatherer()}, reg, dashHandler, log)
 				if err != nil {
 					return err
 				}

@@ -205,3 +205,7 @@ func newMetrics(e *Engine) *metrics {
 func idleLatencyMs(o Options, factor float64) float64 {
 	return o.cost().IdleMs(o.PromptTokens, o.OutputTokens) * o.TimeScale / factor
 }
+
+// Registry returns the registry of the engine's metrics, served on its
+// /metrics (and its admin listener's).
+func (e *Engine) Registry() *prometheus.Registry { return e.metrics.reg }
