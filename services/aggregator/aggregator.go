@@ -893,6 +893,11 @@ func (a *Aggregator) flush(ctx context.Context) error {
 			e.state.Status = status
 			e.dirty = true
 		}
+		// The outcome windows are in wall time: they empty while no report
+		// names the engine.
+		if e.state.Outcomes != nil && e.outcomes.tick(e.state.Outcomes, now, a.smooth) {
+			e.dirty = true
+		}
 		if !e.dirty {
 			continue
 		}
