@@ -39,7 +39,7 @@ func TestLiveStackScreenshot(t *testing.T) {
 	if err != nil || dur < 10*time.Second {
 		t.Fatalf("%s=%q: want a duration of at least 10s", envLive, live)
 	}
-	bin := chromium(t)
+	bin := testenv.Chromium(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	// The case study at half scale (demand and capacity), so that a small
@@ -107,7 +107,7 @@ func TestLiveStackScreenshot(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	runChromium(t, bin, srv.URL+"/", 2500, "--screenshot="+shot, "--window-size=1280,900")
+	testenv.RunChromium(t, bin, srv.URL+"/", 2500, "--screenshot="+shot, "--window-size=1280,900")
 	checkPNG(t, shot)
 	t.Logf("screenshot saved to %s", shot)
 }
