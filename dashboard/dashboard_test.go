@@ -64,7 +64,7 @@ func (f *fixture) engine(name, status string, capacity, health, load float64) {
 	now := time.Now().UnixMilli()
 	f.put(f.engines, model+"."+name, &messages.EngineState{Model: model, Engine: name, Region: "r-" + name[len(name)-1:],
 		Status: status, Time: now, LastSignal: now - 200, CapacityRPS: capacity, Health: health, Replicas: 1,
-		LoadRPS: messages.Window{Fast: load, Slow: load}, Queue: messages.Window{Fast: 2}, Running: messages.Window{Fast: 30},
+		LoadRPS: messages.Window{Fast: load, Slow: load}, Queue: messages.Window{Fast: 2}, Running: messages.Window{Fast: 30}, InFlight: 32,
 		TTFTMs: messages.Window{Fast: 120}, TBTMs: messages.Window{Fast: 18}, KVUse: messages.Window{Fast: 0.4}})
 }
 

@@ -60,7 +60,7 @@ func TestEngineListStates(t *testing.T) {
 	now := time.Now().UnixMilli()
 	state := func(engine string, health, load, errRate float64) *messages.EngineState {
 		st := &messages.EngineState{Model: "llama", Engine: engine, Status: messages.StatusUp, Time: now, LastSignal: now,
-			CapacityRPS: 100, Replicas: 1, Health: health, Signals: 5, LoadRPS: messages.Window{Fast: load, Slow: load}}
+			CapacityRPS: 100, Replicas: 1, Health: health, Signals: 5, LoadRPS: messages.Window{Fast: load, Slow: load}, InFlight: int64(load / 2)}
 		if errRate >= 0 {
 			st.Outcomes = &messages.EngineOutcomes{LastReport: now, Reports: 3, ErrorRate: messages.Window{Fast: errRate, Slow: errRate}}
 		}
@@ -104,7 +104,7 @@ func TestEngineListStates(t *testing.T) {
 		{"engine-c", "drained", "operator drain"},
 		{"engine-d", "degraded", "errors 25% of attempts"},
 		{"engine-e", "penalised", "×0.25 until"},
-		{"engine-f", "draining", "30.0 req/s"},
+		{"engine-f", "draining", "15 requests in flight"},
 	} {
 		f := strings.Fields(rows[c.engine])
 		if len(f) < 3 || f[2] != c.state || !strings.Contains(rows[c.engine], c.figure) {

@@ -27,9 +27,11 @@ const (
 	// Stale: the engine has been silent for the aggregator's stale-after;
 	// the optimizer plans with a fraction of its capacity.
 	Stale State = "stale"
-	// Drained: an operator drained or cordoned it and nothing runs on it.
+	// Drained: an operator drained or cordoned it and its newest signal
+	// has no request queued or running.
 	Drained State = "drained"
-	// Draining: an operator drained or cordoned it and requests still run.
+	// Draining: an operator drained or cordoned it and requests still run
+	// or wait on it.
 	Draining State = "draining"
 	// Ejected: no traffic is planned for it although it signals — it
 	// reports health 0, or a penalty or an operator's health pin is 0.
@@ -52,10 +54,6 @@ var All = []State{Unknown, Down, Stale, Drained, Draining, Ejected, Penalised, D
 // penalising an outlier (optimizersvc PenaltyOptions.ErrorRateFloor), so
 // that an engine shows degraded at the rate that can cost it traffic.
 const DegradedErrorRate = 0.05
-
-// idleLoad is the load (req/s, and requests queued plus running) below
-// which a drained engine counts as empty: less than one request in flight.
-const idleLoad = 0.5
 
 // Input is what the control plane holds about one engine of one model.
 // Only State is required for anything but Unknown; Penalty and Operator
@@ -116,11 +114,10 @@ func Of(in Input) Verdict {
 	if op != nil && (op.Action == messages.ActionDrain || op.Action == messages.ActionCordon) {
 		v.Reason = operatorReason(op)
 		v.Multiplier = 0
-		inFlight := st.Queue.Fast + st.Running.Fast
-		if st.LoadRPS.Fast < idleLoad && inFlight < idleLoad {
+		if st.InFlight == 0 {
 			v.State, v.Detail = Drained, v.Reason
 		} else {
-			v.State, v.Detail = Draining, fmt.Sprintf("%s; %.1f req/s, %.1f in flight", v.Reason, st.LoadRPS.Fast, inFlight)
+			v.State, v.Detail = Draining, fmt.Sprintf("%s; %d requests in flight", v.Reason, st.InFlight)
 		}
 		return v
 	}

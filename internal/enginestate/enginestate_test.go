@@ -13,7 +13,7 @@ func TestOf(t *testing.T) {
 	ms := now.UnixMilli()
 	state := func(mod func(*messages.EngineState)) *messages.EngineState {
 		st := &messages.EngineState{Model: "llama", Engine: "engine-b", Status: messages.StatusUp, Signals: 10,
-			LastSignal: ms - 100, Health: 1, CapacityRPS: 100, LoadRPS: messages.Window{Fast: 80}, Running: messages.Window{Fast: 20}}
+			LastSignal: ms - 100, Health: 1, CapacityRPS: 100, LoadRPS: messages.Window{Fast: 80}, Running: messages.Window{Fast: 20}, InFlight: 20}
 		if mod != nil {
 			mod(st)
 		}
@@ -25,7 +25,7 @@ func TestOf(t *testing.T) {
 		}
 	}
 	idle := func(st *messages.EngineState) {
-		st.LoadRPS, st.Running, st.Queue = messages.Window{}, messages.Window{}, messages.Window{}
+		st.InFlight = 0 // the windows still smooth the last requests
 	}
 	drain := &messages.Operator{Engine: "engine-b", Action: messages.ActionDrain, By: "ops@host", Reason: "upgrade", Time: ms}
 	pen := &messages.Penalty{Model: "llama", Engine: "engine-b", Phase: messages.PhasePenalised, Multiplier: 0.25,
@@ -55,7 +55,7 @@ func TestOf(t *testing.T) {
 		{"ejected: reports health 0", Input{State: state(func(st *messages.EngineState) { st.Health = 0; errs(1)(st) })}, Ejected, "errors 100%", 1},
 		{"stale", Input{State: state(func(st *messages.EngineState) { st.Status = messages.StatusStale })}, Stale, "silent since", 1},
 		{"down beats a drain", Input{State: state(func(st *messages.EngineState) { st.Status = messages.StatusDown }), Operator: drain}, Down, "silent", 1},
-		{"draining", Input{State: state(nil), Operator: drain}, Draining, "operator drain by ops@host: upgrade; 80.0 req/s", 0},
+		{"draining", Input{State: state(nil), Operator: drain}, Draining, "operator drain by ops@host: upgrade; 20 requests in flight", 0},
 		{"drained", Input{State: state(idle), Operator: drain}, Drained, "operator drain", 0},
 		{"cordoned and empty", Input{State: state(idle), Operator: &messages.Operator{Engine: "engine-b", Action: messages.ActionCordon}}, Drained, "cordon", 0},
 		{"a drain of another model", Input{State: state(nil), Operator: &messages.Operator{Engine: "engine-b", Model: "other", Action: messages.ActionDrain}}, Up, "", 1},

@@ -651,6 +651,7 @@ func (a *Aggregator) foldSignal(sig *messages.EngineSignal, now time.Time) {
 	s.Update(&st.TBTMs, sig.TBTMs, dt, first)
 	s.Update(&st.Queue, float64(sig.Queue), dt, first)
 	s.Update(&st.Running, float64(sig.Running), dt, first)
+	st.InFlight = int64(sig.Queue) + int64(sig.Running)
 	s.Update(&st.KVUse, sig.KVUse, dt, first)
 	s.Update(&st.LoadRPS, sig.LoadRPS, dt, first)
 	s.Update(&st.OutputTokens, sig.OutputTokens, dt, first)
