@@ -26,7 +26,8 @@ import (
 // at its planned utilisation: a cluster shedding more than 5% of its
 // demand while an engine the snapshots plan capacity on runs more than 10
 // points below its planned utilisation, with batch slots free and nothing
-// queued, is capacity left idle.
+// queued, is capacity left idle. And the clusters shed in proportion to
+// their demand, within 10 points of each other.
 //
 // Its figures are real-time ones: skipped under -race, like the
 // reliability scenarios.
@@ -134,6 +135,18 @@ func TestDrainDrillShedsNothingWhileCapacityIdles(t *testing.T) {
 			testenv.MetricSum(t, reg, "switchyard_router_shed_total", map[string]string{"reason": "admission"})))
 	}
 	t.Logf("drain drill, %s after the drain: %s", settle+window, strings.Join(report, "; "))
+	// Shed in proportion to demand (every cluster reaches every engine,
+	// and all the demand is standard): the clusters' shed shares within 10
+	// points of each other, not one region's traffic shed for the others.
+	lo, hi := 1.0, 0.0
+	for _, c := range f.Clusters {
+		if sh := shed[c.Name]; sh != nil && sh.b > 0 {
+			lo, hi = min(lo, sh.a/sh.b), max(hi, sh.a/sh.b)
+		}
+	}
+	if hi > 0.05 && hi-lo > 0.1 {
+		t.Errorf("clusters shed from %.1f%% to %.1f%% of their demand: want them within 10 points (in proportion to demand)", 100*lo, 100*hi)
+	}
 	for _, c := range f.Clusters {
 		sh := shed[c.Name]
 		if sh == nil || sh.b == 0 || sh.a/sh.b <= 0.05 {
