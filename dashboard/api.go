@@ -5,8 +5,10 @@ import (
 	"slices"
 	"time"
 
+	"github.com/switchyard-dev/switchyard/internal/enginestate"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/optimizer"
+	"github.com/switchyard-dev/switchyard/streams"
 )
 
 // State is the body of GET /api/state.
@@ -69,15 +71,17 @@ type SnapshotView struct {
 }
 
 // EngineView is one engine's state, as the aggregator stored it in
-// sy_engines, with the fast (about one second) EWMA of each signal.
-//
-// EngineState carries no penalty field, so none is reported; the page shows
-// a "penalty" when the JSON carries one, should a later schema add it.
+// sy_engines, with the fast (about one second) EWMA of each signal, and
+// the state operators are shown (enginestate.Of over the engine state and
+// its penalty and operator records).
 type EngineView struct {
 	// Engine and Region name the engine.
 	Engine string `json:"engine"`
 	Region string `json:"region,omitempty"`
-	// Status is "up", "stale" or "down".
+	// Verdict is the engine's state (state, detail, error and timeout
+	// rates, multiplier, until_ms, reason), the one shown everywhere.
+	enginestate.Verdict
+	// Status is the aggregator's liveness: "up", "stale" or "down".
 	Status string `json:"status"`
 	// Health is the engine's reported health, 0..1.
 	Health float64 `json:"health"`
@@ -219,7 +223,8 @@ func (d *Dashboard) State() State {
 		a := get(e.Model)
 		a.engines[e.Engine] = true
 		eff := effectiveCapacity(e)
-		a.ms.EngineStates = append(a.ms.EngineStates, EngineView{Engine: e.Engine, Region: e.Region, Status: e.Status,
+		a.ms.EngineStates = append(a.ms.EngineStates, EngineView{Engine: e.Engine, Region: e.Region,
+			Verdict: d.verdictLocked(e, now), Status: e.Status,
 			Health: e.Health, CapacityRPS: e.CapacityRPS, EffectiveCapacityRPS: eff, LoadRPS: e.LoadRPS.Fast,
 			LoadSlowRPS: e.LoadRPS.Slow, Utilisation: ratio(e.LoadRPS.Fast, eff), Queue: e.Queue.Fast,
 			Running: e.Running.Fast, KVUse: e.KVUse.Fast, TTFTMs: e.TTFTMs.Fast, TBTMs: e.TBTMs.Fast,
@@ -261,6 +266,13 @@ func (d *Dashboard) State() State {
 		})
 	}
 	return st
+}
+
+// verdictLocked is the engine's state from e and its penalty and operator
+// records; d.mu is held.
+func (d *Dashboard) verdictLocked(e *messages.EngineState, now time.Time) enginestate.Verdict {
+	return enginestate.Of(enginestate.Input{State: e, Penalty: d.penalties[streams.JoinKey(e.Model, e.Engine)],
+		Operator: d.operators[e.Engine], Now: now})
 }
 
 type modelAcc struct {

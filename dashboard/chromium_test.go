@@ -1,7 +1,6 @@
 package dashboard_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"image/png"
@@ -9,10 +8,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -22,81 +19,9 @@ import (
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
-// Environment variables of the browser test.
-const (
-	// envScreenshot names the file the screenshot is saved to (default: in
-	// the test's temporary directory).
-	envScreenshot = "SWITCHYARD_DASHBOARD_SCREENSHOT"
-	// envRequireChromium, set to 1, fails the test instead of skipping it
-	// when chromium cannot be found or installed.
-	envRequireChromium = "SWITCHYARD_REQUIRE_CHROMIUM"
-)
-
-// chromium returns the path of a Chromium binary, running
-// testdata/install-chromium.sh when none is installed, or skips the test
-// when none can be had.
-func chromium(t *testing.T) string {
-	t.Helper()
-	find := func() string {
-		for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
-			if p, err := exec.LookPath(name); err == nil {
-				return p
-			}
-		}
-		return ""
-	}
-	if p := find(); p != "" {
-		return p
-	}
-	skip := func(format string, args ...any) {
-		t.Helper()
-		if os.Getenv(envRequireChromium) == "1" {
-			t.Fatalf(format, args...)
-		}
-		t.Skipf(format, args...)
-	}
-	if runtime.GOOS != "linux" {
-		skip("chromium not found, and testdata/install-chromium.sh installs it on Debian only; install chromium to run this test")
-	}
-	script, err := filepath.Abs(filepath.Join("testdata", "install-chromium.sh"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("chromium not found; running %s", script)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, "sh", script).CombinedOutput()
-	if err != nil {
-		skip("chromium not found and could not be installed (%v): %s\ninstall it with: apt-get install chromium", err, strings.TrimSpace(string(out)))
-	}
-	if p := find(); p != "" {
-		return p
-	}
-	skip("install-chromium.sh succeeded but chromium is still not on PATH")
-	return ""
-}
-
-// runChromium runs headless Chromium on url with extra flags and returns its
-// standard output. The page's timers run on virtual time, so that its polls
-// happen within budgetMs of virtual time without waiting for them.
-func runChromium(t *testing.T, bin, url string, budgetMs int, extra ...string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	args := append([]string{"--headless", "--disable-gpu", "--no-sandbox", "--no-first-run", "--no-default-browser-check",
-		"--disable-dev-shm-usage", "--disable-extensions", "--disable-background-networking", "--disable-sync",
-		"--hide-scrollbars", "--mute-audio", "--user-data-dir=" + t.TempDir(),
-		fmt.Sprintf("--virtual-time-budget=%d", budgetMs)}, extra...)
-	args = append(args, url)
-	cmd := exec.CommandContext(ctx, bin, args...)
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("%s %s: %v\n%s", bin, strings.Join(args, " "), err, stderr.String())
-	}
-	return string(out)
-}
+// envScreenshot names the file the browser test's screenshot is saved to
+// (default: in the test's temporary directory).
+const envScreenshot = "SWITCHYARD_DASHBOARD_SCREENSHOT"
 
 var (
 	reWeightCell = regexp.MustCompile(`<td[^>]*\bdata-weight="[^"]*"[^>]*>`)
@@ -116,7 +41,7 @@ func attrs(tag string) map[string]string {
 // Chromium load and poll it, and checks that the weights matrix on the page
 // shows exactly what sy_weights holds; it saves a screenshot.
 func TestPageInChromium(t *testing.T) {
-	bin := chromium(t)
+	bin := testenv.Chromium(t)
 	n := testenv.StartNATS(t)
 	f := newFixture(t, n)
 	f.caseStudy()
@@ -155,7 +80,7 @@ func TestPageInChromium(t *testing.T) {
 	resp.Body.Close()
 
 	start := time.Now()
-	dom := runChromium(t, bin, srv.URL+"/", 3000, "--dump-dom")
+	dom := testenv.RunChromium(t, bin, srv.URL+"/", 3000, "--dump-dom")
 	t.Logf("chromium --dump-dom took %s", time.Since(start).Round(time.Millisecond))
 
 	want := f.sySnapshots()
@@ -212,7 +137,7 @@ func TestPageInChromium(t *testing.T) {
 		}
 	}
 	start = time.Now()
-	runChromium(t, bin, srv.URL+"/", 3000, "--screenshot="+shot, "--window-size=1280,900")
+	testenv.RunChromium(t, bin, srv.URL+"/", 3000, "--screenshot="+shot, "--window-size=1280,900")
 	t.Logf("chromium --screenshot took %s", time.Since(start).Round(time.Millisecond))
 	checkPNG(t, shot)
 	t.Logf("screenshot saved to %s", shot)

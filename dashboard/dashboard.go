@@ -65,7 +65,7 @@ type Options struct {
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 	// Registerer, when set, receives the dashboard's metrics (values
-	// ignored, handler panics).
+	// ignored, handler panics, every engine's state).
 	Registerer prometheus.Registerer
 }
 
@@ -76,14 +76,18 @@ type Dashboard struct {
 	opts Options
 	log  zerolog.Logger
 
-	mu       sync.Mutex
-	weights  map[string]*messages.WeightSnapshot // by sy_weights key
-	engines  map[string]*messages.EngineState    // by sy_engines key
-	demand   map[string]*messages.DemandState    // by sy_demand key
-	watching map[string]bool                     // by bucket
-	ring     []Sample
-	next     int // index the next sample goes to
-	full     bool
+	mu      sync.Mutex
+	weights map[string]*messages.WeightSnapshot // by sy_weights key
+	engines map[string]*messages.EngineState    // by sy_engines key
+	// penalties and operators are the other records of sy_engines, by
+	// model.engine and by engine.
+	penalties map[string]*messages.Penalty
+	operators map[string]*messages.Operator
+	demand    map[string]*messages.DemandState // by sy_demand key
+	watching  map[string]bool                  // by bucket
+	ring      []Sample
+	next      int // index the next sample goes to
+	full      bool
 
 	poison *poison.Guard
 	bad    *prometheus.CounterVec
@@ -162,17 +166,25 @@ func New(opts Options) (*Dashboard, error) {
 			return nil, fmt.Errorf("dashboard: register metrics: %w", err)
 		}
 	}
-	return &Dashboard{
-		opts:     opts,
-		log:      log,
-		poison:   guard,
-		bad:      bad,
-		weights:  map[string]*messages.WeightSnapshot{},
-		engines:  map[string]*messages.EngineState{},
-		demand:   map[string]*messages.DemandState{},
-		watching: map[string]bool{},
-		ring:     make([]Sample, n),
-	}, nil
+	d := &Dashboard{
+		opts:      opts,
+		log:       log,
+		poison:    guard,
+		bad:       bad,
+		weights:   map[string]*messages.WeightSnapshot{},
+		engines:   map[string]*messages.EngineState{},
+		penalties: map[string]*messages.Penalty{},
+		operators: map[string]*messages.Operator{},
+		demand:    map[string]*messages.DemandState{},
+		watching:  map[string]bool{},
+		ring:      make([]Sample, n),
+	}
+	if opts.Registerer != nil {
+		if err := opts.Registerer.Register(newStateCollector(d)); err != nil {
+			return nil, fmt.Errorf("dashboard: register metrics: %w", err)
+		}
+	}
+	return d, nil
 }
 
 // Run watches the weights, engines and demand buckets and samples the
@@ -240,6 +252,8 @@ func (d *Dashboard) sweep(bucket string, seen map[string]bool) {
 		sweepMap(d.weights, seen)
 	case d.opts.Names.EnginesBucket:
 		sweepMap(d.engines, seen)
+		sweepRecords(d.penalties, seen, func(k string) string { return streams.PenaltyPrefix + k })
+		sweepRecords(d.operators, seen, func(k string) string { return streams.OperatorPrefix + k })
 	case d.opts.Names.DemandBucket:
 		sweepMap(d.demand, seen)
 	}
@@ -248,6 +262,34 @@ func (d *Dashboard) sweep(bucket string, seen map[string]bool) {
 func sweepMap[V any](m map[string]V, seen map[string]bool) {
 	for k := range m {
 		if !seen[k] {
+			delete(m, k)
+		}
+	}
+}
+
+// keep stores in m under key the message data holds, or deletes the key
+// when del. A value that fails to decode leaves m as it was.
+func keep[T any, P interface {
+	*T
+	messages.Message
+}](m map[string]P, key string, del bool, data []byte, now time.Time) error {
+	if del {
+		delete(m, key)
+		return nil
+	}
+	v := P(new(T))
+	if err := messages.DecodeIntoAt(data, v, now); err != nil {
+		return err
+	}
+	m[key] = v
+	return nil
+}
+
+// sweepRecords is sweepMap for maps not keyed by the bucket key: key
+// gives a map key's bucket key.
+func sweepRecords[V any](m map[string]V, seen map[string]bool, key func(string) string) {
+	for k := range m {
+		if !seen[key(k)] {
 			delete(m, k)
 		}
 	}
@@ -264,42 +306,30 @@ func (d *Dashboard) apply(bucket string, e jetstream.KeyValueEntry) {
 	var err error
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	data := e.Value()
 	switch bucket {
 	case d.opts.Names.WeightsBucket:
-		if del {
-			delete(d.weights, key)
-			return
-		}
-		var m messages.WeightSnapshot
-		if err = messages.DecodeIntoAt(e.Value(), &m, now); err == nil {
-			d.weights[key] = &m
-		}
+		err = keep(d.weights, key, del, data, now)
 	case d.opts.Names.EnginesBucket:
-		if del {
-			delete(d.engines, key)
-			return
-		}
 		// sy_engines also holds penalty and operator records, told apart by
-		// their kind; only engine states are shown as engines.
-		if _, kind, perr := messages.Peek(e.Value()); perr == nil && kind != messages.KindEngineState {
+		// their key prefix; they go into the engines' states.
+		if rest, ok := strings.CutPrefix(key, streams.PenaltyPrefix); ok {
+			err = keep(d.penalties, rest, del, data, now)
+			break
+		}
+		if rest, ok := strings.CutPrefix(key, streams.OperatorPrefix); ok {
+			err = keep(d.operators, rest, del, data, now)
+			break
+		}
+		if _, kind, perr := messages.Peek(data); !del && perr == nil && kind != messages.KindEngineState {
 			return
 		}
-		var m messages.EngineState
-		if err = messages.DecodeIntoAt(e.Value(), &m, now); err == nil {
-			d.engines[key] = &m
-		}
+		err = keep(d.engines, key, del, data, now)
 	case d.opts.Names.DemandBucket:
 		if strings.HasPrefix(key, streams.RTTPrefix) {
 			return
 		}
-		if del {
-			delete(d.demand, key)
-			return
-		}
-		var m messages.DemandState
-		if err = messages.DecodeIntoAt(e.Value(), &m, now); err == nil {
-			d.demand[key] = &m
-		}
+		err = keep(d.demand, key, del, data, now)
 	}
 	if err != nil {
 		// Keep the previous value of the key, if any, and say so at a

@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/switchyard-dev/switchyard/dashboard"
+	"github.com/switchyard-dev/switchyard/internal/enginestate"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
@@ -62,7 +64,7 @@ func (f *fixture) engine(name, status string, capacity, health, load float64) {
 	now := time.Now().UnixMilli()
 	f.put(f.engines, model+"."+name, &messages.EngineState{Model: model, Engine: name, Region: "r-" + name[len(name)-1:],
 		Status: status, Time: now, LastSignal: now - 200, CapacityRPS: capacity, Health: health, Replicas: 1,
-		LoadRPS: messages.Window{Fast: load, Slow: load}, Queue: messages.Window{Fast: 2}, Running: messages.Window{Fast: 30},
+		LoadRPS: messages.Window{Fast: load, Slow: load}, Queue: messages.Window{Fast: 2}, Running: messages.Window{Fast: 30}, InFlight: 32,
 		TTFTMs: messages.Window{Fast: 120}, TBTMs: messages.Window{Fast: 18}, KVUse: messages.Window{Fast: 0.4}})
 }
 
@@ -256,5 +258,67 @@ func getJSON(t *testing.T, url string, v any) {
 	}
 	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
 		t.Fatalf("GET %s: %v", url, err)
+	}
+}
+
+// TestEngineStates: the dashboard joins each engine state with its penalty
+// and operator records of sy_engines into the engine's state, on
+// /api/state and in switchyard_dashboard_engine_state, and follows the
+// records as they come and go.
+func TestEngineStates(t *testing.T) {
+	n := testenv.StartNATS(t)
+	f := newFixture(t, n)
+	f.caseStudy()
+	now := time.Now().UnixMilli()
+	f.put(f.engines, "operator.engine-a", &messages.Operator{Engine: "engine-a", Action: messages.ActionDrain, By: "ops", Time: now})
+	f.put(f.engines, "penalty."+model+".engine-b", &messages.Penalty{Model: model, Engine: "engine-b", Time: now,
+		Phase: messages.PhasePenalised, Multiplier: 0.25, Reason: messages.ReasonErrorRate, Since: now, Until: now + 60_000,
+		RecoverUntil: now + 120_000, Strikes: 1})
+	reg := prometheus.NewRegistry()
+	d := startDashboard(t, n, dashboard.Options{Registerer: reg})
+	states := func() map[string]dashboard.EngineView {
+		out := map[string]dashboard.EngineView{}
+		for _, m := range d.State().Models {
+			for _, e := range m.EngineStates {
+				out[e.Engine] = e
+			}
+		}
+		return out
+	}
+	steps := []struct {
+		name string
+		do   func()
+		want map[string]enginestate.State
+	}{
+		{"records at start", func() {}, map[string]enginestate.State{
+			"engine-a": enginestate.Draining, "engine-b": enginestate.Penalised, "engine-c": enginestate.Stale}},
+		{"records removed", func() {
+			for _, k := range []string{"operator.engine-a", "penalty." + model + ".engine-b"} {
+				if err := f.engines.Delete(context.Background(), k); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}, map[string]enginestate.State{"engine-a": enginestate.Up, "engine-b": enginestate.Up, "engine-c": enginestate.Stale}},
+		{"engine-b reports health 0, engine-c comes back", func() {
+			f.engine("engine-b", messages.StatusUp, 100, 0, 0)
+			f.engine("engine-c", messages.StatusUp, 80, 1, 60)
+		}, map[string]enginestate.State{"engine-a": enginestate.Up, "engine-b": enginestate.Ejected, "engine-c": enginestate.Up}},
+	}
+	for _, s := range steps {
+		s.do()
+		testenv.WaitFor(t, 5*time.Second, s.name, func() bool {
+			got := states()
+			for e, want := range s.want {
+				// One series per state, 1 for the engine's.
+				if got[e].State != want || testenv.MetricSum(t, reg, "switchyard_dashboard_engine_state", map[string]string{"engine": e, "state": string(want)}) != 1 ||
+					testenv.MetricSum(t, reg, "switchyard_dashboard_engine_state", map[string]string{"engine": e}) != 1 {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	if v := states()["engine-b"]; v.Detail != "reports health 0" || v.Status != messages.StatusUp {
+		t.Errorf("engine-b: %+v, want ejected because it reports health 0, status up", v)
 	}
 }

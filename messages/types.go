@@ -166,6 +166,10 @@ type EngineState struct {
 	KVUse        Window `msgpack:"kv" json:"kv_use"`
 	LoadRPS      Window `msgpack:"rps" json:"load_rps"`
 	OutputTokens Window `msgpack:"otok" json:"output_tokens"`
+	// InFlight is the requests queued plus running in the newest signal
+	// folded in: what the windows above smooth, as it is now (whether a
+	// drained engine is empty).
+	InFlight int64 `msgpack:"inf,omitempty" json:"in_flight"`
 	// CapacityRPS, Replicas, Health and BaseLatencyMs are the latest reported values.
 	CapacityRPS   float64 `msgpack:"cap" json:"capacity_rps"`
 	Replicas      int     `msgpack:"rep" json:"replicas"`

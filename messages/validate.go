@@ -224,6 +224,7 @@ func (m *EngineState) Validate(now time.Time) error {
 	c.window("kv_use", m.KVUse, 1)
 	c.window("load_rps", m.LoadRPS, maxRate)
 	c.window("output_tokens", m.OutputTokens, 1e7)
+	c.count("in_flight", m.InFlight)
 	c.nonNeg("capacity_rps", m.CapacityRPS, maxRate)
 	c.count("replicas", int64(m.Replicas))
 	c.fraction("health", m.Health)

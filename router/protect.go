@@ -197,9 +197,15 @@ func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, k
 	// step's queue, not Little's law on the snapshot's predicted latency,
 	// which its queue curve puts far above a batching engine's near
 	// capacity (see CapacityAllotment).
+	// It sheds only while the engines the snapshot plans for this cluster
+	// are full: its rate is the snapshot's, which lags demand and counts
+	// this cluster's share only, so while this router's requests fit in
+	// the batch slots others leave free (Bound.SlotsForRouter) a request
+	// is served rather than shed with capacity idle.
 	if lim := CapacityAllotment(f, h.prot.Routers, slot, step, p, h.prot.MinInFlight); capacityBound && lim > 0 {
 		if float64(n) > lim && (p == PriorityCritical || !ongoing(src, key, ms.recent) ||
-			float64(n) > capacityAllotment(f, h.prot.Routers, slot, step, queueSteps(p)+ongoingSteps, h.prot.MinInFlight)) {
+			float64(n) > capacityAllotment(f, h.prot.Routers, slot, step, queueSteps(p)+ongoingSteps, h.prot.MinInFlight)) &&
+			float64(n) > bound.SlotsForRouter() {
 			ms.admitted.Add(-1)
 			return 0, h.shedError(model, p, ShedAdmission,
 				fmt.Sprintf("%d requests in flight at this router, capacity allotment %.0f", n-1, lim))

@@ -269,6 +269,7 @@ func (p *switchyard) solve(r *run, fit bool) {
 	if err != nil {
 		return // keep the installed tables, as the service does
 	}
+	optimizer.ShareShed(prob, sol) // as the service does by default
 	p.prev = sol
 	if r.now >= f.measureFrom && r.now < f.measureTo {
 		for k, j := range idx {

@@ -346,11 +346,7 @@ func (h *hostileEnv) readState(bucket, key string, m messages.Message) bool {
 	if err != nil {
 		return false
 	}
-	e, err := kv.Get(h.ctx, key)
-	if err != nil {
-		return false
-	}
-	return messages.DecodeInto(e.Value(), m) == nil
+	return readValue(h.ctx, kv, key, m)
 }
 
 // fleetState describes what is not yet healthy, "" when everything is:

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/switchyard-dev/switchyard/internal/enginestate"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -243,8 +244,9 @@ func inject(ctx context.Context, nc *nats.Conn, names streams.Names, name string
 // maxSkippedKeys bounds the keys of skipped values that engine list names.
 const maxSkippedKeys = 5
 
-// listEngines prints every engine state with its penalty and operator
-// record. Values that do not decode, or are stored under a key other than
+// listEngines prints every engine with its state (enginestate.Of, as the
+// dashboard shows it), its windowed error rate, and its penalty and
+// operator record. Values that do not decode, or are stored under a key other than
 // their names', are skipped and counted on stderr, naming the first few.
 func listEngines(ctx context.Context, kv jetstream.KeyValue, model string, e *env) error {
 	w, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
@@ -275,13 +277,14 @@ func listEngines(ctx context.Context, kv jetstream.KeyValue, model string, e *en
 		}
 		switch v := m.(type) {
 		case *messages.EngineState:
-			if ent.Key() != v.Model+"."+v.Engine {
+			k := streams.JoinKey(v.Model, v.Engine)
+			if ent.Key() != k {
 				skip(ent.Key())
 				continue
 			}
-			states[v.Model+"."+v.Engine] = v
+			states[k] = v
 		case *messages.Penalty:
-			pens[v.Model+"."+v.Engine] = v
+			pens[streams.JoinKey(v.Model, v.Engine)] = v
 		case *messages.Operator:
 			ops[v.Engine] = v
 		default:
@@ -304,12 +307,17 @@ func listEngines(ctx context.Context, kv jetstream.KeyValue, model string, e *en
 	}
 	sort.Strings(keys)
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "MODEL\tENGINE\tSTATUS\tHEALTH\tCAPACITY\tERRORS\tPENALTY\tOPERATOR")
+	fmt.Fprintln(tw, "MODEL\tENGINE\tSTATE\tHEALTH\tCAPACITY\tERRORS\tPENALTY\tOPERATOR\tWHY")
 	for _, k := range keys {
 		st := states[k]
+		op := ops[st.Engine]
+		if op != nil && op.Model != "" && op.Model != st.Model {
+			op = nil
+		}
+		v := enginestate.Of(enginestate.Input{State: st, Penalty: pens[k], Operator: op, Now: now})
 		errs := "-"
-		if o := st.Outcomes; o != nil {
-			errs = fmt.Sprintf("%.1f%%", 100*o.ErrorRate.Fast)
+		if st.Outcomes != nil {
+			errs = fmt.Sprintf("%.1f%%", 100*v.ErrorRate)
 		}
 		pen := "-"
 		if p := pens[k]; p != nil {
@@ -323,17 +331,21 @@ func listEngines(ctx context.Context, kv jetstream.KeyValue, model string, e *en
 				pen = fmt.Sprintf("recovered (strikes %d)", p.Strikes)
 			}
 		}
-		op := "-"
-		if o := ops[st.Engine]; o != nil && (o.Model == "" || o.Model == st.Model) {
-			op = o.Action
-			if o.Action == messages.ActionHealth {
-				op = fmt.Sprintf("health ×%.2f", o.Health)
+		opText := "-"
+		if op != nil {
+			opText = op.Action
+			if op.Action == messages.ActionHealth {
+				opText = fmt.Sprintf("health ×%.2f", op.Health)
 			}
-			if o.Reason != "" {
-				op += " (" + o.Reason + ")"
+			if op.Reason != "" {
+				opText += " (" + op.Reason + ")"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%.1f\t%s\t%s\t%s\n", st.Model, st.Engine, st.Status, st.Health, st.CapacityRPS, errs, pen, op)
+		why := v.Detail
+		if why == "" {
+			why = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%.1f\t%s\t%s\t%s\t%s\n", st.Model, st.Engine, v.State, st.Health, st.CapacityRPS, errs, pen, opText, why)
 	}
 	return tw.Flush()
 }

@@ -113,16 +113,19 @@
       const util = e.utilisation;
       const cls = util > 1 ? "over" : (util > 0.85 ? "hot" : "");
       const width = Math.min(100, 100 * util);
-      h += '<div class="card" data-engine="' + esc(e.engine) + '" data-status="' + esc(e.status) + '" style="border-left-color:' + color(m.engines, e.engine) + '">' +
+      h += '<div class="card" data-engine="' + esc(e.engine) + '" data-status="' + esc(e.status) + '" data-state="' + esc(e.state) +
+        '" style="border-left-color:' + color(m.engines, e.engine) + '">' +
         '<div class="top"><span><span class="name">' + esc(e.engine) + "</span>" +
-        (e.region ? '<span class="region">' + esc(e.region) + "</span>" : "") + "</span>" + pill(e.status) + "</div>" +
+        (e.region ? '<span class="region">' + esc(e.region) + "</span>" : "") + "</span>" + pill(e.state) + "</div>" +
+        (e.detail ? '<div class="detail">' + esc(e.detail) + "</div>" : "") +
         '<div class="bar" title="load ' + fmt(e.load_rps) + " req/s of " + fmt(e.effective_capacity_rps) + ' req/s effective capacity">' +
         '<div class="fill ' + cls + '" style="width:' + width.toFixed(1) + '%"></div>' +
         '<div class="txt">' + fmt(e.load_rps) + " / " + fmt(e.effective_capacity_rps, 0) + " req/s · " + pct(util) + "</div></div>" +
         '<div class="kv">' +
         "<span>health</span><span>" + pct(e.health) + "</span>" +
         "<span>capacity</span><span>" + fmt(e.capacity_rps, 0) + " req/s</span>" +
-        (e.penalty !== undefined ? "<span>penalty</span><span>" + fmt(e.penalty, 2) + "</span>" : "") +
+        "<span>errors · timeouts</span><span>" + pct(e.error_rate) + " · " + pct(e.timeout_rate) + "</span>" +
+        (e.multiplier < 1 ? "<span>capacity ×</span><span>" + fmt(e.multiplier, 2) + "</span>" : "") +
         "<span>queue · run</span><span>" + fmt(e.queue) + " · " + fmt(e.running) + "</span>" +
         "<span>TTFT · TBT ms</span><span>" + fmt(e.ttft_ms, 0) + " · " + fmt(e.tbt_ms, 1) + "</span>" +
         "<span>KV cache</span><span>" + pct(e.kv_use) + "</span>" +

@@ -679,6 +679,7 @@ func (a *Aggregator) foldSignal(sig *messages.EngineSignal, now time.Time) {
 	s.Update(&st.TBTMs, sig.TBTMs, dt, first)
 	s.Update(&st.Queue, float64(sig.Queue), dt, first)
 	s.Update(&st.Running, float64(sig.Running), dt, first)
+	st.InFlight = int64(sig.Queue) + int64(sig.Running)
 	s.Update(&st.KVUse, sig.KVUse, dt, first)
 	s.Update(&st.LoadRPS, sig.LoadRPS, dt, first)
 	s.Update(&st.OutputTokens, sig.OutputTokens, dt, first)
@@ -919,6 +920,11 @@ func (a *Aggregator) flush(ctx context.Context) error {
 					Dur("silent", now.Sub(e.lastSeen)).Msg("engine stopped signalling")
 			}
 			e.state.Status = status
+			e.dirty = true
+		}
+		// The outcome windows are in wall time: they empty while no report
+		// names the engine.
+		if e.state.Outcomes != nil && e.outcomes.tick(e.state.Outcomes, now, a.smooth) {
 			e.dirty = true
 		}
 		if !e.dirty {

@@ -198,6 +198,13 @@ type Options struct {
 	// PriorBaseMs is the prior base latency of an engine's queue profile, used
 	// until samples arrive and blended with them. Zero means 500 ms.
 	PriorBaseMs float64
+	// ShedByLatency, when capacity is short, leaves the shed where the
+	// solver's objective puts it: on the traffic whose service costs the
+	// most network latency, so that the clusters farthest from the
+	// capacity lose most of their traffic. By default each solution goes
+	// through optimizer.ShareShed: shed by priority, then in proportion to
+	// each cluster's demand.
+	ShedByLatency bool
 	// TargetUtilisation is the share of every engine's effective capacity
 	// the problem plans for, in (0, 1]: demand beyond it is shed (by
 	// priority) rather than queued on the engines, and the utilisations in

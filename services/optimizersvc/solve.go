@@ -156,6 +156,9 @@ func (s *Service) solveAll(ctx context.Context, weights, enginesKV jetstream.Key
 			}
 			continue
 		}
+		if !s.opts.ShedByLatency {
+			optimizer.ShareShed(b.problem, sol)
+		}
 		ms.prev = sol
 		s.metrics.solveDuration.WithLabelValues(sol.Diagnostics.Path).Observe(sol.Diagnostics.Duration.Seconds())
 		s.metrics.gap.WithLabelValues(b.model).Set(sol.Diagnostics.SolveRelGap)
