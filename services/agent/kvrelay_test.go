@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"net"
 	"sync"
 	"testing"
@@ -194,5 +195,73 @@ func TestKVRelayEndToEnd(t *testing.T) {
 	}
 	if fs := feed.Stats(); fs.Bad != 0 || fs.Gaps != 0 {
 		t.Fatalf("feed stats %+v: want nothing bad and no gap", fs)
+	}
+}
+
+func TestEngineSpecKVEvents(t *testing.T) {
+	for _, tc := range []struct {
+		spec    string
+		valid   bool
+		kv, top string
+	}{
+		{"name=v1,url=http://127.0.0.1:1,metrics=vllm,kv_events=tcp://127.0.0.1:5557,kv_topic=kv", true, "tcp://127.0.0.1:5557", "kv"},
+		{"name=v1,url=http://127.0.0.1:1,metrics=vllm,kv-events=tcp://127.0.0.1:5557,kv_replay=tcp://127.0.0.1:5558", true, "tcp://127.0.0.1:5557", ""},
+		{"name=v1,url=http://127.0.0.1:1,metrics=vllm,kv_events=ipc:///x", false, "ipc:///x", ""},
+		{"name=v1,url=http://127.0.0.1:1,metrics=vllm,kv_events=tcp://nohost", false, "tcp://nohost", ""},
+	} {
+		e, err := ParseEngineSpec(tc.spec, "llama", "")
+		if err != nil {
+			t.Fatalf("%s: %v", tc.spec, err)
+		}
+		if e.KVEvents != tc.kv || e.KVTopic != tc.top {
+			t.Errorf("%s: KVEvents %q, KVTopic %q", tc.spec, e.KVEvents, e.KVTopic)
+		}
+		if err := (Options{Engines: []EngineConfig{e}}).Validate(); (err == nil || errors.Is(err, ErrNoConn)) != tc.valid {
+			t.Errorf("%s: Validate = %v, valid %v", tc.spec, err, tc.valid)
+		}
+	}
+}
+
+// TestFrameGuard feeds the guard ZMTP byte streams: frames within the
+// limits pass, a header claiming more than maxZMQFrame bytes or a message of
+// too many frames fails before the ZMQ library could allocate.
+func TestFrameGuard(t *testing.T) {
+	greeting := make([]byte, 64)
+	long := func(size uint64) []byte {
+		h := []byte{0x02, 0, 0, 0, 0, 0, 0, 0, 0}
+		binary.BigEndian.PutUint64(h[1:], size)
+		return h
+	}
+	many := []byte{}
+	for range maxZMQFrames + 1 {
+		many = append(many, 0x01, 0)
+	}
+	for _, tc := range []struct {
+		name   string
+		stream []byte
+		ok     bool
+	}{
+		{"short frames", append(append([]byte{}, greeting...), 0x01, 2, 'a', 'b', 0x00, 1, 'c'), true},
+		{"a long frame within the limit", append(append(append([]byte{}, greeting...), long(3)...), 'x', 'y', 'z'), true},
+		{"a header claiming 2^62 bytes", append(append([]byte{}, greeting...), long(1<<62)...), false},
+		{"a header claiming one byte over the limit", append(append([]byte{}, greeting...), long(maxZMQFrame+1)...), false},
+		{"too many frames in one message", append(append([]byte{}, greeting...), many...), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Fed one byte at a time and all at once: headers split across reads too.
+			for _, step := range []int{1, len(tc.stream)} {
+				c, peer := net.Pipe()
+				defer c.Close()
+				defer peer.Close()
+				g := newFrameGuard(c)
+				var err error
+				for i := 0; i < len(tc.stream) && err == nil; i += step {
+					err = g.check(tc.stream[i:min(i+step, len(tc.stream))])
+				}
+				if (err == nil) != tc.ok {
+					t.Fatalf("step %d: check = %v, want ok %v", step, err, tc.ok)
+				}
+			}
+		})
 	}
 }
