@@ -4,89 +4,48 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"io"
 	"net"
+	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
 	"github.com/switchyard-dev/switchyard/kvindex"
 	"github.com/switchyard-dev/switchyard/kvindex/kvfeed"
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
-// fakeVLLM publishes KV event batches as vLLM's ZmqEventPublisher does: a
-// PUB socket sending [topic, seq, payload] and a ROUTER replay socket
-// answering [delimiter, start seq] with the buffered batches and an end
-// marker. Real sockets on 127.0.0.1.
-type fakeVLLM struct {
-	t      *testing.T
-	pub    zmq4.Socket
-	replay zmq4.Socket
-	topic  string
-	mu     sync.Mutex
-	buf    map[uint64][]byte
-}
-
-func startFakeVLLM(t *testing.T, ctx context.Context, topic string) *fakeVLLM {
-	f := &fakeVLLM{t: t, topic: topic, buf: map[uint64][]byte{},
-		pub: zmq4.NewPub(ctx), replay: zmq4.NewRouter(ctx, zmq4.WithID(zmq4.SocketIdentity("replay")))}
-	for _, s := range []zmq4.Socket{f.pub, f.replay} {
-		if err := s.Listen("tcp://127.0.0.1:0"); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = s.Close() })
-	}
-	go f.serveReplay()
-	return f
-}
-
-func (f *fakeVLLM) endpoint(s zmq4.Socket) string { return "tcp://" + s.Addr().(*net.TCPAddr).String() }
-
-func (f *fakeVLLM) serveReplay() {
-	for {
-		req, err := f.replay.Recv()
-		if err != nil {
-			return
-		}
-		if len(req.Frames) != 3 || len(req.Frames[2]) != 8 {
-			continue
-		}
-		id, start := req.Frames[0], binary.BigEndian.Uint64(req.Frames[2])
-		f.mu.Lock()
-		for s := start; ; s++ {
-			p, ok := f.buf[s]
-			if !ok {
-				break
-			}
-			var sb [8]byte
-			binary.BigEndian.PutUint64(sb[:], s)
-			_ = f.replay.SendMulti(zmq4.NewMsgFrom(id, nil, sb[:], p))
-		}
-		f.mu.Unlock()
-		end := []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
-		_ = f.replay.SendMulti(zmq4.NewMsgFrom(id, nil, end, nil))
-	}
-}
-
-// send buffers batch b under seq and, unless lost, publishes it.
-func (f *fakeVLLM) send(seq uint64, b messages.VLLMBatch, asMap, lost bool) {
-	data, err := messages.EncodeVLLMBatch(b, asMap)
+// startVLLMPublisher binds the simulator's vLLM-format KV event publisher
+// (PUB and replay sockets) on 127.0.0.1, on the given endpoints or fresh ports.
+func startVLLMPublisher(t *testing.T, endpoint, replay string) *enginesim.KVPublisher {
+	t.Helper()
+	p, err := enginesim.NewKVPublisher(enginesim.KVPublisherOptions{Endpoint: endpoint, Replay: replay, Topic: "kv"})
 	if err != nil {
-		f.t.Fatal(err)
+		t.Fatal(err)
 	}
-	f.mu.Lock()
-	f.buf[seq] = data
-	f.mu.Unlock()
-	if lost {
-		return
+	return p
+}
+
+// runWithFeed runs publisher (a relay or an agent) and a feed of the
+// index from SY_KV until the test ends, and returns the feed.
+func runWithFeed(t *testing.T, ctx context.Context, cancel context.CancelFunc, n *testenv.NATS, publisher func(context.Context) error) *kvfeed.Feed {
+	t.Helper()
+	feed, err := kvfeed.New(kvfeed.Options{JS: n.JS, Names: n.Names})
+	if err != nil {
+		t.Fatal(err)
 	}
-	var sb [8]byte
-	binary.BigEndian.PutUint64(sb[:], seq)
-	if err := f.pub.SendMulti(zmq4.NewMsgFrom([]byte(f.topic), sb[:], data)); err != nil {
-		f.t.Fatal(err)
-	}
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait)
+	t.Cleanup(cancel)
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = publisher(ctx) }()
+	go func() { defer wg.Done(); _ = feed.Run(ctx) }()
+	return feed
 }
 
 func tokens(from, n int) []uint32 {
@@ -111,23 +70,15 @@ func TestKVRelayEndToEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	n := testenv.StartNATS(t)
-	vllm := startFakeVLLM(t, ctx, "kv")
+	vllm := startVLLMPublisher(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
+	defer func() { _ = vllm.Close() }()
 	relayOpts := KVRelayOptions{Conn: n.Conn, Names: n.Names, Model: "llama", Engine: "v1",
-		Endpoint: vllm.endpoint(vllm.pub), Topic: "kv", Replay: vllm.endpoint(vllm.replay), Retry: 50 * time.Millisecond}
+		Endpoint: vllm.Endpoint(), Topic: "kv", Replay: vllm.ReplayEndpoint(), Retry: 50 * time.Millisecond}
 	relay, err := NewKVRelay(relayOpts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	feed, err := kvfeed.New(kvfeed.Options{JS: n.JS, Names: n.Names})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	defer cancel()
-	wg.Add(2)
-	go func() { defer wg.Done(); _ = relay.Run(ctx) }()
-	go func() { defer wg.Done(); _ = feed.Run(ctx) }()
+	feed := runWithFeed(t, ctx, cancel, n, relay.Run)
 
 	prompt := tokens(100, 16) // four blocks of four tokens
 	keys := kvindex.BlockKeys(nil, 0, prompt, 4)
@@ -146,25 +97,29 @@ func TestKVRelayEndToEnd(t *testing.T) {
 	// The SUB connection is up when a probe batch arrives; vLLM's PUB drops
 	// what it sends before a subscriber joins, as this one does.
 	probe := messages.VLLMBatch{TS: 1, DPRank: -1, Events: []messages.VLLMEvent{stored(0, false, tokens(9000, 4), 900)}}
-	var seq uint64
-	testenv.WaitFor(t, 10*time.Second, "the relay's subscription", func() bool {
-		seq++
-		vllm.send(seq, probe, false, false)
-		return relay.Stats().Batches > 0
-	})
-	testenv.WaitFor(t, 10*time.Second, "the last probe", func() bool { return relay.Stats().LastSeq == seq })
+	subscribed := func(p *enginesim.KVPublisher, before uint64) {
+		var seq uint64
+		testenv.WaitFor(t, 10*time.Second, "the relay's subscription", func() bool {
+			var err error
+			if seq, err = p.Publish(probe, false); err != nil {
+				t.Fatal(err)
+			}
+			return relay.Stats().Batches > before
+		})
+		testenv.WaitFor(t, 10*time.Second, "the last probe", func() bool { return relay.Stats().LastSeq == seq })
+	}
+	subscribed(vllm, 0)
 
 	batch := func(events ...messages.VLLMEvent) messages.VLLMBatch {
 		return messages.VLLMBatch{TS: 2, DPRank: -1, Events: events}
 	}
 	for _, step := range []struct {
-		name     string
-		seq      uint64 // 0: the next
-		batch    messages.VLLMBatch
-		asMap    bool
-		lost     bool // buffered for replay, not published
-		want     int
-		noReplay bool
+		name    string
+		restart bool // the engine restarts first: a new publisher on the same ports
+		batch   messages.VLLMBatch
+		asMap   bool
+		lost    bool // buffered for replay, not published
+		want    int
 	}{
 		{name: "two blocks stored", batch: batch(stored(0, false, prompt[:8], 11, 12)), want: 2},
 		{name: "two more, chained on the parent hash, map encoding", batch: batch(stored(12, true, prompt[8:], 13, 14)), asMap: true, want: 4},
@@ -174,16 +129,27 @@ func TestKVRelayEndToEnd(t *testing.T) {
 		{name: "an unknown parent is not relayed", batch: batch(stored(777, true, tokens(1, 4), 15)), want: 4},
 		{name: "all blocks cleared", batch: batch(messages.VLLMEvent{Type: messages.VLLMAllBlocksCleared}), want: 0},
 		{name: "stored again", batch: batch(stored(0, false, prompt[:4], 21)), want: 1},
-		{name: "the engine restarts: the sequence goes back", seq: 1, batch: batch(), want: 0},
-		{name: "stored after the restart", batch: batch(stored(0, false, prompt[:8], 31, 32)), want: 2},
+		{name: "stored after the engine restarted", restart: true, batch: batch(stored(0, false, prompt[:8], 31, 32)), want: 2},
 	} {
-		if step.seq != 0 {
-			seq = step.seq
-		} else {
-			seq++
+		if step.restart {
+			pub, replay := vllm.Endpoint(), vllm.ReplayEndpoint()
+			if err := vllm.Close(); err != nil {
+				t.Fatal(err)
+			}
+			vllm = startVLLMPublisher(t, pub, replay)
+			subscribed(vllm, relay.Stats().Batches)
+			testenv.WaitFor(t, 10*time.Second, "the restart clears the engine", func() bool { return held() == 0 })
 		}
 		before := relay.Stats().Batches
-		vllm.send(seq, step.batch, step.asMap, step.lost)
+		var err error
+		if step.lost {
+			_, err = vllm.Lose(step.batch, step.asMap)
+		} else {
+			_, err = vllm.Publish(step.batch, step.asMap)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
 		if !step.lost {
 			testenv.WaitFor(t, 10*time.Second, step.name+": batch applied", func() bool { return relay.Stats().Batches > before })
 		}
@@ -262,6 +228,125 @@ func TestFrameGuard(t *testing.T) {
 					t.Fatalf("step %d: check = %v, want ok %v", step, err, tc.ok)
 				}
 			}
+		})
+	}
+}
+
+// TestKVEventsThroughSimulator runs the whole path with no GPU: two
+// simulated engines in vLLM mode keep prefix caches and publish vLLM's KV
+// events over ZMQ; one agent serves both (signals and KV events, as
+// `switchyard agent --engine ...,kv_events=...` does); the feed builds the
+// index from SY_KV. A conversation sent to one engine is found on that
+// engine only, to the depth of its full blocks; sent to the other too, on
+// both; a different system prompt on neither.
+func TestKVEventsThroughSimulator(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	n := testenv.StartNATS(t)
+	engines := map[string]*enginesim.Engine{}
+	var specs []EngineConfig
+	for _, name := range []string{"v1", "v2"} {
+		e, err := enginesim.New(enginesim.Options{
+			Name: name, Model: "llama", MaxBatch: 4, PrefillMsPerToken: 0.01, BaseTBTMs: 1, TBTGrowthMs: 0.1,
+			OutputTokens: 4, PromptTokens: 100, KVTokens: 64 * 1024, Seed: 1, MetricsFormat: enginesim.MetricsVLLM,
+			KVEvents: "tcp://127.0.0.1:0", KVReplay: "tcp://127.0.0.1:0",
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = e.Close() })
+		engines[name] = e
+		pub, replay := e.KVEndpoint()
+		spec, err := ParseEngineSpec("name="+name+",url="+e.URL()+",metrics=vllm,kv_events="+pub+",kv_replay="+replay, "llama", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		specs = append(specs, spec)
+	}
+	a, err := New(Options{Conn: n.Conn, Names: n.Names, Engines: specs, Interval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	feed := runWithFeed(t, ctx, cancel, n, a.Run)
+
+	system := strings.Repeat("You are a careful assistant who answers in full sentences. ", 40) // ~2.4 KB: several blocks
+	chat := func(engine, system, user string) {
+		body := `{"model":"llama","max_tokens":2,"messages":[{"role":"system","content":` + strconv.Quote(system) +
+			`},{"role":"user","content":` + strconv.Quote(user) + `}]}`
+		resp, err := http.Post(engines[engine].URL()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("chat to %s: status %d", engine, resp.StatusCode)
+		}
+	}
+	// What a router computes for a new turn: the simulator's tokens of the
+	// conversation so far, chained into content keys.
+	keysOf := func(system, user string) []uint64 {
+		return kvindex.BlockKeys(nil, 0, enginesim.Tokenize("system"+system+"user"+user), 16)
+	}
+	holders := func(keys []uint64) map[string]int {
+		out := map[string]int{}
+		if x := feed.Index("llama"); x != nil {
+			for _, m := range x.Longest(nil, keys) {
+				out[m.Engine] = m.Blocks
+			}
+		}
+		return out
+	}
+	// The relays must be subscribed before the engines' events count:
+	// vLLM's PUB socket, like any, drops what it sends before that.
+	// Each attempt sends a new prompt: a repeated one would hit the cache and
+	// publish nothing.
+	attempt := 0
+	testenv.WaitFor(t, 10*time.Second, "both relays subscribed", func() bool {
+		attempt++
+		for _, name := range []string{"v1", "v2"} {
+			warm := strings.Repeat("warm-up "+strconv.Itoa(attempt)+" of "+name+". ", 8) // more than one block
+			chat(name, warm, "hello")
+			if len(holders(keysOf(warm, "hello"))) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	turn := keysOf(system, "What is a prefix cache?")
+	full := len(turn)
+	if full < 8 {
+		t.Fatalf("the conversation makes %d blocks, want several", full)
+	}
+	for _, step := range []struct {
+		name   string
+		engine string
+		keys   []uint64
+		want   map[string]int
+	}{
+		{"sent to v1: held by v1 alone", "v1", turn, map[string]int{"v1": full}},
+		{"a new turn on v1's prefix: v1 holds the shared blocks", "", keysOf(system, "What is a prefix cache? And a block?"),
+			map[string]int{"v1": len(kvindex.BlockKeys(nil, 0, enginesim.Tokenize("system"+system+"userWhat is a prefix cache?"), 16))}},
+		{"sent to v2 too: held by both", "v2", turn, map[string]int{"v1": full, "v2": full}},
+		{"another system prompt: held by none", "", keysOf(strings.ToUpper(system), "What is a prefix cache?"), map[string]int{}},
+	} {
+		if step.engine != "" {
+			chat(step.engine, system, "What is a prefix cache?")
+		}
+		testenv.WaitFor(t, 10*time.Second, step.name, func() bool {
+			got := holders(step.keys)
+			if len(got) != len(step.want) {
+				return false
+			}
+			for e, b := range step.want {
+				if got[e] != b {
+					return false
+				}
+			}
+			return true
 		})
 	}
 }
