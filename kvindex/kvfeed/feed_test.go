@@ -83,3 +83,42 @@ func mustEncode(t *testing.T, m messages.Message) []byte {
 	}
 	return data
 }
+
+// FuzzApply checks that no message on the KV stream crashes the feed, and
+// that after a valid one every block it stores is held by its engine.
+func FuzzApply(f *testing.F) {
+	now := time.Now().UnixMilli()
+	for _, m := range []messages.KVEvents{
+		{Model: "llama", Engine: "a", Time: now, Epoch: now, Seq: 1, Cleared: true, Stored: []uint64{1, 2}},
+		{Model: "llama", Engine: "a", Time: now, Epoch: now, Seq: 3, Removed: []uint64{2}, Stored: []uint64{2, 3}},
+	} {
+		data, err := messages.Encode(&m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add("sy.kv.llama.a", data)
+		f.Add("sy.kv.llama.b", data[:len(data)/2])
+	}
+	n := testenv.StartNATS(f)
+	feed, err := New(Options{JS: n.JS, Names: n.Names})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, subject string, data []byte) {
+		feed.Apply(subject, data)
+		var m messages.KVEvents
+		if messages.DecodeIntoAt(data, &m, time.Now()) != nil || subject != "sy.kv."+m.Model+"."+m.Engine {
+			return
+		}
+		x := feed.Index(m.Model)
+		for _, k := range m.Stored {
+			held := false
+			for _, got := range x.Longest(nil, []uint64{k}) {
+				held = held || got.Engine == m.Engine
+			}
+			if !held {
+				t.Fatalf("block %d stored by %s is not in the index", k, m.Engine)
+			}
+		}
+	})
+}
