@@ -516,10 +516,10 @@ func (e *Engine) admit(ctx context.Context, j *job) (*request, error) {
 		return nil, &apiError{Status: 400, Type: "invalid_request_error", Code: "context_length_exceeded",
 			Message: fmt.Sprintf("prompt (%d tokens) plus max output (%d tokens) exceed the KV cache of %d tokens", j.prompt, j.maxOut, e.opts.KVTokens)}
 	}
-	if e.kv != nil {
-		e.kv.observe(j.tokens)
-	}
 	r := newRequest(j.prompt, j.maxOut, at)
+	if e.kv != nil {
+		r.cached = min(j.prompt, e.kv.observe(j.tokens))
+	}
 	if err := e.submit(r); err != nil {
 		if errors.Is(err, errClosing) {
 			return nil, errUnavailable("engine " + e.opts.Name + " is shutting down")

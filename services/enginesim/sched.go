@@ -24,7 +24,10 @@ var (
 // request is one inference request inside the scheduler. Fields below mu are
 // guarded by Engine.mu.
 type request struct {
-	prompt  int
+	prompt int
+	// cached is how many leading prompt tokens the prefix cache holds
+	// (with Options.KVEvents): their prefill is skipped, as in vLLM.
+	cached  int
 	maxOut  int
 	arrived time.Time
 	// queued is when the request entered the queue (after any added latency).
@@ -209,7 +212,8 @@ func (e *Engine) schedule() {
 		if prefill {
 			tokens := 0
 			for _, r := range admitted {
-				tokens += r.prompt
+				// vLLM computes at least the last prompt token even on a full hit.
+				tokens += max(1, r.prompt-r.cached)
 			}
 			ms = float64(tokens) * e.opts.PrefillMsPerToken
 		} else if len(e.running) > 0 {
