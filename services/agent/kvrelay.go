@@ -233,6 +233,12 @@ func (r *KVRelay) session(ctx context.Context) error {
 func (r *KVRelay) receive(ctx context.Context, seq uint64, payload []byte) {
 	switch {
 	case !r.started:
+		// What the engine stored before this relay listened is in vLLM's
+		// replay buffer while the engine is young (10,000 batches): take it
+		// from the start when it is there, else begin here.
+		if seq > 0 && !r.heal(ctx, 0, seq) && r.started {
+			r.reset() // a part of the history: worse than none
+		}
 	case seq == r.last+1:
 	case seq <= r.last:
 		r.stats.restarts.Add(1)
@@ -240,7 +246,7 @@ func (r *KVRelay) receive(ctx context.Context, seq uint64, payload []byte) {
 		r.reset()
 	default:
 		r.stats.gaps.Add(1)
-		if r.heal(ctx, seq) {
+		if r.heal(ctx, r.last+1, seq) {
 			r.stats.healed.Add(1)
 		} else {
 			r.log.Warn().Uint64("seq", seq).Uint64("last", r.last).Msg("KV events lost and not replayed; clearing the engine's blocks")
@@ -384,9 +390,9 @@ func (r *KVRelay) flush(ctx context.Context) {
 	clear(r.curStore)
 }
 
-// heal asks the replay endpoint for the batches after r.last up to before
-// seq and applies them; it reports whether the gap was filled.
-func (r *KVRelay) heal(ctx context.Context, seq uint64) bool {
+// heal asks the replay endpoint for the batches from up to before seq and
+// applies them in order; it reports whether all of them were applied.
+func (r *KVRelay) heal(ctx context.Context, from, seq uint64) bool {
 	if r.opts.Replay == "" {
 		return false
 	}
@@ -401,7 +407,7 @@ func (r *KVRelay) heal(ctx context.Context, seq uint64) bool {
 	stop := context.AfterFunc(rctx, func() { _ = raw.Close() })
 	defer stop()
 	var start [8]byte
-	binary.BigEndian.PutUint64(start[:], r.last+1)
+	binary.BigEndian.PutUint64(start[:], from)
 	// A DEALER speaks to vLLM's ROUTER as a REQ would: an empty delimiter
 	// frame, then the request; replies come back the same way.
 	if err := zc.SendMsg(zmq4.NewMsgFrom(nil, start[:])); err != nil {
@@ -421,19 +427,19 @@ func (r *KVRelay) heal(ctx context.Context, seq uint64) bool {
 			f = f[1:] // the delimiter
 		}
 		if len(f) != 2 || len(f[0]) != 8 || len(f[1]) == 0 {
-			return r.last+1 == seq // the end marker, or something else: done
+			return from == seq // the end marker, or something else: done
 		}
 		s := binary.BigEndian.Uint64(f[0])
 		switch {
-		case s <= r.last:
+		case s < from:
 			continue // already applied
-		case s != r.last+1 && s < seq:
-			return false // the replay buffer no longer holds the gap's start
 		case s >= seq:
 			continue // the live stream brings these
+		case s != from:
+			return false // the replay buffer no longer holds the gap's start
 		}
 		r.apply(ctx, s, f[1])
-		if r.last+1 == seq {
+		if from = s + 1; from == seq {
 			return true
 		}
 	}

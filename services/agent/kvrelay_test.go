@@ -350,3 +350,54 @@ func TestKVEventsThroughSimulator(t *testing.T) {
 		})
 	}
 }
+
+// TestKVRelayCatchUp starts the relay after the engine stored blocks: the
+// relay takes them from the replay buffer when its first live batch comes.
+func TestKVRelayCatchUp(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		replay bool
+		want   int
+	}{{"with a replay endpoint", true, 2}, {"without one", false, 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			n := testenv.StartNATS(t)
+			vllm := startVLLMPublisher(t, "tcp://127.0.0.1:0", "tcp://127.0.0.1:0")
+			defer func() { _ = vllm.Close() }()
+			prompt := tokens(500, 8)
+			if _, err := vllm.Publish(messages.VLLMBatch{TS: 1, DPRank: -1, Events: []messages.VLLMEvent{
+				stored(0, false, prompt, 41, 42)}}, false); err != nil {
+				t.Fatal(err)
+			}
+			opts := KVRelayOptions{Conn: n.Conn, Names: n.Names, Model: "llama", Engine: "v1", Endpoint: vllm.Endpoint(), Topic: "kv"}
+			if tc.replay {
+				opts.Replay = vllm.ReplayEndpoint()
+			}
+			relay, err := NewKVRelay(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			feed := runWithFeed(t, ctx, cancel, n, relay.Run)
+			probe := messages.VLLMBatch{TS: 2, DPRank: -1, Events: []messages.VLLMEvent{stored(0, false, tokens(9000, 4), 900)}}
+			testenv.WaitFor(t, 10*time.Second, "the relay's subscription", func() bool {
+				if _, err := vllm.Publish(probe, false); err != nil {
+					t.Fatal(err)
+				}
+				return relay.Stats().Batches > 0
+			})
+			keys := kvindex.BlockKeys(nil, 0, prompt, 4)
+			testenv.WaitFor(t, 10*time.Second, "the probe indexed", func() bool {
+				x := feed.Index("llama")
+				return x != nil && x.EngineBlocks("v1") > 0
+			})
+			got := 0
+			for _, m := range feed.Index("llama").Longest(nil, keys) {
+				got = m.Blocks
+			}
+			if got != tc.want {
+				t.Fatalf("the index holds %d of the early blocks, want %d", got, tc.want)
+			}
+		})
+	}
+}
