@@ -338,6 +338,11 @@ func New(opts Options) (*Agent, error) {
 				Str("format", string(ec.Format)).Logger(),
 		})
 	}
+	if len(a.relays) > 0 {
+		if err := reg.Register(newKVCollector(a.relays)); err != nil {
+			return nil, fmt.Errorf("agent: register KV metrics: %w", err)
+		}
+	}
 	return a, nil
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/switchyard-dev/switchyard/kvindex"
 	"github.com/switchyard-dev/switchyard/messages"
@@ -442,5 +443,58 @@ func (r *KVRelay) heal(ctx context.Context, from, seq uint64) bool {
 		if from = s + 1; from == seq {
 			return true
 		}
+	}
+}
+
+// kvCollector exports the relays' counters as switchyard_agent_kv_* metrics.
+type kvCollector struct {
+	relays []*KVRelay
+	descs  map[string]*prometheus.Desc
+}
+
+func newKVCollector(relays []*KVRelay) *kvCollector {
+	c := &kvCollector{relays: relays, descs: map[string]*prometheus.Desc{}}
+	for _, d := range []struct{ name, help, label string }{
+		{"switchyard_agent_kv_batches_total", "vLLM KV event batches by result (applied, bad: undecodable or malformed frames).", "result"},
+		{"switchyard_agent_kv_gaps_total", "Sequence gaps in an engine's KV events by outcome (healed by replay, cleared).", "outcome"},
+		{"switchyard_agent_kv_restarts_total", "Engine restarts seen as the KV event sequence going back.", ""},
+		{"switchyard_agent_kv_messages_total", "KVEvents messages to SY_KV by result (published, failed).", "result"},
+		{"switchyard_agent_kv_blocks_skipped_total", "Stored blocks not relayed by reason (unresolved: unknown parent or tokens; over_cap: past MaxBlocks).", "reason"},
+		{"switchyard_agent_kv_blocks", "Engine blocks the relay translates now.", ""},
+	} {
+		labels := []string{"model", "engine"}
+		if d.label != "" {
+			labels = append(labels, d.label)
+		}
+		c.descs[d.name] = prometheus.NewDesc(d.name, d.help, labels, nil)
+	}
+	return c
+}
+
+// Describe implements prometheus.Collector.
+func (c *kvCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *kvCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, r := range c.relays {
+		s := r.Stats()
+		m, e := r.opts.Model, r.opts.Engine
+		counter := func(name string, v uint64, label ...string) {
+			ch <- prometheus.MustNewConstMetric(c.descs[name], prometheus.CounterValue, float64(v), append([]string{m, e}, label...)...)
+		}
+		counter("switchyard_agent_kv_batches_total", s.Batches, "applied")
+		counter("switchyard_agent_kv_batches_total", s.Bad, "bad")
+		counter("switchyard_agent_kv_gaps_total", s.Healed, "healed")
+		counter("switchyard_agent_kv_gaps_total", s.Gaps-min(s.Healed, s.Gaps), "cleared")
+		counter("switchyard_agent_kv_restarts_total", s.Restarts)
+		counter("switchyard_agent_kv_messages_total", s.Published, "published")
+		counter("switchyard_agent_kv_messages_total", s.PublishFailures, "failed")
+		counter("switchyard_agent_kv_blocks_skipped_total", s.Unresolved, "unresolved")
+		counter("switchyard_agent_kv_blocks_skipped_total", s.Dropped, "over_cap")
+		ch <- prometheus.MustNewConstMetric(c.descs["switchyard_agent_kv_blocks"], prometheus.GaugeValue, float64(s.Blocks), m, e)
 	}
 }

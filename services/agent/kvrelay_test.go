@@ -349,6 +349,29 @@ func TestKVEventsThroughSimulator(t *testing.T) {
 			return true
 		})
 	}
+	// The relays' counters are on the agent's registry.
+	families, err := a.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	applied := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "switchyard_agent_kv_batches_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["result"] == "applied" {
+				applied[labels["engine"]] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	if applied["v1"] < 2 || applied["v2"] < 2 {
+		t.Fatalf("switchyard_agent_kv_batches_total{result=applied} = %v, want >= 2 for v1 and v2", applied)
+	}
 }
 
 // TestKVRelayCatchUp starts the relay after the engine stored blocks: the
