@@ -106,8 +106,9 @@ type KVStats struct {
 	// that did not decode or had the wrong frames.
 	Batches, Bad uint64
 	// Gaps counts sequence gaps; Healed those the replay filled; Restarts
-	// sequence resets (an engine restart).
-	Gaps, Healed, Restarts uint64
+	// sequence resets (an engine restart); Reconnects connections lost after
+	// batches came (each starts the engine's blocks over).
+	Gaps, Healed, Restarts, Reconnects uint64
 	// Published counts KVEvents messages sent; PublishFailures those not stored.
 	Published, PublishFailures uint64
 	// Unresolved counts stored blocks whose parent the relay did not know,
@@ -143,7 +144,7 @@ type KVRelay struct {
 	curStore map[uint64]bool
 
 	stats struct {
-		batches, bad, gaps, healed, restarts, published, pubFailures, unresolved, dropped, blocks, last atomic.Uint64
+		batches, bad, gaps, healed, restarts, published, pubFailures, unresolved, dropped, blocks, last, reconnects atomic.Uint64
 	}
 }
 
@@ -172,7 +173,7 @@ func NewKVRelay(opts KVRelayOptions) (*KVRelay, error) {
 func (r *KVRelay) Stats() KVStats {
 	s := &r.stats
 	return KVStats{Batches: s.batches.Load(), Bad: s.bad.Load(), Gaps: s.gaps.Load(), Healed: s.healed.Load(),
-		Restarts: s.restarts.Load(), Published: s.published.Load(), PublishFailures: s.pubFailures.Load(),
+		Restarts: s.restarts.Load(), Reconnects: s.reconnects.Load(), Published: s.published.Load(), PublishFailures: s.pubFailures.Load(),
 		Unresolved: s.unresolved.Load(), Dropped: s.dropped.Load(), Blocks: int(s.blocks.Load()), LastSeq: s.last.Load()}
 }
 
@@ -187,6 +188,17 @@ func (r *KVRelay) Run(ctx context.Context) error {
 		err := r.session(ctx)
 		if ctx.Err() != nil {
 			break
+		}
+		if r.started {
+			// A lost connection most often means the engine went away, and a
+			// restarted vLLM may have numbered past the last batch seen
+			// before the relay is back: a gap would then be "healed" from
+			// the new process's buffer over the old one's blocks. So the
+			// relay starts over, and catches up from the replay buffer.
+			r.stats.reconnects.Add(1)
+			r.reset()
+			r.flush(ctx)
+			r.started = false
 		}
 		r.log.Warn().Err(err).Dur("retry", r.opts.Retry).Msg("KV event connection lost; re-dialling")
 		t := time.NewTimer(r.opts.Retry)
@@ -458,6 +470,7 @@ func newKVCollector(relays []*KVRelay) *kvCollector {
 		{"switchyard_agent_kv_batches_total", "vLLM KV event batches by result (applied, bad: undecodable or malformed frames).", "result"},
 		{"switchyard_agent_kv_gaps_total", "Sequence gaps in an engine's KV events by outcome (healed by replay, cleared).", "outcome"},
 		{"switchyard_agent_kv_restarts_total", "Engine restarts seen as the KV event sequence going back.", ""},
+		{"switchyard_agent_kv_reconnects_total", "KV event connections lost after batches came; each starts the engine's blocks over.", ""},
 		{"switchyard_agent_kv_messages_total", "KVEvents messages to SY_KV by result (published, failed).", "result"},
 		{"switchyard_agent_kv_blocks_skipped_total", "Stored blocks not relayed by reason (unresolved: unknown parent or tokens; over_cap: past MaxBlocks).", "reason"},
 		{"switchyard_agent_kv_blocks", "Engine blocks the relay translates now.", ""},
@@ -491,6 +504,7 @@ func (c *kvCollector) Collect(ch chan<- prometheus.Metric) {
 		counter("switchyard_agent_kv_gaps_total", s.Healed, "healed")
 		counter("switchyard_agent_kv_gaps_total", s.Gaps-min(s.Healed, s.Gaps), "cleared")
 		counter("switchyard_agent_kv_restarts_total", s.Restarts)
+		counter("switchyard_agent_kv_reconnects_total", s.Reconnects)
 		counter("switchyard_agent_kv_messages_total", s.Published, "published")
 		counter("switchyard_agent_kv_messages_total", s.PublishFailures, "failed")
 		counter("switchyard_agent_kv_blocks_skipped_total", s.Unresolved, "unresolved")

@@ -156,8 +156,8 @@ func TestKVRelayEndToEnd(t *testing.T) {
 		testenv.WaitFor(t, 10*time.Second, step.name, func() bool { return held() == step.want })
 	}
 	s := relay.Stats()
-	if s.Gaps != 1 || s.Healed != 1 || s.Restarts != 1 || s.Unresolved != 1 || s.Bad != 0 {
-		t.Fatalf("relay stats %+v: want 1 gap healed, 1 restart, 1 unresolved block, nothing bad", s)
+	if s.Gaps != 1 || s.Healed != 1 || s.Reconnects != 1 || s.Unresolved != 1 || s.Bad != 0 {
+		t.Fatalf("relay stats %+v: want 1 gap healed, 1 reconnect, 1 unresolved block, nothing bad", s)
 	}
 	if fs := feed.Stats(); fs.Bad != 0 || fs.Gaps != 0 {
 		t.Fatalf("feed stats %+v: want nothing bad and no gap", fs)
@@ -420,6 +420,47 @@ func TestKVRelayCatchUp(t *testing.T) {
 			}
 			if got != tc.want {
 				t.Fatalf("the index holds %d of the early blocks, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestKVRelaySequence feeds sequence numbers straight to the relay (no
+// ZMQ, no replay endpoint): a skip is a gap that clears, a step back a
+// restart that clears, and the first batch starts the count.
+func TestKVRelaySequence(t *testing.T) {
+	n := testenv.StartNATS(t)
+	empty, err := messages.EncodeVLLMBatch(messages.VLLMBatch{TS: 1, DPRank: -1}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name              string
+		seqs              []uint64
+		gaps, restarts    uint64
+		wantCleared, last uint64
+	}{
+		{"in order from 0", []uint64{0, 1, 2}, 0, 0, 0, 2},
+		{"joined late, in order after", []uint64{7, 8}, 0, 0, 0, 8},
+		{"a skip", []uint64{0, 1, 3}, 1, 0, 1, 3},
+		{"a step back", []uint64{5, 6, 0, 1}, 0, 1, 1, 1},
+		{"a repeat is a restart too", []uint64{5, 5}, 0, 1, 1, 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := NewKVRelay(KVRelayOptions{Conn: n.Conn, Names: n.Names, Model: "llama", Engine: "v1", Endpoint: "tcp://127.0.0.1:1"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			r.reset()
+			r.flush(ctx)
+			for _, s := range tc.seqs {
+				r.receive(ctx, s, empty)
+			}
+			st := r.Stats()
+			// Published: the start's Cleared plus one per clear.
+			if st.Gaps != tc.gaps || st.Restarts != tc.restarts || st.Published != 1+tc.wantCleared || st.LastSeq != tc.last {
+				t.Fatalf("stats %+v: want %d gaps, %d restarts, %d messages, last %d", st, tc.gaps, tc.restarts, 1+tc.wantCleared, tc.last)
 			}
 		})
 	}
