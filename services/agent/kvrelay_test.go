@@ -465,3 +465,62 @@ func TestKVRelaySequence(t *testing.T) {
 		})
 	}
 }
+
+// TestKVRelayHostileEndpoint points the relay at a ZMQ peer that completes
+// the handshake and then claims a frame of 2^40 bytes: the relay drops the
+// connection before anything is allocated, and dials again.
+func TestKVRelayHostileEndpoint(t *testing.T) {
+	n := testenv.StartNATS(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var accepted sync.WaitGroup
+	conns := make(chan struct{}, 16)
+	accepted.Add(1)
+	go func() {
+		defer accepted.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			select {
+			case conns <- struct{}{}:
+			default:
+			}
+			greeting := make([]byte, 64)
+			greeting[0], greeting[9], greeting[10] = 0xff, 0x7f, 3
+			copy(greeting[12:], "NULL")
+			ready := []byte("\x05READY\x0bSocket-Type\x00\x00\x00\x03PUB")
+			hostile := []byte{0x02, 0, 0, 1, 0, 0, 0, 0, 0} // a long frame of 2^40 bytes
+			_, _ = c.Write(append(append(append(greeting, 0x04, byte(len(ready))), ready...), hostile...))
+			// Hold the connection until the relay drops it.
+			_, _ = io.Copy(io.Discard, c)
+			_ = c.Close()
+		}
+	}()
+	r, err := NewKVRelay(KVRelayOptions{Conn: n.Conn, Names: n.Names, Model: "llama", Engine: "v1",
+		Endpoint: "tcp://" + l.Addr().String(), Retry: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = r.Run(ctx) }()
+	for i := range 3 {
+		select {
+		case <-conns:
+		case <-ctx.Done():
+			t.Fatalf("the relay dialled %d times, want 3: it did not drop the hostile connection", i)
+		}
+	}
+	cancel()
+	<-done
+	_ = l.Close()
+	accepted.Wait()
+	if s := r.Stats(); s.Batches != 0 {
+		t.Fatalf("stats %+v: a hostile frame was applied", s)
+	}
+}
