@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/internal/zmtp"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/services/engine"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -250,12 +251,12 @@ func (e EngineConfig) validate(f string) error {
 		return fmt.Errorf("%s.Known.MaxRunning is %d, want 0..%d", f, k.MaxRunning, 1<<20)
 	}
 	if e.KVEvents != "" {
-		if _, err := tcpAddr(e.KVEvents); err != nil {
+		if _, err := zmtp.TCPAddr(e.KVEvents); err != nil {
 			return fmt.Errorf("%s.KVEvents: %v", f, err)
 		}
 	}
 	if e.KVReplay != "" {
-		if _, err := tcpAddr(e.KVReplay); err != nil {
+		if _, err := zmtp.TCPAddr(e.KVReplay); err != nil {
 			return fmt.Errorf("%s.KVReplay: %v", f, err)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/internal/zmtp"
 	"github.com/switchyard-dev/switchyard/kvindex"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -81,11 +82,11 @@ func (o KVRelayOptions) Validate() error {
 	if err := messages.CheckModelName(o.Model); err != nil {
 		return fmt.Errorf("%w: KVRelayOptions.Model: %v", ErrOptions, err)
 	}
-	if _, err := tcpAddr(o.Endpoint); err != nil {
+	if _, err := zmtp.TCPAddr(o.Endpoint); err != nil {
 		return fmt.Errorf("%w: KVRelayOptions.Endpoint: %v", ErrOptions, err)
 	}
 	if o.Replay != "" {
-		if _, err := tcpAddr(o.Replay); err != nil {
+		if _, err := zmtp.TCPAddr(o.Replay); err != nil {
 			return fmt.Errorf("%w: KVRelayOptions.Replay: %v", ErrOptions, err)
 		}
 	}
@@ -214,7 +215,7 @@ func (r *KVRelay) Run(ctx context.Context) error {
 // session dials the endpoint once and applies batches until it fails.
 func (r *KVRelay) session(ctx context.Context) error {
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	zc, raw, err := dialZMQ(dctx, r.opts.Endpoint, zmq4.Sub)
+	zc, raw, err := zmtp.Dial(dctx, r.opts.Endpoint, zmq4.Sub)
 	cancel()
 	if err != nil {
 		return err
@@ -411,7 +412,7 @@ func (r *KVRelay) heal(ctx context.Context, from, seq uint64) bool {
 	}
 	rctx, cancel := context.WithTimeout(ctx, r.opts.ReplayTimeout)
 	defer cancel()
-	zc, raw, err := dialZMQ(rctx, r.opts.Replay, zmq4.Dealer)
+	zc, raw, err := zmtp.Dial(rctx, r.opts.Replay, zmq4.Dealer)
 	if err != nil {
 		r.log.Warn().Err(err).Msg("KV event replay: dial")
 		return false

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -185,50 +184,6 @@ func TestEngineSpecKVEvents(t *testing.T) {
 		if err := (Options{Engines: []EngineConfig{e}}).Validate(); (err == nil || errors.Is(err, ErrNoConn)) != tc.valid {
 			t.Errorf("%s: Validate = %v, valid %v", tc.spec, err, tc.valid)
 		}
-	}
-}
-
-// TestFrameGuard feeds the guard ZMTP byte streams: frames within the
-// limits pass, a header claiming more than maxZMQFrame bytes or a message of
-// too many frames fails before the ZMQ library could allocate.
-func TestFrameGuard(t *testing.T) {
-	greeting := make([]byte, 64)
-	long := func(size uint64) []byte {
-		h := []byte{0x02, 0, 0, 0, 0, 0, 0, 0, 0}
-		binary.BigEndian.PutUint64(h[1:], size)
-		return h
-	}
-	many := []byte{}
-	for range maxZMQFrames + 1 {
-		many = append(many, 0x01, 0)
-	}
-	for _, tc := range []struct {
-		name   string
-		stream []byte
-		ok     bool
-	}{
-		{"short frames", append(append([]byte{}, greeting...), 0x01, 2, 'a', 'b', 0x00, 1, 'c'), true},
-		{"a long frame within the limit", append(append(append([]byte{}, greeting...), long(3)...), 'x', 'y', 'z'), true},
-		{"a header claiming 2^62 bytes", append(append([]byte{}, greeting...), long(1<<62)...), false},
-		{"a header claiming one byte over the limit", append(append([]byte{}, greeting...), long(maxZMQFrame+1)...), false},
-		{"too many frames in one message", append(append([]byte{}, greeting...), many...), false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			// Fed one byte at a time and all at once: headers split across reads too.
-			for _, step := range []int{1, len(tc.stream)} {
-				c, peer := net.Pipe()
-				defer c.Close()
-				defer peer.Close()
-				g := newFrameGuard(c)
-				var err error
-				for i := 0; i < len(tc.stream) && err == nil; i += step {
-					err = g.check(tc.stream[i:min(i+step, len(tc.stream))])
-				}
-				if (err == nil) != tc.ok {
-					t.Fatalf("step %d: check = %v, want ok %v", step, err, tc.ok)
-				}
-			}
-		})
 	}
 }
 

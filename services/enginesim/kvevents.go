@@ -1,20 +1,22 @@
 package enginesim
 
 import (
+	"bytes"
 	"container/list"
-	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
 	"hash/maphash"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/internal/zmtp"
 	"github.com/switchyard-dev/switchyard/messages"
 )
 
@@ -63,21 +65,39 @@ type KVPublisherOptions struct {
 // on a PUB socket, multipart [topic, 8-byte big-endian sequence from 0,
 // msgpack batch], and on an optional ROUTER replay socket, answering a
 // request [delimiter, 8-byte start sequence] with every buffered batch from
-// it as [delimiter, sequence, batch], then [delimiter, -1, empty].
+// it as [delimiter, sequence, batch], then [delimiter, -1, empty]. It
+// accepts its subscribers itself, through zmtp's frame guard, so that no
+// peer can make it allocate more than a frame's limit.
 type KVPublisher struct {
 	opts   KVPublisherOptions
 	log    zerolog.Logger
-	pub    zmq4.Socket
-	replay zmq4.Socket
+	pub    net.Listener
+	replay net.Listener
 	queue  chan [2][]byte
 	wg     sync.WaitGroup
-	cancel context.CancelFunc
 
-	mu   sync.Mutex
-	next uint64
-	buf  [][2][]byte // ring of [seq bytes, payload], seq next-len(buf) .. next-1
-	head int
+	mu    sync.Mutex
+	subs  map[*kvSubscriber]struct{}
+	conns map[net.Conn]struct{} // every accepted connection, closed by Close
+	next  uint64
+	buf   [][2][]byte // ring of [seq bytes, payload], seq next-len(buf) .. next-1
+	head  int
 }
+
+// kvSubscriber is one connected SUB socket and the topic prefixes it asked for.
+type kvSubscriber struct {
+	zc     *zmq4.Conn
+	raw    net.Conn
+	topics [][]byte // guarded by KVPublisher.mu
+}
+
+// kvHandshakeTimeout bounds a peer's ZMTP handshake, and kvWriteTimeout one
+// message to one subscriber: a subscriber slower than that is dropped, as
+// past a PUB socket's high-water mark.
+const (
+	kvHandshakeTimeout = 5 * time.Second
+	kvWriteTimeout     = time.Second
+)
 
 // NewKVPublisher binds the sockets and starts publishing.
 func NewKVPublisher(opts KVPublisherOptions) (*KVPublisher, error) {
@@ -87,45 +107,100 @@ func NewKVPublisher(opts KVPublisherOptions) (*KVPublisher, error) {
 	if opts.Buffer < 1 || opts.Buffer > 1<<20 {
 		return nil, fmt.Errorf("enginesim: KVPublisherOptions.Buffer is %d, want 1..%d", opts.Buffer, 1<<20)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	p := &KVPublisher{opts: opts, cancel: cancel, queue: make(chan [2][]byte, kvQueue),
-		log: opts.Logger.With().Str("component", "enginesim").Str("kv_events", opts.Endpoint).Logger()}
-	p.pub = zmq4.NewPub(ctx)
-	if err := p.pub.Listen(opts.Endpoint); err != nil {
-		cancel()
+	p := &KVPublisher{opts: opts, queue: make(chan [2][]byte, kvQueue), subs: map[*kvSubscriber]struct{}{},
+		conns: map[net.Conn]struct{}{},
+		log:   opts.Logger.With().Str("component", "enginesim").Str("kv_events", opts.Endpoint).Logger()}
+	var err error
+	if p.pub, err = zmtp.Listen(opts.Endpoint); err != nil {
 		return nil, fmt.Errorf("enginesim: KV events: listen on %q: %w", opts.Endpoint, err)
 	}
 	if opts.Replay != "" {
-		p.replay = zmq4.NewRouter(ctx, zmq4.WithID(zmq4.SocketIdentity("replay")))
-		if err := p.replay.Listen(opts.Replay); err != nil {
+		if p.replay, err = zmtp.Listen(opts.Replay); err != nil {
 			_ = p.pub.Close()
-			cancel()
 			return nil, fmt.Errorf("enginesim: KV events: replay listen on %q: %w", opts.Replay, err)
 		}
 		p.wg.Add(1)
-		go p.serveReplay()
+		go p.accept(p.replay, zmq4.Router, p.serveReplay)
 	}
-	p.wg.Add(1)
+	p.wg.Add(2)
+	go p.accept(p.pub, zmq4.Pub, p.serveSubscriber)
 	go p.send()
 	return p, nil
 }
 
 // Endpoint returns the PUB socket's bound endpoint (with the port picked).
-func (p *KVPublisher) Endpoint() string { return tcpEndpoint(p.pub) }
+func (p *KVPublisher) Endpoint() string { return "tcp://" + p.pub.Addr().String() }
 
 // ReplayEndpoint returns the replay socket's bound endpoint, empty without one.
 func (p *KVPublisher) ReplayEndpoint() string {
 	if p.replay == nil {
 		return ""
 	}
-	return tcpEndpoint(p.replay)
+	return "tcp://" + p.replay.Addr().String()
 }
 
-func tcpEndpoint(s zmq4.Socket) string {
-	if a, ok := s.Addr().(*net.TCPAddr); ok {
-		return "tcp://" + a.String()
+// accept serves each connection of l with serve until l is closed.
+func (p *KVPublisher) accept(l net.Listener, typ zmq4.SocketType, serve func(*zmq4.Conn, net.Conn)) {
+	defer p.wg.Done()
+	for {
+		zc, raw, err := zmtp.Accept(l, typ, kvHandshakeTimeout)
+		if raw == nil {
+			return // the listener is closed
+		}
+		if err != nil {
+			p.log.Debug().Err(err).Msg("KV events: handshake")
+			continue
+		}
+		p.mu.Lock()
+		p.conns[raw] = struct{}{}
+		p.mu.Unlock()
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			defer func() {
+				_ = raw.Close()
+				p.mu.Lock()
+				delete(p.conns, raw)
+				p.mu.Unlock()
+			}()
+			serve(zc, raw)
+		}()
 	}
-	return ""
+}
+
+// serveSubscriber reads a subscriber's subscriptions (a message whose first
+// byte is 1 subscribes to the prefix after it, 0 unsubscribes) until it goes.
+func (p *KVPublisher) serveSubscriber(zc *zmq4.Conn, raw net.Conn) {
+	s := &kvSubscriber{zc: zc, raw: raw}
+	p.mu.Lock()
+	p.subs[s] = struct{}{}
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.subs, s)
+		p.mu.Unlock()
+	}()
+	for {
+		msg, err := zc.RecvMsg()
+		if err != nil {
+			return
+		}
+		if msg.Type == zmq4.CmdMsg || len(msg.Frames) != 1 || len(msg.Frames[0]) == 0 {
+			continue
+		}
+		f := msg.Frames[0]
+		topic := append([]byte(nil), f[1:]...)
+		p.mu.Lock()
+		switch f[0] {
+		case 1:
+			if len(s.topics) < 64 {
+				s.topics = append(s.topics, topic)
+			}
+		case 0:
+			s.topics = slices.DeleteFunc(s.topics, func(t []byte) bool { return bytes.Equal(t, topic) })
+		}
+		p.mu.Unlock()
+	}
 }
 
 // Publish encodes b (vLLM's positional form, or maps with asMap), gives it
@@ -166,11 +241,26 @@ func (p *KVPublisher) publish(b messages.VLLMBatch, asMap, live bool) (uint64, e
 	return seq, nil
 }
 
+// send writes each queued batch to every subscriber whose topics match.
 func (p *KVPublisher) send() {
 	defer p.wg.Done()
+	topic := []byte(p.opts.Topic)
+	var to []*kvSubscriber
 	for item := range p.queue {
-		if err := p.pub.SendMulti(zmq4.NewMsgFrom([]byte(p.opts.Topic), item[0], item[1])); err != nil {
-			p.log.Debug().Err(err).Msg("KV events: send")
+		to = to[:0]
+		p.mu.Lock()
+		for s := range p.subs {
+			if slices.ContainsFunc(s.topics, func(t []byte) bool { return bytes.HasPrefix(topic, t) }) {
+				to = append(to, s)
+			}
+		}
+		p.mu.Unlock()
+		for _, s := range to {
+			_ = s.raw.SetWriteDeadline(time.Now().Add(kvWriteTimeout))
+			if err := s.zc.SendMsg(zmq4.NewMsgFrom(topic, item[0], item[1])); err != nil {
+				p.log.Debug().Err(err).Msg("KV events: subscriber dropped")
+				_ = s.raw.Close()
+			}
 		}
 	}
 }
@@ -178,43 +268,49 @@ func (p *KVPublisher) send() {
 // replayEnd is the sequence frame of the replay's end marker: -1 as 8 bytes.
 var replayEnd = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 
-func (p *KVPublisher) serveReplay() {
-	defer p.wg.Done()
+// serveReplay answers one replay connection's requests until it goes: a
+// request is [delimiter, start] (from a REQ or DEALER) or [start].
+func (p *KVPublisher) serveReplay(zc *zmq4.Conn, raw net.Conn) {
 	for {
-		req, err := p.replay.Recv()
+		req, err := zc.RecvMsg()
 		if err != nil {
 			return
 		}
-		// [identity, delimiter, start] from a REQ or DEALER; [identity, start] without a delimiter.
 		f := req.Frames
-		if len(f) < 2 || len(f[len(f)-1]) != 8 {
+		if req.Type == zmq4.CmdMsg || len(f) == 0 || len(f) > 2 || len(f[len(f)-1]) != 8 {
 			continue
 		}
 		start := binary.BigEndian.Uint64(f[len(f)-1])
 		var items [][2][]byte
 		p.mu.Lock()
 		for i := range p.buf {
-			it := p.buf[(p.head+i)%len(p.buf)]
-			if binary.BigEndian.Uint64(it[0]) >= start {
+			if it := p.buf[(p.head+i)%len(p.buf)]; binary.BigEndian.Uint64(it[0]) >= start {
 				items = append(items, it)
 			}
 		}
 		p.mu.Unlock()
-		for _, it := range items {
-			_ = p.replay.SendMulti(zmq4.NewMsgFrom(f[0], nil, it[0], it[1]))
+		_ = raw.SetWriteDeadline(time.Now().Add(kvWriteTimeout * time.Duration(1+len(items)/1000)))
+		for _, it := range append(items, [2][]byte{replayEnd, nil}) {
+			if err := zc.SendMsg(zmq4.NewMsgFrom(nil, it[0], it[1])); err != nil {
+				return
+			}
 		}
-		_ = p.replay.SendMulti(zmq4.NewMsgFrom(f[0], nil, replayEnd, nil))
 	}
 }
 
-// Close stops publishing and closes the sockets.
+// Close stops publishing, closes the sockets and every connection, and
+// waits for its goroutines.
 func (p *KVPublisher) Close() error {
 	close(p.queue)
-	p.cancel()
 	err := p.pub.Close()
 	if p.replay != nil {
 		_ = p.replay.Close()
 	}
+	p.mu.Lock()
+	for c := range p.conns {
+		_ = c.Close()
+	}
+	p.mu.Unlock()
 	p.wg.Wait()
 	return err
 }
