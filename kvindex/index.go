@@ -84,7 +84,9 @@ type engineState struct {
 // Match is one engine's longest cached prefix for a request: Blocks leading
 // blocks of the request are in its cache.
 type Match struct {
+	// Engine is the engine's name.
 	Engine string
+	// Blocks is how many of the request's leading blocks it holds (>= 1).
 	Blocks int
 }
 

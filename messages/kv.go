@@ -34,9 +34,10 @@ type KVEvents struct {
 	Cleared bool `msgpack:"clr,omitempty" json:"cleared,omitempty"`
 	// BlockSize is the engine's tokens per block (0 when the batch stores nothing).
 	BlockSize int `msgpack:"bs,omitempty" json:"block_size,omitempty"`
-	// Removed and Stored are the block keys the engine dropped and stored.
+	// Removed are the block keys the engine dropped.
 	Removed []uint64 `msgpack:"rm,omitempty" json:"removed,omitempty"`
-	Stored  []uint64 `msgpack:"st,omitempty" json:"stored,omitempty"`
+	// Stored are the block keys the engine stored, in chain order.
+	Stored []uint64 `msgpack:"st,omitempty" json:"stored,omitempty"`
 }
 
 // MessageKind returns KindKVEvents.

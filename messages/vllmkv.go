@@ -50,12 +50,13 @@ func (t VLLMEventType) String() string {
 // publishes in the int form (maybe_convert_block_hash), and an older vLLM's
 // negative Python hash() its two's-complement bits.
 type VLLMEvent struct {
+	// Type is the event's class.
 	Type VLLMEventType
 	// Hashes are the blocks stored or removed, in chain order for BlockStored.
 	Hashes []uint64
-	// Parent is the hash of the block before Hashes[0]; HasParent is false
-	// for a sequence's first block.
-	Parent    uint64
+	// Parent is the hash of the block before Hashes[0].
+	Parent uint64
+	// HasParent is false for a sequence's first block (vLLM sends nil).
 	HasParent bool
 	// Tokens are the token ids of every block of Hashes, BlockSize each (BlockStored).
 	Tokens []uint32

@@ -39,6 +39,7 @@ type frameGuard struct {
 
 func newFrameGuard(c net.Conn) *frameGuard { return &frameGuard{Conn: c, greet: 64} }
 
+// Read reads from the connection and checks what it read.
 func (g *frameGuard) Read(p []byte) (int, error) {
 	n, err := g.Conn.Read(p)
 	if n > 0 {
