@@ -107,6 +107,8 @@ func New(k Kind) (Message, error) {
 		return new(Penalty), nil
 	case KindOperator:
 		return new(Operator), nil
+	case KindKVEvents:
+		return new(KVEvents), nil
 	}
 	return nil, fmt.Errorf("%w: %q", ErrKind, k)
 }
@@ -114,11 +116,13 @@ func New(k Kind) (Message, error) {
 // KindByName resolves a kind from its name or a short alias used on the command
 // line: "signal", "report", "engine_state" or "engine", "demand_state" or
 // "demand", "rtt_state" or "rtt", "weights" or "snapshot", "penalty",
-// "operator".
+// "operator", "kv_events" or "kv".
 func KindByName(name string) (Kind, error) {
 	switch name {
-	case "signal", "report", "engine_state", "demand_state", "rtt_state", "weights", "penalty", "operator":
+	case "signal", "report", "engine_state", "demand_state", "rtt_state", "weights", "penalty", "operator", "kv_events":
 		return Kind(name), nil
+	case "kv":
+		return KindKVEvents, nil
 	case "engine":
 		return KindEngineState, nil
 	case "demand":
@@ -128,7 +132,7 @@ func KindByName(name string) (Kind, error) {
 	case "snapshot":
 		return KindWeights, nil
 	}
-	return "", fmt.Errorf("%w: %q (want signal, report, engine_state, demand_state, rtt_state, weights, penalty or operator)", ErrKind, name)
+	return "", fmt.Errorf("%w: %q (want signal, report, engine_state, demand_state, rtt_state, weights, penalty, operator or kv_events)", ErrKind, name)
 }
 
 func checkSize(data []byte, k Kind) error {

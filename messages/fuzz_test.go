@@ -11,7 +11,7 @@ import (
 )
 
 // allKinds lists every kind of message, in the order FuzzDecodeInto tries them.
-var allKinds = []Kind{KindSignal, KindReport, KindEngineState, KindDemandState, KindRTTState, KindWeights, KindPenalty, KindOperator}
+var allKinds = []Kind{KindSignal, KindReport, KindEngineState, KindDemandState, KindRTTState, KindWeights, KindPenalty, KindOperator, KindKVEvents}
 
 // fuzzSeeds adds the good messages, their halves and every poison shape.
 func fuzzSeeds(f *testing.F) {

@@ -48,6 +48,8 @@ func goodMessages() []Message {
 		&DemandState{Model: "llama", Cluster: "A", Time: testNow.UnixMilli(), RPS: Window{90, 88},
 			Routers: map[string]RouterDemand{"A-1": {LastReport: testNow.UnixMilli(), Seq: 4, RPS: Window{90, 88}}}},
 		&RTTState{Cluster: "A", Engine: "engine-b", Time: testNow.UnixMilli(), RTTMs: Window{5, 5.1}, Samples: 3},
+		&KVEvents{Model: "llama", Engine: "engine-a", Time: testNow.UnixMilli(), Epoch: testNow.UnixMilli() - 1000, Seq: 7,
+			BlockSize: 16, Removed: []uint64{3}, Stored: []uint64{1, 1 << 63}},
 	}
 }
 

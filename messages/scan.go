@@ -40,7 +40,12 @@ const MaxContainerLen = 1 << 16
 // bytes that remain; str, bin and ext payloads must fit too. After the scan,
 // every length the library sees is one the input actually holds, so what it
 // allocates is bounded by a small multiple of the input's size.
-func scanMsgpack(data []byte) error {
+func scanMsgpack(data []byte) error { return scanMsgpackLimit(data, MaxContainerLen) }
+
+// scanMsgpackLimit is scanMsgpack with maxLen in place of MaxContainerLen,
+// for foreign formats whose containers are legitimately longer (a vLLM
+// BlockStored event lists every token id of a long prompt).
+func scanMsgpackLimit(data []byte, maxLen int64) error {
 	// left[d] is how many values the container open at depth d still holds;
 	// depth 0 is the top level, which holds the one value.
 	var left [MaxNesting + 1]int64
@@ -157,8 +162,8 @@ func scanMsgpack(data []byte) error {
 		if !container || elems == 0 {
 			continue
 		}
-		if per := valuesPerEntry(b); elems > per*MaxContainerLen {
-			return fmt.Errorf("%w: %s at offset %d claims %d entries (limit %d)", ErrDecode, containerName(b), at, elems/per, MaxContainerLen)
+		if per := valuesPerEntry(b); elems > per*maxLen {
+			return fmt.Errorf("%w: %s at offset %d claims %d entries (limit %d)", ErrDecode, containerName(b), at, elems/per, maxLen)
 		}
 		if depth == MaxNesting {
 			return fmt.Errorf("%w: containers nested deeper than %d at offset %d", ErrDecode, MaxNesting, at)

@@ -16,6 +16,8 @@ type Names struct {
 	// SignalStream and ReportStream are the JetStream stream names.
 	SignalStream string
 	ReportStream string
+	// KVStream is the stream of engines' KV-cache events (messages.KVEvents).
+	KVStream string
 	// EnginesBucket, DemandBucket, WeightsBucket and LeasesBucket are the KV bucket names.
 	EnginesBucket string
 	DemandBucket  string
@@ -29,6 +31,7 @@ func DefaultNames() Names {
 		Prefix:        "sy",
 		SignalStream:  "SY_SIGNALS",
 		ReportStream:  "SY_REPORTS",
+		KVStream:      "SY_KV",
 		EnginesBucket: "sy_engines",
 		DemandBucket:  "sy_demand",
 		WeightsBucket: "sy_weights",
@@ -39,7 +42,7 @@ func DefaultNames() Names {
 // Validate checks that every name is set and is a single NATS token.
 func (n Names) Validate() error {
 	for _, f := range []struct{ field, v string }{
-		{"Prefix", n.Prefix}, {"SignalStream", n.SignalStream}, {"ReportStream", n.ReportStream},
+		{"Prefix", n.Prefix}, {"SignalStream", n.SignalStream}, {"ReportStream", n.ReportStream}, {"KVStream", n.KVStream},
 		{"EnginesBucket", n.EnginesBucket}, {"DemandBucket", n.DemandBucket},
 		{"WeightsBucket", n.WeightsBucket}, {"LeasesBucket", n.LeasesBucket},
 	} {
@@ -66,6 +69,15 @@ func (n Names) SignalSubject(model, engine string) (string, error) {
 
 // SignalFilter matches every engine signal.
 func (n Names) SignalFilter() string { return n.Prefix + ".signal.>" }
+
+// KVSubject is the subject an engine's KV-cache events are published on:
+// <prefix>.kv.<model>.<engine>.
+func (n Names) KVSubject(model, engine string) (string, error) {
+	return join(n.Prefix+".kv", model, engine)
+}
+
+// KVFilter matches every engine's KV-cache events.
+func (n Names) KVFilter() string { return n.Prefix + ".kv.>" }
 
 // ReportSubject is the subject a router publishes its reports on:
 // <prefix>.report.<model>.<cluster>.<router>.

@@ -70,6 +70,14 @@ const (
 	// 1 MiB per key, for some 16 (model, cluster) keys of that size, or
 	// thousands of ordinary ones.
 	DefaultWeightsMaxBytes = 256 << 20
+	// KVMaxBytes caps SY_KV. A block event is stored in about 9 bytes, so
+	// 256 MiB hold tens of millions of them: the KV stream is read live by
+	// routers, and one starting late rebuilds from what the window still
+	// holds, so a smaller window only costs it some early misses.
+	KVMaxBytes = 256 << 20
+	// KVMaxAge is how long KV events are kept: a block older than that is
+	// likely evicted or re-announced since, and the stream stays small.
+	KVMaxAge = 10 * time.Minute
 	// LeasesMaxBytes caps sy_leases, which holds a handful of small keys.
 	LeasesMaxBytes = 1 << 20
 	// DefaultSignalMaxPerSubject is how many signals per engine subject
@@ -212,6 +220,19 @@ func Streams(names Names, opts ProvisionOptions) []jetstream.StreamConfig {
 			Replicas:          max(opts.Replicas, 1),
 			Discard:           jetstream.DiscardOld,
 		},
+		{
+			Name:        names.KVStream,
+			Description: "Switchyard engine KV-cache events",
+			Subjects:    []string{names.KVFilter()},
+			Retention:   jetstream.LimitsPolicy,
+			MaxAge:      KVMaxAge,
+			MaxBytes:    KVMaxBytes,
+			Duplicates:  min(opts.DedupWindow, KVMaxAge),
+			MaxMsgSize:  messages.MaxSnapshotSize, // larger than a valid message, so that oversize ones reach consumers and are counted
+			Storage:     storage,
+			Replicas:    opts.Replicas,
+			Discard:     jetstream.DiscardOld,
+		},
 	}
 }
 
@@ -274,7 +295,7 @@ func BucketStream(bucket string) string { return "KV_" + bucket }
 // LayoutStreams returns the names of every stream of the layout, the
 // buckets' streams included, in Provision's order.
 func LayoutStreams(names Names) []string {
-	out := []string{names.SignalStream, names.ReportStream}
+	out := []string{names.SignalStream, names.ReportStream, names.KVStream}
 	for _, b := range []string{names.EnginesBucket, names.DemandBucket, names.WeightsBucket, names.LeasesBucket} {
 		out = append(out, BucketStream(b))
 	}

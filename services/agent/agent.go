@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/internal/zmtp"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/services/engine"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -90,6 +91,10 @@ type EngineConfig struct {
 	Known Known
 	// Replicas is the number of replicas behind the URL; zero means 1.
 	Replicas int
+	// KVEvents, when set, is the engine's vLLM KV event endpoint
+	// (tcp://host:port), relayed to SY_KV by a KVRelay; KVTopic is its topic
+	// and KVReplay its replay endpoint (optional).
+	KVEvents, KVTopic, KVReplay string
 }
 
 // Options configures an Agent.
@@ -244,6 +249,16 @@ func (e EngineConfig) validate(f string) error {
 	if k.MaxRunning < 0 || k.MaxRunning > 1<<20 {
 		return fmt.Errorf("%s.Known.MaxRunning is %d, want 0..%d", f, k.MaxRunning, 1<<20)
 	}
+	if e.KVEvents != "" {
+		if _, err := zmtp.TCPAddr(e.KVEvents); err != nil {
+			return fmt.Errorf("%s.KVEvents: %v", f, err)
+		}
+	}
+	if e.KVReplay != "" {
+		if _, err := zmtp.TCPAddr(e.KVReplay); err != nil {
+			return fmt.Errorf("%s.KVReplay: %v", f, err)
+		}
+	}
 	if e.Replicas < 0 || e.Replicas > 1<<20 {
 		return fmt.Errorf("%s.Replicas is %d, want 0..%d", f, e.Replicas, 1<<20)
 	}
@@ -275,6 +290,7 @@ type Agent struct {
 	reg     *prometheus.Registry
 	m       *agentMetrics
 	engines []*runner
+	relays  []*KVRelay
 }
 
 // New validates opts and returns an Agent that does nothing until Run.
@@ -309,6 +325,14 @@ func New(opts Options) (*Agent, error) {
 		if err != nil {
 			return nil, fmt.Errorf("agent: engine %q: %w", ec.Name, err)
 		}
+		if ec.KVEvents != "" {
+			kv, err := NewKVRelay(KVRelayOptions{Conn: opts.Conn, Names: opts.Names, Model: ec.Model, Engine: ec.Name,
+				Endpoint: ec.KVEvents, Topic: ec.KVTopic, Replay: ec.KVReplay, Logger: opts.Logger})
+			if err != nil {
+				return nil, fmt.Errorf("agent: engine %q: %w", ec.Name, err)
+			}
+			a.relays = append(a.relays, kv)
+		}
 		a.engines = append(a.engines, &runner{
 			a: a, cfg: ec, parser: parser, pub: pub, est: NewEstimator(ec.Known),
 			metricsURL: strings.TrimRight(ec.URL, "/") + ec.MetricsPath,
@@ -316,6 +340,11 @@ func New(opts Options) (*Agent, error) {
 			log: a.log.With().Str("model", ec.Model).Str("engine", ec.Name).
 				Str("format", string(ec.Format)).Logger(),
 		})
+	}
+	if len(a.relays) > 0 {
+		if err := reg.Register(newKVCollector(a.relays)); err != nil {
+			return nil, fmt.Errorf("agent: register KV metrics: %w", err)
+		}
 	}
 	return a, nil
 }
@@ -343,6 +372,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			r.run(ctx)
+		}()
+	}
+	for _, kv := range a.relays {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = kv.Run(ctx)
 		}()
 	}
 	a.log.Info().Int("engines", len(a.engines)).Dur("interval", a.opts.Interval).Msg("agent running")

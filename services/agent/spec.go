@@ -13,7 +13,8 @@ import (
 //
 // Keys: name, model, url, metrics (vllm, sglang, tgi, llamacpp), region,
 // served_model, metrics_path, health_path, advertise, capacity_rps,
-// max_running, base_latency_ms, replicas. defaultModel and defaultRegion fill
+// max_running, base_latency_ms, replicas, kv_events (vLLM's ZMQ KV event
+// endpoint, tcp://host:port), kv_topic, kv_replay. defaultModel and defaultRegion fill
 // model and region when the spec leaves them out. The result is not yet
 // validated (Options.Validate does that, naming the field).
 func ParseEngineSpec(spec, defaultModel, defaultRegion string) (EngineConfig, error) {
@@ -74,6 +75,12 @@ func ParseEngineSpec(spec, defaultModel, defaultRegion string) (EngineConfig, er
 			e.Known.MaxRunning, err = integer()
 		case "replicas":
 			e.Replicas, err = integer()
+		case "kv_events", "kv-events":
+			e.KVEvents = v
+		case "kv_topic", "kv-topic":
+			e.KVTopic = v
+		case "kv_replay", "kv-replay":
+			e.KVReplay = v
 		default:
 			err = fmt.Errorf("%w: engine spec %q: unknown key %q", ErrOptions, spec, k)
 		}

@@ -49,6 +49,15 @@
 // x-switchyard-engine. NATS: a core subscription on <prefix>.infer.<model>.<engine>
 // answering with the headers messages.HeaderStatus and messages.HeaderLast.
 //
+// # Prefix cache and KV events
+//
+// With Options.KVEvents the engine keeps a prefix cache of its prompts'
+// 16-token blocks (Tokenize gives the token ids; KVTokens/16 blocks, least
+// recently used evicted first): a request's leading cached tokens skip
+// prefill (at least one token is computed, as in vLLM) and count as
+// vllm:prefix_cache_hits_total, and every store and eviction is published
+// as vLLM's KV events over ZMQ (KVPublisher), for the agent's relay.
+//
 // # Failure injection
 //
 // Failure (in Options, through SetFailure, or POST /admin/failure with a JSON

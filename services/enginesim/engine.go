@@ -62,6 +62,8 @@ type Engine struct {
 	sub      *nats.Subscription
 	ctlSub   *nats.Subscription // the control subject; stays up when crashed
 	pub      *engine.Publisher
+	kvPub    *KVPublisher
+	kv       *prefixCache
 }
 
 // New validates opts (after applying defaults) and returns an engine that is not yet serving.
@@ -136,6 +138,15 @@ func (e *Engine) Start(ctx context.Context) error {
 	crashed := e.failure.Crashed
 	e.stats.start = time.Now()
 	e.mu.Unlock()
+	if e.opts.KVEvents != "" && e.kvPub == nil {
+		// Before serving: requests read e.kv without a lock.
+		p, err := NewKVPublisher(KVPublisherOptions{Endpoint: e.opts.KVEvents, Replay: e.opts.KVReplay,
+			Topic: e.opts.KVTopic, Logger: e.log})
+		if err != nil {
+			return err
+		}
+		e.kvPub, e.kv = p, newPrefixCache(vllmBlockSize, e.opts.KVTokens/vllmBlockSize, p)
+	}
 	if e.opts.AdminListen != "" {
 		l, err := net.Listen("tcp", e.opts.AdminListen)
 		if err != nil {
@@ -221,9 +232,23 @@ func (e *Engine) Close() error {
 		}
 		e.cancelBase()
 		e.wg.Wait()
+		if e.kvPub != nil {
+			_ = e.kvPub.Close()
+		}
 		e.log.Info().Msg("engine simulator stopped")
 	})
 	return nil
+}
+
+// KVEndpoint returns the bound endpoints of the KV event PUB and replay
+// sockets once started, empty without Options.KVEvents.
+func (e *Engine) KVEndpoint() (pub, replay string) {
+	e.ctl.Lock()
+	defer e.ctl.Unlock()
+	if e.kvPub == nil {
+		return "", ""
+	}
+	return e.kvPub.Endpoint(), e.kvPub.ReplayEndpoint()
 }
 
 // URL returns the HTTP base URL, such as http://127.0.0.1:41234, once started.
@@ -495,6 +520,9 @@ func (e *Engine) admit(ctx context.Context, j *job) (*request, error) {
 			Message: fmt.Sprintf("prompt (%d tokens) plus max output (%d tokens) exceed the KV cache of %d tokens", j.prompt, j.maxOut, e.opts.KVTokens)}
 	}
 	r := newRequest(j.prompt, j.maxOut, at)
+	if e.kv != nil {
+		r.cached = min(j.prompt, e.kv.observe(j.tokens))
+	}
 	if err := e.submit(r); err != nil {
 		if errors.Is(err, errClosing) {
 			return nil, errUnavailable("engine " + e.opts.Name + " is shutting down")

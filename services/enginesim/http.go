@@ -74,6 +74,7 @@ type job struct {
 	stream       bool
 	includeUsage bool
 	prompt       int
+	tokens       []uint32 // the prompt's token ids, when the engine keeps a prefix cache
 	maxOut       int
 	fullOut      int // the engine's OutputTokens
 	err          *apiError
@@ -131,6 +132,9 @@ func (e *Engine) parse(ep endpoint, body []byte) *job {
 		size = rawLen(req.Prompt)
 	}
 	j.prompt = estimateTokens(size)
+	if e.kv != nil {
+		j.tokens = Tokenize(promptText(&req, ep))
+	}
 	limit := req.MaxTokens
 	if req.MaxCompletionTokens != nil {
 		limit = req.MaxCompletionTokens

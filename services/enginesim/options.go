@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -75,6 +76,13 @@ type Options struct {
 	// metrics: MetricsVLLM adds vLLM's names, labels and histograms (and the
 	// engine answers /health as vLLM does); empty or MetricsSwitchyard adds nothing.
 	MetricsFormat string
+
+	// KVEvents, when set, makes the engine keep a prefix cache of its
+	// prompts' 16-token blocks (KVTokens of them at most) and publish its
+	// changes as vLLM's KV events on a ZMQ PUB socket bound there
+	// (tcp://host:port; port 0 picks one, see Engine.KVEndpoint); KVReplay
+	// binds vLLM's replay socket too, and KVTopic is the topic frame.
+	KVEvents, KVReplay, KVTopic string
 
 	// Failure is the failure injection in force at start.
 	Failure Failure
@@ -245,6 +253,14 @@ func (o Options) Validate() error {
 	}
 	if o.NATSQueue != "" && !messages.ValidName(o.NATSQueue) {
 		return fmt.Errorf("%w: NATSQueue is %q, want a NATS token", ErrOptions, o.NATSQueue)
+	}
+	for _, ep := range []struct{ field, v string }{{"Options.KVEvents", o.KVEvents}, {"Options.KVReplay", o.KVReplay}} {
+		if ep.v != "" && !strings.HasPrefix(ep.v, "tcp://") {
+			return fmt.Errorf("enginesim: %s is %q, want tcp://host:port", ep.field, ep.v)
+		}
+	}
+	if o.KVReplay != "" && o.KVEvents == "" {
+		return fmt.Errorf("enginesim: Options.KVReplay is %q without Options.KVEvents", o.KVReplay)
 	}
 	if err := o.Failure.validate(); err != nil {
 		return err

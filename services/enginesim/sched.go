@@ -26,7 +26,10 @@ var (
 // request is one inference request inside the scheduler. Fields below mu are
 // guarded by Engine.mu.
 type request struct {
-	prompt  int
+	prompt int
+	// cached is how many leading prompt tokens the prefix cache holds
+	// (with Options.KVEvents): their prefill is skipped, as in vLLM.
+	cached  int
 	maxOut  int
 	arrived time.Time
 	// queued is when the request entered the queue (after any added latency).
@@ -151,7 +154,8 @@ func (e *Engine) admitLocked(r *request, _ bool) (batching.Admission, bool) {
 	e.kvReserved += need
 	r.state = stateRunning
 	e.admitted = append(e.admitted, r)
-	return batching.Admission{Prefill: r.prompt, Prompt: r.prompt, Output: r.maxOut}, true
+	// vLLM computes at least the last prompt token even on a full prefix hit.
+	return batching.Admission{Prefill: max(1, r.prompt-r.cached), Prompt: r.prompt, Output: r.maxOut}, true
 }
 
 // finishLocked retires r after its last token.

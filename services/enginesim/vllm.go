@@ -77,10 +77,14 @@ func newVLLMMetrics(e *Engine, reg *prometheus.Registry) *vllmMetrics {
 			return f()
 		}
 	}
+	prefixCaching := "False"
+	if e.opts.KVEvents != "" {
+		prefixCaching = "True"
+	}
 	info := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig",
 		ConstLabels: prometheus.Labels{"engine": "0", "block_size": strconv.Itoa(vllmBlockSize),
-			"num_gpu_blocks": strconv.Itoa(max(1, e.opts.KVTokens/vllmBlockSize)), "enable_prefix_caching": "False"},
+			"num_gpu_blocks": strconv.Itoa(max(1, e.opts.KVTokens/vllmBlockSize)), "enable_prefix_caching": prefixCaching},
 	})
 	info.Set(1)
 	reg.MustRegister(m.success, m.promptTokens, m.genTokens, m.prefixQueries, m.prefixHits,
@@ -106,8 +110,9 @@ func buckets125(limit int) []float64 {
 	}
 }
 
-// firstToken records a request's prefill: its TTFT and prompt tokens. The
-// simulator keeps no prefix cache, so every queried token misses.
+// firstToken records a request's prefill: its TTFT and prompt tokens, and
+// as prefix-cache hits the tokens its prefix cache held (none without
+// Options.KVEvents, which keeps the cache).
 func (m *vllmMetrics) firstToken(r *request, ttft time.Duration) {
 	if m == nil {
 		return
@@ -115,6 +120,7 @@ func (m *vllmMetrics) firstToken(r *request, ttft time.Duration) {
 	m.ttft.Observe(ttft.Seconds())
 	m.promptTokens.Add(float64(r.prompt))
 	m.prefixQueries.Add(float64(r.prompt))
+	m.prefixHits.Add(float64(r.cached))
 }
 
 // finished records a completed request: vLLM counts it as finished for

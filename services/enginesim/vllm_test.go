@@ -64,3 +64,47 @@ func TestVLLMMetricsMode(t *testing.T) {
 		t.Logf("/metrics:\n%s", text)
 	}
 }
+
+// TestPrefixCacheHits sends one prompt twice to an engine keeping a prefix
+// cache: the second hits every full block, as vLLM's hit counter says, and
+// skips their prefill.
+func TestPrefixCacheHits(t *testing.T) {
+	o := fastOpts("v1")
+	o.MetricsFormat, o.KVEvents, o.PrefillMsPerToken, o.KVTokens = enginesim.MetricsVLLM, "tcp://127.0.0.1:0", 0.5, 16*1024
+	e := startEngine(t, o)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	prompt := strings.Repeat("a shared system prompt ", 30) // 690 bytes: 173 tokens, 10 full blocks
+	body := `{"model":"llama","max_tokens":1,"prompt":"` + prompt + `"}`
+	took := make([]time.Duration, 2)
+	for i := range took {
+		start := time.Now()
+		resp, err := post(ctx, http.DefaultClient, e.URL()+"/v1/completions", []byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		took[i] = time.Since(start)
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, e.URL()+"/metrics", nil)
+	r, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(r.Body)
+	r.Body.Close()
+	for _, want := range []string{
+		`vllm:prefix_cache_hits_total{engine="0",model_name="llama"} 160`,
+		`vllm:prefix_cache_queries_total{engine="0",model_name="llama"} 346`,
+		`enable_prefix_caching="True"`,
+	} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	// 173 prefilled tokens take 86 ms at 0.5 ms a token, 13 take 7 ms.
+	if took[1] >= took[0] {
+		t.Errorf("the second request took %s, the first %s: the cached prefix was prefilled again", took[1], took[0])
+	}
+}
