@@ -8,32 +8,33 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/protocol"
 )
 
 func TestCapacityAllotment(t *testing.T) {
 	shedding := &Figures{ShedFraction: 1.0 / 3, DemandRPS: 120}
-	byPrio := &Figures{HasShedByPriority: true, ShedByPriority: [numPriorities]float64{0.5}, DemandRPS: 80}
+	byPrio := &Figures{HasShedByPriority: true, ShedByPriority: [protocol.NumPriorities]float64{0.5}, DemandRPS: 80}
 	cases := []struct {
 		name       string
 		f          *Figures
 		routers    int
 		slot, step float64
-		p          Priority
+		p          protocol.Priority
 		min        int
 		want       float64
 	}{
-		{"no snapshot", nil, 1, 1, 0.1, PriorityStandard, 8, 0},
-		{"sheds nothing", &Figures{DemandRPS: 120, Latency: time.Second}, 1, 1, 0.1, PriorityStandard, 8, 0},
-		{"slot time unknown", shedding, 1, 0, 0.1, PriorityStandard, 8, 0},
-		{"no demand", &Figures{ShedFraction: 0.5}, 1, 1, 0.1, PriorityStandard, 8, 0},
+		{"no snapshot", nil, 1, 1, 0.1, protocol.PriorityStandard, 8, 0},
+		{"sheds nothing", &Figures{DemandRPS: 120, Latency: time.Second}, 1, 1, 0.1, protocol.PriorityStandard, 8, 0},
+		{"slot time unknown", shedding, 1, 0, 0.1, protocol.PriorityStandard, 8, 0},
+		{"no demand", &Figures{ShedFraction: 0.5}, 1, 1, 0.1, protocol.PriorityStandard, 8, 0},
 		// λ = 120·(2/3) = 80 req/s.
-		{"sheddable: the slots alone", shedding, 1, 1, 0.1, PrioritySheddable, 8, 80},
-		{"standard", shedding, 1, 1, 0.1, PriorityStandard, 8, 80 * (1 + 0.375*0.1)},
-		{"critical", shedding, 1, 1, 0.1, PriorityCritical, 8, 80 * (1 + 20*0.1)},
-		{"two routers share it", shedding, 2, 1, 0.1, PriorityStandard, 8, 40 * (1 + 0.375*0.1)},
-		{"no step known: the slots alone", shedding, 1, 1, 0, PriorityStandard, 8, 80},
-		{"at least minInFlight", shedding, 1, 0.01, 0, PriorityStandard, 8, 8},
-		{"shed by priority only", byPrio, 1, 0.5, 0, PriorityStandard, 8, 40},
+		{"sheddable: the slots alone", shedding, 1, 1, 0.1, protocol.PrioritySheddable, 8, 80},
+		{"standard", shedding, 1, 1, 0.1, protocol.PriorityStandard, 8, 80 * (1 + 0.375*0.1)},
+		{"critical", shedding, 1, 1, 0.1, protocol.PriorityCritical, 8, 80 * (1 + 20*0.1)},
+		{"two routers share it", shedding, 2, 1, 0.1, protocol.PriorityStandard, 8, 40 * (1 + 0.375*0.1)},
+		{"no step known: the slots alone", shedding, 1, 1, 0, protocol.PriorityStandard, 8, 80},
+		{"at least minInFlight", shedding, 1, 0.01, 0, protocol.PriorityStandard, 8, 8},
+		{"shed by priority only", byPrio, 1, 0.5, 0, protocol.PriorityStandard, 8, 40},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -45,9 +46,9 @@ func TestCapacityAllotment(t *testing.T) {
 	}
 	// The classes are ordered: a burst sheds sheddable requests first and
 	// critical ones last.
-	s := CapacityAllotment(shedding, 1, 1, 0.1, PrioritySheddable, 8)
-	d := CapacityAllotment(shedding, 1, 1, 0.1, PriorityStandard, 8)
-	c := CapacityAllotment(shedding, 1, 1, 0.1, PriorityCritical, 8)
+	s := CapacityAllotment(shedding, 1, 1, 0.1, protocol.PrioritySheddable, 8)
+	d := CapacityAllotment(shedding, 1, 1, 0.1, protocol.PriorityStandard, 8)
+	c := CapacityAllotment(shedding, 1, 1, 0.1, protocol.PriorityCritical, 8)
 	if !(s < d && d < c) {
 		t.Fatalf("allotments sheddable %v, standard %v, critical %v: want increasing", s, d, c)
 	}

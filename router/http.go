@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
@@ -184,17 +185,17 @@ func NewHandler(opts Options) (*Handler, error) {
 	}
 	h.promHTTP = promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{Registry: opts.Registry})
 	h.mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
-		h.serveStd(w, r, EndpointChat)
+		h.serveStd(w, r, protocol.EndpointChat)
 	})
 	h.mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) {
-		h.serveStd(w, r, EndpointCompletions)
+		h.serveStd(w, r, protocol.EndpointCompletions)
 	})
 	h.mux.HandleFunc("/v1/models", h.serveModels)
 	h.mux.HandleFunc("/healthz", h.serveHealth)
 	h.mux.HandleFunc("/readyz", h.serveReady)
 	h.mux.Handle("/metrics", h.promHTTP)
 	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		WriteError(w, newAPIError(http.StatusNotFound, ErrTypeNotFound, "not_found", "",
+		protocol.WriteError(w, protocol.NewAPIError(http.StatusNotFound, protocol.ErrTypeNotFound, "not_found", "",
 			fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)))
 	})
 	return h, nil
@@ -293,9 +294,9 @@ func (h *Handler) newRequestID() string {
 }
 
 // reject answers e and counts it under model.
-func (h *Handler) reject(w http.ResponseWriter, model string, e *APIError) {
+func (h *Handler) reject(w http.ResponseWriter, model string, e *protocol.APIError) {
 	h.metrics.requests.WithLabelValues(model, strconv.Itoa(e.Status)).Inc()
-	WriteError(w, e)
+	protocol.WriteError(w, e)
 }
 
 // Metric model labels for requests rejected before a served model is known.
@@ -315,7 +316,7 @@ type clientRequest interface {
 	// passHeaders returns the client headers forwarded to engines.
 	passHeaders() http.Header
 	// body reads the request body within the handler's size and time limits.
-	body() ([]byte, *APIError)
+	body() ([]byte, *protocol.APIError)
 }
 
 // headWriter is a response writer that writes an engine's answer head
@@ -347,11 +348,11 @@ type answer struct {
 // error (returning nil) or writes the engine's status and headers and
 // returns the answer whose body the caller relays with answer.relay. ctx
 // ends when the client goes away, if the server can tell.
-func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r clientRequest, ep Endpoint) *answer {
+func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r clientRequest, ep protocol.Endpoint) *answer {
 	start := h.opts.Now()
 	if m := r.method(); m != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		h.reject(w, labelInvalid, newAPIError(http.StatusMethodNotAllowed, ErrTypeInvalidRequest, "method_not_allowed", "",
+		h.reject(w, labelInvalid, protocol.NewAPIError(http.StatusMethodNotAllowed, protocol.ErrTypeInvalidRequest, "method_not_allowed", "",
 			fmt.Sprintf("method %s not allowed on %s; use POST", m, ep.Path())))
 		return nil
 	}
@@ -359,20 +360,20 @@ func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r c
 	if reqID == "" {
 		reqID = h.newRequestID()
 	} else if !validHeaderValue(reqID, maxRequestIDLen) {
-		h.reject(w, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", messages.HeaderRequestID,
+		h.reject(w, labelInvalid, protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderRequestID,
 			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderRequestID, maxRequestIDLen)))
 		return nil
 	}
 	w.Header().Set(messages.HeaderRequestID, reqID)
 	session, present := r.header(messages.HeaderSessionID)
 	if present && !validHeaderValue(session, maxSessionIDLen) {
-		h.reject(w, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", messages.HeaderSessionID,
+		h.reject(w, labelInvalid, protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderSessionID,
 			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderSessionID, maxSessionIDLen)))
 		return nil
 	}
 	if ct, _ := r.header("Content-Type"); ct != "" && ct != mimeJSON {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != mimeJSON {
-			h.reject(w, labelInvalid, newAPIError(http.StatusUnsupportedMediaType, ErrTypeInvalidRequest, "unsupported_media_type", "",
+			h.reject(w, labelInvalid, protocol.NewAPIError(http.StatusUnsupportedMediaType, protocol.ErrTypeInvalidRequest, "unsupported_media_type", "",
 				fmt.Sprintf("Content-Type %q is not application/json", ct)))
 			return nil
 		}
@@ -382,19 +383,19 @@ func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r c
 		h.reject(w, labelInvalid, apiErr)
 		return nil
 	}
-	req, err := ParseRequest(ep, body)
+	req, err := protocol.ParseRequest(ep, body)
 	if err != nil {
-		var ae *APIError
+		var ae *protocol.APIError
 		if !errors.As(err, &ae) {
-			ae = invalidRequest("", err.Error())
+			ae = protocol.InvalidRequest("", err.Error())
 		}
 		h.reject(w, labelInvalid, ae)
 		return nil
 	}
 	prioHeader, _ := r.header(messages.HeaderPriority)
-	prio, ok := ParsePriority(prioHeader)
+	prio, ok := protocol.ParsePriority(prioHeader)
 	if !ok {
-		h.reject(w, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", messages.HeaderPriority,
+		h.reject(w, labelInvalid, protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderPriority,
 			fmt.Sprintf("header %s must be critical, standard or sheddable", messages.HeaderPriority)))
 		return nil
 	}
@@ -510,14 +511,14 @@ func (a *answer) relay(ctx context.Context, w http.ResponseWriter) {
 // shed, 503 when no engine is available (or ctx ended while the router
 // was starting). The caller must release an
 // admitted request.
-func (h *Handler) route(ctx context.Context, req *Request, session string, prio Priority) (*routed, *APIError) {
+func (h *Handler) route(ctx context.Context, req *protocol.Request, session string, prio protocol.Priority) (*routed, *protocol.APIError) {
 	if err := h.settledOrWait(ctx); err != nil {
-		return nil, newAPIError(http.StatusServiceUnavailable, ErrTypeUnavailable, "starting", "",
+		return nil, protocol.NewAPIError(http.StatusServiceUnavailable, protocol.ErrTypeUnavailable, "starting", "",
 			fmt.Sprintf("the router is starting and has not heard from the engines of model %q yet: %v", req.Model, err))
 	}
 	table, info, ok := h.opts.Tables.Table(req.Model)
 	if !ok {
-		return nil, newAPIError(http.StatusNotFound, ErrTypeNotFound, "model_not_found", "model",
+		return nil, protocol.NewAPIError(http.StatusNotFound, protocol.ErrTypeNotFound, "model_not_found", "model",
 			fmt.Sprintf("the model %q does not exist or is not served by this router", req.Model))
 	}
 	h.opts.Observer.Request(req.Model)
@@ -526,8 +527,8 @@ func (h *Handler) route(ctx context.Context, req *Request, session string, prio 
 	}
 	ms := h.model(req.Model)
 	bound := h.bind(req.Model, table)
-	key, src := AffinityKey(session, req)
-	if src == KeyNone {
+	key, src := protocol.AffinityKey(session, req)
+	if src == protocol.KeyNone {
 		key = selection.SpreadKey(h.seq.Add(1))
 	}
 	u, apiErr := h.admit(req.Model, ms, info, bound, key, src, prio)
@@ -539,7 +540,7 @@ func (h *Handler) route(ctx context.Context, req *Request, session string, prio 
 		rt.spare = info.Figures.Spare
 	}
 	var idx int
-	if src == KeyNone {
+	if src == protocol.KeyNone {
 		idx, ok = table.PickTwo(key, bound)
 	} else {
 		idx, ok = table.PickRecent(key, bound, ms.recent)
@@ -553,7 +554,7 @@ func (h *Handler) route(ctx context.Context, req *Request, session string, prio 
 	}
 	if !ok {
 		rt.release()
-		return nil, newAPIError(http.StatusServiceUnavailable, ErrTypeUnavailable, "no_engine_available", "",
+		return nil, protocol.NewAPIError(http.StatusServiceUnavailable, protocol.ErrTypeUnavailable, "no_engine_available", "",
 			fmt.Sprintf("no engine is available for model %q", req.Model))
 	}
 	rt.idx = idx

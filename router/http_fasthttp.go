@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/protocol"
 )
 
 // fastServer serves a Handler with fasthttp. The inference endpoints run
@@ -165,12 +166,12 @@ func (s *fastServer) serve(ctx *fasthttp.RequestCtx) {
 		}
 	}()
 	s.bodyRead(&ctx.Request.Header)
-	var ep Endpoint
+	var ep protocol.Endpoint
 	switch string(ctx.Path()) {
 	case "/v1/chat/completions":
-		ep = EndpointChat
+		ep = protocol.EndpointChat
 	case "/v1/completions":
-		ep = EndpointCompletions
+		ep = protocol.EndpointCompletions
 	default:
 		s.other(ctx)
 		return
@@ -232,17 +233,17 @@ func (s *fastServer) serveError(ctx *fasthttp.RequestCtx, err error) {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		s.h.reject(x, labelInvalid, bodyTooLarge(s.h.opts.MaxBodyBytes))
 	case errors.As(err, &small):
-		WriteError(x, newAPIError(http.StatusRequestHeaderFieldsTooLarge, ErrTypeInvalidRequest, "headers_too_large", "",
+		protocol.WriteError(x, protocol.NewAPIError(http.StatusRequestHeaderFieldsTooLarge, protocol.ErrTypeInvalidRequest, "headers_too_large", "",
 			fmt.Sprintf("request headers are larger than the limit of %d bytes", s.srv.ReadBufferSize)))
 	case errors.As(err, &ne) && ne.Timeout() && inBody:
 		// The header is in, the body was not within BodyReadTimeout: as the
 		// net/http front answers it.
-		s.h.reject(x, labelInvalid, invalidRequest("", fmt.Sprintf("reading request body: %v", err)))
+		s.h.reject(x, labelInvalid, protocol.InvalidRequest("", fmt.Sprintf("reading request body: %v", err)))
 	case errors.As(err, &ne) && ne.Timeout():
-		WriteError(x, newAPIError(http.StatusRequestTimeout, ErrTypeInvalidRequest, "request_timeout", "",
+		protocol.WriteError(x, protocol.NewAPIError(http.StatusRequestTimeout, protocol.ErrTypeInvalidRequest, "request_timeout", "",
 			fmt.Sprintf("request headers not received in time: %v", err)))
 	default:
-		WriteError(x, invalidRequest("", fmt.Sprintf("malformed HTTP request: %v", err)))
+		protocol.WriteError(x, protocol.InvalidRequest("", fmt.Sprintf("malformed HTTP request: %v", err)))
 	}
 }
 
@@ -294,7 +295,7 @@ func (x *fastExchange) passHeaders() http.Header {
 // body returns the request body, which fasthttp has read within the limits
 // (ErrorHandler answers a body over MaxBodyBytes). It is valid until the
 // fasthttp handler returns, which is after the request is forwarded.
-func (x *fastExchange) body() ([]byte, *APIError) { return x.ctx.PostBody(), nil }
+func (x *fastExchange) body() ([]byte, *protocol.APIError) { return x.ctx.PostBody(), nil }
 
 // Header returns the response headers to be sent by WriteHeader.
 func (x *fastExchange) Header() http.Header { return x.hdr }

@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/router/protocol"
 )
 
 // ServerKind names the HTTP server implementation of a router front.
@@ -102,7 +104,7 @@ func NewServer(h *Handler, opts ServerOptions) (Server, error) {
 }
 
 // serveStd serves an inference endpoint on net/http.
-func (h *Handler) serveStd(w http.ResponseWriter, r *http.Request, ep Endpoint) {
+func (h *Handler) serveStd(w http.ResponseWriter, r *http.Request, ep protocol.Endpoint) {
 	in := stdRequest{h: h, w: w, r: r}
 	if a := h.serveInference(r.Context(), w, &in, ep); a != nil {
 		a.relay(r.Context(), w)
@@ -137,7 +139,7 @@ func (s *stdRequest) passHeaders() http.Header {
 }
 
 // body reads the request body within the size and time limits.
-func (s *stdRequest) body() ([]byte, *APIError) {
+func (s *stdRequest) body() ([]byte, *protocol.APIError) {
 	limit := s.h.opts.MaxBodyBytes
 	if s.r.ContentLength > limit {
 		return nil, bodyTooLarge(limit)
@@ -153,7 +155,7 @@ func (s *stdRequest) body() ([]byte, *APIError) {
 		if errors.As(err, &mbe) {
 			return nil, bodyTooLarge(limit)
 		}
-		return nil, invalidRequest("", fmt.Sprintf("reading request body: %v", err))
+		return nil, protocol.InvalidRequest("", fmt.Sprintf("reading request body: %v", err))
 	}
 	_ = rc.SetReadDeadline(time.Time{})
 	return body, nil
@@ -194,7 +196,7 @@ func readBody(r io.Reader, declared int64) ([]byte, error) {
 }
 
 // bodyTooLarge is the 413 for a body over limit bytes.
-func bodyTooLarge(limit int64) *APIError {
-	return newAPIError(http.StatusRequestEntityTooLarge, ErrTypeInvalidRequest, "request_too_large", "",
+func bodyTooLarge(limit int64) *protocol.APIError {
+	return protocol.NewAPIError(http.StatusRequestEntityTooLarge, protocol.ErrTypeInvalidRequest, "request_too_large", "",
 		fmt.Sprintf("request body is larger than the limit of %d bytes", limit))
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
@@ -158,7 +159,7 @@ func (f *NATSFront) accept(ctx context.Context, m *nats.Msg) {
 	default:
 		hdr := nats.Header{}
 		hdr.Set("Retry-After", "1")
-		f.replyError(m, hdr, newAPIError(http.StatusTooManyRequests, ErrTypeUnavailable, "router_overloaded", "",
+		f.replyError(m, hdr, protocol.NewAPIError(http.StatusTooManyRequests, protocol.ErrTypeUnavailable, "router_overloaded", "",
 			fmt.Sprintf("the router is serving %d NATS requests, its limit", f.opts.MaxConcurrent)), "")
 		return
 	}
@@ -169,7 +170,7 @@ func (f *NATSFront) accept(ctx context.Context, m *nats.Msg) {
 		// A request whose handling panics gets a final 500 (after any part
 		// of its answer already sent) instead of ending the process.
 		defer f.poison.Recover("nats_front", m.Subject, func() {
-			f.replyError(m, nil, newAPIError(http.StatusInternalServerError, ErrTypeServer, "internal_error", "",
+			f.replyError(m, nil, protocol.NewAPIError(http.StatusInternalServerError, protocol.ErrTypeServer, "internal_error", "",
 				"the router failed while serving this request"), "")
 		})
 		f.serve(ctx, m)
@@ -177,9 +178,9 @@ func (f *NATSFront) accept(ctx context.Context, m *nats.Msg) {
 }
 
 // replyError answers e as one final OpenAI error message.
-func (f *NATSFront) replyError(m *nats.Msg, hdr nats.Header, e *APIError, reqID string) {
+func (f *NATSFront) replyError(m *nats.Msg, hdr nats.Header, e *protocol.APIError, reqID string) {
 	body, _ := json.Marshal(struct {
-		Error *APIError `json:"error"`
+		Error *protocol.APIError `json:"error"`
 	}{e})
 	if hdr == nil {
 		hdr = nats.Header{}
@@ -204,30 +205,6 @@ func (f *NATSFront) publish(subject string, hdr nats.Header, status int, last bo
 	}
 }
 
-// natsEndpoint tells chat from completions requests: a body with a
-// non-null "messages" member is a chat request. It only scans the body's
-// top level; a malformed body is classed as chat, and ParseRequest says
-// what is wrong with it.
-func natsEndpoint(body []byte) Endpoint {
-	b := bytes.TrimSpace(body)
-	if len(b) == 0 || b[0] != '{' {
-		return EndpointChat
-	}
-	ep := EndpointCompletions
-	for m := (members{b: b}); ; {
-		key, val, ok := m.next()
-		if !ok {
-			return ep
-		}
-		if keyIs(key, "messages") {
-			ep = EndpointCompletions
-			if !isAbsent(val) {
-				ep = EndpointChat
-			}
-		}
-	}
-}
-
 func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 	h := f.h
 	start := h.opts.Now()
@@ -235,44 +212,44 @@ func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 	if reqID == "" {
 		reqID = h.newRequestID()
 	} else if !validHeaderValue(reqID, maxRequestIDLen) {
-		f.reject(m, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", messages.HeaderRequestID,
+		f.reject(m, labelInvalid, protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderRequestID,
 			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderRequestID, maxRequestIDLen)), "")
 		return
 	}
 	session, present := natsHeader(m.Header, messages.NATSHeaderSessionID)
 	if present && !validHeaderValue(session, maxSessionIDLen) {
-		f.reject(m, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", messages.HeaderSessionID,
+		f.reject(m, labelInvalid, protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderSessionID,
 			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderSessionID, maxSessionIDLen)), reqID)
 		return
 	}
 	toks, ok := f.opts.Names.ParseSubject(m.Subject, "req", 2)
 	if !ok {
-		f.reject(m, labelInvalid, invalidRequest("", fmt.Sprintf("subject %q is not %s.req.<cluster>.<model>", m.Subject, f.opts.Names.Prefix)), reqID)
+		f.reject(m, labelInvalid, protocol.InvalidRequest("", fmt.Sprintf("subject %q is not %s.req.<cluster>.<model>", m.Subject, f.opts.Names.Prefix)), reqID)
 		return
 	}
 	if int64(len(m.Data)) > h.opts.MaxBodyBytes {
-		f.reject(m, labelInvalid, newAPIError(http.StatusRequestEntityTooLarge, ErrTypeInvalidRequest, "request_too_large", "",
+		f.reject(m, labelInvalid, protocol.NewAPIError(http.StatusRequestEntityTooLarge, protocol.ErrTypeInvalidRequest, "request_too_large", "",
 			fmt.Sprintf("request body is larger than the limit of %d bytes", h.opts.MaxBodyBytes)), reqID)
 		return
 	}
 	body := m.Data
-	req, err := ParseRequest(natsEndpoint(body), body)
+	req, err := protocol.ParseRequest(protocol.EndpointOf(body), body)
 	if err != nil {
-		var ae *APIError
+		var ae *protocol.APIError
 		if !errors.As(err, &ae) {
-			ae = invalidRequest("", err.Error())
+			ae = protocol.InvalidRequest("", err.Error())
 		}
 		f.reject(m, labelInvalid, ae, reqID)
 		return
 	}
 	if req.Model != toks[1] {
-		f.reject(m, labelInvalid, invalidRequest("model", fmt.Sprintf("'model' is %q but the request was sent to the subject of model %q", req.Model, toks[1])), reqID)
+		f.reject(m, labelInvalid, protocol.InvalidRequest("model", fmt.Sprintf("'model' is %q but the request was sent to the subject of model %q", req.Model, toks[1])), reqID)
 		return
 	}
 	pv, _ := natsHeader(m.Header, messages.NATSHeaderPriority)
-	prio, ok := ParsePriority(pv)
+	prio, ok := protocol.ParsePriority(pv)
 	if !ok {
-		f.reject(m, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", messages.HeaderPriority,
+		f.reject(m, labelInvalid, protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderPriority,
 			fmt.Sprintf("header %s must be critical, standard or sheddable", messages.NATSHeaderPriority)), reqID)
 		return
 	}
@@ -362,7 +339,7 @@ func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 		Int("attempts", at.n).Msg("request done")
 }
 
-func (f *NATSFront) reject(m *nats.Msg, label string, e *APIError, reqID string) {
+func (f *NATSFront) reject(m *nats.Msg, label string, e *protocol.APIError, reqID string) {
 	f.h.metrics.requests.WithLabelValues(label, strconv.Itoa(e.Status)).Inc()
 	f.replyError(m, nil, e, reqID)
 }

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/router/protocol"
 )
 
 // Defaults of ProtectionOptions.
@@ -114,9 +116,9 @@ type RegionResolver interface {
 type GuardObserver interface {
 	Observer
 	// Priority counts the class of one client request (after Request).
-	Priority(model string, p Priority)
+	Priority(model string, p protocol.Priority)
 	// Shed counts one shed request.
-	Shed(model string, p Priority, reason ShedReason)
+	Shed(model string, p protocol.Priority, reason ShedReason)
 	// Retry counts one retry attempt.
 	Retry(model string)
 }
@@ -133,8 +135,8 @@ type routed struct {
 	ms       *modelState
 	idx      int
 	key      uint64
-	src      KeySource
-	prio     Priority
+	src      protocol.KeySource
+	prio     protocol.Priority
 	spare    []string // the snapshot's engines of weight zero, nearest first (Figures.Spare)
 	fallback bool     // every engine was ejected: ejections are ignored
 }
@@ -143,12 +145,12 @@ type routed struct {
 func (rt *routed) release() { rt.ms.admitted.Add(-1) }
 
 // shedError is the answer to a shed request.
-func (h *Handler) shedError(model string, p Priority, reason ShedReason, detail string) *APIError {
+func (h *Handler) shedError(model string, p protocol.Priority, reason ShedReason, detail string) *protocol.APIError {
 	h.metrics.shed.WithLabelValues(string(reason), p.String()).Inc()
 	if g, ok := h.opts.Observer.(GuardObserver); ok {
 		g.Shed(model, p, reason)
 	}
-	return newAPIError(http.StatusTooManyRequests, ErrTypeUnavailable, "overloaded", "",
+	return protocol.NewAPIError(http.StatusTooManyRequests, protocol.ErrTypeUnavailable, "overloaded", "",
 		fmt.Sprintf("model %q is overloaded; %s request shed (%s); retry later", model, p, detail))
 }
 
@@ -160,7 +162,7 @@ func (h *Handler) retryAfter() string {
 // admit applies the snapshot's shed fraction and the local admission
 // control to a request of class p with key on model, and returns the
 // fleet utilisation the retry budget earns at, or a 429.
-func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, key uint64, src KeySource, p Priority) (float64, *APIError) {
+func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, key uint64, src protocol.KeySource, p protocol.Priority) (float64, *protocol.APIError) {
 	f := info.Figures
 	now := h.opts.Now()
 	ms.mix.add(p, now)
@@ -198,13 +200,13 @@ func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, k
 	// which its queue curve puts far above a batching engine's near
 	// capacity (see CapacityAllotment).
 	if lim := CapacityAllotment(f, h.prot.Routers, slot, step, p, h.prot.MinInFlight); capacityBound && lim > 0 {
-		if float64(n) > lim && (p == PriorityCritical || !ongoing(src, key, ms.recent) ||
+		if float64(n) > lim && (p == protocol.PriorityCritical || !ongoing(src, key, ms.recent) ||
 			float64(n) > capacityAllotment(f, h.prot.Routers, slot, step, queueSteps(p)+ongoingSteps, h.prot.MinInFlight)) {
 			ms.admitted.Add(-1)
 			return 0, h.shedError(model, p, ShedAdmission,
 				fmt.Sprintf("%d requests in flight at this router, capacity allotment %.0f", n-1, lim))
 		}
-		std := CapacityAllotment(f, h.prot.Routers, slot, step, PriorityStandard, h.prot.MinInFlight)
+		std := CapacityAllotment(f, h.prot.Routers, slot, step, protocol.PriorityStandard, h.prot.MinInFlight)
 		return math.Max(u, float64(n)/std), nil
 	}
 	// Admission control guards a fleet the snapshot already plans near its
@@ -291,7 +293,7 @@ func bodyInHand(b io.Reader) bool {
 // first body bytes (read into buf) are in hand; nothing has been written
 // to the client. Structurally no retry can follow a byte sent to the
 // client: the caller writes only after forward returns.
-func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, buf []byte, log *reqLog) (*attempt, *APIError) {
+func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, buf []byte, log *reqLog) (*attempt, *protocol.APIError) {
 	var triedBuf [8]int
 	tried := triedBuf[:0]
 	idx := rt.idx
@@ -385,7 +387,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 		}
 		if res == ResultOK {
 			h.countEngine(rt, eng.Name, resp.Status)
-			if idx != rt.idx && rt.src != KeyNone {
+			if idx != rt.idx && rt.src != protocol.KeyNone {
 				// A retry placed the key elsewhere: the engine that
 				// serves it now holds its newest prefix, so the key's
 				// next requests follow it there.
@@ -419,7 +421,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 			}
 			actx.cancel()
 			rt.bound.Release(idx)
-			return nil, newAPIError(http.StatusBadGateway, ErrTypeServer, "canceled", "", errClientGone.Error())
+			return nil, protocol.NewAPIError(http.StatusBadGateway, protocol.ErrTypeServer, "canceled", "", errClientGone.Error())
 		}
 		next, cause := h.retryTo(rt, tried, idx, n)
 		if cause == "" {
@@ -454,9 +456,9 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 				msg = fmt.Sprintf("engine %q for model %q timed out after %v: %v (%d attempts)", eng.Name, rt.model,
 					lat.Round(time.Millisecond), errString(err, resp), n)
 			}
-			return nil, newAPIError(http.StatusGatewayTimeout, ErrTypeServer, "upstream_timeout", "", msg)
+			return nil, protocol.NewAPIError(http.StatusGatewayTimeout, protocol.ErrTypeServer, "upstream_timeout", "", msg)
 		}
-		return nil, newAPIError(http.StatusBadGateway, ErrTypeServer, "upstream_error", "",
+		return nil, protocol.NewAPIError(http.StatusBadGateway, protocol.ErrTypeServer, "upstream_error", "",
 			fmt.Sprintf("engine %q for model %q failed: %v (%d attempts)", eng.Name, rt.model, errString(err, resp), n))
 	}
 }
@@ -469,8 +471,8 @@ func (h *Handler) passOver(rt *routed, tried []int, idx int) (int, bool) {
 }
 
 // noEngineError is the answer when no engine of model can be reached.
-func noEngineError(model string) *APIError {
-	return newAPIError(http.StatusServiceUnavailable, ErrTypeUnavailable, "no_engine_available", "",
+func noEngineError(model string) *protocol.APIError {
+	return protocol.NewAPIError(http.StatusServiceUnavailable, protocol.ErrTypeUnavailable, "no_engine_available", "",
 		fmt.Sprintf("no engine is available for model %q", model))
 }
 

@@ -20,6 +20,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/protocol"
 )
 
 // Engine behaviours of progEngine.
@@ -158,7 +159,7 @@ func (f *pfront) sessionFor(t *testing.T, i int, not ...string) string {
 		if slices.Contains(not, s) {
 			continue
 		}
-		key, _ := AffinityKey(s, &Request{Model: "m"})
+		key, _ := protocol.AffinityKey(s, &protocol.Request{Model: "m"})
 		if j, _ := f.table.Primary(key); j == i {
 			return s
 		}
@@ -486,8 +487,8 @@ func TestEjectStateSingleProbe(t *testing.T) {
 func TestShedFractions(t *testing.T) {
 	for _, tc := range []struct {
 		s    float64
-		mix  [numPriorities]float64
-		want [numPriorities]float64
+		mix  [protocol.NumPriorities]float64
+		want [protocol.NumPriorities]float64
 	}{
 		{0, [3]float64{0.2, 0.5, 0.3}, [3]float64{0, 0, 0}},
 		{1.0 / 3, [3]float64{0.2, 0.5, 0.3}, [3]float64{1, (1.0/3 - 0.2) / 0.5, 0}},
@@ -610,7 +611,7 @@ func TestShedAnswerFast(t *testing.T) {
 					Code          *string
 				}
 			}
-			if err := json.Unmarshal([]byte(r.body), &body); err != nil || body.Error.Type != ErrTypeUnavailable ||
+			if err := json.Unmarshal([]byte(r.body), &body); err != nil || body.Error.Type != protocol.ErrTypeUnavailable ||
 				body.Error.Code == nil || *body.Error.Code != "overloaded" || body.Error.Message == "" {
 				t.Fatalf("body %q", r.body)
 			}

@@ -117,17 +117,6 @@ func BenchmarkNewTable(b *testing.B) {
 	}
 }
 
-// BenchmarkAffinityKey measures key extraction from a parsed chat request
-// with a long system prompt.
-func BenchmarkAffinityKey(b *testing.B) {
-	req := mustParse(b, EndpointChat, `{"model":"m","messages":[{"role":"system","content":"`+
-		fmt.Sprintf("%0900d", 0)+`"},{"role":"user","content":"`+fmt.Sprintf("%01500d", 1)+`"}]}`)
-	b.ReportAllocs()
-	for b.Loop() {
-		AffinityKey("", req)
-	}
-}
-
 // BenchmarkPickLive measures the live router's picks through a real Bound
 // whose engines have reported load signals: PickTwo for a keyless request,
 // PickRecent for a keyed one (mostly seen before) and for keys never seen,

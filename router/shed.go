@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
@@ -20,7 +21,7 @@ type Figures struct {
 	ShedFraction float64
 	// ShedByPriority, when HasShedByPriority, is the fraction of each
 	// class's demand to shed, indexed by Priority.
-	ShedByPriority [numPriorities]float64
+	ShedByPriority [protocol.NumPriorities]float64
 	// HasShedByPriority says whether the snapshot carried ShedByPriority.
 	HasShedByPriority bool
 	// DemandRPS is the cluster's demand the snapshot was computed for.
@@ -43,7 +44,7 @@ type Figures struct {
 func FiguresOf(snap *messages.WeightSnapshot) *Figures {
 	f := &Figures{ShedFraction: shedClamp(snap.ShedFraction), DemandRPS: math.Max(0, snap.DemandRPS)}
 	if len(snap.ShedByPriority) > 0 {
-		for p := Priority(0); p < numPriorities; p++ {
+		for p := protocol.Priority(0); p < protocol.NumPriorities; p++ {
 			if v := shedClamp(snap.ShedByPriority[p.String()]); v > 0 {
 				f.ShedByPriority[p] = v
 				f.HasShedByPriority = true
@@ -125,17 +126,17 @@ func clamp01orMore(v float64) float64 {
 // shed in full. A class not observed is shed in full as soon as its turn
 // comes, so a request of it that arrives is shed before any of a higher
 // class. With no observations the demand is taken to be all standard.
-func ShedFractions(s float64, mix [numPriorities]float64) [numPriorities]float64 {
-	var out [numPriorities]float64
+func ShedFractions(s float64, mix [protocol.NumPriorities]float64) [protocol.NumPriorities]float64 {
+	var out [protocol.NumPriorities]float64
 	s = clamp01(s)
 	if s == 0 {
 		return out
 	}
-	if mix == ([numPriorities]float64{}) {
-		mix[PriorityStandard] = 1
+	if mix == ([protocol.NumPriorities]float64{}) {
+		mix[protocol.PriorityStandard] = 1
 	}
 	left := s
-	for p := Priority(0); p < numPriorities; p++ {
+	for p := protocol.Priority(0); p < protocol.NumPriorities; p++ {
 		if left <= 1e-12 {
 			break
 		}
@@ -173,7 +174,7 @@ const (
 // admissionFactor scales the allotment per class: sheddable requests are
 // admitted up to 80% of it, standard ones up to all of it, critical ones up
 // to 125%, so that a burst sheds sheddable traffic first and critical last.
-var admissionFactor = [numPriorities]float64{0.8, 1, 1.25}
+var admissionFactor = [protocol.NumPriorities]float64{0.8, 1, 1.25}
 
 // Allotment returns the in-flight requests this router may hold for a
 // model under f: by Little's law, the router's share of the demand the
@@ -221,11 +222,11 @@ func Allotment(f *Figures, routers int, slack float64, minInFlight int) float64 
 // rows furthest from their limits. Critical requests are shed by the
 // allotment only behind a backlog of twenty steps (two seconds on those
 // engines), so that none is shed while sheddable requests are served.
-func queueSteps(p Priority) float64 {
+func queueSteps(p protocol.Priority) float64 {
 	switch p {
-	case PrioritySheddable:
+	case protocol.PrioritySheddable:
 		return 0
-	case PriorityCritical:
+	case protocol.PriorityCritical:
 		return 20
 	}
 	return 0.375
@@ -248,7 +249,7 @@ func queueSteps(p Priority) float64 {
 // queued are their batch slots, and what is allotted beyond them waits
 // about queueSteps steps. It returns 0 (no limit) when f is nil or does not shed, or slot
 // is not positive.
-func CapacityAllotment(f *Figures, routers int, slot, step float64, p Priority, minInFlight int) float64 {
+func CapacityAllotment(f *Figures, routers int, slot, step float64, p protocol.Priority, minInFlight int) float64 {
 	return capacityAllotment(f, routers, slot, step, queueSteps(p), minInFlight)
 }
 
@@ -271,8 +272,8 @@ const ongoingSteps = 1
 // ongoing reports whether a request's key names a conversation this
 // router has routed before: a session id or user field (not a prompt
 // prefix, which many conversations share) that rk remembers.
-func ongoing(src KeySource, key uint64, rk *RecentKeys) bool {
-	if rk == nil || (src != KeySession && src != KeyUser) {
+func ongoing(src protocol.KeySource, key uint64, rk *RecentKeys) bool {
+	if rk == nil || (src != protocol.KeySession && src != protocol.KeyUser) {
 		return false
 	}
 	_, seen := rk.lookup(key)
@@ -289,12 +290,12 @@ type priorityMix struct {
 	mu    sync.Mutex
 	first time.Time // the first request seen
 	start time.Time
-	cur   [numPriorities]float64
-	prev  [numPriorities]float64
+	cur   [protocol.NumPriorities]float64
+	prev  [protocol.NumPriorities]float64
 }
 
 // add counts one request of class p at now.
-func (m *priorityMix) add(p Priority, now time.Time) {
+func (m *priorityMix) add(p protocol.Priority, now time.Time) {
 	m.mu.Lock()
 	if m.first.IsZero() {
 		m.first = now
@@ -325,9 +326,9 @@ func (m *priorityMix) rate(now time.Time) float64 {
 func (m *priorityMix) rollLocked(now time.Time) {
 	switch d := now.Sub(m.start); {
 	case m.start.IsZero() || d >= 2*mixWindow:
-		m.prev, m.cur, m.start = [numPriorities]float64{}, [numPriorities]float64{}, now
+		m.prev, m.cur, m.start = [protocol.NumPriorities]float64{}, [protocol.NumPriorities]float64{}, now
 	case d >= mixWindow:
-		m.prev, m.cur = m.cur, [numPriorities]float64{}
+		m.prev, m.cur = m.cur, [protocol.NumPriorities]float64{}
 		m.start = m.start.Add(mixWindow)
 	}
 }
@@ -338,10 +339,10 @@ const minMixSamples = 20
 
 // shares returns each class's share of the window's requests (all zero
 // when fewer than minMixSamples were seen).
-func (m *priorityMix) shares(now time.Time) [numPriorities]float64 {
+func (m *priorityMix) shares(now time.Time) [protocol.NumPriorities]float64 {
 	m.mu.Lock()
 	m.rollLocked(now)
-	var out [numPriorities]float64
+	var out [protocol.NumPriorities]float64
 	total := 0.0
 	for p := range out {
 		out[p] = m.cur[p] + m.prev[p]
@@ -349,7 +350,7 @@ func (m *priorityMix) shares(now time.Time) [numPriorities]float64 {
 	}
 	m.mu.Unlock()
 	if total < minMixSamples {
-		return [numPriorities]float64{}
+		return [protocol.NumPriorities]float64{}
 	}
 	if total > 0 {
 		for p := range out {
