@@ -82,9 +82,13 @@ type Options struct {
 	// Logger receives the handler's logs; component=router and cluster are
 	// added. The zero Logger discards.
 	Logger zerolog.Logger
-	// Registry receives the handler's metrics and is served on /metrics
-	// (default: a new registry).
-	Registry *prometheus.Registry
+	// Registry receives the handler's metrics (default: a new registry). It
+	// may be shared or wrapped (prometheus.WrapRegistererWith, e.g. with a
+	// cluster label) when one process serves several routers' metrics.
+	Registry prometheus.Registerer
+	// Metrics is what /metrics serves (default: Registry, when it is a
+	// prometheus.Gatherer as a *prometheus.Registry is; required otherwise).
+	Metrics prometheus.Gatherer
 	// MaxBodyBytes bounds request bodies (default 8 MiB); larger ones get 413.
 	MaxBodyBytes int64
 	// BodyReadTimeout bounds reading a request body (default 30s).
@@ -152,7 +156,18 @@ func NewHandler(opts Options) (*Handler, error) {
 		opts.Transport = NewHTTPTransport(HTTPTransportOptions{})
 	}
 	if opts.Registry == nil {
-		opts.Registry = prometheus.NewRegistry()
+		reg := prometheus.NewRegistry()
+		opts.Registry = reg
+		if opts.Metrics == nil {
+			opts.Metrics = reg
+		}
+	}
+	if opts.Metrics == nil {
+		g, ok := opts.Registry.(prometheus.Gatherer)
+		if !ok {
+			return nil, errors.New("router: new handler: Options.Metrics is nil and Options.Registry is no prometheus.Gatherer: say what /metrics serves")
+		}
+		opts.Metrics = g
 	}
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = 8 << 20
@@ -183,7 +198,7 @@ func NewHandler(opts Options) (*Handler, error) {
 		budget:  budget,
 		amp:     amp,
 	}
-	h.promHTTP = promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{Registry: opts.Registry})
+	h.promHTTP = promhttp.HandlerFor(opts.Metrics, promhttp.HandlerOpts{Registry: opts.Registry})
 	h.mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
 		h.serveStd(w, r, protocol.EndpointChat)
 	})
@@ -204,8 +219,11 @@ func NewHandler(opts Options) (*Handler, error) {
 // ServeHTTP routes a request.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
 
-// Registry returns the registry holding the handler's metrics.
-func (h *Handler) Registry() *prometheus.Registry { return h.opts.Registry }
+// Registry returns where the handler registers its metrics.
+func (h *Handler) Registry() prometheus.Registerer { return h.opts.Registry }
+
+// Metrics returns what the handler serves on /metrics.
+func (h *Handler) Metrics() prometheus.Gatherer { return h.opts.Metrics }
 
 // Live returns the live engine state of model (in-flight counts, down
 // marks), creating it if needed; guards use it to mark engines down.

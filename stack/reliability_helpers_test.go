@@ -562,7 +562,7 @@ func relLogRouters(t *testing.T, s *stack.Stack) {
 func relLogRouter(t *testing.T, r *router.Service) {
 	t.Helper()
 	snap, _ := r.Store().Snapshot(relModel)
-	reg := r.Handler().Registry()
+	reg := r.Handler().Metrics()
 	t.Logf("router %s: snapshot g%d demand %.1f req/s shed %.3f by priority %v; shed by admission %.0f, by snapshot %.0f; attempts %.0f, retries %.0f, suppressed %.0f, amplification (10 s) %.3f",
 		r.Name(), snap.Generation, snap.DemandRPS, snap.ShedFraction, snap.ShedByPriority,
 		testenv.MetricSum(t, reg, "switchyard_router_shed_total", map[string]string{"reason": "admission"}),

@@ -16,7 +16,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/switchyard-dev/switchyard/internal/procruntime"
-	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/stack"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -56,14 +55,8 @@ func routerCommand() command {
 				if len(args) > 0 {
 					return usagef("unexpected arguments %q", args)
 				}
-				if err := messages.CheckName("--cluster", o.Cluster); err != nil {
+				if err := o.Validate(); err != nil {
 					return usageError{err}
-				}
-				if err := router.CheckRTTProbe(o.RTTProbe); err != nil {
-					return usagef("--rtt-probe: %v", err)
-				}
-				if o.Protection.Routers < 1 {
-					return usagef("--routers %d: a cluster has at least one router", o.Protection.Routers)
 				}
 				log, err := mkLog()
 				if err != nil {
