@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"mime"
 	"net/http"
 	"strconv"
 	"sync"
@@ -323,18 +322,13 @@ const (
 	labelUnknown = "_unknown"
 )
 
-// clientRequest is what the inference endpoints read of a client's
-// request, whichever HTTP server parsed it (net/http or fasthttp).
-type clientRequest interface {
+// httpRequest is what the HTTP front reads of a client's request,
+// whichever HTTP server parsed it (net/http or fasthttp): the pipeline's
+// clientRequest and the method.
+type httpRequest interface {
+	clientRequest
 	// method is the request method.
 	method() string
-	// header returns the first value of the named header (canonical form)
-	// and whether the header is present.
-	header(name string) (string, bool)
-	// passHeaders returns the client headers forwarded to engines.
-	passHeaders() http.Header
-	// body reads the request body within the handler's size and time limits.
-	body() ([]byte, *protocol.APIError)
 }
 
 // headWriter is a response writer that writes an engine's answer head
@@ -346,138 +340,47 @@ type headWriter interface {
 	writeHead(status int, engine http.Header, engineName, requestID string)
 }
 
-// answer is a request whose engine answered and whose response head is
-// written: relay copies the body to the client and ends the request.
-type answer struct {
-	h      *Handler
-	rt     *routed
-	at     *attempt
-	mm     *modelMetrics
-	bp     *[]byte
-	log    *reqLog
-	start  time.Time
-	stream bool
-	logv   reqLog          // what log points to
-	up     UpstreamRequest // the request forwarded to the engine
-}
-
-// serveInference answers an inference request up to the response head: it
-// checks the request, routes it and forwards it, and either answers an
-// error (returning nil) or writes the engine's status and headers and
-// returns the answer whose body the caller relays with answer.relay. ctx
-// ends when the client goes away, if the server can tell.
-func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r clientRequest, ep protocol.Endpoint) *answer {
-	start := h.opts.Now()
+// serveInference is the HTTP front's request path up to the response
+// head: it checks the method, runs the pipeline (Handler.begin) and either
+// answers its rejection (returning nil) or writes the engine's status and
+// headers and returns the answer whose body the caller relays with
+// answer.relay. ctx ends when the client goes away, if the server can tell.
+func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r httpRequest, ep protocol.Endpoint) *answer {
 	if m := r.method(); m != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		h.reject(w, labelInvalid, protocol.NewAPIError(http.StatusMethodNotAllowed, protocol.ErrTypeInvalidRequest, "method_not_allowed", "",
 			fmt.Sprintf("method %s not allowed on %s; use POST", m, ep.Path())))
 		return nil
 	}
-	reqID, _ := r.header(messages.HeaderRequestID)
-	if reqID == "" {
-		reqID = h.newRequestID()
-	} else if !validHeaderValue(reqID, maxRequestIDLen) {
-		h.reject(w, labelInvalid, protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderRequestID,
-			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderRequestID, maxRequestIDLen)))
-		return nil
-	}
-	w.Header().Set(messages.HeaderRequestID, reqID)
-	session, present := r.header(messages.HeaderSessionID)
-	if present && !validHeaderValue(session, maxSessionIDLen) {
-		h.reject(w, labelInvalid, protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderSessionID,
-			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderSessionID, maxSessionIDLen)))
-		return nil
-	}
-	if ct, _ := r.header("Content-Type"); ct != "" && ct != mimeJSON {
-		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != mimeJSON {
-			h.reject(w, labelInvalid, protocol.NewAPIError(http.StatusUnsupportedMediaType, protocol.ErrTypeInvalidRequest, "unsupported_media_type", "",
-				fmt.Sprintf("Content-Type %q is not application/json", ct)))
-			return nil
+	a, rej := h.begin(ctx, r, ep, "")
+	if a == nil {
+		hdr := w.Header()
+		if rej.reqID != "" {
+			hdr.Set(messages.HeaderRequestID, rej.reqID)
 		}
-	}
-	body, apiErr := r.body()
-	if apiErr != nil {
-		h.reject(w, labelInvalid, apiErr)
-		return nil
-	}
-	req, err := protocol.ParseRequest(ep, body)
-	if err != nil {
-		var ae *protocol.APIError
-		if !errors.As(err, &ae) {
-			ae = protocol.InvalidRequest("", err.Error())
+		if rej.retryAfter != "" {
+			hdr.Set("Retry-After", rej.retryAfter)
 		}
-		h.reject(w, labelInvalid, ae)
+		protocol.WriteError(w, rej.err)
 		return nil
 	}
-	prioHeader, _ := r.header(messages.HeaderPriority)
-	prio, ok := protocol.ParsePriority(prioHeader)
-	if !ok {
-		h.reject(w, labelInvalid, protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderPriority,
-			fmt.Sprintf("header %s must be critical, standard or sheddable", messages.HeaderPriority)))
-		return nil
-	}
-	rt, apiErr := h.route(ctx, req, session, prio)
-	if apiErr != nil {
-		switch apiErr.Status {
-		case http.StatusServiceUnavailable:
-			w.Header().Set("Retry-After", "1")
-		case http.StatusTooManyRequests:
-			w.Header().Set("Retry-After", h.retryAfter())
-		}
-		label := req.Model
-		if apiErr.Status == http.StatusNotFound {
-			label = labelUnknown
-		}
-		h.reject(w, label, apiErr)
-		return nil
-	}
-	mm := h.modelMetrics(rt.ms, req.Model)
-	mm.inFlight.Inc()
-	// One allocation for the answer, the request's logger and the request
-	// to the engine; the answer is returned only once the engine answered.
-	ans := &answer{h: h, rt: rt, mm: mm, start: start, stream: req.Stream,
-		logv: reqLog{base: &h.log, model: req.Model, id: reqID, key: rt.src, prio: prio},
-		up: UpstreamRequest{Endpoint: ep, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body,
-			Header: r.passHeaders()}}
-	log, up := &ans.logv, &ans.up
-	ans.log = log
-	bp := h.bufs.Get().(*[]byte)
-	var at *attempt
-	var a *answer
+	written := false
 	defer func() {
-		if a != nil {
-			return // the answer's relay releases it all
+		if !written { // a panic writing the head
+			a.release()
 		}
-		if at != nil {
-			at.finish()
-		}
-		h.bufs.Put(bp)
-		mm.inFlight.Dec()
-		rt.release()
 	}()
-	at, apiErr = h.forward(ctx, rt, up, *bp, log)
-	if apiErr != nil {
-		if apiErr.Code != nil && *apiErr.Code == "canceled" {
-			log.Debug().Msg("client went away before the engine answered")
-		}
-		h.reject(w, req.Model, apiErr)
-		return nil
-	}
-	resp := at.resp
-	h.countRequest(mm, req.Model, resp.Status)
-
+	resp := a.at.resp
 	if hw, ok := w.(headWriter); ok {
-		hw.writeHead(resp.Status, resp.Header, at.engine.Name, reqID)
+		hw.writeHead(resp.Status, resp.Header, a.at.engine.Name, a.logv.id)
 	} else {
 		hdr := w.Header()
 		copyResponseHeaders(hdr, resp.Header)
-		hdr.Set(messages.HeaderEngine, at.engine.Name)
-		hdr.Set(messages.HeaderRequestID, reqID)
+		hdr.Set(messages.HeaderEngine, a.at.engine.Name)
+		hdr.Set(messages.HeaderRequestID, a.logv.id)
 		w.WriteHeader(resp.Status)
 	}
-	ans.at, ans.bp = at, bp
-	a = ans
+	written = true
 	return a
 }
 
@@ -486,33 +389,9 @@ func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r c
 // serveInference was given, or any context that has ended when the client
 // is known to have gone away.
 func (a *answer) relay(ctx context.Context, w http.ResponseWriter) {
-	h, at := a.h, a.at
-	defer func() {
-		at.finish()
-		h.bufs.Put(a.bp)
-		a.mm.inFlight.Dec()
-		a.rt.release()
-	}()
-	n, first, err := h.relay(ctx, w, at.first, at.resp.Body, *a.bp)
-	end := h.opts.Now()
-	// Only a streamed answer's first byte is its first token; a whole
-	// answer's first byte comes when it is complete, and counting it as TTFT
-	// would make every engine look slow to the penalty rules.
-	ttftAt := first
-	if !a.stream {
-		ttftAt = time.Time{}
-	}
-	h.finishAttempt(ctx, at, err, ttftAt, end, a.log)
-	if !first.IsZero() {
-		a.mm.ttft.Observe(first.Sub(a.start).Seconds())
-	}
-	a.mm.duration.Observe(end.Sub(a.start).Seconds())
-	ev := a.log.Debug()
-	if err != nil {
-		ev = a.log.Info().Err(err)
-	}
-	ev.Str("engine", at.engine.Name).Int("status", at.resp.Status).Int64("bytes", n).Dur("duration", end.Sub(a.start)).
-		Bool("stream", a.stream).Int("attempts", at.n).Msg("request done")
+	defer a.release()
+	n, first, err := a.h.relay(ctx, w, a.at.first, a.at.resp.Body, *a.bp)
+	a.record(ctx, n, first, err)
 }
 
 // route admits and picks the first engine for a parsed request exactly as

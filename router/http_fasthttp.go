@@ -247,7 +247,7 @@ func (s *fastServer) serveError(ctx *fasthttp.RequestCtx, err error) {
 	}
 }
 
-// fastExchange is a fasthttp request as the clientRequest and the
+// fastExchange is a fasthttp request as the httpRequest and the
 // http.ResponseWriter of serveInference; pooled. Headers set before
 // WriteHeader are copied into fasthttp's response there, and the body is
 // buffered in it.
@@ -265,6 +265,9 @@ func (x *fastExchange) method() string {
 	}
 	return string(x.ctx.Method())
 }
+
+// check has nothing to add: the path named the endpoint, the body the model.
+func (x *fastExchange) check(*protocol.Request) *protocol.APIError { return nil }
 
 func (x *fastExchange) header(name string) (string, bool) {
 	h := &x.ctx.Request.Header

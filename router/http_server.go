@@ -111,7 +111,7 @@ func (h *Handler) serveStd(w http.ResponseWriter, r *http.Request, ep protocol.E
 	}
 }
 
-// stdRequest is a net/http request as a clientRequest.
+// stdRequest is a net/http request as an httpRequest.
 type stdRequest struct {
 	h *Handler
 	w http.ResponseWriter
@@ -119,6 +119,9 @@ type stdRequest struct {
 }
 
 func (s *stdRequest) method() string { return s.r.Method }
+
+// check has nothing to add: the path named the endpoint, the body the model.
+func (s *stdRequest) check(*protocol.Request) *protocol.APIError { return nil }
 
 func (s *stdRequest) header(name string) (string, bool) {
 	vs, ok := s.r.Header[name]

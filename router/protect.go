@@ -279,12 +279,21 @@ func retryReason(r Result) string {
 	return "other"
 }
 
+// FirstInHand is implemented by a response body that can tell whether its
+// first byte is in hand when Forward returns (a NATS reply stream returns
+// only once the first reply arrived); the retry loop then does not wait
+// for it under the first-byte timeout. Any Transport's body may implement
+// it.
+type FirstInHand interface {
+	// FirstInHand reports whether the body's first byte is in hand.
+	FirstInHand() bool
+}
+
 // bodyInHand reports whether a response body's first byte is known to be
-// in hand when Forward returns (a NATS reply stream returns only once the
-// first reply arrived).
+// in hand when Forward returns (see FirstInHand).
 func bodyInHand(b io.Reader) bool {
-	_, ok := b.(*natsBody)
-	return ok
+	f, ok := b.(FirstInHand)
+	return ok && f.FirstInHand()
 }
 
 // forward sends the request to rt's engine and, on a failure before any
