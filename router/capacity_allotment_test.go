@@ -60,7 +60,7 @@ func TestCapacityAllotment(t *testing.T) {
 // slotTimesEvery.
 func TestBoundSlotTimes(t *testing.T) {
 	now := time.Unix(1000, 0)
-	set := newLiveSet(func() time.Time { return now })
+	set := NewLiveSet(func() time.Time { return now })
 	table := mustTable(t, []Engine{{Name: "a", Weight: 0.5}, {Name: "b", Weight: 0.3}, {Name: "c", Weight: 0.2}, {Name: "d"}}, TableOptions{})
 	b := set.Bind(table)
 	if _, _, ok := b.SlotTimes(); ok {

@@ -263,7 +263,7 @@ func (h *Handler) model(name string) *modelState {
 	if v, ok := h.models.Load(name); ok {
 		return v.(*modelState)
 	}
-	live := newLiveSet(h.opts.Now)
+	live := NewLiveSet(h.opts.Now)
 	live.resolve, live.model = h.opts.Endpoints, name
 	v, _ := h.models.LoadOrStore(name, &modelState{live: live, recent: newRecentKeys(DefaultRecentKeys)})
 	return v.(*modelState)
