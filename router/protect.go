@@ -323,7 +323,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 			continue
 		}
 		live := rt.bound.Live(idx)
-		ok, probe := live.eject.claim(h.opts.Now())
+		ok, probe := live.Claim(h.opts.Now())
 		if !ok && !rt.fallback {
 			// Ejected (or its half-open probe taken) since Pick: another
 			// engine, not counted as an attempt.
@@ -571,35 +571,20 @@ func (rt *routed) spareEngine(ok func(j int) bool) (int, bool) {
 	return -1, false
 }
 
-// ejectReport feeds an attempt's result to the engine's ejection state and
-// logs and exports changes. A result that does not blame the engine
-// (Result.Blames) other than a success is neutral: a 429, a cancelled
-// request and a client error leave the consecutive failures as they are,
-// except that a half-open probe the engine answered with a client error
-// restores it (it is up and parsing requests).
+// ejectReport feeds an attempt's result to the engine's ejection state
+// (EngineLive.Report) and logs and exports changes.
 func (h *Handler) ejectReport(model, engine string, live *EngineLive, res Result, probe bool, cause error, log *reqLog) {
-	ok := res == ResultOK || (res == ResultClient && probe)
-	if !ok && !res.Blames() {
-		if probe {
-			live.eject.probing.Store(false)
-		}
-		return
-	}
-	now := h.opts.Now()
-	if ok {
-		live.lastOK.Store(now.UnixNano())
-	}
-	ev, d, fails := live.eject.report(ok, probe, now, h.prot.Eject)
+	ev, d, fails := live.Report(res, probe, h.opts.Now(), h.prot.Eject)
 	switch ev {
-	case ejectStart, ejectAgain:
+	case EjectStart, EjectAgain:
 		h.metrics.ejected.WithLabelValues(model, engine).Set(1)
 		msg := "engine ejected after consecutive failures; skipping it until a probe succeeds"
-		if ev == ejectAgain {
+		if ev == EjectAgain {
 			msg = "half-open probe failed; engine ejected again for longer"
 		}
 		log.Warn().Str("ejected_engine", engine).Int("consecutive_failures", fails).Str("last_failure", retryReason(res)).
 			Err(cause).Dur("backoff", d).Msg(msg)
-	case ejectRestored:
+	case EjectRestored:
 		h.metrics.ejected.WithLabelValues(model, engine).Set(0)
 		log.Info().Str("restored_engine", engine).Msg("engine answered again; ejection lifted")
 	}
