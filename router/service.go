@@ -60,9 +60,10 @@ type ServiceOptions struct {
 	MaxBodyBytes int64
 	// HTTPTransport tunes forwarding over HTTP.
 	HTTPTransport HTTPTransportOptions
-	// NetworkDelay, when set, emulates the one-way network latency to each
-	// engine (see DelayTransport): for stacks on one machine.
-	NetworkDelay func(engine string) time.Duration
+	// WrapTransport, when set, wraps the transport the router forwards
+	// through: internal/netem's network emulation, for stacks on one
+	// machine.
+	WrapTransport func(Transport) Transport
 	// NATSFirstReplyTimeout bounds the wait for an engine's first NATS
 	// reply (default 60 s).
 	NATSFirstReplyTimeout time.Duration
@@ -235,8 +236,8 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		return nil, err
 	}
 	var transport Transport = &TransportPolicy{HTTP: s.httpT, NATS: natsT, Endpoints: s.signals, PreferNATS: opts.PreferNATS}
-	if opts.NetworkDelay != nil {
-		transport = &DelayTransport{Next: transport, Delay: opts.NetworkDelay}
+	if opts.WrapTransport != nil {
+		transport = opts.WrapTransport(transport)
 	}
 	s.handler, err = NewHandler(Options{
 		Tables:       s.store,

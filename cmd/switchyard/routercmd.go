@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/switchyard-dev/switchyard/internal/netem"
 	"github.com/switchyard-dev/switchyard/internal/procruntime"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/stack"
@@ -82,9 +83,11 @@ func routerCommand() command {
 					if err != nil {
 						return usageError{err}
 					}
-					if o.NetworkDelay = f.DelayFrom(o.Cluster); o.NetworkDelay == nil {
+					delay := f.DelayFrom(o.Cluster)
+					if delay == nil {
 						return usagef("--emulate-network %s: cluster %q is not in the stack file", *emulate, o.Cluster)
 					}
+					o.WrapTransport = netem.Wrap(delay)
 				}
 				var nc *nats.Conn
 				if em.on {
