@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
@@ -53,7 +54,7 @@ type Info struct {
 	// Figures are the snapshot's shed fractions, demand and predictions for
 	// the guards (shedding, admission, retry budget); nil when the table is
 	// not routed by a fresh snapshot.
-	Figures *Figures
+	Figures *guard.Figures
 }
 
 // Tables is the source of selection tables, one per model, for the router's
@@ -130,8 +131,8 @@ type Handler struct {
 	bufs     sync.Pool
 	promHTTP http.Handler
 	prot     ProtectionOptions
-	budget   *RetryBudget
-	amp      *ampWindow
+	budget   *guard.RetryBudget
+	amp      *guard.AmpWindow
 }
 
 // modelState is the router's live state for one model.
@@ -139,7 +140,7 @@ type modelState struct {
 	live     *LiveSet
 	recent   *RecentKeys // where this router sent each affinity key lately
 	bound    atomic.Pointer[Bound]
-	mix      priorityMix
+	mix      guard.PriorityMix
 	admitted atomic.Int64 // admitted requests not yet answered
 	// met holds the model's metric children, made on first use.
 	met atomic.Pointer[modelMetrics]
@@ -181,9 +182,9 @@ func NewHandler(opts Options) (*Handler, error) {
 		opts.Observer = nopObserver{}
 	}
 	prot := opts.Protection.withDefaults()
-	budget := NewRetryBudget(prot.Budget, opts.Now)
-	amp := &ampWindow{now: opts.Now}
-	m, err := newMetrics(opts.Registry, opts.Tables, opts.Now, budget.Tokens, amp.ratio)
+	budget := guard.NewRetryBudget(prot.Budget, opts.Now)
+	amp := guard.NewAmpWindow(opts.Now)
+	m, err := newMetrics(opts.Registry, opts.Tables, opts.Now, budget.Tokens, amp.Ratio)
 	if err != nil {
 		return nil, fmt.Errorf("router: new handler: register metrics: %w", err)
 	}
@@ -456,7 +457,7 @@ func (h *Handler) route(ctx context.Context, req *protocol.Request, session stri
 	}
 	rt.idx = idx
 	h.budget.Earn(u)
-	h.amp.add(1, 0)
+	h.amp.Add(1, 0)
 	return rt, nil
 }
 

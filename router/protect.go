@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 )
 
@@ -41,7 +42,7 @@ type ProtectionOptions struct {
 	// DefaultWholeFirstByteTimeout).
 	WholeFirstByteTimeout time.Duration
 	// Budget tunes the router-wide retry budget.
-	Budget BudgetOptions
+	Budget guard.BudgetOptions
 	// Routers is the number of routers sharing the cluster's demand, for
 	// the admission allotment (default 1).
 	Routers int
@@ -73,7 +74,7 @@ type ProtectionOptions struct {
 
 func (o ProtectionOptions) withDefaults() ProtectionOptions {
 	o.Eject = o.Eject.withDefaults()
-	o.Budget = o.Budget.withDefaults()
+	o.Budget = o.Budget.WithDefaults()
 	if o.MaxAttempts <= 0 {
 		o.MaxAttempts = DefaultMaxAttempts
 	}
@@ -97,7 +98,7 @@ func (o ProtectionOptions) withDefaults() ProtectionOptions {
 	}
 	switch {
 	case o.SlotHeadroom == 0:
-		o.SlotHeadroom = DefaultSlotHeadroom
+		o.SlotHeadroom = guard.DefaultSlotHeadroom
 	case o.SlotHeadroom < 0:
 		o.SlotHeadroom = 0
 	}
@@ -118,7 +119,7 @@ type GuardObserver interface {
 	// Priority counts the class of one client request (after Request).
 	Priority(model string, p protocol.Priority)
 	// Shed counts one shed request.
-	Shed(model string, p protocol.Priority, reason ShedReason)
+	Shed(model string, p protocol.Priority, reason guard.ShedReason)
 	// Retry counts one retry attempt.
 	Retry(model string)
 }
@@ -145,7 +146,7 @@ type routed struct {
 func (rt *routed) release() { rt.ms.admitted.Add(-1) }
 
 // shedError is the answer to a shed request.
-func (h *Handler) shedError(model string, p protocol.Priority, reason ShedReason, detail string) *protocol.APIError {
+func (h *Handler) shedError(model string, p protocol.Priority, reason guard.ShedReason, detail string) *protocol.APIError {
 	h.metrics.shed.WithLabelValues(string(reason), p.String()).Inc()
 	if g, ok := h.opts.Observer.(GuardObserver); ok {
 		g.Shed(model, p, reason)
@@ -165,7 +166,7 @@ func (h *Handler) retryAfter() string {
 func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, key uint64, src protocol.KeySource, p protocol.Priority) (float64, *protocol.APIError) {
 	f := info.Figures
 	now := h.opts.Now()
-	ms.mix.add(p, now)
+	ms.mix.Add(p, now)
 	shedding := f != nil && (f.ShedFraction > 0 || f.HasShedByPriority)
 	// While the snapshot sheds, the engines are planned at their capacity,
 	// and admission bounds the requests in flight by their batch slots
@@ -182,12 +183,12 @@ func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, k
 			// The capacity allotment sheds what the engines cannot take at once;
 			// the snapshot's shed, relaxed, keeps the order of classes
 			// and of keys (see ProtectionOptions.SlotHeadroom).
-			fr = ShedFractions(RelaxedShed(f.ShedFraction, h.prot.SlotHeadroom), ms.mix.shares(now))
+			fr = guard.ShedFractions(guard.RelaxedShed(f.ShedFraction, h.prot.SlotHeadroom), ms.mix.Shares(now))
 		case !f.HasShedByPriority:
-			fr = ShedFractions(f.ShedFraction, ms.mix.shares(now))
+			fr = guard.ShedFractions(f.ShedFraction, ms.mix.Shares(now))
 		}
-		if KeyUnit(key) < fr[p] {
-			return 0, h.shedError(model, p, ShedSnapshot, fmt.Sprintf("the fleet serves %.0f%% of %s demand", 100*(1-fr[p]), p))
+		if guard.KeyUnit(key) < fr[p] {
+			return 0, h.shedError(model, p, guard.ShedSnapshot, fmt.Sprintf("the fleet serves %.0f%% of %s demand", 100*(1-fr[p]), p))
 		}
 	}
 	u := 0.0
@@ -199,14 +200,14 @@ func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, k
 	// step's queue, not Little's law on the snapshot's predicted latency,
 	// which its queue curve puts far above a batching engine's near
 	// capacity (see CapacityAllotment).
-	if lim := CapacityAllotment(f, h.prot.Routers, slot, step, p, h.prot.MinInFlight); capacityBound && lim > 0 {
+	if lim := guard.CapacityAllotment(f, h.prot.Routers, slot, step, p, h.prot.MinInFlight); capacityBound && lim > 0 {
 		if float64(n) > lim && (p == protocol.PriorityCritical || !ongoing(src, key, ms.recent) ||
-			float64(n) > capacityAllotment(f, h.prot.Routers, slot, step, queueSteps(p)+ongoingSteps, h.prot.MinInFlight)) {
+			float64(n) > guard.CapacityAllotmentSteps(f, h.prot.Routers, slot, step, guard.QueueSteps(p)+ongoingSteps, h.prot.MinInFlight)) {
 			ms.admitted.Add(-1)
-			return 0, h.shedError(model, p, ShedAdmission,
+			return 0, h.shedError(model, p, guard.ShedAdmission,
 				fmt.Sprintf("%d requests in flight at this router, capacity allotment %.0f", n-1, lim))
 		}
-		std := CapacityAllotment(f, h.prot.Routers, slot, step, protocol.PriorityStandard, h.prot.MinInFlight)
+		std := guard.CapacityAllotment(f, h.prot.Routers, slot, step, protocol.PriorityStandard, h.prot.MinInFlight)
 		return math.Max(u, float64(n)/std), nil
 	}
 	// Admission control guards a fleet the snapshot already plans near its
@@ -221,16 +222,16 @@ func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, k
 	// control only cuts bursts above the recent rate. Sustained overload is
 	// the optimizer's to shed, through the snapshot's shed fraction.
 	if f != nil {
-		if local := ms.mix.rate(now) * float64(max(h.prot.Routers, 1)) / (1 - math.Min(f.ShedFraction, 0.99)); local > f.DemandRPS {
+		if local := ms.mix.Rate(now) * float64(max(h.prot.Routers, 1)) / (1 - math.Min(f.ShedFraction, 0.99)); local > f.DemandRPS {
 			g := *f
 			g.DemandRPS = local
 			f = &g
 		}
 	}
-	if lim := Allotment(f, h.prot.Routers, h.prot.AdmissionSlack, h.prot.MinInFlight); lim > 0 {
-		if !h.prot.NoAdmission && float64(n) > lim*admissionFactor[p] {
+	if lim := guard.Allotment(f, h.prot.Routers, h.prot.AdmissionSlack, h.prot.MinInFlight); lim > 0 {
+		if !h.prot.NoAdmission && float64(n) > lim*guard.AdmissionFactor[p] {
 			ms.admitted.Add(-1)
-			return 0, h.shedError(model, p, ShedAdmission,
+			return 0, h.shedError(model, p, guard.ShedAdmission,
 				fmt.Sprintf("%d requests in flight at this router, allotment %.0f", n-1, lim))
 		}
 		u = math.Max(u, float64(n)/lim)
@@ -338,7 +339,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 		rt.bound.Acquire(idx)
 		actx := newAttemptCtx(ctx, timeout) // ends with ctx, on cancel or after timeout
 		h.metrics.attempts.Inc()
-		h.amp.add(0, 1)
+		h.amp.Add(0, 1)
 		start := h.opts.Now()
 		resp, err := h.opts.Transport.Forward(actx, eng, up)
 		if errors.Is(err, ErrNoTransport) {
@@ -611,4 +612,22 @@ func (h *Handler) finishAttempt(ctx context.Context, a *attempt, relayErr error,
 	case relayErr == nil && !a.probe:
 		h.ejectReport(a.rt.model, a.engine.Name, live, ResultOK, false, nil, log)
 	}
+}
+
+// ongoingSteps is how many decode steps of queue beyond its class's the
+// capacity allotment lets a sheddable or standard request of an ongoing
+// conversation add: one whose session id or user this router has routed
+// before (RecentKeys). When the bound sheds, new conversations go first,
+// so that one in progress is not cut off between two of its turns.
+const ongoingSteps = 1
+
+// ongoing reports whether a request's key names a conversation this
+// router has routed before: a session id or user field (not a prompt
+// prefix, which many conversations share) that rk remembers.
+func ongoing(src protocol.KeySource, key uint64, rk *RecentKeys) bool {
+	if rk == nil || (src != protocol.KeySession && src != protocol.KeyUser) {
+		return false
+	}
+	_, seen := rk.lookup(key)
+	return seen
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/streams"
 )
@@ -415,7 +416,7 @@ func (r *Reporter) Priority(model string, p protocol.Priority) {
 }
 
 // Shed counts one shed request for model.
-func (r *Reporter) Shed(model string, _ protocol.Priority, _ ShedReason) {
+func (r *Reporter) Shed(model string, _ protocol.Priority, _ guard.ShedReason) {
 	r.mu.Lock()
 	r.model(model).shed++
 	r.mu.Unlock()

@@ -18,6 +18,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/streams"
 )
@@ -87,7 +88,7 @@ type storeView struct {
 type storeModel struct {
 	snap       *messages.WeightSnapshot // newest installed snapshot, nil when none
 	snapTable  *Table
-	figures    *Figures
+	figures    *guard.Figures
 	local      *Table
 	localW     map[string]float64
 	localVer   uint64 // Signals.Version the local table was computed at
@@ -494,7 +495,7 @@ func (s *SnapshotStore) Install(snap *messages.WeightSnapshot) (bool, error) {
 		s.models[snap.Model] = m
 	}
 	cp := *snap
-	m.snap, m.snapTable, m.figures = &cp, t, FiguresOf(&cp)
+	m.snap, m.snapTable, m.figures = &cp, t, guard.FiguresOf(&cp)
 	s.installed.WithLabelValues(snap.Model).Inc()
 	s.log.Debug().Str("model", snap.Model).Uint64("generation", snap.Generation).Int("engines", len(snap.Weights)).
 		Float64("shed", snap.ShedFraction).Msg("weight snapshot installed")

@@ -23,6 +23,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/stack"
@@ -571,9 +572,9 @@ func relLogRouter(t *testing.T, r *router.Service) {
 		testenv.MetricSum(t, reg, "switchyard_router_retries_total", nil),
 		testenv.MetricSum(t, reg, "switchyard_router_retries_suppressed_total", nil),
 		testenv.MetricSum(t, reg, "switchyard_router_retry_amplification", nil))
-	f := router.FiguresOf(&snap)
+	f := guard.FiguresOf(&snap)
 	t.Logf("router %s: predicted latency %v, utilisation %.2f, latency allotment (while the snapshot sheds nothing) %.1f in flight; latency by engine %v; utilisation by engine %v",
-		r.Name(), f.Latency, f.Utilisation, router.Allotment(f, 1, router.DefaultAdmissionSlack, router.DefaultMinInFlight),
+		r.Name(), f.Latency, f.Utilisation, guard.Allotment(f, 1, router.DefaultAdmissionSlack, router.DefaultMinInFlight),
 		relFmtWeights(snap.LatencyMs), relFmtWeights(snap.Utilisation))
 }
 
