@@ -229,7 +229,7 @@ func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, k
 		}
 	}
 	if lim := guard.Allotment(f, h.prot.Routers, h.prot.AdmissionSlack, h.prot.MinInFlight); lim > 0 {
-		if !h.prot.NoAdmission && float64(n) > lim*guard.AdmissionFactor[p] {
+		if !h.prot.NoAdmission && float64(n) > lim*guard.AdmissionFactor(p) {
 			ms.admitted.Add(-1)
 			return 0, h.shedError(model, p, guard.ShedAdmission,
 				fmt.Sprintf("%d requests in flight at this router, allotment %.0f", n-1, lim))

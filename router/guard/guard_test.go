@@ -122,3 +122,16 @@ func TestRelaxedShed(t *testing.T) {
 		}
 	}
 }
+
+// TestAdmissionFactor: a burst sheds sheddable requests first and critical
+// ones last.
+func TestAdmissionFactor(t *testing.T) {
+	for _, tc := range []struct {
+		p    protocol.Priority
+		want float64
+	}{{protocol.PrioritySheddable, 0.8}, {protocol.PriorityStandard, 1}, {protocol.PriorityCritical, 1.25}} {
+		if got := AdmissionFactor(tc.p); got != tc.want {
+			t.Errorf("AdmissionFactor(%s) = %v, want %v", tc.p, got, tc.want)
+		}
+	}
+}

@@ -171,10 +171,18 @@ const (
 	ShedAdmission ShedReason = "admission"
 )
 
-// AdmissionFactor scales the allotment per class: sheddable requests are
+// AdmissionFactor scales the allotment for class p: sheddable requests are
 // admitted up to 80% of it, standard ones up to all of it, critical ones up
 // to 125%, so that a burst sheds sheddable traffic first and critical last.
-var AdmissionFactor = [protocol.NumPriorities]float64{0.8, 1, 1.25}
+func AdmissionFactor(p protocol.Priority) float64 {
+	switch p {
+	case protocol.PrioritySheddable:
+		return 0.8
+	case protocol.PriorityCritical:
+		return 1.25
+	}
+	return 1
+}
 
 // Allotment returns the in-flight requests this router may hold for a
 // model under f: by Little's law, the router's share of the demand the
