@@ -8,50 +8,8 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/guard"
 )
-
-func TestCapacityAllotment(t *testing.T) {
-	shedding := &Figures{ShedFraction: 1.0 / 3, DemandRPS: 120}
-	byPrio := &Figures{HasShedByPriority: true, ShedByPriority: [numPriorities]float64{0.5}, DemandRPS: 80}
-	cases := []struct {
-		name       string
-		f          *Figures
-		routers    int
-		slot, step float64
-		p          Priority
-		min        int
-		want       float64
-	}{
-		{"no snapshot", nil, 1, 1, 0.1, PriorityStandard, 8, 0},
-		{"sheds nothing", &Figures{DemandRPS: 120, Latency: time.Second}, 1, 1, 0.1, PriorityStandard, 8, 0},
-		{"slot time unknown", shedding, 1, 0, 0.1, PriorityStandard, 8, 0},
-		{"no demand", &Figures{ShedFraction: 0.5}, 1, 1, 0.1, PriorityStandard, 8, 0},
-		// λ = 120·(2/3) = 80 req/s.
-		{"sheddable: the slots alone", shedding, 1, 1, 0.1, PrioritySheddable, 8, 80},
-		{"standard", shedding, 1, 1, 0.1, PriorityStandard, 8, 80 * (1 + 0.375*0.1)},
-		{"critical", shedding, 1, 1, 0.1, PriorityCritical, 8, 80 * (1 + 20*0.1)},
-		{"two routers share it", shedding, 2, 1, 0.1, PriorityStandard, 8, 40 * (1 + 0.375*0.1)},
-		{"no step known: the slots alone", shedding, 1, 1, 0, PriorityStandard, 8, 80},
-		{"at least minInFlight", shedding, 1, 0.01, 0, PriorityStandard, 8, 8},
-		{"shed by priority only", byPrio, 1, 0.5, 0, PriorityStandard, 8, 40},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			got := CapacityAllotment(c.f, c.routers, c.slot, c.step, c.p, c.min)
-			if math.Abs(got-c.want) > 1e-9 {
-				t.Fatalf("CapacityAllotment = %v, want %v", got, c.want)
-			}
-		})
-	}
-	// The classes are ordered: a burst sheds sheddable requests first and
-	// critical ones last.
-	s := CapacityAllotment(shedding, 1, 1, 0.1, PrioritySheddable, 8)
-	d := CapacityAllotment(shedding, 1, 1, 0.1, PriorityStandard, 8)
-	c := CapacityAllotment(shedding, 1, 1, 0.1, PriorityCritical, 8)
-	if !(s < d && d < c) {
-		t.Fatalf("allotments sheddable %v, standard %v, critical %v: want increasing", s, d, c)
-	}
-}
 
 // TestBoundSlotTimes checks the weight-averaged slot time and step of a
 // bound's engines, that engines without a signal saying them are left out
@@ -59,7 +17,7 @@ func TestCapacityAllotment(t *testing.T) {
 // slotTimesEvery.
 func TestBoundSlotTimes(t *testing.T) {
 	now := time.Unix(1000, 0)
-	set := newLiveSet(func() time.Time { return now })
+	set := NewLiveSet(func() time.Time { return now })
 	table := mustTable(t, []Engine{{Name: "a", Weight: 0.5}, {Name: "b", Weight: 0.3}, {Name: "c", Weight: 0.2}, {Name: "d"}}, TableOptions{})
 	b := set.Bind(table)
 	if _, _, ok := b.SlotTimes(); ok {
@@ -118,7 +76,7 @@ func TestCapacityAllotmentShedsBurst(t *testing.T) {
 		if count("sheddable200") != 8 || count("standard200") != 3 || count("critical200") != 5 {
 			t.Fatalf("served %d sheddable, %d standard, %d critical", count("sheddable200"), count("standard200"), count("critical200"))
 		}
-		if n := metricValue(f.h.metrics.shed.WithLabelValues(string(ShedAdmission), "standard")); n != 5 {
+		if n := metricValue(f.h.metrics.shed.WithLabelValues(string(guard.ShedAdmission), "standard")); n != 5 {
 			t.Fatalf("standard requests shed by admission: %v, want 5", n)
 		}
 	})
@@ -132,7 +90,7 @@ func TestCapacityAllotmentShedsBurst(t *testing.T) {
 // requests, where the latency allotment would allow 3,100.
 func newCapacityFront(t *testing.T, kind ServerKind) *pfront {
 	t.Helper()
-	figs := &Figures{ShedFraction: 0.01, DemandRPS: 10 / 0.99, Latency: 100 * time.Second, Utilisation: 1}
+	figs := &guard.Figures{ShedFraction: 0.01, DemandRPS: 10 / 0.99, Latency: 100 * time.Second, Utilisation: 1}
 	f := newPFront(t, kind, []int32{modeHold, modeHold}, []float64{0.5, 0.5}, figs, Options{})
 	for _, e := range f.engines {
 		f.h.ObserveSignal(&messages.EngineSignal{Model: "m", Engine: e.name, MaxRunning: 4, CapacityRPS: 5, TBTMs: 1000,
@@ -188,23 +146,6 @@ func TestCapacityAllotmentKeepsOngoingConversations(t *testing.T) {
 	})
 }
 
-func TestRelaxedShed(t *testing.T) {
-	for _, tc := range []struct{ s, h, want float64 }{
-		{0, 0.25, 0},
-		{1.0 / 3, 0.25, 1.0 / 6},
-		{0.1, 0.25, 0},   // 1.25 × 0.9 > 1: nothing shed by key
-		{0.5, 0, 0.5},    // no headroom: as planned
-		{1, 0.25, 1},     // nothing served stays nothing served
-		{0.6, 0.5, 0.4},  // 1 − 1.5 × 0.4
-		{-1, 0.25, 0},    // clamped
-		{0.9, -0.5, 0.9}, // negative headroom: none
-	} {
-		if got := RelaxedShed(tc.s, tc.h); math.Abs(got-tc.want) > 1e-12 {
-			t.Errorf("RelaxedShed(%v, %v) = %v, want %v", tc.s, tc.h, got, tc.want)
-		}
-	}
-}
-
 // TestCapacityAllotmentServesFreeSlots: the capacity allotment rests on the
 // snapshot's rate for this cluster, which lags a rise in demand; while its
 // planned engines still have free batch slots by their signals, a request
@@ -222,7 +163,7 @@ func TestCapacityAllotmentServesFreeSlots(t *testing.T) {
 			{slots: 10, burst: 30, held: 20, shd: 10}, // 20 slots: all of them fill first
 		}
 		for _, c := range cases {
-			figs := &Figures{ShedFraction: 0.01, DemandRPS: 10 / 0.99, Latency: 100 * time.Second, Utilisation: 1}
+			figs := &guard.Figures{ShedFraction: 0.01, DemandRPS: 10 / 0.99, Latency: 100 * time.Second, Utilisation: 1}
 			f := newPFront(t, kind, []int32{modeHold, modeHold}, []float64{0.5, 0.5}, figs, Options{})
 			for _, e := range f.engines {
 				// 0.8 s a slot, as newCapacityFront's engines.

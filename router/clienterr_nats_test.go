@@ -14,6 +14,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
@@ -70,7 +71,7 @@ func TestNATSEngineClientErrors(t *testing.T) {
 	session := ""
 	for k := 0; session == ""; k++ {
 		s := fmt.Sprintf("s%d", k)
-		key, _ := router.AffinityKey(s, &router.Request{Model: "m"})
+		key, _ := protocol.AffinityKey(s, &protocol.Request{Model: "m"})
 		if j, _ := tb.Primary(key); j == 0 {
 			session = s
 		}

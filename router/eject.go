@@ -85,20 +85,54 @@ func (e *ejectState) claim(now time.Time) (ok, probe bool) {
 	return true, true
 }
 
-// ejectEvent is a change of ejection state for the logs and the gauge.
-type ejectEvent uint8
+// EjectChange is a change of an engine's ejection state, for the logs and
+// the gauge.
+type EjectChange uint8
 
+// Ejection changes.
 const (
-	ejectNone ejectEvent = iota
-	ejectStart
-	ejectAgain
-	ejectRestored
+	// EjectNone: no change.
+	EjectNone EjectChange = iota
+	// EjectStart: the engine is ejected after consecutive failures.
+	EjectStart
+	// EjectAgain: the half-open probe failed; ejected again for longer.
+	EjectAgain
+	// EjectRestored: the engine succeeded and serves again.
+	EjectRestored
 )
+
+// Claim is called when an attempt is about to go to the engine at now. It
+// reports whether the attempt may go (false: ejected, or half-open with its
+// probe taken) and whether it is the half-open probe.
+func (e *EngineLive) Claim(now time.Time) (ok, probe bool) { return e.eject.claim(now) }
+
+// Report folds the result res of an attempt (the half-open probe when
+// probe) into the engine's ejection state at now, under o (zero fields:
+// the defaults), as the router does after every attempt, and returns the
+// change with the ejection length and the consecutive failures. A result
+// that does not blame the engine (Result.Blames) other than a success is
+// neutral: a 429, a cancelled request and a client error leave the
+// consecutive failures as they are, except that a half-open probe the
+// engine answered with a client error restores it (it is up and parsing
+// requests).
+func (e *EngineLive) Report(res Result, probe bool, now time.Time, o EjectOptions) (EjectChange, time.Duration, int) {
+	ok := res == ResultOK || (res == ResultClient && probe)
+	if !ok && !res.Blames() {
+		if probe {
+			e.eject.probing.Store(false)
+		}
+		return EjectNone, 0, 0
+	}
+	if ok {
+		e.lastOK.Store(now.UnixNano())
+	}
+	return e.eject.report(ok, probe, now, o.withDefaults())
+}
 
 // report records an attempt's result and returns the state change with
 // the current ejection length and failure count. Neutral results (a
 // cancelled request, a 429, a client error) do not come here.
-func (e *ejectState) report(ok, probe bool, now time.Time, o EjectOptions) (ejectEvent, time.Duration, int) {
+func (e *ejectState) report(ok, probe bool, now time.Time, o EjectOptions) (EjectChange, time.Duration, int) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if ok {
@@ -106,32 +140,32 @@ func (e *ejectState) report(ok, probe bool, now time.Time, o EjectOptions) (ejec
 		if e.ejected.Load() {
 			e.probing.Store(false)
 			e.ejected.Store(false)
-			return ejectRestored, 0, 0
+			return EjectRestored, 0, 0
 		}
-		return ejectNone, 0, 0
+		return EjectNone, 0, 0
 	}
 	e.fails++
 	if o.After < 0 {
-		return ejectNone, 0, e.fails
+		return EjectNone, 0, e.fails
 	}
 	if e.ejected.Load() {
 		if !probe {
-			return ejectNone, 0, e.fails // an attempt sent before the ejection
+			return EjectNone, 0, e.fails // an attempt sent before the ejection
 		}
 		e.level++
 		d := e.backoffLocked(o)
 		e.until.Store(now.Add(d).UnixNano())
 		e.probing.Store(false)
-		return ejectAgain, d, e.fails
+		return EjectAgain, d, e.fails
 	}
 	if e.fails < o.After {
-		return ejectNone, 0, e.fails
+		return EjectNone, 0, e.fails
 	}
 	d := e.backoffLocked(o)
 	e.until.Store(now.Add(d).UnixNano())
 	e.probing.Store(false)
 	e.ejected.Store(true)
-	return ejectStart, d, e.fails
+	return EjectStart, d, e.fails
 }
 
 func (e *ejectState) backoffLocked(o EjectOptions) time.Duration {

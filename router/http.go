@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"mime"
 	"net/http"
 	"strconv"
 	"sync"
@@ -19,6 +18,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/guard"
+	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
@@ -53,7 +54,7 @@ type Info struct {
 	// Figures are the snapshot's shed fractions, demand and predictions for
 	// the guards (shedding, admission, retry budget); nil when the table is
 	// not routed by a fresh snapshot.
-	Figures *Figures
+	Figures *guard.Figures
 }
 
 // Tables is the source of selection tables, one per model, for the router's
@@ -81,9 +82,13 @@ type Options struct {
 	// Logger receives the handler's logs; component=router and cluster are
 	// added. The zero Logger discards.
 	Logger zerolog.Logger
-	// Registry receives the handler's metrics and is served on /metrics
-	// (default: a new registry).
-	Registry *prometheus.Registry
+	// Registry receives the handler's metrics (default: a new registry). It
+	// may be shared or wrapped (prometheus.WrapRegistererWith, e.g. with a
+	// cluster label) when one process serves several routers' metrics.
+	Registry prometheus.Registerer
+	// Metrics is what /metrics serves (default: Registry, when it is a
+	// prometheus.Gatherer as a *prometheus.Registry is; required otherwise).
+	Metrics prometheus.Gatherer
 	// MaxBodyBytes bounds request bodies (default 8 MiB); larger ones get 413.
 	MaxBodyBytes int64
 	// BodyReadTimeout bounds reading a request body (default 30s).
@@ -126,8 +131,8 @@ type Handler struct {
 	bufs     sync.Pool
 	promHTTP http.Handler
 	prot     ProtectionOptions
-	budget   *RetryBudget
-	amp      *ampWindow
+	budget   *guard.RetryBudget
+	amp      *guard.AmpWindow
 }
 
 // modelState is the router's live state for one model.
@@ -135,7 +140,7 @@ type modelState struct {
 	live     *LiveSet
 	recent   *RecentKeys // where this router sent each affinity key lately
 	bound    atomic.Pointer[Bound]
-	mix      priorityMix
+	mix      guard.PriorityMix
 	admitted atomic.Int64 // admitted requests not yet answered
 	// met holds the model's metric children, made on first use.
 	met atomic.Pointer[modelMetrics]
@@ -151,7 +156,18 @@ func NewHandler(opts Options) (*Handler, error) {
 		opts.Transport = NewHTTPTransport(HTTPTransportOptions{})
 	}
 	if opts.Registry == nil {
-		opts.Registry = prometheus.NewRegistry()
+		reg := prometheus.NewRegistry()
+		opts.Registry = reg
+		if opts.Metrics == nil {
+			opts.Metrics = reg
+		}
+	}
+	if opts.Metrics == nil {
+		g, ok := opts.Registry.(prometheus.Gatherer)
+		if !ok {
+			return nil, errors.New("router: new handler: Options.Metrics is nil and Options.Registry is no prometheus.Gatherer: say what /metrics serves")
+		}
+		opts.Metrics = g
 	}
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = 8 << 20
@@ -166,9 +182,9 @@ func NewHandler(opts Options) (*Handler, error) {
 		opts.Observer = nopObserver{}
 	}
 	prot := opts.Protection.withDefaults()
-	budget := NewRetryBudget(prot.Budget, opts.Now)
-	amp := &ampWindow{now: opts.Now}
-	m, err := newMetrics(opts.Registry, opts.Tables, opts.Now, budget.Tokens, amp.ratio)
+	budget := guard.NewRetryBudget(prot.Budget, opts.Now)
+	amp := guard.NewAmpWindow(opts.Now)
+	m, err := newMetrics(opts.Registry, opts.Tables, opts.Now, budget.Tokens, amp.Ratio)
 	if err != nil {
 		return nil, fmt.Errorf("router: new handler: register metrics: %w", err)
 	}
@@ -182,19 +198,19 @@ func NewHandler(opts Options) (*Handler, error) {
 		budget:  budget,
 		amp:     amp,
 	}
-	h.promHTTP = promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{Registry: opts.Registry})
+	h.promHTTP = promhttp.HandlerFor(opts.Metrics, promhttp.HandlerOpts{Registry: opts.Registry})
 	h.mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
-		h.serveStd(w, r, EndpointChat)
+		h.serveStd(w, r, protocol.EndpointChat)
 	})
 	h.mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) {
-		h.serveStd(w, r, EndpointCompletions)
+		h.serveStd(w, r, protocol.EndpointCompletions)
 	})
 	h.mux.HandleFunc("/v1/models", h.serveModels)
 	h.mux.HandleFunc("/healthz", h.serveHealth)
 	h.mux.HandleFunc("/readyz", h.serveReady)
 	h.mux.Handle("/metrics", h.promHTTP)
 	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		WriteError(w, newAPIError(http.StatusNotFound, ErrTypeNotFound, "not_found", "",
+		protocol.WriteError(w, protocol.NewAPIError(http.StatusNotFound, protocol.ErrTypeNotFound, "not_found", "",
 			fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)))
 	})
 	return h, nil
@@ -203,8 +219,11 @@ func NewHandler(opts Options) (*Handler, error) {
 // ServeHTTP routes a request.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
 
-// Registry returns the registry holding the handler's metrics.
-func (h *Handler) Registry() *prometheus.Registry { return h.opts.Registry }
+// Registry returns where the handler registers its metrics.
+func (h *Handler) Registry() prometheus.Registerer { return h.opts.Registry }
+
+// Metrics returns what the handler serves on /metrics.
+func (h *Handler) Metrics() prometheus.Gatherer { return h.opts.Metrics }
 
 // Live returns the live engine state of model (in-flight counts, down
 // marks), creating it if needed; guards use it to mark engines down.
@@ -245,7 +264,7 @@ func (h *Handler) model(name string) *modelState {
 	if v, ok := h.models.Load(name); ok {
 		return v.(*modelState)
 	}
-	live := newLiveSet(h.opts.Now)
+	live := NewLiveSet(h.opts.Now)
 	live.resolve, live.model = h.opts.Endpoints, name
 	v, _ := h.models.LoadOrStore(name, &modelState{live: live, recent: newRecentKeys(DefaultRecentKeys)})
 	return v.(*modelState)
@@ -293,9 +312,9 @@ func (h *Handler) newRequestID() string {
 }
 
 // reject answers e and counts it under model.
-func (h *Handler) reject(w http.ResponseWriter, model string, e *APIError) {
+func (h *Handler) reject(w http.ResponseWriter, model string, e *protocol.APIError) {
 	h.metrics.requests.WithLabelValues(model, strconv.Itoa(e.Status)).Inc()
-	WriteError(w, e)
+	protocol.WriteError(w, e)
 }
 
 // Metric model labels for requests rejected before a served model is known.
@@ -304,18 +323,13 @@ const (
 	labelUnknown = "_unknown"
 )
 
-// clientRequest is what the inference endpoints read of a client's
-// request, whichever HTTP server parsed it (net/http or fasthttp).
-type clientRequest interface {
+// httpRequest is what the HTTP front reads of a client's request,
+// whichever HTTP server parsed it (net/http or fasthttp): the pipeline's
+// clientRequest and the method.
+type httpRequest interface {
+	clientRequest
 	// method is the request method.
 	method() string
-	// header returns the first value of the named header (canonical form)
-	// and whether the header is present.
-	header(name string) (string, bool)
-	// passHeaders returns the client headers forwarded to engines.
-	passHeaders() http.Header
-	// body reads the request body within the handler's size and time limits.
-	body() ([]byte, *APIError)
 }
 
 // headWriter is a response writer that writes an engine's answer head
@@ -327,138 +341,47 @@ type headWriter interface {
 	writeHead(status int, engine http.Header, engineName, requestID string)
 }
 
-// answer is a request whose engine answered and whose response head is
-// written: relay copies the body to the client and ends the request.
-type answer struct {
-	h      *Handler
-	rt     *routed
-	at     *attempt
-	mm     *modelMetrics
-	bp     *[]byte
-	log    *reqLog
-	start  time.Time
-	stream bool
-	logv   reqLog          // what log points to
-	up     UpstreamRequest // the request forwarded to the engine
-}
-
-// serveInference answers an inference request up to the response head: it
-// checks the request, routes it and forwards it, and either answers an
-// error (returning nil) or writes the engine's status and headers and
-// returns the answer whose body the caller relays with answer.relay. ctx
-// ends when the client goes away, if the server can tell.
-func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r clientRequest, ep Endpoint) *answer {
-	start := h.opts.Now()
+// serveInference is the HTTP front's request path up to the response
+// head: it checks the method, runs the pipeline (Handler.begin) and either
+// answers its rejection (returning nil) or writes the engine's status and
+// headers and returns the answer whose body the caller relays with
+// answer.relay. ctx ends when the client goes away, if the server can tell.
+func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r httpRequest, ep protocol.Endpoint) *answer {
 	if m := r.method(); m != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		h.reject(w, labelInvalid, newAPIError(http.StatusMethodNotAllowed, ErrTypeInvalidRequest, "method_not_allowed", "",
+		h.reject(w, labelInvalid, protocol.NewAPIError(http.StatusMethodNotAllowed, protocol.ErrTypeInvalidRequest, "method_not_allowed", "",
 			fmt.Sprintf("method %s not allowed on %s; use POST", m, ep.Path())))
 		return nil
 	}
-	reqID, _ := r.header(messages.HeaderRequestID)
-	if reqID == "" {
-		reqID = h.newRequestID()
-	} else if !validHeaderValue(reqID, maxRequestIDLen) {
-		h.reject(w, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", messages.HeaderRequestID,
-			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderRequestID, maxRequestIDLen)))
-		return nil
-	}
-	w.Header().Set(messages.HeaderRequestID, reqID)
-	session, present := r.header(messages.HeaderSessionID)
-	if present && !validHeaderValue(session, maxSessionIDLen) {
-		h.reject(w, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", messages.HeaderSessionID,
-			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderSessionID, maxSessionIDLen)))
-		return nil
-	}
-	if ct, _ := r.header("Content-Type"); ct != "" && ct != mimeJSON {
-		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != mimeJSON {
-			h.reject(w, labelInvalid, newAPIError(http.StatusUnsupportedMediaType, ErrTypeInvalidRequest, "unsupported_media_type", "",
-				fmt.Sprintf("Content-Type %q is not application/json", ct)))
-			return nil
+	a, rej := h.begin(ctx, r, ep, "")
+	if a == nil {
+		hdr := w.Header()
+		if rej.reqID != "" {
+			hdr.Set(messages.HeaderRequestID, rej.reqID)
 		}
-	}
-	body, apiErr := r.body()
-	if apiErr != nil {
-		h.reject(w, labelInvalid, apiErr)
-		return nil
-	}
-	req, err := ParseRequest(ep, body)
-	if err != nil {
-		var ae *APIError
-		if !errors.As(err, &ae) {
-			ae = invalidRequest("", err.Error())
+		if rej.retryAfter != "" {
+			hdr.Set("Retry-After", rej.retryAfter)
 		}
-		h.reject(w, labelInvalid, ae)
+		protocol.WriteError(w, rej.err)
 		return nil
 	}
-	prioHeader, _ := r.header(messages.HeaderPriority)
-	prio, ok := ParsePriority(prioHeader)
-	if !ok {
-		h.reject(w, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", messages.HeaderPriority,
-			fmt.Sprintf("header %s must be critical, standard or sheddable", messages.HeaderPriority)))
-		return nil
-	}
-	rt, apiErr := h.route(ctx, req, session, prio)
-	if apiErr != nil {
-		switch apiErr.Status {
-		case http.StatusServiceUnavailable:
-			w.Header().Set("Retry-After", "1")
-		case http.StatusTooManyRequests:
-			w.Header().Set("Retry-After", h.retryAfter())
-		}
-		label := req.Model
-		if apiErr.Status == http.StatusNotFound {
-			label = labelUnknown
-		}
-		h.reject(w, label, apiErr)
-		return nil
-	}
-	mm := h.modelMetrics(rt.ms, req.Model)
-	mm.inFlight.Inc()
-	// One allocation for the answer, the request's logger and the request
-	// to the engine; the answer is returned only once the engine answered.
-	ans := &answer{h: h, rt: rt, mm: mm, start: start, stream: req.Stream,
-		logv: reqLog{base: &h.log, model: req.Model, id: reqID, key: rt.src, prio: prio},
-		up: UpstreamRequest{Endpoint: ep, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body,
-			Header: r.passHeaders()}}
-	log, up := &ans.logv, &ans.up
-	ans.log = log
-	bp := h.bufs.Get().(*[]byte)
-	var at *attempt
-	var a *answer
+	written := false
 	defer func() {
-		if a != nil {
-			return // the answer's relay releases it all
+		if !written { // a panic writing the head
+			a.release()
 		}
-		if at != nil {
-			at.finish()
-		}
-		h.bufs.Put(bp)
-		mm.inFlight.Dec()
-		rt.release()
 	}()
-	at, apiErr = h.forward(ctx, rt, up, *bp, log)
-	if apiErr != nil {
-		if apiErr.Code != nil && *apiErr.Code == "canceled" {
-			log.Debug().Msg("client went away before the engine answered")
-		}
-		h.reject(w, req.Model, apiErr)
-		return nil
-	}
-	resp := at.resp
-	h.countRequest(mm, req.Model, resp.Status)
-
+	resp := a.at.resp
 	if hw, ok := w.(headWriter); ok {
-		hw.writeHead(resp.Status, resp.Header, at.engine.Name, reqID)
+		hw.writeHead(resp.Status, resp.Header, a.at.engine.Name, a.logv.id)
 	} else {
 		hdr := w.Header()
 		copyResponseHeaders(hdr, resp.Header)
-		hdr.Set(messages.HeaderEngine, at.engine.Name)
-		hdr.Set(messages.HeaderRequestID, reqID)
+		hdr.Set(messages.HeaderEngine, a.at.engine.Name)
+		hdr.Set(messages.HeaderRequestID, a.logv.id)
 		w.WriteHeader(resp.Status)
 	}
-	ans.at, ans.bp = at, bp
-	a = ans
+	written = true
 	return a
 }
 
@@ -467,33 +390,9 @@ func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r c
 // serveInference was given, or any context that has ended when the client
 // is known to have gone away.
 func (a *answer) relay(ctx context.Context, w http.ResponseWriter) {
-	h, at := a.h, a.at
-	defer func() {
-		at.finish()
-		h.bufs.Put(a.bp)
-		a.mm.inFlight.Dec()
-		a.rt.release()
-	}()
-	n, first, err := h.relay(ctx, w, at.first, at.resp.Body, *a.bp)
-	end := h.opts.Now()
-	// Only a streamed answer's first byte is its first token; a whole
-	// answer's first byte comes when it is complete, and counting it as TTFT
-	// would make every engine look slow to the penalty rules.
-	ttftAt := first
-	if !a.stream {
-		ttftAt = time.Time{}
-	}
-	h.finishAttempt(ctx, at, err, ttftAt, end, a.log)
-	if !first.IsZero() {
-		a.mm.ttft.Observe(first.Sub(a.start).Seconds())
-	}
-	a.mm.duration.Observe(end.Sub(a.start).Seconds())
-	ev := a.log.Debug()
-	if err != nil {
-		ev = a.log.Info().Err(err)
-	}
-	ev.Str("engine", at.engine.Name).Int("status", at.resp.Status).Int64("bytes", n).Dur("duration", end.Sub(a.start)).
-		Bool("stream", a.stream).Int("attempts", at.n).Msg("request done")
+	defer a.release()
+	n, first, err := a.h.relay(ctx, w, a.at.first, a.at.resp.Body, *a.bp)
+	a.record(ctx, n, first, err)
 }
 
 // route admits and picks the first engine for a parsed request exactly as
@@ -510,14 +409,14 @@ func (a *answer) relay(ctx context.Context, w http.ResponseWriter) {
 // shed, 503 when no engine is available (or ctx ended while the router
 // was starting). The caller must release an
 // admitted request.
-func (h *Handler) route(ctx context.Context, req *Request, session string, prio Priority) (*routed, *APIError) {
+func (h *Handler) route(ctx context.Context, req *protocol.Request, session string, prio protocol.Priority) (*routed, *protocol.APIError) {
 	if err := h.settledOrWait(ctx); err != nil {
-		return nil, newAPIError(http.StatusServiceUnavailable, ErrTypeUnavailable, "starting", "",
+		return nil, protocol.NewAPIError(http.StatusServiceUnavailable, protocol.ErrTypeUnavailable, "starting", "",
 			fmt.Sprintf("the router is starting and has not heard from the engines of model %q yet: %v", req.Model, err))
 	}
 	table, info, ok := h.opts.Tables.Table(req.Model)
 	if !ok {
-		return nil, newAPIError(http.StatusNotFound, ErrTypeNotFound, "model_not_found", "model",
+		return nil, protocol.NewAPIError(http.StatusNotFound, protocol.ErrTypeNotFound, "model_not_found", "model",
 			fmt.Sprintf("the model %q does not exist or is not served by this router", req.Model))
 	}
 	h.opts.Observer.Request(req.Model)
@@ -526,8 +425,8 @@ func (h *Handler) route(ctx context.Context, req *Request, session string, prio 
 	}
 	ms := h.model(req.Model)
 	bound := h.bind(req.Model, table)
-	key, src := AffinityKey(session, req)
-	if src == KeyNone {
+	key, src := protocol.AffinityKey(session, req)
+	if src == protocol.KeyNone {
 		key = selection.SpreadKey(h.seq.Add(1))
 	}
 	u, apiErr := h.admit(req.Model, ms, info, bound, key, src, prio)
@@ -539,7 +438,7 @@ func (h *Handler) route(ctx context.Context, req *Request, session string, prio 
 		rt.spare = info.Figures.Spare
 	}
 	var idx int
-	if src == KeyNone {
+	if src == protocol.KeyNone {
 		idx, ok = table.PickTwo(key, bound)
 	} else {
 		idx, ok = table.PickRecent(key, bound, ms.recent)
@@ -553,12 +452,12 @@ func (h *Handler) route(ctx context.Context, req *Request, session string, prio 
 	}
 	if !ok {
 		rt.release()
-		return nil, newAPIError(http.StatusServiceUnavailable, ErrTypeUnavailable, "no_engine_available", "",
+		return nil, protocol.NewAPIError(http.StatusServiceUnavailable, protocol.ErrTypeUnavailable, "no_engine_available", "",
 			fmt.Sprintf("no engine is available for model %q", req.Model))
 	}
 	rt.idx = idx
 	h.budget.Earn(u)
-	h.amp.add(1, 0)
+	h.amp.Add(1, 0)
 	return rt, nil
 }
 

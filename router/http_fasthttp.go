@@ -16,6 +16,7 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/protocol"
 )
 
 // fastServer serves a Handler with fasthttp. The inference endpoints run
@@ -165,12 +166,12 @@ func (s *fastServer) serve(ctx *fasthttp.RequestCtx) {
 		}
 	}()
 	s.bodyRead(&ctx.Request.Header)
-	var ep Endpoint
+	var ep protocol.Endpoint
 	switch string(ctx.Path()) {
 	case "/v1/chat/completions":
-		ep = EndpointChat
+		ep = protocol.EndpointChat
 	case "/v1/completions":
-		ep = EndpointCompletions
+		ep = protocol.EndpointCompletions
 	default:
 		s.other(ctx)
 		return
@@ -232,21 +233,21 @@ func (s *fastServer) serveError(ctx *fasthttp.RequestCtx, err error) {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		s.h.reject(x, labelInvalid, bodyTooLarge(s.h.opts.MaxBodyBytes))
 	case errors.As(err, &small):
-		WriteError(x, newAPIError(http.StatusRequestHeaderFieldsTooLarge, ErrTypeInvalidRequest, "headers_too_large", "",
+		protocol.WriteError(x, protocol.NewAPIError(http.StatusRequestHeaderFieldsTooLarge, protocol.ErrTypeInvalidRequest, "headers_too_large", "",
 			fmt.Sprintf("request headers are larger than the limit of %d bytes", s.srv.ReadBufferSize)))
 	case errors.As(err, &ne) && ne.Timeout() && inBody:
 		// The header is in, the body was not within BodyReadTimeout: as the
 		// net/http front answers it.
-		s.h.reject(x, labelInvalid, invalidRequest("", fmt.Sprintf("reading request body: %v", err)))
+		s.h.reject(x, labelInvalid, protocol.InvalidRequest("", fmt.Sprintf("reading request body: %v", err)))
 	case errors.As(err, &ne) && ne.Timeout():
-		WriteError(x, newAPIError(http.StatusRequestTimeout, ErrTypeInvalidRequest, "request_timeout", "",
+		protocol.WriteError(x, protocol.NewAPIError(http.StatusRequestTimeout, protocol.ErrTypeInvalidRequest, "request_timeout", "",
 			fmt.Sprintf("request headers not received in time: %v", err)))
 	default:
-		WriteError(x, invalidRequest("", fmt.Sprintf("malformed HTTP request: %v", err)))
+		protocol.WriteError(x, protocol.InvalidRequest("", fmt.Sprintf("malformed HTTP request: %v", err)))
 	}
 }
 
-// fastExchange is a fasthttp request as the clientRequest and the
+// fastExchange is a fasthttp request as the httpRequest and the
 // http.ResponseWriter of serveInference; pooled. Headers set before
 // WriteHeader are copied into fasthttp's response there, and the body is
 // buffered in it.
@@ -264,6 +265,9 @@ func (x *fastExchange) method() string {
 	}
 	return string(x.ctx.Method())
 }
+
+// check has nothing to add: the path named the endpoint, the body the model.
+func (x *fastExchange) check(*protocol.Request) *protocol.APIError { return nil }
 
 func (x *fastExchange) header(name string) (string, bool) {
 	h := &x.ctx.Request.Header
@@ -294,7 +298,7 @@ func (x *fastExchange) passHeaders() http.Header {
 // body returns the request body, which fasthttp has read within the limits
 // (ErrorHandler answers a body over MaxBodyBytes). It is valid until the
 // fasthttp handler returns, which is after the request is forwarded.
-func (x *fastExchange) body() ([]byte, *APIError) { return x.ctx.PostBody(), nil }
+func (x *fastExchange) body() ([]byte, *protocol.APIError) { return x.ctx.PostBody(), nil }
 
 // Header returns the response headers to be sent by WriteHeader.
 func (x *fastExchange) Header() http.Header { return x.hdr }

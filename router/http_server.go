@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/router/protocol"
 )
 
 // ServerKind names the HTTP server implementation of a router front.
@@ -102,14 +104,14 @@ func NewServer(h *Handler, opts ServerOptions) (Server, error) {
 }
 
 // serveStd serves an inference endpoint on net/http.
-func (h *Handler) serveStd(w http.ResponseWriter, r *http.Request, ep Endpoint) {
+func (h *Handler) serveStd(w http.ResponseWriter, r *http.Request, ep protocol.Endpoint) {
 	in := stdRequest{h: h, w: w, r: r}
 	if a := h.serveInference(r.Context(), w, &in, ep); a != nil {
 		a.relay(r.Context(), w)
 	}
 }
 
-// stdRequest is a net/http request as a clientRequest.
+// stdRequest is a net/http request as an httpRequest.
 type stdRequest struct {
 	h *Handler
 	w http.ResponseWriter
@@ -117,6 +119,9 @@ type stdRequest struct {
 }
 
 func (s *stdRequest) method() string { return s.r.Method }
+
+// check has nothing to add: the path named the endpoint, the body the model.
+func (s *stdRequest) check(*protocol.Request) *protocol.APIError { return nil }
 
 func (s *stdRequest) header(name string) (string, bool) {
 	vs, ok := s.r.Header[name]
@@ -137,7 +142,7 @@ func (s *stdRequest) passHeaders() http.Header {
 }
 
 // body reads the request body within the size and time limits.
-func (s *stdRequest) body() ([]byte, *APIError) {
+func (s *stdRequest) body() ([]byte, *protocol.APIError) {
 	limit := s.h.opts.MaxBodyBytes
 	if s.r.ContentLength > limit {
 		return nil, bodyTooLarge(limit)
@@ -153,7 +158,7 @@ func (s *stdRequest) body() ([]byte, *APIError) {
 		if errors.As(err, &mbe) {
 			return nil, bodyTooLarge(limit)
 		}
-		return nil, invalidRequest("", fmt.Sprintf("reading request body: %v", err))
+		return nil, protocol.InvalidRequest("", fmt.Sprintf("reading request body: %v", err))
 	}
 	_ = rc.SetReadDeadline(time.Time{})
 	return body, nil
@@ -194,7 +199,7 @@ func readBody(r io.Reader, declared int64) ([]byte, error) {
 }
 
 // bodyTooLarge is the 413 for a body over limit bytes.
-func bodyTooLarge(limit int64) *APIError {
-	return newAPIError(http.StatusRequestEntityTooLarge, ErrTypeInvalidRequest, "request_too_large", "",
+func bodyTooLarge(limit int64) *protocol.APIError {
+	return protocol.NewAPIError(http.StatusRequestEntityTooLarge, protocol.ErrTypeInvalidRequest, "request_too_large", "",
 		fmt.Sprintf("request body is larger than the limit of %d bytes", limit))
 }

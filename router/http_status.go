@@ -4,13 +4,15 @@ import (
 	"encoding/json"
 	"net/http"
 	"sort"
+
+	"github.com/switchyard-dev/switchyard/router/protocol"
 )
 
 // writeJSON writes v as JSON with status.
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	body, err := json.Marshal(v)
 	if err != nil {
-		WriteError(w, newAPIError(http.StatusInternalServerError, ErrTypeServer, "", "", "encoding response: "+err.Error()))
+		protocol.WriteError(w, protocol.NewAPIError(http.StatusInternalServerError, protocol.ErrTypeServer, "", "", "encoding response: "+err.Error()))
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -41,7 +43,7 @@ func (h *Handler) servedModels() []string {
 func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
-		WriteError(w, newAPIError(http.StatusMethodNotAllowed, ErrTypeInvalidRequest, "method_not_allowed", "",
+		protocol.WriteError(w, protocol.NewAPIError(http.StatusMethodNotAllowed, protocol.ErrTypeInvalidRequest, "method_not_allowed", "",
 			"method "+r.Method+" not allowed on /v1/models; use GET"))
 		return
 	}

@@ -3,6 +3,7 @@ package router
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/protocol"
 )
 
 // waitFor polls cond until it holds or timeout passes.
@@ -357,20 +359,20 @@ func TestBadInput(t *testing.T) {
 			status int
 			typ    string
 		}{
-			{"malformed JSON", "POST", "/v1/chat/completions", `{"model":"m",`, nil, 400, ErrTypeInvalidRequest},
-			{"missing model", "POST", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}]}`, nil, 400, ErrTypeInvalidRequest},
-			{"unknown model", "POST", "/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"x"}]}`, nil, 404, ErrTypeNotFound},
-			{"prompt wrong type", "POST", "/v1/completions", `{"model":"m","prompt":{"a":1}}`, nil, 400, ErrTypeInvalidRequest},
-			{"messages wrong type", "POST", "/v1/chat/completions", `{"model":"m","messages":"hi"}`, nil, 400, ErrTypeInvalidRequest},
-			{"body over limit", "POST", "/v1/completions", `{"model":"m","prompt":"` + strings.Repeat("x", 2000) + `"}`, nil, 413, ErrTypeInvalidRequest},
-			{"session id too long", "POST", "/v1/chat/completions", chatBody, map[string]string{messages.HeaderSessionID: strings.Repeat("s", 300)}, 400, ErrTypeInvalidRequest},
-			{"session id with space", "POST", "/v1/chat/completions", chatBody, map[string]string{messages.HeaderSessionID: "a b"}, 400, ErrTypeInvalidRequest},
-			{"request id non-ASCII", "POST", "/v1/chat/completions", chatBody, map[string]string{messages.HeaderRequestID: "é"}, 400, ErrTypeInvalidRequest},
-			{"content type", "POST", "/v1/chat/completions", chatBody, map[string]string{"Content-Type": "text/plain"}, 415, ErrTypeInvalidRequest},
-			{"GET on chat", "GET", "/v1/chat/completions", "", nil, 405, ErrTypeInvalidRequest},
-			{"unknown path", "GET", "/v2/x", "", nil, 404, ErrTypeNotFound},
-			{"no engine available", "POST", "/v1/chat/completions", `{"model":"down","messages":[{"role":"user","content":"x"}]}`, nil, 503, ErrTypeUnavailable},
-			{"engine unreachable", "POST", "/v1/chat/completions", `{"model":"gone","messages":[{"role":"user","content":"x"}]}`, nil, 502, ErrTypeServer},
+			{"malformed JSON", "POST", "/v1/chat/completions", `{"model":"m",`, nil, 400, protocol.ErrTypeInvalidRequest},
+			{"missing model", "POST", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}]}`, nil, 400, protocol.ErrTypeInvalidRequest},
+			{"unknown model", "POST", "/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"x"}]}`, nil, 404, protocol.ErrTypeNotFound},
+			{"prompt wrong type", "POST", "/v1/completions", `{"model":"m","prompt":{"a":1}}`, nil, 400, protocol.ErrTypeInvalidRequest},
+			{"messages wrong type", "POST", "/v1/chat/completions", `{"model":"m","messages":"hi"}`, nil, 400, protocol.ErrTypeInvalidRequest},
+			{"body over limit", "POST", "/v1/completions", `{"model":"m","prompt":"` + strings.Repeat("x", 2000) + `"}`, nil, 413, protocol.ErrTypeInvalidRequest},
+			{"session id too long", "POST", "/v1/chat/completions", chatBody, map[string]string{messages.HeaderSessionID: strings.Repeat("s", 300)}, 400, protocol.ErrTypeInvalidRequest},
+			{"session id with space", "POST", "/v1/chat/completions", chatBody, map[string]string{messages.HeaderSessionID: "a b"}, 400, protocol.ErrTypeInvalidRequest},
+			{"request id non-ASCII", "POST", "/v1/chat/completions", chatBody, map[string]string{messages.HeaderRequestID: "é"}, 400, protocol.ErrTypeInvalidRequest},
+			{"content type", "POST", "/v1/chat/completions", chatBody, map[string]string{"Content-Type": "text/plain"}, 415, protocol.ErrTypeInvalidRequest},
+			{"GET on chat", "GET", "/v1/chat/completions", "", nil, 405, protocol.ErrTypeInvalidRequest},
+			{"unknown path", "GET", "/v2/x", "", nil, 404, protocol.ErrTypeNotFound},
+			{"no engine available", "POST", "/v1/chat/completions", `{"model":"down","messages":[{"role":"user","content":"x"}]}`, nil, 503, protocol.ErrTypeUnavailable},
+			{"engine unreachable", "POST", "/v1/chat/completions", `{"model":"gone","messages":[{"role":"user","content":"x"}]}`, nil, 502, protocol.ErrTypeServer},
 		}
 		for _, c := range cases {
 			t.Run(c.name, func(t *testing.T) {
@@ -454,7 +456,7 @@ func TestSlowBody(t *testing.T) {
 		if resp.StatusCode != http.StatusBadRequest {
 			t.Fatalf("status %d, want 400: %s", resp.StatusCode, body)
 		}
-		assertOpenAIError(t, body, ErrTypeInvalidRequest)
+		assertOpenAIError(t, body, protocol.ErrTypeInvalidRequest)
 		if f.engines[0].requests.Load() != 0 {
 			t.Fatalf("the engine was called")
 		}
@@ -627,4 +629,49 @@ func TestPanicInRequestKeepsServing(t *testing.T) {
 			t.Fatalf("in-flight gauge %v after the panics, want 0", v)
 		}
 	})
+}
+
+func TestCanonicalKeyMatchesHTTP(t *testing.T) {
+	for _, k := range []string{messages.NATSHeaderRequestID, messages.NATSHeaderSessionID, messages.NATSHeaderPriority, messages.NATSHeaderEngine, "x-other-thing"} {
+		if got, want := canonicalKey(k), http.CanonicalHeaderKey(k); got != want {
+			t.Errorf("canonicalKey(%q) = %q, want %q", k, got, want)
+		}
+	}
+}
+
+func TestWriteError(t *testing.T) {
+	rec := httptest.NewRecorder()
+	protocol.WriteError(rec, protocol.NewAPIError(http.StatusNotFound, protocol.ErrTypeNotFound, "model_not_found", "model", "no such model"))
+	if rec.Code != http.StatusNotFound || rec.Header().Get("Content-Type") != "application/json" {
+		t.Fatalf("status %d, content type %q", rec.Code, rec.Header().Get("Content-Type"))
+	}
+	assertOpenAIError(t, rec.Body.Bytes(), protocol.ErrTypeNotFound)
+}
+
+// assertOpenAIError checks that body is an OpenAI-shaped error of type typ.
+func assertOpenAIError(t testing.TB, body []byte, typ string) {
+	t.Helper()
+	var v struct {
+		Error *struct {
+			Message string  `json:"message"`
+			Type    string  `json:"type"`
+			Param   *string `json:"param"`
+			Code    *string `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(body, &v); err != nil || v.Error == nil {
+		t.Fatalf("body %q is not an OpenAI error: %v", body, err)
+	}
+	if v.Error.Message == "" || v.Error.Type != typ {
+		t.Fatalf("error %+v, want type %q and a message", *v.Error, typ)
+	}
+	var raw map[string]map[string]json.RawMessage
+	if err := json.Unmarshal(body, &raw); err != nil {
+		t.Fatalf("body %q: %v", body, err)
+	}
+	for _, k := range []string{"message", "type", "param", "code"} {
+		if _, ok := raw["error"][k]; !ok {
+			t.Fatalf("body %q lacks error.%s", body, k)
+		}
+	}
 }

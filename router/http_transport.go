@@ -15,12 +15,13 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/protocol"
 )
 
 // UpstreamRequest is a request as the router forwards it to an engine.
 type UpstreamRequest struct {
 	// Endpoint is the OpenAI endpoint to call on the engine.
-	Endpoint Endpoint
+	Endpoint protocol.Endpoint
 	// Model is the requested model.
 	Model string
 	// Stream reports whether the client asked for a streamed answer.

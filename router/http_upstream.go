@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/protocol"
 )
 
 // The router's own HTTP/1.1 client for plain-http engines. Unlike
@@ -344,13 +345,13 @@ func readOneHead(r *bufio.Reader) (responseHead, error) {
 	// HTTP/1.x SP 3DIGIT [SP reason]
 	if len(line) < 12 || !bytes.HasPrefix(line, []byte("HTTP/1.")) || (line[7] != '0' && line[7] != '1') ||
 		line[8] != ' ' || (len(line) > 12 && line[12] != ' ') {
-		return h, fmt.Errorf("engine response: malformed status line %q", clip(line))
+		return h, fmt.Errorf("engine response: malformed status line %q", protocol.Clip(line))
 	}
 	h.keepAlive = line[7] == '1'
 	code := 0
 	for _, c := range line[9:12] {
 		if c < '0' || c > '9' {
-			return h, fmt.Errorf("engine response: malformed status code in %q", clip(line))
+			return h, fmt.Errorf("engine response: malformed status code in %q", protocol.Clip(line))
 		}
 		code = code*10 + int(c-'0')
 	}
@@ -373,18 +374,18 @@ func readOneHead(r *bufio.Reader) (responseHead, error) {
 		}
 		colon := bytes.IndexByte(line, ':')
 		if colon <= 0 {
-			return h, fmt.Errorf("engine response: malformed header line %q", clip(line))
+			return h, fmt.Errorf("engine response: malformed header line %q", protocol.Clip(line))
 		}
 		name := line[:colon]
 		for _, c := range name {
 			if !isTokenByte(c) {
-				return h, fmt.Errorf("engine response: malformed header name %q", clip(name))
+				return h, fmt.Errorf("engine response: malformed header name %q", protocol.Clip(name))
 			}
 		}
 		value := bytes.Trim(line[colon+1:], " \t")
 		for _, c := range value {
 			if (c < ' ' && c != '\t') || c == 0x7f {
-				return h, fmt.Errorf("engine response: control byte in header %q", clip(name))
+				return h, fmt.Errorf("engine response: control byte in header %q", protocol.Clip(name))
 			}
 		}
 		key := headerKey(name)
@@ -543,14 +544,6 @@ func readLine(r *bufio.Reader, total *int) ([]byte, error) {
 		line = line[:n-1]
 	}
 	return line, nil
-}
-
-// clip shortens b for an error message.
-func clip(b []byte) string {
-	if len(b) > 64 {
-		return string(b[:64]) + "..."
-	}
-	return string(b)
 }
 
 // upstreamBody is an engine response's body, read from its connection in

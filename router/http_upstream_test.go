@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/protocol"
 )
 
 // countingServer is an httptest server that counts the connections it
@@ -59,7 +60,7 @@ func forwardAll(t *testing.T, tr *HTTPTransport, ctx context.Context, e Engine, 
 }
 
 func upReq(body string) *UpstreamRequest {
-	return &UpstreamRequest{Endpoint: EndpointChat, Model: "m", RequestID: "req-1", Body: []byte(body),
+	return &UpstreamRequest{Endpoint: protocol.EndpointChat, Model: "m", RequestID: "req-1", Body: []byte(body),
 		Header: http.Header{"Authorization": {"Bearer k"}, messages.HeaderSessionID: {"s1"}}}
 }
 

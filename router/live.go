@@ -67,10 +67,12 @@ type LiveSet struct {
 	model   string
 }
 
-// NewLiveSet returns an empty live set.
-func NewLiveSet() *LiveSet { return newLiveSet(time.Now) }
-
-func newLiveSet(now func() time.Time) *LiveSet {
+// NewLiveSet returns an empty live set reading the clock now (nil:
+// time.Now), for silence and ejection timing; a simulator passes its own.
+func NewLiveSet(now func() time.Time) *LiveSet {
+	if now == nil {
+		now = time.Now
+	}
 	return &LiveSet{byName: make(map[string]*EngineLive), now: now}
 }
 

@@ -29,7 +29,7 @@ func TestBatchSlots(t *testing.T) {
 
 func TestBoundLoad(t *testing.T) {
 	tbl := mustTable(t, []Engine{{Name: "a", Weight: 0.5}, {Name: "b", Weight: 0.5}}, TableOptions{})
-	set := NewLiveSet()
+	set := NewLiveSet(nil)
 	b := set.Bind(tbl)
 	a, _ := tbl.Index("a")
 	bi, _ := tbl.Index("b")
@@ -83,7 +83,7 @@ func TestBoundLoad(t *testing.T) {
 // real Bound (PickTwo and PickRecent with Bound.Load) do not allocate.
 func TestLivePicksAllocFree(t *testing.T) {
 	tbl := mustTable(t, engineSet(randomWeights(rand.New(rand.NewPCG(3, 1)), 100, 0.95)), TableOptions{})
-	set := NewLiveSet()
+	set := NewLiveSet(nil)
 	for i := 0; i < tbl.Len(); i++ {
 		set.ObserveSignal(&messages.EngineSignal{Engine: tbl.Engine(i).Name, Queue: i % 7, Running: i % 5, MaxRunning: 8})
 	}

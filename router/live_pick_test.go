@@ -8,6 +8,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
@@ -98,7 +99,7 @@ func TestKeyedConversationStaysAcrossSnapshot(t *testing.T) {
 	cur, _, _ := svc.Store().Table("m")
 	moved := 0 // conversations whose primary engine the new table changes
 	for i := range first {
-		key, _ := router.AffinityKey(fmt.Sprintf("conv-%d", i), nil)
+		key, _ := protocol.AffinityKey(fmt.Sprintf("conv-%d", i), nil)
 		a, _ := old.Primary(key)
 		b, _ := cur.Primary(key)
 		if old.Engine(a).Name != cur.Engine(b).Name {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
@@ -158,7 +159,7 @@ func (f *NATSFront) accept(ctx context.Context, m *nats.Msg) {
 	default:
 		hdr := nats.Header{}
 		hdr.Set("Retry-After", "1")
-		f.replyError(m, hdr, newAPIError(http.StatusTooManyRequests, ErrTypeUnavailable, "router_overloaded", "",
+		f.replyError(m, hdr, protocol.NewAPIError(http.StatusTooManyRequests, protocol.ErrTypeUnavailable, "router_overloaded", "",
 			fmt.Sprintf("the router is serving %d NATS requests, its limit", f.opts.MaxConcurrent)), "")
 		return
 	}
@@ -169,7 +170,7 @@ func (f *NATSFront) accept(ctx context.Context, m *nats.Msg) {
 		// A request whose handling panics gets a final 500 (after any part
 		// of its answer already sent) instead of ending the process.
 		defer f.poison.Recover("nats_front", m.Subject, func() {
-			f.replyError(m, nil, newAPIError(http.StatusInternalServerError, ErrTypeServer, "internal_error", "",
+			f.replyError(m, nil, protocol.NewAPIError(http.StatusInternalServerError, protocol.ErrTypeServer, "internal_error", "",
 				"the router failed while serving this request"), "")
 		})
 		f.serve(ctx, m)
@@ -177,9 +178,9 @@ func (f *NATSFront) accept(ctx context.Context, m *nats.Msg) {
 }
 
 // replyError answers e as one final OpenAI error message.
-func (f *NATSFront) replyError(m *nats.Msg, hdr nats.Header, e *APIError, reqID string) {
+func (f *NATSFront) replyError(m *nats.Msg, hdr nats.Header, e *protocol.APIError, reqID string) {
 	body, _ := json.Marshal(struct {
-		Error *APIError `json:"error"`
+		Error *protocol.APIError `json:"error"`
 	}{e})
 	if hdr == nil {
 		hdr = nats.Header{}
@@ -204,136 +205,93 @@ func (f *NATSFront) publish(subject string, hdr nats.Header, status int, last bo
 	}
 }
 
-// natsEndpoint tells chat from completions requests: a body with a
-// non-null "messages" member is a chat request. It only scans the body's
-// top level; a malformed body is classed as chat, and ParseRequest says
-// what is wrong with it.
-func natsEndpoint(body []byte) Endpoint {
-	b := bytes.TrimSpace(body)
-	if len(b) == 0 || b[0] != '{' {
-		return EndpointChat
-	}
-	ep := EndpointCompletions
-	for m := (members{b: b}); ; {
-		key, val, ok := m.next()
-		if !ok {
-			return ep
-		}
-		if keyIs(key, "messages") {
-			ep = EndpointCompletions
-			if !isAbsent(val) {
-				ep = EndpointChat
-			}
-		}
-	}
+// natsRequest is a NATS request message as the pipeline's clientRequest:
+// its headers (x-request-id, x-session-id, x-priority; no others are
+// read), no header forwarded but the session, and the body within the
+// handler's limit once its subject is checked.
+type natsRequest struct {
+	f *NATSFront
+	m *nats.Msg
+	// model is the model the subject names, set by body.
+	model string
 }
 
-func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
-	h := f.h
-	start := h.opts.Now()
-	reqID, _ := natsHeader(m.Header, messages.NATSHeaderRequestID)
-	if reqID == "" {
-		reqID = h.newRequestID()
-	} else if !validHeaderValue(reqID, maxRequestIDLen) {
-		f.reject(m, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", messages.HeaderRequestID,
-			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderRequestID, maxRequestIDLen)), "")
-		return
+func (r *natsRequest) header(name string) (string, bool) {
+	switch name {
+	case messages.HeaderRequestID:
+		return natsHeader(r.m.Header, messages.NATSHeaderRequestID)
+	case messages.HeaderSessionID:
+		return natsHeader(r.m.Header, messages.NATSHeaderSessionID)
+	case messages.HeaderPriority:
+		return natsHeader(r.m.Header, messages.NATSHeaderPriority)
 	}
-	session, present := natsHeader(m.Header, messages.NATSHeaderSessionID)
-	if present && !validHeaderValue(session, maxSessionIDLen) {
-		f.reject(m, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", messages.HeaderSessionID,
-			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderSessionID, maxSessionIDLen)), reqID)
-		return
-	}
-	toks, ok := f.opts.Names.ParseSubject(m.Subject, "req", 2)
-	if !ok {
-		f.reject(m, labelInvalid, invalidRequest("", fmt.Sprintf("subject %q is not %s.req.<cluster>.<model>", m.Subject, f.opts.Names.Prefix)), reqID)
-		return
-	}
-	if int64(len(m.Data)) > h.opts.MaxBodyBytes {
-		f.reject(m, labelInvalid, newAPIError(http.StatusRequestEntityTooLarge, ErrTypeInvalidRequest, "request_too_large", "",
-			fmt.Sprintf("request body is larger than the limit of %d bytes", h.opts.MaxBodyBytes)), reqID)
-		return
-	}
-	body := m.Data
-	req, err := ParseRequest(natsEndpoint(body), body)
-	if err != nil {
-		var ae *APIError
-		if !errors.As(err, &ae) {
-			ae = invalidRequest("", err.Error())
-		}
-		f.reject(m, labelInvalid, ae, reqID)
-		return
-	}
-	if req.Model != toks[1] {
-		f.reject(m, labelInvalid, invalidRequest("model", fmt.Sprintf("'model' is %q but the request was sent to the subject of model %q", req.Model, toks[1])), reqID)
-		return
-	}
-	pv, _ := natsHeader(m.Header, messages.NATSHeaderPriority)
-	prio, ok := ParsePriority(pv)
-	if !ok {
-		f.reject(m, labelInvalid, newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "invalid_header", messages.HeaderPriority,
-			fmt.Sprintf("header %s must be critical, standard or sheddable", messages.NATSHeaderPriority)), reqID)
-		return
-	}
-	rt, apiErr := h.route(ctx, req, session, prio)
-	if apiErr != nil {
-		label := req.Model
-		if apiErr.Status == http.StatusNotFound {
-			label = labelUnknown
-		}
-		hdr := nats.Header{}
-		switch apiErr.Status {
-		case http.StatusServiceUnavailable:
-			hdr.Set("Retry-After", "1")
-		case http.StatusTooManyRequests:
-			hdr.Set("Retry-After", h.retryAfter())
-		}
-		h.metrics.requests.WithLabelValues(label, strconv.Itoa(apiErr.Status)).Inc()
-		f.replyError(m, hdr, apiErr, reqID)
-		return
-	}
-	defer rt.release()
-	log := &reqLog{base: &f.log, model: req.Model, id: reqID, key: rt.src, prio: prio, front: "nats"}
-	mm := h.modelMetrics(rt.ms, req.Model)
-	mm.inFlight.Inc()
-	defer mm.inFlight.Dec()
+	return "", false
+}
 
+func (r *natsRequest) passHeaders() http.Header {
+	hdr := make(http.Header, 1)
+	if session, _ := r.header(messages.HeaderSessionID); session != "" {
+		hdr.Set(messages.HeaderSessionID, session)
+	}
+	return hdr
+}
+
+func (r *natsRequest) body() ([]byte, *protocol.APIError) {
+	f := r.f
+	toks, ok := f.opts.Names.ParseSubject(r.m.Subject, "req", 2)
+	if !ok {
+		return nil, protocol.InvalidRequest("", fmt.Sprintf("subject %q is not %s.req.<cluster>.<model>", r.m.Subject, f.opts.Names.Prefix))
+	}
+	r.model = toks[1]
+	if limit := f.h.opts.MaxBodyBytes; int64(len(r.m.Data)) > limit {
+		return nil, bodyTooLarge(limit)
+	}
+	return r.m.Data, nil
+}
+
+func (r *natsRequest) check(req *protocol.Request) *protocol.APIError {
+	if req.Model != r.model {
+		return protocol.InvalidRequest("model", fmt.Sprintf("'model' is %q but the request was sent to the subject of model %q", req.Model, r.model))
+	}
+	return nil
+}
+
+// serve runs the pipeline for one NATS request and relays the answer as
+// reply messages.
+func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 	rctx, cancel := context.WithTimeout(ctx, f.opts.RequestTimeout)
 	defer cancel()
-	hdrIn := make(http.Header, 1)
-	if session != "" {
-		hdrIn.Set(messages.HeaderSessionID, session)
-	}
-	up := &UpstreamRequest{Endpoint: req.Endpoint, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body, Header: hdrIn}
-	out := nats.Header{}
-	out.Set(messages.NATSHeaderRequestID, reqID)
-	bp := h.bufs.Get().(*[]byte)
-	defer h.bufs.Put(bp)
-	at, apiErr := h.forward(rctx, rt, up, *bp, log)
-	if apiErr != nil {
-		h.metrics.requests.WithLabelValues(req.Model, strconv.Itoa(apiErr.Status)).Inc()
-		f.replyError(m, out, apiErr, reqID)
+	in := natsRequest{f: f, m: m}
+	a, rej := f.h.begin(rctx, &in, endpointFromBody, "nats")
+	if a == nil {
+		hdr := nats.Header{}
+		if rej.retryAfter != "" {
+			hdr.Set("Retry-After", rej.retryAfter)
+		}
+		f.replyError(m, hdr, rej.err, rej.reqID)
 		return
 	}
-	defer at.finish()
-	resp := at.resp
-	out.Set(messages.NATSHeaderEngine, at.engine.Name)
+	defer a.release()
+	resp := a.at.resp
+	out := nats.Header{}
+	out.Set(messages.NATSHeaderRequestID, a.logv.id)
+	out.Set(messages.NATSHeaderEngine, a.at.engine.Name)
 	status := resp.Status
-	h.countRequest(mm, req.Model, status)
-
 	var first time.Time
+	var n int64
 	send := func(last bool, data []byte) {
 		if first.IsZero() {
-			first = h.opts.Now()
+			first = f.h.opts.Now()
 		}
+		n += int64(len(data))
 		f.publish(m.Reply, out, status, last, data)
 	}
 	var rbody io.Reader = resp.Body
-	if len(at.first) > 0 {
-		rbody = io.MultiReader(bytes.NewReader(at.first), resp.Body)
+	if len(a.at.first) > 0 {
+		rbody = io.MultiReader(bytes.NewReader(a.at.first), resp.Body)
 	}
-	if req.Stream && status == http.StatusOK {
+	var err error
+	if a.stream && status == http.StatusOK {
 		err = f.relayStream(rbody, f.maxReplyChunk(), send)
 	} else {
 		err = f.relayWhole(rbody, send)
@@ -341,30 +299,7 @@ func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
 	if err != nil {
 		err = fmt.Errorf("%w: %w", errEngineBroke, err)
 	}
-	end := h.opts.Now()
-	// Only a streamed answer's first byte is its first token; a whole
-	// answer's first byte comes when it is complete, and counting it as TTFT
-	// would make every engine look slow to the penalty rules.
-	ttftAt := first
-	if !req.Stream {
-		ttftAt = time.Time{}
-	}
-	h.finishAttempt(rctx, at, err, ttftAt, end, log)
-	if !first.IsZero() {
-		mm.ttft.Observe(first.Sub(start).Seconds())
-	}
-	mm.duration.Observe(end.Sub(start).Seconds())
-	if err != nil {
-		log.Info().Err(err).Str("engine", at.engine.Name).Msg("relay over NATS ended early")
-		return
-	}
-	log.Debug().Str("engine", at.engine.Name).Int("status", status).Dur("duration", end.Sub(start)).Bool("stream", req.Stream).
-		Int("attempts", at.n).Msg("request done")
-}
-
-func (f *NATSFront) reject(m *nats.Msg, label string, e *APIError, reqID string) {
-	f.h.metrics.requests.WithLabelValues(label, strconv.Itoa(e.Status)).Inc()
-	f.replyError(m, nil, e, reqID)
+	a.record(rctx, n, first, err)
 }
 
 // maxReplyChunk bounds one reply message's body below the server's payload

@@ -16,6 +16,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
@@ -342,7 +343,7 @@ func TestNATSTransportFailures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := &router.UpstreamRequest{Endpoint: router.EndpointChat, Model: "m", Body: []byte(chatJSON("m", true, "x")),
+	req := &router.UpstreamRequest{Endpoint: protocol.EndpointChat, Model: "m", Body: []byte(chatJSON("m", true, "x")),
 		Header: http.Header{}, Stream: true}
 	ctx := context.Background()
 

@@ -169,6 +169,10 @@ func (b *natsBody) nextReply() (*nats.Msg, error) {
 	return m, nil
 }
 
+// FirstInHand reports true: Forward returns only once the first reply
+// arrived.
+func (b *natsBody) FirstInHand() bool { return true }
+
 // Read renders reply messages into p.
 func (b *natsBody) Read(p []byte) (int, error) {
 	b.mu.Lock()

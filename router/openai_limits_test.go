@@ -3,11 +3,12 @@ package router
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/switchyard-dev/switchyard/router/protocol"
 )
 
 func TestParseRequestParams(t *testing.T) {
@@ -58,20 +59,20 @@ func TestParseRequestParams(t *testing.T) {
 		{`"frequency_penalty":"x"`, "frequency_penalty", "invalid_type"},
 		{`"max_tokens":5,"max_tokens":0`, "max_tokens", "integer_below_min_value"}, // the last counts, as engines read it
 	} {
-		for _, ep := range []Endpoint{EndpointChat, EndpointCompletions} {
+		for _, ep := range []protocol.Endpoint{protocol.EndpointChat, protocol.EndpointCompletions} {
 			body := `{"model":"m",` + tc.params + `,` + msgs + `}`
-			if ep == EndpointCompletions {
+			if ep == protocol.EndpointCompletions {
 				body = `{"model":"m",` + tc.params + `,"prompt":"hi"}`
 			}
-			_, err := ParseRequest(ep, []byte(body))
+			_, err := protocol.ParseRequest(ep, []byte(body))
 			if tc.wantParam == "" {
 				if err != nil {
 					t.Errorf("%s on %s: %v", tc.params, ep.Path(), err)
 				}
 				continue
 			}
-			ae, ok := err.(*APIError)
-			if !ok || ae.Status != http.StatusBadRequest || ae.Type != ErrTypeInvalidRequest || ae.Param == nil || *ae.Param != tc.wantParam {
+			ae, ok := err.(*protocol.APIError)
+			if !ok || ae.Status != http.StatusBadRequest || ae.Type != protocol.ErrTypeInvalidRequest || ae.Param == nil || *ae.Param != tc.wantParam {
 				t.Errorf("%s on %s: %v, want a 400 about %s", tc.params, ep.Path(), err, tc.wantParam)
 				continue
 			}
@@ -104,7 +105,7 @@ func TestParamErrorsOnTheWire(t *testing.T) {
 					Code    *string `json:"code"`
 				} `json:"error"`
 			}
-			if err := json.Unmarshal([]byte(r.body), &got); err != nil || r.status != 400 || got.Error.Type != ErrTypeInvalidRequest ||
+			if err := json.Unmarshal([]byte(r.body), &got); err != nil || r.status != 400 || got.Error.Type != protocol.ErrTypeInvalidRequest ||
 				got.Error.Param == nil || !strings.HasPrefix(p, `"`+*got.Error.Param+`"`) || got.Error.Code == nil || got.Error.Message == "" {
 				t.Errorf("%s: %d %s (%v)", p, r.status, r.body, err)
 			}
@@ -114,57 +115,6 @@ func TestParamErrorsOnTheWire(t *testing.T) {
 		}
 	})
 }
-
-func TestTextPrefix(t *testing.T) {
-	long := strings.Repeat("ab", 3000)
-	esc := strings.Repeat(`\u00e9x`, 3000) // é x, escaped
-	for _, tc := range []struct{ raw, want string }{
-		{`"hi"`, "hi"},
-		{`""`, ""},
-		{`"a\nb"`, "a\nb"},
-		{`"` + long + `"`, long[:MaxPrefixBytes]},
-		{`"` + esc + `"`, strings.Repeat("éx", 3000)[:MaxPrefixBytes]},
-		{`"` + strings.Repeat(`\u0041`, 5000) + `"`, strings.Repeat("A", MaxPrefixBytes)},
-		{`"` + strings.Repeat(`\ud83d\ude00`, 3000) + `"`, strings.Repeat("😀", 3000)[:MaxPrefixBytes]},
-		{"\"\xff" + long + "\"", ("\uFFFD" + long)[:MaxPrefixBytes]},
-	} {
-		got, ok := textPrefix([]byte(tc.raw), MaxPrefixBytes)
-		if !ok || got != tc.want {
-			t.Errorf("textPrefix(%.20q...) = %.20q... (%d bytes), want %.20q... (%d bytes)", tc.raw, got, len(got), tc.want, len(tc.want))
-		}
-	}
-	if _, ok := textPrefix([]byte(`5`), 10); ok {
-		t.Error("a number is a string")
-	}
-}
-
-// TestAffinityKeyUnchangedByKeptPrefix: the key of a request whose
-// messages and prompts are longer than the parser keeps is the key of the
-// whole content.
-func TestAffinityKeyUnchangedByKeptPrefix(t *testing.T) {
-	sys := strings.Repeat("s", 1500)
-	user := strings.Repeat("u", 5000)
-	body := fmt.Sprintf(`{"model":"m","messages":[{"role":"assistant","content":"x"},{"role":"system","content":%q},{"role":"user","content":[{"type":"text","text":%q},{"type":"text","text":"more"}]}]}`, sys, user)
-	req, err := ParseRequest(EndpointChat, []byte(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	full := &Request{Endpoint: EndpointChat, Model: "m", Messages: []Message{
-		{Role: "assistant", Text: []string{"x"}}, {Role: "system", Text: []string{sys}}, {Role: "user", Text: []string{user, "more"}}}}
-	if a, b := mustKey(AffinityKey("", req)), mustKey(AffinityKey("", full)); a != b {
-		t.Errorf("key %x, of the whole content %x", a, b)
-	}
-	creq, err := ParseRequest(EndpointCompletions, []byte(fmt.Sprintf(`{"model":"m","prompt":[%q,"b"]}`, user)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfull := &Request{Endpoint: EndpointCompletions, Model: "m", Prompts: []string{user, "b"}}
-	if a, b := mustKey(AffinityKey("", creq)), mustKey(AffinityKey("", cfull)); a != b {
-		t.Errorf("completions key %x, of the whole prompt %x", a, b)
-	}
-}
-
-func mustKey(k uint64, _ KeySource) uint64 { return k }
 
 // pathologicalBodies are 8 MiB bodies that make a parser that decodes or
 // counts what it reads allocate many times their size.
@@ -199,14 +149,14 @@ func pathologicalBodies() map[string][]byte {
 // largest: one copy).
 func TestParseAllocationBounded(t *testing.T) {
 	for name, body := range pathologicalBodies() {
-		ep := EndpointChat
+		ep := protocol.EndpointChat
 		if bytes.Contains(body[:40], []byte(`"prompt"`)) {
-			ep = EndpointCompletions
+			ep = protocol.EndpointCompletions
 		}
 		var before, after runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&before)
-		_, err := ParseRequest(ep, body)
+		_, err := protocol.ParseRequest(ep, body)
 		runtime.ReadMemStats(&after)
 		alloc := after.TotalAlloc - before.TotalAlloc
 		t.Logf("%s: %d bytes, allocated %d (%.3fx), err %v", name, len(body), alloc, float64(alloc)/float64(len(body)), err)

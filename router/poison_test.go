@@ -207,7 +207,7 @@ func TestServiceServesThroughPoison(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	reg := svc.Handler().Registry()
+	reg := svc.Handler().Metrics()
 	testenv.WaitFor(t, 10*time.Second, "flood counted", func() bool {
 		return testenv.MetricSum(t, reg, "switchyard_router_signals_rejected_total", nil) >= flood &&
 			testenv.MetricSum(t, reg, "switchyard_router_snapshots_rejected_total", map[string]string{"reason": "decode"}) == 50
@@ -286,7 +286,7 @@ func TestNATSFrontRecoversPanic(t *testing.T) {
 			t.Fatalf("request %d after a panic: %v %v", i, err, r)
 		}
 	}
-	if n := testenv.MetricSum(t, h.Registry(), "switchyard_router_handler_panics_total", map[string]string{"handler": "nats_front"}); n != 3 {
+	if n := testenv.MetricSum(t, h.Metrics(), "switchyard_router_handler_panics_total", map[string]string{"handler": "nats_front"}); n != 3 {
 		t.Fatalf("%v panics counted, want 3", n)
 	}
 }

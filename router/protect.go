@@ -9,6 +9,9 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/router/guard"
+	"github.com/switchyard-dev/switchyard/router/protocol"
 )
 
 // Defaults of ProtectionOptions.
@@ -39,7 +42,7 @@ type ProtectionOptions struct {
 	// DefaultWholeFirstByteTimeout).
 	WholeFirstByteTimeout time.Duration
 	// Budget tunes the router-wide retry budget.
-	Budget BudgetOptions
+	Budget guard.BudgetOptions
 	// Routers is the number of routers sharing the cluster's demand, for
 	// the admission allotment (default 1).
 	Routers int
@@ -71,7 +74,7 @@ type ProtectionOptions struct {
 
 func (o ProtectionOptions) withDefaults() ProtectionOptions {
 	o.Eject = o.Eject.withDefaults()
-	o.Budget = o.Budget.withDefaults()
+	o.Budget = o.Budget.WithDefaults()
 	if o.MaxAttempts <= 0 {
 		o.MaxAttempts = DefaultMaxAttempts
 	}
@@ -95,7 +98,7 @@ func (o ProtectionOptions) withDefaults() ProtectionOptions {
 	}
 	switch {
 	case o.SlotHeadroom == 0:
-		o.SlotHeadroom = DefaultSlotHeadroom
+		o.SlotHeadroom = guard.DefaultSlotHeadroom
 	case o.SlotHeadroom < 0:
 		o.SlotHeadroom = 0
 	}
@@ -114,9 +117,9 @@ type RegionResolver interface {
 type GuardObserver interface {
 	Observer
 	// Priority counts the class of one client request (after Request).
-	Priority(model string, p Priority)
+	Priority(model string, p protocol.Priority)
 	// Shed counts one shed request.
-	Shed(model string, p Priority, reason ShedReason)
+	Shed(model string, p protocol.Priority, reason guard.ShedReason)
 	// Retry counts one retry attempt.
 	Retry(model string)
 }
@@ -133,8 +136,8 @@ type routed struct {
 	ms       *modelState
 	idx      int
 	key      uint64
-	src      KeySource
-	prio     Priority
+	src      protocol.KeySource
+	prio     protocol.Priority
 	spare    []string // the snapshot's engines of weight zero, nearest first (Figures.Spare)
 	fallback bool     // every engine was ejected: ejections are ignored
 }
@@ -143,12 +146,12 @@ type routed struct {
 func (rt *routed) release() { rt.ms.admitted.Add(-1) }
 
 // shedError is the answer to a shed request.
-func (h *Handler) shedError(model string, p Priority, reason ShedReason, detail string) *APIError {
+func (h *Handler) shedError(model string, p protocol.Priority, reason guard.ShedReason, detail string) *protocol.APIError {
 	h.metrics.shed.WithLabelValues(string(reason), p.String()).Inc()
 	if g, ok := h.opts.Observer.(GuardObserver); ok {
 		g.Shed(model, p, reason)
 	}
-	return newAPIError(http.StatusTooManyRequests, ErrTypeUnavailable, "overloaded", "",
+	return protocol.NewAPIError(http.StatusTooManyRequests, protocol.ErrTypeUnavailable, "overloaded", "",
 		fmt.Sprintf("model %q is overloaded; %s request shed (%s); retry later", model, p, detail))
 }
 
@@ -160,10 +163,10 @@ func (h *Handler) retryAfter() string {
 // admit applies the snapshot's shed fraction and the local admission
 // control to a request of class p with key on model, and returns the
 // fleet utilisation the retry budget earns at, or a 429.
-func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, key uint64, src KeySource, p Priority) (float64, *APIError) {
+func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, key uint64, src protocol.KeySource, p protocol.Priority) (float64, *protocol.APIError) {
 	f := info.Figures
 	now := h.opts.Now()
-	ms.mix.add(p, now)
+	ms.mix.Add(p, now)
 	shedding := f != nil && (f.ShedFraction > 0 || f.HasShedByPriority)
 	// While the snapshot sheds, the engines are planned at their capacity,
 	// and admission bounds the requests in flight by their batch slots
@@ -180,12 +183,12 @@ func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, k
 			// The capacity allotment sheds what the engines cannot take at once;
 			// the snapshot's shed, relaxed, keeps the order of classes
 			// and of keys (see ProtectionOptions.SlotHeadroom).
-			fr = ShedFractions(RelaxedShed(f.ShedFraction, h.prot.SlotHeadroom), ms.mix.shares(now))
+			fr = guard.ShedFractions(guard.RelaxedShed(f.ShedFraction, h.prot.SlotHeadroom), ms.mix.Shares(now))
 		case !f.HasShedByPriority:
-			fr = ShedFractions(f.ShedFraction, ms.mix.shares(now))
+			fr = guard.ShedFractions(f.ShedFraction, ms.mix.Shares(now))
 		}
-		if KeyUnit(key) < fr[p] {
-			return 0, h.shedError(model, p, ShedSnapshot, fmt.Sprintf("the fleet serves %.0f%% of %s demand", 100*(1-fr[p]), p))
+		if guard.KeyUnit(key) < fr[p] {
+			return 0, h.shedError(model, p, guard.ShedSnapshot, fmt.Sprintf("the fleet serves %.0f%% of %s demand", 100*(1-fr[p]), p))
 		}
 	}
 	u := 0.0
@@ -202,15 +205,15 @@ func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, k
 	// this cluster's share only, so while this router's requests fit in
 	// the batch slots others leave free (Bound.SlotsForRouter) a request
 	// is served rather than shed with capacity idle.
-	if lim := CapacityAllotment(f, h.prot.Routers, slot, step, p, h.prot.MinInFlight); capacityBound && lim > 0 {
-		if float64(n) > lim && (p == PriorityCritical || !ongoing(src, key, ms.recent) ||
-			float64(n) > capacityAllotment(f, h.prot.Routers, slot, step, queueSteps(p)+ongoingSteps, h.prot.MinInFlight)) &&
+	if lim := guard.CapacityAllotment(f, h.prot.Routers, slot, step, p, h.prot.MinInFlight); capacityBound && lim > 0 {
+		if float64(n) > lim && (p == protocol.PriorityCritical || !ongoing(src, key, ms.recent) ||
+			float64(n) > guard.CapacityAllotmentSteps(f, h.prot.Routers, slot, step, guard.QueueSteps(p)+ongoingSteps, h.prot.MinInFlight)) &&
 			float64(n) > bound.SlotsForRouter() {
 			ms.admitted.Add(-1)
-			return 0, h.shedError(model, p, ShedAdmission,
+			return 0, h.shedError(model, p, guard.ShedAdmission,
 				fmt.Sprintf("%d requests in flight at this router, capacity allotment %.0f", n-1, lim))
 		}
-		std := CapacityAllotment(f, h.prot.Routers, slot, step, PriorityStandard, h.prot.MinInFlight)
+		std := guard.CapacityAllotment(f, h.prot.Routers, slot, step, protocol.PriorityStandard, h.prot.MinInFlight)
 		return math.Max(u, float64(n)/std), nil
 	}
 	// Admission control guards a fleet the snapshot already plans near its
@@ -225,16 +228,16 @@ func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, k
 	// control only cuts bursts above the recent rate. Sustained overload is
 	// the optimizer's to shed, through the snapshot's shed fraction.
 	if f != nil {
-		if local := ms.mix.rate(now) * float64(max(h.prot.Routers, 1)) / (1 - math.Min(f.ShedFraction, 0.99)); local > f.DemandRPS {
+		if local := ms.mix.Rate(now) * float64(max(h.prot.Routers, 1)) / (1 - math.Min(f.ShedFraction, 0.99)); local > f.DemandRPS {
 			g := *f
 			g.DemandRPS = local
 			f = &g
 		}
 	}
-	if lim := Allotment(f, h.prot.Routers, h.prot.AdmissionSlack, h.prot.MinInFlight); lim > 0 {
-		if !h.prot.NoAdmission && float64(n) > lim*admissionFactor[p] {
+	if lim := guard.Allotment(f, h.prot.Routers, h.prot.AdmissionSlack, h.prot.MinInFlight); lim > 0 {
+		if !h.prot.NoAdmission && float64(n) > lim*guard.AdmissionFactor(p) {
 			ms.admitted.Add(-1)
-			return 0, h.shedError(model, p, ShedAdmission,
+			return 0, h.shedError(model, p, guard.ShedAdmission,
 				fmt.Sprintf("%d requests in flight at this router, allotment %.0f", n-1, lim))
 		}
 		u = math.Max(u, float64(n)/lim)
@@ -283,12 +286,21 @@ func retryReason(r Result) string {
 	return "other"
 }
 
+// FirstInHand is implemented by a response body that can tell whether its
+// first byte is in hand when Forward returns (a NATS reply stream returns
+// only once the first reply arrived); the retry loop then does not wait
+// for it under the first-byte timeout. Any Transport's body may implement
+// it.
+type FirstInHand interface {
+	// FirstInHand reports whether the body's first byte is in hand.
+	FirstInHand() bool
+}
+
 // bodyInHand reports whether a response body's first byte is known to be
-// in hand when Forward returns (a NATS reply stream returns only once the
-// first reply arrived).
+// in hand when Forward returns (see FirstInHand).
 func bodyInHand(b io.Reader) bool {
-	_, ok := b.(*natsBody)
-	return ok
+	f, ok := b.(FirstInHand)
+	return ok && f.FirstInHand()
 }
 
 // forward sends the request to rt's engine and, on a failure before any
@@ -297,7 +309,7 @@ func bodyInHand(b io.Reader) bool {
 // first body bytes (read into buf) are in hand; nothing has been written
 // to the client. Structurally no retry can follow a byte sent to the
 // client: the caller writes only after forward returns.
-func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, buf []byte, log *reqLog) (*attempt, *APIError) {
+func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, buf []byte, log *reqLog) (*attempt, *protocol.APIError) {
 	var triedBuf [8]int
 	tried := triedBuf[:0]
 	idx := rt.idx
@@ -318,7 +330,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 			continue
 		}
 		live := rt.bound.Live(idx)
-		ok, probe := live.eject.claim(h.opts.Now())
+		ok, probe := live.Claim(h.opts.Now())
 		if !ok && !rt.fallback {
 			// Ejected (or its half-open probe taken) since Pick: another
 			// engine, not counted as an attempt.
@@ -333,7 +345,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 		rt.bound.Acquire(idx)
 		actx := newAttemptCtx(ctx, timeout) // ends with ctx, on cancel or after timeout
 		h.metrics.attempts.Inc()
-		h.amp.add(0, 1)
+		h.amp.Add(0, 1)
 		start := h.opts.Now()
 		resp, err := h.opts.Transport.Forward(actx, eng, up)
 		if errors.Is(err, ErrNoTransport) {
@@ -391,7 +403,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 		}
 		if res == ResultOK {
 			h.countEngine(rt, eng.Name, resp.Status)
-			if idx != rt.idx && rt.src != KeyNone {
+			if idx != rt.idx && rt.src != protocol.KeyNone {
 				// A retry placed the key elsewhere: the engine that
 				// serves it now holds its newest prefix, so the key's
 				// next requests follow it there.
@@ -425,7 +437,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 			}
 			actx.cancel()
 			rt.bound.Release(idx)
-			return nil, newAPIError(http.StatusBadGateway, ErrTypeServer, "canceled", "", errClientGone.Error())
+			return nil, protocol.NewAPIError(http.StatusBadGateway, protocol.ErrTypeServer, "canceled", "", errClientGone.Error())
 		}
 		next, cause := h.retryTo(rt, tried, idx, n)
 		if cause == "" {
@@ -460,9 +472,9 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 				msg = fmt.Sprintf("engine %q for model %q timed out after %v: %v (%d attempts)", eng.Name, rt.model,
 					lat.Round(time.Millisecond), errString(err, resp), n)
 			}
-			return nil, newAPIError(http.StatusGatewayTimeout, ErrTypeServer, "upstream_timeout", "", msg)
+			return nil, protocol.NewAPIError(http.StatusGatewayTimeout, protocol.ErrTypeServer, "upstream_timeout", "", msg)
 		}
-		return nil, newAPIError(http.StatusBadGateway, ErrTypeServer, "upstream_error", "",
+		return nil, protocol.NewAPIError(http.StatusBadGateway, protocol.ErrTypeServer, "upstream_error", "",
 			fmt.Sprintf("engine %q for model %q failed: %v (%d attempts)", eng.Name, rt.model, errString(err, resp), n))
 	}
 }
@@ -475,8 +487,8 @@ func (h *Handler) passOver(rt *routed, tried []int, idx int) (int, bool) {
 }
 
 // noEngineError is the answer when no engine of model can be reached.
-func noEngineError(model string) *APIError {
-	return newAPIError(http.StatusServiceUnavailable, ErrTypeUnavailable, "no_engine_available", "",
+func noEngineError(model string) *protocol.APIError {
+	return protocol.NewAPIError(http.StatusServiceUnavailable, protocol.ErrTypeUnavailable, "no_engine_available", "",
 		fmt.Sprintf("no engine is available for model %q", model))
 }
 
@@ -566,35 +578,20 @@ func (rt *routed) spareEngine(ok func(j int) bool) (int, bool) {
 	return -1, false
 }
 
-// ejectReport feeds an attempt's result to the engine's ejection state and
-// logs and exports changes. A result that does not blame the engine
-// (Result.Blames) other than a success is neutral: a 429, a cancelled
-// request and a client error leave the consecutive failures as they are,
-// except that a half-open probe the engine answered with a client error
-// restores it (it is up and parsing requests).
+// ejectReport feeds an attempt's result to the engine's ejection state
+// (EngineLive.Report) and logs and exports changes.
 func (h *Handler) ejectReport(model, engine string, live *EngineLive, res Result, probe bool, cause error, log *reqLog) {
-	ok := res == ResultOK || (res == ResultClient && probe)
-	if !ok && !res.Blames() {
-		if probe {
-			live.eject.probing.Store(false)
-		}
-		return
-	}
-	now := h.opts.Now()
-	if ok {
-		live.lastOK.Store(now.UnixNano())
-	}
-	ev, d, fails := live.eject.report(ok, probe, now, h.prot.Eject)
+	ev, d, fails := live.Report(res, probe, h.opts.Now(), h.prot.Eject)
 	switch ev {
-	case ejectStart, ejectAgain:
+	case EjectStart, EjectAgain:
 		h.metrics.ejected.WithLabelValues(model, engine).Set(1)
 		msg := "engine ejected after consecutive failures; skipping it until a probe succeeds"
-		if ev == ejectAgain {
+		if ev == EjectAgain {
 			msg = "half-open probe failed; engine ejected again for longer"
 		}
 		log.Warn().Str("ejected_engine", engine).Int("consecutive_failures", fails).Str("last_failure", retryReason(res)).
 			Err(cause).Dur("backoff", d).Msg(msg)
-	case ejectRestored:
+	case EjectRestored:
 		h.metrics.ejected.WithLabelValues(model, engine).Set(0)
 		log.Info().Str("restored_engine", engine).Msg("engine answered again; ejection lifted")
 	}
@@ -621,4 +618,22 @@ func (h *Handler) finishAttempt(ctx context.Context, a *attempt, relayErr error,
 	case relayErr == nil && !a.probe:
 		h.ejectReport(a.rt.model, a.engine.Name, live, ResultOK, false, nil, log)
 	}
+}
+
+// ongoingSteps is how many decode steps of queue beyond its class's the
+// capacity allotment lets a sheddable or standard request of an ongoing
+// conversation add: one whose session id or user this router has routed
+// before (RecentKeys). When the bound sheds, new conversations go first,
+// so that one in progress is not cut off between two of its turns.
+const ongoingSteps = 1
+
+// ongoing reports whether a request's key names a conversation this
+// router has routed before: a session id or user field (not a prompt
+// prefix, which many conversations share) that rk remembers.
+func ongoing(src protocol.KeySource, key uint64, rk *RecentKeys) bool {
+	if rk == nil || (src != protocol.KeySession && src != protocol.KeyUser) {
+		return false
+	}
+	_, seen := rk.lookup(key)
+	return seen
 }

@@ -20,6 +20,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/guard"
+	"github.com/switchyard-dev/switchyard/router/protocol"
 )
 
 // Engine behaviours of progEngine.
@@ -126,7 +128,7 @@ type pfront struct {
 	client  *http.Client
 }
 
-func newPFront(t *testing.T, kind ServerKind, modes []int32, weights []float64, figs *Figures, opts Options) *pfront {
+func newPFront(t *testing.T, kind ServerKind, modes []int32, weights []float64, figs *guard.Figures, opts Options) *pfront {
 	t.Helper()
 	f := &pfront{tables: NewStaticTables()}
 	var es []Engine
@@ -158,7 +160,7 @@ func (f *pfront) sessionFor(t *testing.T, i int, not ...string) string {
 		if slices.Contains(not, s) {
 			continue
 		}
-		key, _ := AffinityKey(s, &Request{Model: "m"})
+		key, _ := protocol.AffinityKey(s, &protocol.Request{Model: "m"})
 		if j, _ := f.table.Primary(key); j == i {
 			return s
 		}
@@ -322,7 +324,7 @@ func TestHangingEngineDeadlineThenRetry(t *testing.T) {
 func TestAttemptsCapped(t *testing.T) {
 	forEachServer(t, func(t *testing.T, kind ServerKind) {
 		f := newPFront(t, kind, []int32{mode500, mode500, mode500, mode500, mode500}, []float64{0.2, 0.2, 0.2, 0.2, 0.2}, nil,
-			Options{Protection: ProtectionOptions{Eject: EjectOptions{After: -1}, Budget: BudgetOptions{Ratio: 5, MaxTokens: 100}}})
+			Options{Protection: ProtectionOptions{Eject: EjectOptions{After: -1}, Budget: guard.BudgetOptions{Ratio: 5, MaxTokens: 100}}})
 		for i := 0; i < 10; i++ {
 			r := f.do(streamBody(fmt.Sprint(i)), nil)
 			if r.status != 500 {
@@ -342,7 +344,7 @@ func TestAttemptsCapped(t *testing.T) {
 func TestBudgetStopsRetries(t *testing.T) {
 	forEachServer(t, func(t *testing.T, kind ServerKind) {
 		f := newPFront(t, kind, []int32{mode500, mode500, mode500}, []float64{0.3, 0.3, 0.3}, nil,
-			Options{Protection: ProtectionOptions{Eject: EjectOptions{After: -1}, Budget: BudgetOptions{Ratio: 0.001, MaxTokens: 2}}})
+			Options{Protection: ProtectionOptions{Eject: EjectOptions{After: -1}, Budget: guard.BudgetOptions{Ratio: 0.001, MaxTokens: 2}}})
 		start := time.Now()
 		const n = 200
 		for i := 0; i < n; i++ {
@@ -354,10 +356,10 @@ func TestBudgetStopsRetries(t *testing.T) {
 		if max := 2 + int(el) + 1; retries > max {
 			t.Fatalf("%d retries in %.2fs, budget allows %d", retries, el, max)
 		}
-		if amp := f.h.amp.ratio(); amp > 1+float64(2+int(el))/n {
+		if amp := f.h.amp.Ratio(); amp > 1+float64(2+int(el))/n {
 			t.Fatalf("amplification %.3f", amp)
 		}
-		t.Logf("%d requests in %.2fs: %d retries, amplification %.3f", n, el, retries, f.h.amp.ratio())
+		t.Logf("%d requests in %.2fs: %d retries, amplification %.3f", n, el, retries, f.h.amp.Ratio())
 	})
 }
 
@@ -365,7 +367,7 @@ func TestAmplificationHalfFailingHighUtilisation(t *testing.T) {
 	forEachServer(t, func(t *testing.T, kind ServerKind) {
 		modes := []int32{mode500, modeOK, mode500, modeOK, mode500, modeOK}
 		w := []float64{1.0 / 6, 1.0 / 6, 1.0 / 6, 1.0 / 6, 1.0 / 6, 1.0 / 6}
-		figs := &Figures{Utilisation: 0.9, DemandRPS: 1000, Latency: time.Second}
+		figs := &guard.Figures{Utilisation: 0.9, DemandRPS: 1000, Latency: time.Second}
 		f := newPFront(t, kind, modes, w, figs, Options{})
 		const n = 600
 		var ok atomic.Int64
@@ -388,8 +390,8 @@ func TestAmplificationHalfFailingHighUtilisation(t *testing.T) {
 		close(jobs)
 		wg.Wait()
 		amp := float64(f.attempts()) / n
-		if amp > 1.1 || f.h.amp.ratio() > 1.1 {
-			t.Fatalf("amplification %.3f (window %.3f), want ≤ 1.1", amp, f.h.amp.ratio())
+		if amp > 1.1 || f.h.amp.Ratio() > 1.1 {
+			t.Fatalf("amplification %.3f (window %.3f), want ≤ 1.1", amp, f.h.amp.Ratio())
 		}
 		t.Logf("amplification %.3f, %d/%d succeeded", amp, ok.Load(), n)
 	})
@@ -483,53 +485,9 @@ func TestEjectStateSingleProbe(t *testing.T) {
 	}
 }
 
-func TestShedFractions(t *testing.T) {
-	for _, tc := range []struct {
-		s    float64
-		mix  [numPriorities]float64
-		want [numPriorities]float64
-	}{
-		{0, [3]float64{0.2, 0.5, 0.3}, [3]float64{0, 0, 0}},
-		{1.0 / 3, [3]float64{0.2, 0.5, 0.3}, [3]float64{1, (1.0/3 - 0.2) / 0.5, 0}},
-		{0.1, [3]float64{0.2, 0.5, 0.3}, [3]float64{0.5, 0, 0}},
-		{0.8, [3]float64{0.2, 0.5, 0.3}, [3]float64{1, 1, 1.0 / 3}},
-		{0.3, [3]float64{}, [3]float64{1, 0.3, 0}},
-		{0.3, [3]float64{0, 0, 1}, [3]float64{1, 1, 0.3}},
-	} {
-		got := ShedFractions(tc.s, tc.mix)
-		for p := range got {
-			if d := got[p] - tc.want[p]; d > 1e-9 || d < -1e-9 {
-				t.Errorf("ShedFractions(%v, %v) = %v, want %v", tc.s, tc.mix, got, tc.want)
-				break
-			}
-		}
-	}
-}
-
-func TestFiguresOf(t *testing.T) {
-	f := FiguresOf(&messages.WeightSnapshot{Weights: map[string]float64{"a": 0.6, "b": 0.2}, ShedFraction: 0.2,
-		ShedByPriority: map[string]float64{"sheddable": 1, "standard": 0.1}, DemandRPS: 100,
-		Utilisation: map[string]float64{"a": 0.9, "b": 0.5}, LatencyMs: map[string]float64{"a": 200, "b": 600}})
-	if !f.HasShedByPriority || f.ShedByPriority != [3]float64{1, 0.1, 0} || f.DemandRPS != 100 {
-		t.Fatalf("%+v", f)
-	}
-	if d := f.Utilisation - 0.8; d > 1e-9 || d < -1e-9 || f.Latency != 300*time.Millisecond {
-		t.Fatalf("utilisation %v latency %v", f.Utilisation, f.Latency)
-	}
-}
-
-func TestBudgetEarnRate(t *testing.T) {
-	o := BudgetOptions{}
-	for _, c := range []struct{ u, want float64 }{{0, 0.2}, {0.5, 0.2}, {0.7, 0.072}, {0.9, 0.008}, {1, 0}, {1.5, 0}} {
-		if got := o.EarnRate(c.u); got-c.want > 1e-9 || c.want-got > 1e-9 {
-			t.Errorf("EarnRate(%v) = %v, want %v", c.u, got, c.want)
-		}
-	}
-}
-
 func TestShedConsistentPerKey(t *testing.T) {
 	forEachServer(t, func(t *testing.T, kind ServerKind) {
-		f := newPFront(t, kind, []int32{modeOK, modeOK}, []float64{0.35, 0.35}, &Figures{ShedFraction: 0.3}, Options{})
+		f := newPFront(t, kind, []int32{modeOK, modeOK}, []float64{0.35, 0.35}, &guard.Figures{ShedFraction: 0.3}, Options{})
 		shedSessions := 0
 		const sessions = 300
 		for i := 0; i < sessions; i++ {
@@ -552,7 +510,7 @@ func TestShedConsistentPerKey(t *testing.T) {
 
 func TestShedByPriorityOrder(t *testing.T) {
 	forEachServer(t, func(t *testing.T, kind ServerKind) {
-		for _, figs := range []*Figures{
+		for _, figs := range []*guard.Figures{
 			{ShedFraction: 1.0 / 3},
 			{ShedFraction: 1.0 / 3, HasShedByPriority: true, ShedByPriority: [3]float64{1, 0.27, 0}},
 		} {
@@ -597,7 +555,7 @@ func TestShedByPriorityOrder(t *testing.T) {
 
 func TestShedAnswerFast(t *testing.T) {
 	forEachServer(t, func(t *testing.T, kind ServerKind) {
-		f := newPFront(t, kind, []int32{modeOK}, []float64{0.5}, &Figures{ShedFraction: 1}, Options{})
+		f := newPFront(t, kind, []int32{modeOK}, []float64{0.5}, &guard.Figures{ShedFraction: 1}, Options{})
 		var durs []time.Duration
 		for i := 0; i < 400; i++ {
 			r := f.do(streamBody("x"), map[string]string{messages.HeaderSessionID: fmt.Sprint("s", i)})
@@ -610,7 +568,7 @@ func TestShedAnswerFast(t *testing.T) {
 					Code          *string
 				}
 			}
-			if err := json.Unmarshal([]byte(r.body), &body); err != nil || body.Error.Type != ErrTypeUnavailable ||
+			if err := json.Unmarshal([]byte(r.body), &body); err != nil || body.Error.Type != protocol.ErrTypeUnavailable ||
 				body.Error.Code == nil || *body.Error.Code != "overloaded" || body.Error.Message == "" {
 				t.Fatalf("body %q", r.body)
 			}
@@ -694,7 +652,7 @@ func TestAdmissionShedsBurst(t *testing.T) {
 	forEachServer(t, func(t *testing.T, kind ServerKind) {
 		// Allotment: m = 4 req/s × 1 s in flight on average; max(8, 1.5·m + 4·√m)
 		// = 14; sheddable requests get 80% of it (11), critical ones 125% (17).
-		figs := &Figures{DemandRPS: 4, Latency: time.Second, Utilisation: 0.95} // near its limit: admission applies
+		figs := &guard.Figures{DemandRPS: 4, Latency: time.Second, Utilisation: 0.95} // near its limit: admission applies
 		f := newPFront(t, kind, []int32{modeHold, modeHold}, []float64{0.5, 0.5}, figs, Options{})
 		b := &burster{f: f}
 		count, held := b.count, b.held
@@ -769,16 +727,6 @@ func poll(timeout time.Duration, cond func() bool) bool {
 	return true
 }
 
-// TestFiguresIgnoreRoundingShed checks that a solver's rounding in a
-// snapshot's shed fractions neither sheds nor turns admission control on.
-func TestFiguresIgnoreRoundingShed(t *testing.T) {
-	f := FiguresOf(&messages.WeightSnapshot{ShedFraction: 9e-16, ShedByPriority: map[string]float64{"standard": 9e-16},
-		Weights: map[string]float64{"e": 1}})
-	if f.ShedFraction != 0 || f.HasShedByPriority {
-		t.Fatalf("figures %+v: rounding read as shedding", f)
-	}
-}
-
 // mapRegions is a RegionResolver over a fixed map of engine regions.
 type mapRegions map[string]string
 
@@ -793,13 +741,13 @@ func TestRetryLeavesFailedRegionForSpare(t *testing.T) {
 	forEachServer(t, func(t *testing.T, kind ServerKind) {
 		snap := &messages.WeightSnapshot{Weights: map[string]float64{"e0": 0.5, "e1": 0.5, "e2": 0, "e3": 0},
 			LatencyMs: map[string]float64{"e0": 150, "e1": 150, "e2": 180, "e3": 160}, DemandRPS: 10}
-		figs := FiguresOf(snap)
+		figs := guard.FiguresOf(snap)
 		if !slices.Equal(figs.Spare, []string{"e3", "e2"}) {
 			t.Fatalf("spare engines %v, want [e3 e2] (nearest first)", figs.Spare)
 		}
 		f := newPFront(t, kind, []int32{mode500, mode500, modeOK, modeOK}, []float64{0.5, 0.5, 0, 0}, figs,
 			Options{Regions: mapRegions{"e0": "r2", "e1": "r2", "e2": "r3", "e3": "r1"},
-				Protection: ProtectionOptions{Eject: EjectOptions{After: 2}, Budget: BudgetOptions{Ratio: 5, MaxTokens: 100}}})
+				Protection: ProtectionOptions{Eject: EjectOptions{After: 2}, Budget: guard.BudgetOptions{Ratio: 5, MaxTokens: 100}}})
 		r := f.do(streamBody("x"), nil)
 		if r.status != 200 || r.header.Get(messages.HeaderEngine) != "e3" {
 			t.Fatalf("first request: got %d from %q: %q", r.status, r.header.Get(messages.HeaderEngine), r.body)

@@ -17,7 +17,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/guard"
+	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
@@ -235,7 +238,7 @@ type modelAcc struct {
 	requests int64
 	shed     int64
 	retries  int64
-	priority [numPriorities]int64
+	priority [protocol.NumPriorities]int64
 	engines  map[string]*engineAcc
 }
 
@@ -403,8 +406,8 @@ func (r *Reporter) Request(model string) {
 }
 
 // Priority counts the priority class of one client request for model.
-func (r *Reporter) Priority(model string, p Priority) {
-	if p >= numPriorities {
+func (r *Reporter) Priority(model string, p protocol.Priority) {
+	if p >= protocol.NumPriorities {
 		return
 	}
 	r.mu.Lock()
@@ -413,7 +416,7 @@ func (r *Reporter) Priority(model string, p Priority) {
 }
 
 // Shed counts one shed request for model.
-func (r *Reporter) Shed(model string, _ Priority, _ ShedReason) {
+func (r *Reporter) Shed(model string, _ protocol.Priority, _ guard.ShedReason) {
 	r.mu.Lock()
 	r.model(model).shed++
 	r.mu.Unlock()
@@ -525,9 +528,9 @@ func (r *Reporter) Collect() []*messages.RouterReport {
 			for p, n := range a.priority {
 				if n > 0 {
 					if rep.DemandByPriority == nil {
-						rep.DemandByPriority = make(map[string]int64, int(numPriorities))
+						rep.DemandByPriority = make(map[string]int64, int(protocol.NumPriorities))
 					}
-					rep.DemandByPriority[Priority(p).String()] = n
+					rep.DemandByPriority[protocol.Priority(p).String()] = n
 				}
 			}
 			for name, e := range a.engines {

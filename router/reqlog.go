@@ -1,6 +1,10 @@
 package router
 
-import "github.com/rs/zerolog"
+import (
+	"github.com/rs/zerolog"
+
+	"github.com/switchyard-dev/switchyard/router/protocol"
+)
 
 // reqLog is one request's logger, built from base with the request's
 // fields only when a line is emitted: most requests log nothing at the
@@ -11,8 +15,8 @@ type reqLog struct {
 	base  *zerolog.Logger
 	model string
 	id    string
-	key   KeySource
-	prio  Priority
+	key   protocol.KeySource
+	prio  protocol.Priority
 	front string // "" for HTTP
 	built *zerolog.Logger
 }

@@ -18,7 +18,7 @@ func BenchmarkPick(b *testing.B) {
 		b.Run(fmt.Sprintf("engines=%d", n), func(b *testing.B) {
 			r := rand.New(rand.NewPCG(uint64(n), 1))
 			tbl := mustTable(b, engineSet(randomWeights(r, n, 0.95)), TableOptions{})
-			g := NewLiveSet().Bind(tbl)
+			g := NewLiveSet(nil).Bind(tbl)
 			keys := keyHashes(4096)
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -88,7 +88,7 @@ func BenchmarkPickSlots(b *testing.B) {
 			r := rand.New(rand.NewPCG(uint64(n), 1))
 			es := engineSet(randomWeights(r, n, 0.95))
 			tbl := slotTable(b, assign(b, slotState{}, es), es)
-			g := NewLiveSet().Bind(tbl)
+			g := NewLiveSet(nil).Bind(tbl)
 			keys := keyHashes(4096)
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -117,17 +117,6 @@ func BenchmarkNewTable(b *testing.B) {
 	}
 }
 
-// BenchmarkAffinityKey measures key extraction from a parsed chat request
-// with a long system prompt.
-func BenchmarkAffinityKey(b *testing.B) {
-	req := mustParse(b, EndpointChat, `{"model":"m","messages":[{"role":"system","content":"`+
-		fmt.Sprintf("%0900d", 0)+`"},{"role":"user","content":"`+fmt.Sprintf("%01500d", 1)+`"}]}`)
-	b.ReportAllocs()
-	for b.Loop() {
-		AffinityKey("", req)
-	}
-}
-
 // BenchmarkPickLive measures the live router's picks through a real Bound
 // whose engines have reported load signals: PickTwo for a keyless request,
 // PickRecent for a keyed one (mostly seen before) and for keys never seen,
@@ -136,7 +125,7 @@ func BenchmarkPickLive(b *testing.B) {
 	for _, n := range benchSizes {
 		r := rand.New(rand.NewPCG(uint64(n), 1))
 		tbl := mustTable(b, engineSet(randomWeights(r, n, 0.95)), TableOptions{})
-		set := NewLiveSet()
+		set := NewLiveSet(nil)
 		for i := 0; i < n; i++ {
 			set.ObserveSignal(&messages.EngineSignal{Engine: tbl.Engine(i).Name, Queue: r.IntN(8), Running: r.IntN(16), MaxRunning: 16})
 		}

@@ -148,7 +148,7 @@ func TestTableEmpty(t *testing.T) {
 		if _, ok := tbl.Pick(1, nil); ok {
 			t.Errorf("Pick on table %v succeeded, want none", es)
 		}
-		if _, ok := tbl.Pick(1, NewLiveSet().Bind(tbl)); ok {
+		if _, ok := tbl.Pick(1, NewLiveSet(nil).Bind(tbl)); ok {
 			t.Errorf("guarded Pick on table %v succeeded, want none", es)
 		}
 		if got := tbl.Candidates(1, make([]int, 0, 3)); len(got) != 0 {
@@ -409,7 +409,7 @@ func TestCandidates(t *testing.T) {
 func TestPickAllocs(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	tbl := mustTable(t, engineSet(randomWeights(r, 100, 1)), TableOptions{})
-	b := NewLiveSet().Bind(tbl)
+	b := NewLiveSet(nil).Bind(tbl)
 	var seq uint64
 	allocs := testing.AllocsPerRun(1000, func() {
 		seq++

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/streams"
 )
@@ -59,9 +60,10 @@ type ServiceOptions struct {
 	MaxBodyBytes int64
 	// HTTPTransport tunes forwarding over HTTP.
 	HTTPTransport HTTPTransportOptions
-	// NetworkDelay, when set, emulates the one-way network latency to each
-	// engine (see DelayTransport): for stacks on one machine.
-	NetworkDelay func(engine string) time.Duration
+	// WrapTransport, when set, wraps the transport the router forwards
+	// through: internal/netem's network emulation, for stacks on one
+	// machine.
+	WrapTransport func(Transport) Transport
 	// NATSFirstReplyTimeout bounds the wait for an engine's first NATS
 	// reply (default 60 s).
 	NATSFirstReplyTimeout time.Duration
@@ -73,9 +75,15 @@ type ServiceOptions struct {
 	ShutdownTimeout time.Duration
 	// Logger receives the router's logs.
 	Logger zerolog.Logger
-	// Registry receives every metric and is served on /metrics (default: a
-	// new registry).
-	Registry *prometheus.Registry
+	// Registry receives every metric (default: a new registry). It may be
+	// shared or wrapped (prometheus.WrapRegistererWith, e.g. with a cluster
+	// label) when one process runs several routers.
+	Registry prometheus.Registerer
+	// Metrics is what the HTTP front serves on /metrics (default: Registry,
+	// when it is a prometheus.Gatherer as a *prometheus.Registry is;
+	// required otherwise): with several routers in one process, the
+	// process's registry holding all of their series.
+	Metrics prometheus.Gatherer
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 }
@@ -100,6 +108,75 @@ type Service struct {
 	started bool
 }
 
+// withDefaults returns o with its zero fields set to their defaults; the
+// fields whose zero value is a default of the component that reads them
+// (StaleAfter, DownAfter, Protection, ...) are left to it.
+func (o ServiceOptions) withDefaults() ServiceOptions {
+	if o.Router == "" && o.Cluster != "" {
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		o.Router = o.Cluster + "-" + hex.EncodeToString(b[:])
+	}
+	if o.Names.Prefix == "" {
+		o.Names = streams.DefaultNames()
+	}
+	if o.Registry == nil {
+		reg := prometheus.NewRegistry()
+		o.Registry = reg
+		if o.Metrics == nil {
+			o.Metrics = reg
+		}
+	}
+	if g, ok := o.Registry.(prometheus.Gatherer); ok && o.Metrics == nil {
+		o.Metrics = g
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.ShutdownTimeout <= 0 {
+		o.ShutdownTimeout = 10 * time.Second
+	}
+	return o
+}
+
+// Validate reports the first field of o that no router can run with,
+// naming it; zero fields that have defaults are valid. NewService calls it
+// after the defaults are set; a command calls it to check its flags before
+// it connects (Conn is not checked here: NewService requires it).
+func (o ServiceOptions) Validate() error {
+	if err := messages.CheckName("ServiceOptions.Cluster", o.Cluster); err != nil {
+		return err
+	}
+	if o.Router != "" {
+		if err := messages.CheckName("ServiceOptions.Router", o.Router); err != nil {
+			return err
+		}
+	}
+	if o.RTTProbe != "" {
+		if err := CheckRTTProbe(o.RTTProbe); err != nil {
+			return fmt.Errorf("ServiceOptions.RTTProbe: %w", err)
+		}
+	}
+	if o.Names.Prefix != "" {
+		if err := o.Names.Validate(); err != nil {
+			return fmt.Errorf("ServiceOptions.Names: %w", err)
+		}
+	}
+	if o.Protection.Routers < 0 {
+		return fmt.Errorf("%w: ServiceOptions.Protection.Routers is %d: a cluster has at least one router (0: the default, 1)", ErrBadOption, o.Protection.Routers)
+	}
+	if o.Registry != nil && o.Metrics == nil {
+		if _, ok := o.Registry.(prometheus.Gatherer); !ok {
+			return fmt.Errorf("%w: ServiceOptions.Metrics is nil and ServiceOptions.Registry is no prometheus.Gatherer: say what /metrics serves", ErrBadOption)
+		}
+	}
+	return nil
+}
+
+// ErrBadOption marks an option value no router can run with (matched with
+// errors.Is; the error names the field).
+var ErrBadOption = errors.New("invalid router option")
+
 // NewService builds a router for opts and, when HTTPAddr is set, opens its
 // listener (so Addr is known before Run). Call Run, or Close when Run will
 // not be called.
@@ -107,36 +184,9 @@ func NewService(opts ServiceOptions) (*Service, error) {
 	if opts.Conn == nil {
 		return nil, errors.New("router: new service: ServiceOptions.Conn is nil")
 	}
-	if err := messages.CheckName("cluster", opts.Cluster); err != nil {
+	opts = opts.withDefaults()
+	if err := opts.Validate(); err != nil {
 		return nil, fmt.Errorf("router: new service: %w", err)
-	}
-	if opts.RTTProbe != "" {
-		if err := CheckRTTProbe(opts.RTTProbe); err != nil {
-			return nil, fmt.Errorf("router: new service: ServiceOptions.RTTProbe: %w", err)
-		}
-	}
-	if opts.Router == "" {
-		var b [4]byte
-		_, _ = rand.Read(b[:])
-		opts.Router = opts.Cluster + "-" + hex.EncodeToString(b[:])
-	}
-	if err := messages.CheckName("router", opts.Router); err != nil {
-		return nil, fmt.Errorf("router: new service: %w", err)
-	}
-	if opts.Names.Prefix == "" {
-		opts.Names = streams.DefaultNames()
-	}
-	if err := opts.Names.Validate(); err != nil {
-		return nil, fmt.Errorf("router: new service: %w", err)
-	}
-	if opts.Registry == nil {
-		opts.Registry = prometheus.NewRegistry()
-	}
-	if opts.Now == nil {
-		opts.Now = time.Now
-	}
-	if opts.ShutdownTimeout <= 0 {
-		opts.ShutdownTimeout = 10 * time.Second
 	}
 	logger := opts.Logger.With().Str("router", opts.Router).Logger()
 	s := &Service{opts: opts, log: logger.With().Str("component", "router").Str("cluster", opts.Cluster).Logger(),
@@ -186,8 +236,8 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		return nil, err
 	}
 	var transport Transport = &TransportPolicy{HTTP: s.httpT, NATS: natsT, Endpoints: s.signals, PreferNATS: opts.PreferNATS}
-	if opts.NetworkDelay != nil {
-		transport = &DelayTransport{Next: transport, Delay: opts.NetworkDelay}
+	if opts.WrapTransport != nil {
+		transport = opts.WrapTransport(transport)
 	}
 	s.handler, err = NewHandler(Options{
 		Tables:       s.store,
@@ -196,6 +246,7 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		Router:       opts.Router,
 		Logger:       logger,
 		Registry:     opts.Registry,
+		Metrics:      opts.Metrics,
 		MaxBodyBytes: opts.MaxBodyBytes,
 		Now:          opts.Now,
 		Observer:     s.reporter,

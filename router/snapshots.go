@@ -15,8 +15,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/streams"
 )
@@ -86,7 +88,7 @@ type storeView struct {
 type storeModel struct {
 	snap       *messages.WeightSnapshot // newest installed snapshot, nil when none
 	snapTable  *Table
-	figures    *Figures
+	figures    *guard.Figures
 	local      *Table
 	localW     map[string]float64
 	localVer   uint64 // Signals.Version the local table was computed at
@@ -493,7 +495,7 @@ func (s *SnapshotStore) Install(snap *messages.WeightSnapshot) (bool, error) {
 		s.models[snap.Model] = m
 	}
 	cp := *snap
-	m.snap, m.snapTable, m.figures = &cp, t, FiguresOf(&cp)
+	m.snap, m.snapTable, m.figures = &cp, t, guard.FiguresOf(&cp)
 	s.installed.WithLabelValues(snap.Model).Inc()
 	s.log.Debug().Str("model", snap.Model).Uint64("generation", snap.Generation).Int("engines", len(snap.Weights)).
 		Float64("shed", snap.ShedFraction).Msg("weight snapshot installed")

@@ -231,7 +231,7 @@ func TestSlotTableGuards(t *testing.T) {
 			t.Fatalf("key %x: Pick = %d, %v with engine 0 overloaded", k, i, ok)
 		}
 	}
-	b := NewLiveSet().Bind(tbl)
+	b := NewLiveSet(nil).Bind(tbl)
 	var seq uint64
 	if allocs := testing.AllocsPerRun(1000, func() {
 		seq++

@@ -129,7 +129,7 @@ func TestDrainDrillShedsNothingWhileCapacityIdles(t *testing.T) {
 		}
 	}
 	for i, r := range s.Routers() {
-		reg := r.Handler().Registry()
+		reg := r.Handler().Metrics()
 		report = append(report, fmt.Sprintf("router %s shed %.0f by snapshot, %.0f by admission", f.Clusters[i].Name,
 			testenv.MetricSum(t, reg, "switchyard_router_shed_total", map[string]string{"reason": "snapshot"}),
 			testenv.MetricSum(t, reg, "switchyard_router_shed_total", map[string]string{"reason": "admission"})))

@@ -222,7 +222,7 @@ func (h *hostileEnv) metric(name string, match map[string]string) float64 {
 	h.t.Helper()
 	sum := testenv.MetricSum(h.t, h.reg, name, match)
 	for _, r := range h.s.Routers() {
-		sum += testenv.MetricSum(h.t, r.Handler().Registry(), name, match)
+		sum += testenv.MetricSum(h.t, r.Handler().Metrics(), name, match)
 	}
 	return sum
 }

@@ -18,7 +18,7 @@ import (
 func (s *Stack) Gatherer() prometheus.Gatherer {
 	var gs prometheus.Gatherers
 	for i, r := range s.routers {
-		gs = append(gs, labelled{g: r.Handler().Registry(), name: "cluster", value: s.file.Clusters[i].Name})
+		gs = append(gs, labelled{g: r.Handler().Metrics(), name: "cluster", value: s.file.Clusters[i].Name})
 	}
 	for _, e := range s.engines {
 		gs = append(gs, labelled{g: e.Registry(), name: "engine", value: e.Name()})

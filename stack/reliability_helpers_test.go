@@ -23,6 +23,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/stack"
@@ -562,7 +563,7 @@ func relLogRouters(t *testing.T, s *stack.Stack) {
 func relLogRouter(t *testing.T, r *router.Service) {
 	t.Helper()
 	snap, _ := r.Store().Snapshot(relModel)
-	reg := r.Handler().Registry()
+	reg := r.Handler().Metrics()
 	t.Logf("router %s: snapshot g%d demand %.1f req/s shed %.3f by priority %v; shed by admission %.0f, by snapshot %.0f; attempts %.0f, retries %.0f, suppressed %.0f, amplification (10 s) %.3f",
 		r.Name(), snap.Generation, snap.DemandRPS, snap.ShedFraction, snap.ShedByPriority,
 		testenv.MetricSum(t, reg, "switchyard_router_shed_total", map[string]string{"reason": "admission"}),
@@ -571,9 +572,9 @@ func relLogRouter(t *testing.T, r *router.Service) {
 		testenv.MetricSum(t, reg, "switchyard_router_retries_total", nil),
 		testenv.MetricSum(t, reg, "switchyard_router_retries_suppressed_total", nil),
 		testenv.MetricSum(t, reg, "switchyard_router_retry_amplification", nil))
-	f := router.FiguresOf(&snap)
+	f := guard.FiguresOf(&snap)
 	t.Logf("router %s: predicted latency %v, utilisation %.2f, latency allotment (while the snapshot sheds nothing) %.1f in flight; latency by engine %v; utilisation by engine %v",
-		r.Name(), f.Latency, f.Utilisation, router.Allotment(f, 1, router.DefaultAdmissionSlack, router.DefaultMinInFlight),
+		r.Name(), f.Latency, f.Utilisation, guard.Allotment(f, 1, router.DefaultAdmissionSlack, router.DefaultMinInFlight),
 		relFmtWeights(snap.LatencyMs), relFmtWeights(snap.Utilisation))
 }
 

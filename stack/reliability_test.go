@@ -200,7 +200,7 @@ func TestReliabilityHalfFailAtHighLoad(t *testing.T) {
 	relWarm(t, ctx, s, client, 6*time.Second, slices.Clone(loads)...)
 	attempts0 := 0.0
 	for _, r := range s.Routers() {
-		attempts0 += testenv.MetricSum(t, r.Handler().Registry(), "switchyard_router_upstream_attempts_total", nil)
+		attempts0 += testenv.MetricSum(t, r.Handler().Metrics(), "switchyard_router_upstream_attempts_total", nil)
 	}
 	arrived0 := relArrived(s)
 	origin := time.Now()
@@ -230,8 +230,8 @@ func TestReliabilityHalfFailAtHighLoad(t *testing.T) {
 	attempts := -attempts0
 	ampGauge := 0.0
 	for _, r := range s.Routers() {
-		attempts += testenv.MetricSum(t, r.Handler().Registry(), "switchyard_router_upstream_attempts_total", nil)
-		ampGauge = max(ampGauge, testenv.MetricSum(t, r.Handler().Registry(), "switchyard_router_retry_amplification", nil))
+		attempts += testenv.MetricSum(t, r.Handler().Metrics(), "switchyard_router_upstream_attempts_total", nil)
+		ampGauge = max(ampGauge, testenv.MetricSum(t, r.Handler().Metrics(), "switchyard_router_retry_amplification", nil))
 	}
 	relLogRouters(t, s)
 	st := relSummarise(rs)
@@ -430,7 +430,7 @@ func TestReliabilityHangingEngine(t *testing.T) {
 	rs := relRun(ctx, client, origin, relLoad{URL: url, Rate: rate, To: end, Seed: 41})
 	sm.stop()
 	relLogRouter(t, rt)
-	reg := rt.Handler().Registry()
+	reg := rt.Handler().Metrics()
 	timeouts := testenv.MetricSum(t, reg, "switchyard_router_retries_total", map[string]string{"reason": "timeout"})
 	engTimeouts := testenv.MetricSum(t, reg, "switchyard_router_engine_requests_total", map[string]string{"engine": bad.Name(), "code": "timeout"})
 	st := relSummarise(rs)

@@ -106,7 +106,7 @@ func TestCleanShutdownLogsNoWarnings(t *testing.T) {
 				}
 				testenv.WaitFor(t, 10*time.Second, "requests in flight on every router", func() bool {
 					for _, r := range s.Routers() {
-						if testenv.MetricSum(t, r.Handler().Registry(), "switchyard_router_in_flight_requests", nil) == 0 {
+						if testenv.MetricSum(t, r.Handler().Metrics(), "switchyard_router_in_flight_requests", nil) == 0 {
 							return false
 						}
 					}
@@ -115,7 +115,7 @@ func TestCleanShutdownLogsNoWarnings(t *testing.T) {
 			}
 			testenv.WaitFor(t, 10*time.Second, "two reports published by every router", func() bool {
 				for _, r := range s.Routers() {
-					if testenv.MetricSum(t, r.Handler().Registry(), "switchyard_router_reports_published_total", nil) < 2 {
+					if testenv.MetricSum(t, r.Handler().Metrics(), "switchyard_router_reports_published_total", nil) < 2 {
 						return false
 					}
 				}

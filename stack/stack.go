@@ -12,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	"github.com/switchyard-dev/switchyard/internal/netem"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
@@ -48,7 +50,7 @@ type Options struct {
 	NoRouters bool
 	// EmulateNetwork makes each router wait the stack file's one-way network
 	// latency to an engine before forwarding to it and before relaying its
-	// answer (router.DelayTransport), so that cross-region requests take
+	// answer (internal/netem), so that cross-region requests take
 	// longer, as they would.
 	EmulateNetwork bool
 	// Logger receives every component's log.
@@ -179,7 +181,7 @@ func (o Options) Plan() (Plan, error) {
 			}
 			ro := router.ServiceOptions{Cluster: c.Name, Router: c.Name + "-1", HTTPAddr: addr}
 			if o.EmulateNetwork {
-				ro.NetworkDelay = f.DelayFrom(c.Name)
+				ro.WrapTransport = netem.Wrap(f.DelayFrom(c.Name))
 			}
 			p.Routers = append(p.Routers, ro)
 		}

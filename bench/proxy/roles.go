@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/switchyard-dev/switchyard/internal/procruntime"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
@@ -52,7 +53,7 @@ type roleFlags struct {
 	reporter   bool
 	dataDir    string
 	syncQueue  int
-	runtime    router.RuntimeOptions
+	runtime    procruntime.Options
 	cluster    string
 	writeBuf   int
 	httpServer string
@@ -73,7 +74,7 @@ func runRole(role string, args []string) error {
 	fs.IntVar(&rf.writeBuf, "natswbuf", 0, "router-nats: nats.WriteBufferSize of the router's connection, the size at which a publish flushes in the publisher's goroutine (0: the nats.go default)")
 	fs.IntVar(&rf.runtime.MaxProcs, "gomaxprocs", 0, "router: GOMAXPROCS (0: the runtime's default)")
 	fs.StringVar(&rf.httpServer, "http-server", string(router.DefaultServerKind), "router-http: the HTTP server, fasthttp or std (net/http), as the router command's --http-server")
-	fs.IntVar(&rf.runtime.GCPercent, "gogc", router.DefaultGCPercent, "router: GOGC, as the router command's --gogc (0: the runtime's default)")
+	fs.IntVar(&rf.runtime.GCPercent, "gogc", procruntime.DefaultGCPercent, "router: GOGC, as the router command's --gogc (0: the runtime's default)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

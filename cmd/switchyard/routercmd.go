@@ -15,7 +15,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
-	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/internal/netem"
+	"github.com/switchyard-dev/switchyard/internal/procruntime"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/stack"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -40,8 +41,8 @@ func routerCommand() command {
 			fs.StringVar(&o.RTTProbe, "rtt-probe", router.DefaultRTTProbe, "how to measure the RTT to HTTP engines: tcp (time a TCP connect: the network round trip alone, for any engine) or http:/path (time a GET of that path, e.g. http:/health; also times the engine's request handling; a 404 or 405 there measures nothing)")
 			fs.IntVar(&o.Protection.Routers, "routers", 1, "routers serving this cluster: local admission control allots this router 1/N of the cluster's planned traffic")
 			httpServer := fs.String("http-server", string(router.DefaultServerKind), "HTTP front's server: fasthttp (github.com/valyala/fasthttp) or std (Go's net/http)")
-			var rt router.RuntimeOptions
-			fs.IntVar(&rt.GCPercent, "gogc", router.DefaultGCPercent, "garbage collector target percentage, as GOGC (0: keep GOGC from the environment or Go's 100; negative: off up to --memlimit)")
+			var rt procruntime.Options
+			fs.IntVar(&rt.GCPercent, "gogc", procruntime.DefaultGCPercent, "garbage collector target percentage, as GOGC (0: keep GOGC from the environment or Go's 100; negative: off up to --memlimit)")
 			memLimit := fs.String("memlimit", "", "soft memory limit, as GOMEMLIMIT, e.g. 512MiB (empty: keep GOMEMLIMIT from the environment, or none)")
 			fs.IntVar(&rt.MaxProcs, "gomaxprocs", 0, "OS threads running Go code at once, as GOMAXPROCS (0: keep GOMAXPROCS from the environment or Go's default, the CPUs available)")
 			emulate := fs.String("emulate-network", "", "emulate the network latency of this stack `file` (one-way, per engine region, from this router's cluster region)")
@@ -55,14 +56,8 @@ func routerCommand() command {
 				if len(args) > 0 {
 					return usagef("unexpected arguments %q", args)
 				}
-				if err := messages.CheckName("--cluster", o.Cluster); err != nil {
+				if err := o.Validate(); err != nil {
 					return usageError{err}
-				}
-				if err := router.CheckRTTProbe(o.RTTProbe); err != nil {
-					return usagef("--rtt-probe: %v", err)
-				}
-				if o.Protection.Routers < 1 {
-					return usagef("--routers %d: a cluster has at least one router", o.Protection.Routers)
 				}
 				log, err := mkLog()
 				if err != nil {
@@ -72,7 +67,7 @@ func routerCommand() command {
 					return usagef("--http-server: %v", err)
 				}
 				if *memLimit != "" {
-					if rt.MemoryLimit, err = router.ParseMemoryLimit(*memLimit); err != nil {
+					if rt.MemoryLimit, err = procruntime.ParseMemoryLimit(*memLimit); err != nil {
 						return usagef("--memlimit %q: %v", *memLimit, err)
 					}
 				}
@@ -91,9 +86,11 @@ func routerCommand() command {
 					if err != nil {
 						return usageError{err}
 					}
-					if o.NetworkDelay = f.DelayFrom(o.Cluster); o.NetworkDelay == nil {
+					delay := f.DelayFrom(o.Cluster)
+					if delay == nil {
 						return usagef("--emulate-network %s: cluster %q is not in the stack file", *emulate, o.Cluster)
 					}
+					o.WrapTransport = netem.Wrap(delay)
 				}
 				var nc *nats.Conn
 				if em.on {

@@ -273,10 +273,10 @@ func TestRouterFlagValidation(t *testing.T) {
 		{"listen without port", []string{"--embed-nats", "--embed-nats-listen", "127.0.0.1"}, "--embed-nats-listen"},
 		{"listen port out of range", []string{"--embed-nats", "--embed-nats-listen", "127.0.0.1:70000"}, "1 to 65535"},
 		{"leaf not a URL", []string{"--embed-nats", "--embed-nats-listen", "", "--embed-nats-leaf", "127.0.0.1:7422"}, "nats-leaf://host:7422"},
-		{"no routers", []string{"--routers", "0"}, "--routers 0: a cluster has at least one router"},
+		{"no routers", []string{"--routers", "-1"}, "ServiceOptions.Protection.Routers is -1: a cluster has at least one router"},
 		{"unknown HTTP server", []string{"--http-server", "nginx"}, `--http-server: router: HTTP server "nginx": want "std" or "fasthttp"`},
-		{"unknown RTT probe", []string{"--rtt-probe", "healthz"}, `--rtt-probe: invalid RTT probe "healthz": want tcp or http:/path`},
-		{"RTT probe path not absolute", []string{"--rtt-probe", "http:health"}, `--rtt-probe: invalid RTT probe "http:health"`},
+		{"unknown RTT probe", []string{"--rtt-probe", "healthz"}, `ServiceOptions.RTTProbe: invalid RTT probe "healthz": want tcp or http:/path`},
+		{"RTT probe path not absolute", []string{"--rtt-probe", "http:health"}, `ServiceOptions.RTTProbe: invalid RTT probe "http:health"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr syncBuffer

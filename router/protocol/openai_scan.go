@@ -1,4 +1,4 @@
-package router
+package protocol
 
 import (
 	"bytes"
@@ -244,4 +244,12 @@ func isInt64(v []byte) bool {
 	}
 	_, err := strconv.ParseInt(string(v), 10, 64)
 	return err == nil
+}
+
+// Clip shortens b for an error message.
+func Clip(b []byte) string {
+	if len(b) > 64 {
+		return string(b[:64]) + "..."
+	}
+	return string(b)
 }

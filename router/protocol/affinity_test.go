@@ -1,6 +1,7 @@
-package router
+package protocol
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -105,4 +106,15 @@ func FuzzAffinityKey(f *testing.F) {
 			t.Fatalf("source none with key %x", k1)
 		}
 	})
+}
+
+// BenchmarkAffinityKey measures key extraction from a parsed chat request
+// with a long system prompt.
+func BenchmarkAffinityKey(b *testing.B) {
+	req := mustParse(b, EndpointChat, `{"model":"m","messages":[{"role":"system","content":"`+
+		fmt.Sprintf("%0900d", 0)+`"},{"role":"user","content":"`+fmt.Sprintf("%01500d", 1)+`"}]}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		AffinityKey("", req)
+	}
 }

@@ -1,8 +1,15 @@
-package router
+// Package netem emulates the network between a router and its engines
+// where there is none to speak of (one machine, one container network), for
+// stacks that must show cross-region latency: a test and demo concern kept
+// out of the router library, which takes it through
+// router.ServiceOptions.WrapTransport.
+package netem
 
 import (
 	"context"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/router"
 )
 
 // DelayTransport emulates the network between a frontend cluster and its
@@ -14,13 +21,13 @@ import (
 // is what a real network does to them.
 type DelayTransport struct {
 	// Next forwards the request.
-	Next Transport
+	Next router.Transport
 	// Delay returns the one-way latency to the named engine (0: none).
 	Delay func(engine string) time.Duration
 }
 
 // Forward waits, forwards through Next, and waits again.
-func (d *DelayTransport) Forward(ctx context.Context, engine Engine, req *UpstreamRequest) (*UpstreamResponse, error) {
+func (d *DelayTransport) Forward(ctx context.Context, engine router.Engine, req *router.UpstreamRequest) (*router.UpstreamResponse, error) {
 	wait := d.Delay(engine.Name)
 	if err := sleepCtx(ctx, wait); err != nil {
 		return nil, err
@@ -49,4 +56,13 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// Wrap returns the router.ServiceOptions.WrapTransport that delays every
+// request to an engine by delay(engine) each way, or nil when delay is nil.
+func Wrap(delay func(engine string) time.Duration) func(router.Transport) router.Transport {
+	if delay == nil {
+		return nil
+	}
+	return func(next router.Transport) router.Transport { return &DelayTransport{Next: next, Delay: delay} }
 }

@@ -1,4 +1,4 @@
-package router
+package protocol
 
 import "github.com/switchyard-dev/switchyard/router/selection"
 

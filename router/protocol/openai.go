@@ -1,4 +1,4 @@
-package router
+package protocol
 
 import (
 	"bytes"
@@ -123,12 +123,12 @@ type rawRequest struct {
 func ParseRequest(endpoint Endpoint, body []byte) (*Request, error) {
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 || trimmed[0] != '{' {
-		return nil, invalidRequest("", "request body must be a JSON object")
+		return nil, InvalidRequest("", "request body must be a JSON object")
 	}
 	if !json.Valid(trimmed) {
 		var v json.RawMessage
 		err := json.Unmarshal(trimmed, &v) // only for the syntax error's detail
-		return nil, invalidRequest("", fmt.Sprintf("malformed JSON body: %v", err))
+		return nil, InvalidRequest("", fmt.Sprintf("malformed JSON body: %v", err))
 	}
 	var raw rawRequest
 	for m := (members{b: trimmed}); ; {
@@ -165,18 +165,18 @@ func ParseRequest(endpoint Endpoint, body []byte) (*Request, error) {
 	}
 	req := &Request{Endpoint: endpoint, Body: body}
 	if isAbsent(raw.Model) {
-		return nil, invalidRequest("model", "missing required parameter: 'model'")
+		return nil, InvalidRequest("model", "missing required parameter: 'model'")
 	}
 	if len(raw.Model) > 6*maxModelLen+2 { // \uXXXX per character at most: too long before decoding it
-		return nil, invalidRequest("model", fmt.Sprintf("'model' must be 1 to %d characters", maxModelLen))
+		return nil, InvalidRequest("model", fmt.Sprintf("'model' must be 1 to %d characters", maxModelLen))
 	}
 	model, ok := decodeString(raw.Model)
 	if !ok {
-		return nil, invalidRequest("model", "'model' must be a string")
+		return nil, InvalidRequest("model", "'model' must be a string")
 	}
 	req.Model = model
 	if req.Model == "" || len(req.Model) > maxModelLen {
-		return nil, invalidRequest("model", fmt.Sprintf("'model' must be 1 to %d characters", maxModelLen))
+		return nil, InvalidRequest("model", fmt.Sprintf("'model' must be 1 to %d characters", maxModelLen))
 	}
 	if !isAbsent(raw.Stream) {
 		switch string(raw.Stream) {
@@ -184,12 +184,12 @@ func ParseRequest(endpoint Endpoint, body []byte) (*Request, error) {
 			req.Stream = true
 		case "false":
 		default:
-			return nil, invalidRequest("stream", "'stream' must be a boolean")
+			return nil, InvalidRequest("stream", "'stream' must be a boolean")
 		}
 	}
 	if !isAbsent(raw.User) {
 		if req.User, ok = decodeString(raw.User); !ok {
-			return nil, invalidRequest("user", "'user' must be a string")
+			return nil, InvalidRequest("user", "'user' must be a string")
 		}
 	}
 	if err := checkParams(&raw); err != nil {
@@ -198,7 +198,7 @@ func ParseRequest(endpoint Endpoint, body []byte) (*Request, error) {
 	switch endpoint {
 	case EndpointChat:
 		if !isAbsent(raw.Prompt) {
-			return nil, invalidRequest("prompt", "'prompt' is not a chat completions parameter; use 'messages'")
+			return nil, InvalidRequest("prompt", "'prompt' is not a chat completions parameter; use 'messages'")
 		}
 		msgs, err := parseMessages(raw.Messages, req.kept[:0])
 		if err != nil {
@@ -207,13 +207,13 @@ func ParseRequest(endpoint Endpoint, body []byte) (*Request, error) {
 		req.Messages = msgs
 	case EndpointCompletions:
 		if !isAbsent(raw.Messages) {
-			return nil, invalidRequest("messages", "'messages' is not a completions parameter; use 'prompt'")
+			return nil, InvalidRequest("messages", "'messages' is not a completions parameter; use 'prompt'")
 		}
 		if err := parsePrompt(raw.Prompt, req); err != nil {
 			return nil, err
 		}
 	default:
-		return nil, invalidRequest("", fmt.Sprintf("unknown endpoint %d", endpoint))
+		return nil, InvalidRequest("", fmt.Sprintf("unknown endpoint %d", endpoint))
 	}
 	return req, nil
 }
@@ -229,10 +229,10 @@ func isAbsent(raw json.RawMessage) bool {
 // is allocated per message.
 func parseMessages(raw json.RawMessage, msgs []Message) ([]Message, error) {
 	if isAbsent(raw) {
-		return nil, invalidRequest("messages", "missing required parameter: 'messages'")
+		return nil, InvalidRequest("messages", "missing required parameter: 'messages'")
 	}
 	if raw[0] != '[' {
-		return nil, invalidRequest("messages", "'messages' must be an array of message objects")
+		return nil, InvalidRequest("messages", "'messages' must be an array of message objects")
 	}
 	var sys, other bool
 	items := elements{b: raw}
@@ -244,7 +244,7 @@ func parseMessages(raw json.RawMessage, msgs []Message) ([]Message, error) {
 		}
 		if item[0] != '{' {
 			param := fmt.Sprintf("messages[%d]", i)
-			return nil, invalidRequest(param, fmt.Sprintf("'%s' must be an object", param))
+			return nil, InvalidRequest(param, fmt.Sprintf("'%s' must be an object", param))
 		}
 		var role, content json.RawMessage
 		for m := (members{b: item}); ; {
@@ -261,7 +261,7 @@ func parseMessages(raw json.RawMessage, msgs []Message) ([]Message, error) {
 		}
 		if len(role) <= 2 || role[0] != '"' { // "" is empty; any escape decodes to a character
 			param := fmt.Sprintf("messages[%d]", i)
-			return nil, invalidRequest(param+".role", fmt.Sprintf("'%s.role' must be a non-empty string", param))
+			return nil, InvalidRequest(param+".role", fmt.Sprintf("'%s.role' must be a non-empty string", param))
 		}
 		isSys := keyIs(role, "system") || keyIs(role, "developer")
 		keep := (isSys && !sys) || (!isSys && !other)
@@ -280,7 +280,7 @@ func parseMessages(raw json.RawMessage, msgs []Message) ([]Message, error) {
 		msgs = append(msgs, Message{Role: roleName(role), Text: text})
 	}
 	if i == 0 {
-		return nil, invalidRequest("messages", "'messages' must not be empty")
+		return nil, InvalidRequest("messages", "'messages' must not be empty")
 	}
 	return msgs, nil
 }
@@ -337,14 +337,14 @@ func parseContent(raw json.RawMessage, i int, keep bool) ([]string, error) {
 			}
 			if len(typ) <= 2 || typ[0] != '"' {
 				pp := fmt.Sprintf("messages[%d].content[%d]", i, j)
-				return nil, invalidRequest(pp, fmt.Sprintf("'%s' must be an object with a string 'type'", pp))
+				return nil, InvalidRequest(pp, fmt.Sprintf("'%s' must be an object with a string 'type'", pp))
 			}
 			if !keyIs(typ, "text") {
 				continue
 			}
 			if len(txt) < 2 || txt[0] != '"' {
 				pp := fmt.Sprintf("messages[%d].content[%d]", i, j)
-				return nil, invalidRequest(pp+".text", fmt.Sprintf("'%s.text' must be a string", pp))
+				return nil, InvalidRequest(pp+".text", fmt.Sprintf("'%s.text' must be a string", pp))
 			}
 			if keep && budget > 0 {
 				s, _ := textPrefix(txt, budget)
@@ -355,7 +355,7 @@ func parseContent(raw json.RawMessage, i int, keep bool) ([]string, error) {
 		return text, nil
 	default:
 		param := fmt.Sprintf("messages[%d].content", i)
-		return nil, invalidRequest(param, fmt.Sprintf("'%s' must be a string, an array of content parts or null", param))
+		return nil, InvalidRequest(param, fmt.Sprintf("'%s' must be a string, an array of content parts or null", param))
 	}
 }
 
@@ -374,18 +374,18 @@ func parsePrompt(raw json.RawMessage, req *Request) error {
 		return nil
 	case '[':
 	default:
-		return invalidRequest("prompt", msg)
+		return InvalidRequest("prompt", msg)
 	}
 	items := elements{b: raw}
 	first, ok := items.next()
 	if !ok {
-		return invalidRequest("prompt", msg)
+		return InvalidRequest("prompt", msg)
 	}
 	switch first[0] {
 	case '"':
 		for it, ok := first, true; ok; it, ok = items.next() {
 			if it[0] != '"' {
-				return invalidRequest("prompt", msg)
+				return InvalidRequest("prompt", msg)
 			}
 		}
 		s, _ := textPrefix(first, MaxPrefixBytes)
@@ -393,13 +393,13 @@ func parsePrompt(raw json.RawMessage, req *Request) error {
 	case '[':
 		for it, ok := first, true; ok; it, ok = items.next() {
 			if it[0] != '[' || !isTokenArray(it) {
-				return invalidRequest("prompt", msg)
+				return InvalidRequest("prompt", msg)
 			}
 		}
 		req.PromptTokens = first
 	default:
 		if !isTokenArray(raw) {
-			return invalidRequest("prompt", msg)
+			return InvalidRequest("prompt", msg)
 		}
 		req.PromptTokens = raw
 	}
@@ -428,11 +428,11 @@ func checkParams(raw *rawRequest) error {
 		case !ok:
 			return paramError(p.name, "invalid_type", fmt.Sprintf("'%s' must be an integer", p.name))
 		case v != math.Trunc(v):
-			return paramError(p.name, "invalid_type", fmt.Sprintf("'%s' must be an integer, got %s", p.name, clip(p.val)))
+			return paramError(p.name, "invalid_type", fmt.Sprintf("'%s' must be an integer, got %s", p.name, Clip(p.val)))
 		case v < 1:
-			return paramError(p.name, "integer_below_min_value", fmt.Sprintf("'%s' is %s; it must be at least 1", p.name, clip(p.val)))
+			return paramError(p.name, "integer_below_min_value", fmt.Sprintf("'%s' is %s; it must be at least 1", p.name, Clip(p.val)))
 		case v > p.max:
-			return paramError(p.name, "integer_above_max_value", fmt.Sprintf("'%s' is %s; it must be at most %.0f", p.name, clip(p.val), p.max))
+			return paramError(p.name, "integer_above_max_value", fmt.Sprintf("'%s' is %s; it must be at most %.0f", p.name, Clip(p.val), p.max))
 		}
 	}
 	for _, p := range [...]struct {
@@ -454,11 +454,11 @@ func checkParams(raw *rawRequest) error {
 		case !ok:
 			return paramError(p.name, "invalid_type", fmt.Sprintf("'%s' must be a number", p.name))
 		case p.openMin && v <= p.min:
-			return paramError(p.name, "decimal_below_min_value", fmt.Sprintf("'%s' is %s; it must be above %g", p.name, clip(p.val), p.min))
+			return paramError(p.name, "decimal_below_min_value", fmt.Sprintf("'%s' is %s; it must be above %g", p.name, Clip(p.val), p.min))
 		case v < p.min:
-			return paramError(p.name, "decimal_below_min_value", fmt.Sprintf("'%s' is %s; it must be at least %g", p.name, clip(p.val), p.min))
+			return paramError(p.name, "decimal_below_min_value", fmt.Sprintf("'%s' is %s; it must be at least %g", p.name, Clip(p.val), p.min))
 		case v > p.max:
-			return paramError(p.name, "decimal_above_max_value", fmt.Sprintf("'%s' is %s; it must be at most %g", p.name, clip(p.val), p.max))
+			return paramError(p.name, "decimal_above_max_value", fmt.Sprintf("'%s' is %s; it must be at most %g", p.name, Clip(p.val), p.max))
 		}
 	}
 	return nil
@@ -466,7 +466,7 @@ func checkParams(raw *rawRequest) error {
 
 // paramError is a 400 invalid_request_error about param with code.
 func paramError(param, code, msg string) *APIError {
-	return newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, code, param, msg)
+	return NewAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, code, param, msg)
 }
 
 // jsonNumber returns the value of the raw JSON value v when it is a number
@@ -488,4 +488,29 @@ func jsonNumber(v []byte) (float64, bool) {
 		return huge, true
 	}
 	return f, err == nil || errors.Is(err, strconv.ErrRange)
+}
+
+// EndpointOf tells chat from completions requests (the NATS front, whose
+// subject does not name the endpoint, asks it): a body with a
+// non-null "messages" member is a chat request. It only scans the body's
+// top level; a malformed body is classed as chat, and ParseRequest says
+// what is wrong with it.
+func EndpointOf(body []byte) Endpoint {
+	b := bytes.TrimSpace(body)
+	if len(b) == 0 || b[0] != '{' {
+		return EndpointChat
+	}
+	ep := EndpointCompletions
+	for m := (members{b: b}); ; {
+		key, val, ok := m.next()
+		if !ok {
+			return ep
+		}
+		if keyIs(key, "messages") {
+			ep = EndpointCompletions
+			if !isAbsent(val) {
+				ep = EndpointChat
+			}
+		}
+	}
 }

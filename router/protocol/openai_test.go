@@ -1,13 +1,10 @@
-package router
+package protocol
 
 import (
 	"encoding/json"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
-
-	"github.com/switchyard-dev/switchyard/messages"
 )
 
 func TestParseRequest(t *testing.T) {
@@ -114,43 +111,6 @@ func TestParseRequest(t *testing.T) {
 	}
 }
 
-func TestWriteError(t *testing.T) {
-	rec := httptest.NewRecorder()
-	WriteError(rec, newAPIError(http.StatusNotFound, ErrTypeNotFound, "model_not_found", "model", "no such model"))
-	if rec.Code != http.StatusNotFound || rec.Header().Get("Content-Type") != "application/json" {
-		t.Fatalf("status %d, content type %q", rec.Code, rec.Header().Get("Content-Type"))
-	}
-	assertOpenAIError(t, rec.Body.Bytes(), ErrTypeNotFound)
-}
-
-// assertOpenAIError checks that body is an OpenAI-shaped error of type typ.
-func assertOpenAIError(t testing.TB, body []byte, typ string) {
-	t.Helper()
-	var v struct {
-		Error *struct {
-			Message string  `json:"message"`
-			Type    string  `json:"type"`
-			Param   *string `json:"param"`
-			Code    *string `json:"code"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(body, &v); err != nil || v.Error == nil {
-		t.Fatalf("body %q is not an OpenAI error: %v", body, err)
-	}
-	if v.Error.Message == "" || v.Error.Type != typ {
-		t.Fatalf("error %+v, want type %q and a message", *v.Error, typ)
-	}
-	var raw map[string]map[string]json.RawMessage
-	if err := json.Unmarshal(body, &raw); err != nil {
-		t.Fatalf("body %q: %v", body, err)
-	}
-	for _, k := range []string{"message", "type", "param", "code"} {
-		if _, ok := raw["error"][k]; !ok {
-			t.Fatalf("body %q lacks error.%s", body, k)
-		}
-	}
-}
-
 func FuzzParseRequest(f *testing.F) {
 	seeds := []string{
 		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`,
@@ -208,7 +168,7 @@ func FuzzParseRequest(f *testing.F) {
 		if wantStream := string(top["stream"]) == "true"; req.Stream != wantStream {
 			t.Fatalf("stream %v, body has %s", req.Stream, top["stream"])
 		}
-		if wantChat := !isAbsent(top["messages"]); (natsEndpoint([]byte(body)) == EndpointChat) != wantChat {
+		if wantChat := !isAbsent(top["messages"]); (EndpointOf([]byte(body)) == EndpointChat) != wantChat {
 			t.Fatalf("natsEndpoint(%q) misreads messages %s", body, top["messages"])
 		}
 		again, err := ParseRequest(ep, []byte(body))
@@ -216,12 +176,4 @@ func FuzzParseRequest(f *testing.F) {
 			t.Fatalf("reparse differs: %+v vs %+v (%v)", again, req, err)
 		}
 	})
-}
-
-func TestCanonicalKeyMatchesHTTP(t *testing.T) {
-	for _, k := range []string{messages.NATSHeaderRequestID, messages.NATSHeaderSessionID, messages.NATSHeaderPriority, messages.NATSHeaderEngine, "x-other-thing"} {
-		if got, want := canonicalKey(k), http.CanonicalHeaderKey(k); got != want {
-			t.Errorf("canonicalKey(%q) = %q, want %q", k, got, want)
-		}
-	}
 }

@@ -1,4 +1,4 @@
-package router
+package netem_test
 
 import (
 	"context"
@@ -7,16 +7,19 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/internal/netem"
+	"github.com/switchyard-dev/switchyard/router"
 )
 
 type instantTransport struct{}
 
-func (instantTransport) Forward(context.Context, Engine, *UpstreamRequest) (*UpstreamResponse, error) {
-	return &UpstreamResponse{Status: http.StatusOK, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok"))}, nil
+func (instantTransport) Forward(context.Context, router.Engine, *router.UpstreamRequest) (*router.UpstreamResponse, error) {
+	return &router.UpstreamResponse{Status: http.StatusOK, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok"))}, nil
 }
 
 func TestDelayTransport(t *testing.T) {
-	d := &DelayTransport{Next: instantTransport{}, Delay: func(engine string) time.Duration {
+	d := &netem.DelayTransport{Next: instantTransport{}, Delay: func(engine string) time.Duration {
 		if engine == "far" {
 			return 30 * time.Millisecond
 		}
@@ -27,7 +30,7 @@ func TestDelayTransport(t *testing.T) {
 		min, max time.Duration
 	}{{"near", 0, 25 * time.Millisecond}, {"far", 60 * time.Millisecond, time.Second}} {
 		start := time.Now()
-		resp, err := d.Forward(context.Background(), Engine{Name: c.engine}, &UpstreamRequest{})
+		resp, err := d.Forward(context.Background(), router.Engine{Name: c.engine}, &router.UpstreamRequest{})
 		took := time.Since(start)
 		if err != nil || resp.Status != http.StatusOK {
 			t.Fatalf("%s: %v", c.engine, err)
@@ -38,7 +41,7 @@ func TestDelayTransport(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
 	defer cancel()
-	if _, err := d.Forward(ctx, Engine{Name: "far"}, &UpstreamRequest{}); err == nil {
+	if _, err := d.Forward(ctx, router.Engine{Name: "far"}, &router.UpstreamRequest{}); err == nil {
 		t.Fatal("a request whose context ends during the emulated delay was forwarded")
 	}
 }

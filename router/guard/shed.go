@@ -1,4 +1,4 @@
-package router
+package guard
 
 import (
 	"math"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
@@ -20,7 +21,7 @@ type Figures struct {
 	ShedFraction float64
 	// ShedByPriority, when HasShedByPriority, is the fraction of each
 	// class's demand to shed, indexed by Priority.
-	ShedByPriority [numPriorities]float64
+	ShedByPriority [protocol.NumPriorities]float64
 	// HasShedByPriority says whether the snapshot carried ShedByPriority.
 	HasShedByPriority bool
 	// DemandRPS is the cluster's demand the snapshot was computed for.
@@ -43,7 +44,7 @@ type Figures struct {
 func FiguresOf(snap *messages.WeightSnapshot) *Figures {
 	f := &Figures{ShedFraction: shedClamp(snap.ShedFraction), DemandRPS: math.Max(0, snap.DemandRPS)}
 	if len(snap.ShedByPriority) > 0 {
-		for p := Priority(0); p < numPriorities; p++ {
+		for p := protocol.Priority(0); p < protocol.NumPriorities; p++ {
 			if v := shedClamp(snap.ShedByPriority[p.String()]); v > 0 {
 				f.ShedByPriority[p] = v
 				f.HasShedByPriority = true
@@ -125,17 +126,17 @@ func clamp01orMore(v float64) float64 {
 // shed in full. A class not observed is shed in full as soon as its turn
 // comes, so a request of it that arrives is shed before any of a higher
 // class. With no observations the demand is taken to be all standard.
-func ShedFractions(s float64, mix [numPriorities]float64) [numPriorities]float64 {
-	var out [numPriorities]float64
+func ShedFractions(s float64, mix [protocol.NumPriorities]float64) [protocol.NumPriorities]float64 {
+	var out [protocol.NumPriorities]float64
 	s = clamp01(s)
 	if s == 0 {
 		return out
 	}
-	if mix == ([numPriorities]float64{}) {
-		mix[PriorityStandard] = 1
+	if mix == ([protocol.NumPriorities]float64{}) {
+		mix[protocol.PriorityStandard] = 1
 	}
 	left := s
-	for p := Priority(0); p < numPriorities; p++ {
+	for p := protocol.Priority(0); p < protocol.NumPriorities; p++ {
 		if left <= 1e-12 {
 			break
 		}
@@ -170,10 +171,18 @@ const (
 	ShedAdmission ShedReason = "admission"
 )
 
-// admissionFactor scales the allotment per class: sheddable requests are
+// AdmissionFactor scales the allotment for class p: sheddable requests are
 // admitted up to 80% of it, standard ones up to all of it, critical ones up
 // to 125%, so that a burst sheds sheddable traffic first and critical last.
-var admissionFactor = [numPriorities]float64{0.8, 1, 1.25}
+func AdmissionFactor(p protocol.Priority) float64 {
+	switch p {
+	case protocol.PrioritySheddable:
+		return 0.8
+	case protocol.PriorityCritical:
+		return 1.25
+	}
+	return 1
+}
 
 // Allotment returns the in-flight requests this router may hold for a
 // model under f: by Little's law, the router's share of the demand the
@@ -199,7 +208,7 @@ func Allotment(f *Figures, routers int, slack float64, minInFlight int) float64 
 	return math.Max(float64(minInFlight), (1+slack)*m+4*math.Sqrt(m))
 }
 
-// queueSteps is how many decode steps' worth of requests beyond the
+// QueueSteps is how many decode steps' worth of requests beyond the
 // engines' batch slots the capacity allotment (CapacityAllotment) lets a
 // request of class p find in flight: none for a sheddable request, three
 // eighths of a step for a standard one, twenty for a critical one.
@@ -221,11 +230,11 @@ func Allotment(f *Figures, routers int, slack float64, minInFlight int) float64 
 // rows furthest from their limits. Critical requests are shed by the
 // allotment only behind a backlog of twenty steps (two seconds on those
 // engines), so that none is shed while sheddable requests are served.
-func queueSteps(p Priority) float64 {
+func QueueSteps(p protocol.Priority) float64 {
 	switch p {
-	case PrioritySheddable:
+	case protocol.PrioritySheddable:
 		return 0
-	case PriorityCritical:
+	case protocol.PriorityCritical:
 		return 20
 	}
 	return 0.375
@@ -235,9 +244,9 @@ func queueSteps(p Priority) float64 {
 // may hold for a model while the snapshot f sheds: its share of the served
 // rate the snapshot plans (λ = DemandRPS·(1−ShedFraction)/routers, the
 // engines' capacity) times the time a request holds a batch slot at that
-// rate, slot seconds, plus queueSteps(p) decode steps of step seconds,
+// rate, slot seconds, plus QueueSteps(p) decode steps of step seconds,
 //
-//	λ · (slot + queueSteps(p)·step)
+//	λ · (slot + QueueSteps(p)·step)
 //
 // at least minInFlight. Unlike Allotment it does not rest on the latency
 // the snapshot predicts, which the optimizer's queue curve puts at several
@@ -246,14 +255,14 @@ func queueSteps(p Priority) float64 {
 // the snapshot caught up with a rise in demand was allotted and never
 // drained): at the engines' capacity the requests in flight that are not
 // queued are their batch slots, and what is allotted beyond them waits
-// about queueSteps steps. It returns 0 (no limit) when f is nil or does not shed, or slot
+// about QueueSteps steps. It returns 0 (no limit) when f is nil or does not shed, or slot
 // is not positive.
-func CapacityAllotment(f *Figures, routers int, slot, step float64, p Priority, minInFlight int) float64 {
-	return capacityAllotment(f, routers, slot, step, queueSteps(p), minInFlight)
+func CapacityAllotment(f *Figures, routers int, slot, step float64, p protocol.Priority, minInFlight int) float64 {
+	return CapacityAllotmentSteps(f, routers, slot, step, QueueSteps(p), minInFlight)
 }
 
-// capacityAllotment is CapacityAllotment with steps decode steps of queue.
-func capacityAllotment(f *Figures, routers int, slot, step, steps float64, minInFlight int) float64 {
+// CapacityAllotmentSteps is CapacityAllotment with steps decode steps of queue.
+func CapacityAllotmentSteps(f *Figures, routers int, slot, step, steps float64, minInFlight int) float64 {
 	if f == nil || !(f.ShedFraction > 0 || f.HasShedByPriority) || !(slot > 0) || f.DemandRPS <= 0 {
 		return 0
 	}
@@ -261,40 +270,22 @@ func capacityAllotment(f *Figures, routers int, slot, step, steps float64, minIn
 	return math.Max(float64(minInFlight), lam*(slot+steps*math.Max(0, step)))
 }
 
-// ongoingSteps is how many decode steps of queue beyond its class's the
-// capacity allotment lets a sheddable or standard request of an ongoing
-// conversation add: one whose session id or user this router has routed
-// before (RecentKeys). When the bound sheds, new conversations go first,
-// so that one in progress is not cut off between two of its turns.
-const ongoingSteps = 1
-
-// ongoing reports whether a request's key names a conversation this
-// router has routed before: a session id or user field (not a prompt
-// prefix, which many conversations share) that rk remembers.
-func ongoing(src KeySource, key uint64, rk *RecentKeys) bool {
-	if rk == nil || (src != KeySession && src != KeyUser) {
-		return false
-	}
-	_, seen := rk.lookup(key)
-	return seen
-}
-
 // mixWindow is the length of one window of the priority mix; the mix spans
 // the current and the previous window.
 const mixWindow = 10 * time.Second
 
-// priorityMix counts one model's requests by class over a sliding window,
+// PriorityMix counts one model's requests by class over a sliding window,
 // to split a snapshot's cluster-wide shed fraction over the classes.
-type priorityMix struct {
+type PriorityMix struct {
 	mu    sync.Mutex
 	first time.Time // the first request seen
 	start time.Time
-	cur   [numPriorities]float64
-	prev  [numPriorities]float64
+	cur   [protocol.NumPriorities]float64
+	prev  [protocol.NumPriorities]float64
 }
 
-// add counts one request of class p at now.
-func (m *priorityMix) add(p Priority, now time.Time) {
+// Add counts one request of class p at now.
+func (m *PriorityMix) Add(p protocol.Priority, now time.Time) {
 	m.mu.Lock()
 	if m.first.IsZero() {
 		m.first = now
@@ -304,10 +295,10 @@ func (m *priorityMix) add(p Priority, now time.Time) {
 	m.mu.Unlock()
 }
 
-// rate returns this router's request rate for the model over the window,
+// Rate returns this router's request rate for the model over the window,
 // req/s, counted over at least one whole window, so that a burst at a fresh
 // router reads as a tenth of its size, not as its size per second.
-func (m *priorityMix) rate(now time.Time) float64 {
+func (m *PriorityMix) Rate(now time.Time) float64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.first.IsZero() {
@@ -322,12 +313,12 @@ func (m *priorityMix) rate(now time.Time) float64 {
 	return total / math.Max(span.Seconds(), mixWindow.Seconds())
 }
 
-func (m *priorityMix) rollLocked(now time.Time) {
+func (m *PriorityMix) rollLocked(now time.Time) {
 	switch d := now.Sub(m.start); {
 	case m.start.IsZero() || d >= 2*mixWindow:
-		m.prev, m.cur, m.start = [numPriorities]float64{}, [numPriorities]float64{}, now
+		m.prev, m.cur, m.start = [protocol.NumPriorities]float64{}, [protocol.NumPriorities]float64{}, now
 	case d >= mixWindow:
-		m.prev, m.cur = m.cur, [numPriorities]float64{}
+		m.prev, m.cur = m.cur, [protocol.NumPriorities]float64{}
 		m.start = m.start.Add(mixWindow)
 	}
 }
@@ -336,12 +327,12 @@ func (m *priorityMix) rollLocked(now time.Time) {
 // trusted; until then the demand counts as all standard.
 const minMixSamples = 20
 
-// shares returns each class's share of the window's requests (all zero
+// Shares returns each class's share of the window's requests (all zero
 // when fewer than minMixSamples were seen).
-func (m *priorityMix) shares(now time.Time) [numPriorities]float64 {
+func (m *PriorityMix) Shares(now time.Time) [protocol.NumPriorities]float64 {
 	m.mu.Lock()
 	m.rollLocked(now)
-	var out [numPriorities]float64
+	var out [protocol.NumPriorities]float64
 	total := 0.0
 	for p := range out {
 		out[p] = m.cur[p] + m.prev[p]
@@ -349,7 +340,7 @@ func (m *priorityMix) shares(now time.Time) [numPriorities]float64 {
 	}
 	m.mu.Unlock()
 	if total < minMixSamples {
-		return [numPriorities]float64{}
+		return [protocol.NumPriorities]float64{}
 	}
 	if total > 0 {
 		for p := range out {

@@ -1,4 +1,4 @@
-package router
+package protocol
 
 import "strings"
 
@@ -11,7 +11,7 @@ const (
 	PrioritySheddable Priority = iota
 	PriorityStandard
 	PriorityCritical
-	numPriorities
+	NumPriorities // the number of classes, not a class
 )
 
 // String returns the class's name as written in the header, in snapshots

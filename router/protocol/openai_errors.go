@@ -1,4 +1,4 @@
-package router
+package protocol
 
 import (
 	"encoding/json"
@@ -34,8 +34,8 @@ func (e *APIError) Error() string {
 	return "status " + strconv.Itoa(e.Status) + ": " + e.Message
 }
 
-// newAPIError builds an APIError; empty param or code render as null.
-func newAPIError(status int, typ, code, param, msg string) *APIError {
+// NewAPIError builds an APIError; empty param or code render as null.
+func NewAPIError(status int, typ, code, param, msg string) *APIError {
 	e := &APIError{Status: status, Message: msg, Type: typ}
 	if param != "" {
 		e.Param = &param
@@ -46,9 +46,9 @@ func newAPIError(status int, typ, code, param, msg string) *APIError {
 	return e
 }
 
-// invalidRequest is a 400 invalid_request_error about param.
-func invalidRequest(param, msg string) *APIError {
-	return newAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "", param, msg)
+// InvalidRequest is a 400 invalid_request_error about param.
+func InvalidRequest(param, msg string) *APIError {
+	return NewAPIError(http.StatusBadRequest, ErrTypeInvalidRequest, "", param, msg)
 }
 
 // WriteError writes e as an OpenAI error body with e.Status (500 when unset).

@@ -1,4 +1,4 @@
-package router
+package guard
 
 import (
 	"math"
@@ -33,7 +33,8 @@ type BudgetOptions struct {
 	MaxTokens float64
 }
 
-func (o BudgetOptions) withDefaults() BudgetOptions {
+// WithDefaults returns o with its zero fields set to the defaults.
+func (o BudgetOptions) WithDefaults() BudgetOptions {
 	if o.Ratio <= 0 {
 		o.Ratio = DefaultBudgetRatio
 	}
@@ -61,7 +62,7 @@ func (o BudgetOptions) withDefaults() BudgetOptions {
 // With the defaults (r0 = 0.2, knee = 0.5): 0.2 up to half load, 0.072 at
 // 0.7, 0.032 at 0.8, 0.008 at 0.9, nothing at saturation.
 func (o BudgetOptions) EarnRate(u float64) float64 {
-	o = o.withDefaults()
+	o = o.WithDefaults()
 	switch {
 	case !(u > o.Knee):
 		return o.Ratio
@@ -90,7 +91,7 @@ func NewRetryBudget(opts BudgetOptions, now func() time.Time) *RetryBudget {
 	if now == nil {
 		now = time.Now
 	}
-	opts = opts.withDefaults()
+	opts = opts.WithDefaults()
 	return &RetryBudget{opts: opts, now: now, tokens: math.Min(1, opts.MaxTokens), last: now()}
 }
 
@@ -139,9 +140,9 @@ const (
 	ampBucket  = time.Second
 )
 
-// ampWindow counts client requests and upstream attempts over a sliding
+// AmpWindow counts client requests and upstream attempts over a sliding
 // window of ampBuckets × ampBucket.
-type ampWindow struct {
+type AmpWindow struct {
 	mu       sync.Mutex
 	now      func() time.Time
 	epoch    int64 // bucket number of head
@@ -150,7 +151,10 @@ type ampWindow struct {
 	attempts [ampBuckets]int64
 }
 
-func (w *ampWindow) advanceLocked() int {
+// NewAmpWindow returns an empty amplification window reading the clock now.
+func NewAmpWindow(now func() time.Time) *AmpWindow { return &AmpWindow{now: now} }
+
+func (w *AmpWindow) advanceLocked() int {
 	n := w.now().UnixNano() / int64(ampBucket)
 	if d := n - w.epoch; d > 0 {
 		if d > ampBuckets {
@@ -165,7 +169,8 @@ func (w *ampWindow) advanceLocked() int {
 	return w.head
 }
 
-func (w *ampWindow) add(requests, attempts int64) {
+// Add counts client requests and upstream attempts now.
+func (w *AmpWindow) Add(requests, attempts int64) {
 	w.mu.Lock()
 	i := w.advanceLocked()
 	w.requests[i] += requests
@@ -173,8 +178,8 @@ func (w *ampWindow) add(requests, attempts int64) {
 	w.mu.Unlock()
 }
 
-// ratio returns attempts per client request over the window, 1 when idle.
-func (w *ampWindow) ratio() float64 {
+// Ratio returns attempts per client request over the window, 1 when idle.
+func (w *AmpWindow) Ratio() float64 {
 	w.mu.Lock()
 	w.advanceLocked()
 	var r, a int64

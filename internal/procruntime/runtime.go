@@ -1,4 +1,7 @@
-package router
+// Package procruntime holds the Go runtime settings a Switchyard process
+// runs with (GOGC, GOMEMLIMIT, GOMAXPROCS): a process concern, set by the
+// commands before they start a service, not by the data-plane library.
+package procruntime
 
 import (
 	"fmt"
@@ -37,14 +40,14 @@ func ParseMemoryLimit(s string) (int64, error) {
 	return n * mult, nil
 }
 
-// RuntimeOptions are the Go runtime settings a router process runs with.
+// Options are the Go runtime settings a router process runs with.
 // The router is latency-bound and allocates little that lives long, so it
 // trades memory for fewer garbage collections; and on a small machine
 // shared with its engines, fewer OS threads spinning for work can cut both
 // its latency and its CPU per request (see BENCHMARKS.md, "Router: proxy
 // overhead"). Zero fields leave the runtime's own setting (or GOGC,
 // GOMEMLIMIT, GOMAXPROCS from the environment) alone.
-type RuntimeOptions struct {
+type Options struct {
 	// MaxProcs sets GOMAXPROCS when > 0.
 	MaxProcs int
 	// GCPercent sets the garbage collector's target percentage (GOGC) when
@@ -55,7 +58,7 @@ type RuntimeOptions struct {
 }
 
 // Apply sets the process's runtime settings from o.
-func (o RuntimeOptions) Apply() {
+func (o Options) Apply() {
 	if o.MaxProcs > 0 {
 		runtime.GOMAXPROCS(o.MaxProcs)
 	}

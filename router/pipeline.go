@@ -1,0 +1,198 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"mime"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/protocol"
+)
+
+// clientRequest is what the request pipeline reads of a client's request,
+// whichever front took it (HTTP on net/http or fasthttp, NATS).
+type clientRequest interface {
+	// header returns the first value of the named header (canonical HTTP
+	// form) and whether the header is present.
+	header(name string) (string, bool)
+	// passHeaders returns the client headers forwarded to engines.
+	passHeaders() http.Header
+	// body reads the request body within the front's size and time limits.
+	body() ([]byte, *protocol.APIError)
+	// check vets a parsed request against what the front's address says
+	// of it (the NATS front: the model its subject names); nil when sound.
+	check(req *protocol.Request) *protocol.APIError
+}
+
+// endpointFromBody asks begin to tell the endpoint from the body
+// (protocol.EndpointOf), for a front whose address does not name it.
+const endpointFromBody protocol.Endpoint = -1
+
+// rejection is a request the pipeline answered with an error: what the
+// front sends, already counted.
+type rejection struct {
+	err *protocol.APIError
+	// reqID is the request's id, "" when its own was invalid.
+	reqID string
+	// retryAfter is the Retry-After value to send, "" for none.
+	retryAfter string
+}
+
+// answer is a request whose engine answered: the front writes the head
+// (status at.resp.Status, engine at.engine.Name, id logv.id), relays the
+// body, then calls record and release.
+type answer struct {
+	h      *Handler
+	rt     *routed
+	at     *attempt
+	mm     *modelMetrics
+	bp     *[]byte
+	log    *reqLog
+	start  time.Time
+	stream bool
+	logv   reqLog          // what log points to
+	up     UpstreamRequest // the request forwarded to the engine
+}
+
+// begin is the request pipeline both fronts run, up to the engine's
+// answer: it checks the request's id, session and priority headers, reads
+// and parses the body, routes the request (Handler.route) and forwards it
+// (Handler.forward, with its retries). It returns the answer to relay, or
+// the rejection to send (counted in the request metrics under the model,
+// or labelInvalid / labelUnknown). ep is the request's endpoint, or
+// endpointFromBody; front names the front in the request's logs ("" for
+// HTTP).
+func (h *Handler) begin(ctx context.Context, r clientRequest, ep protocol.Endpoint, front string) (*answer, rejection) {
+	start := h.opts.Now()
+	reqID, _ := r.header(messages.HeaderRequestID)
+	if reqID == "" {
+		reqID = h.newRequestID()
+	} else if !validHeaderValue(reqID, maxRequestIDLen) {
+		return nil, h.rejected(labelInvalid, "", protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderRequestID,
+			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderRequestID, maxRequestIDLen)))
+	}
+	session, present := r.header(messages.HeaderSessionID)
+	if present && !validHeaderValue(session, maxSessionIDLen) {
+		return nil, h.rejected(labelInvalid, reqID, protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderSessionID,
+			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderSessionID, maxSessionIDLen)))
+	}
+	if ct, _ := r.header("Content-Type"); ct != "" && ct != mimeJSON {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != mimeJSON {
+			return nil, h.rejected(labelInvalid, reqID, protocol.NewAPIError(http.StatusUnsupportedMediaType, protocol.ErrTypeInvalidRequest, "unsupported_media_type", "",
+				fmt.Sprintf("Content-Type %q is not application/json", ct)))
+		}
+	}
+	body, apiErr := r.body()
+	if apiErr != nil {
+		return nil, h.rejected(labelInvalid, reqID, apiErr)
+	}
+	if ep == endpointFromBody {
+		ep = protocol.EndpointOf(body)
+	}
+	req, err := protocol.ParseRequest(ep, body)
+	if err != nil {
+		var ae *protocol.APIError
+		if !errors.As(err, &ae) {
+			ae = protocol.InvalidRequest("", err.Error())
+		}
+		return nil, h.rejected(labelInvalid, reqID, ae)
+	}
+	if apiErr := r.check(req); apiErr != nil {
+		return nil, h.rejected(labelInvalid, reqID, apiErr)
+	}
+	prioHeader, _ := r.header(messages.HeaderPriority)
+	prio, ok := protocol.ParsePriority(prioHeader)
+	if !ok {
+		return nil, h.rejected(labelInvalid, reqID, protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderPriority,
+			fmt.Sprintf("header %s must be critical, standard or sheddable", messages.HeaderPriority)))
+	}
+	rt, apiErr := h.route(ctx, req, session, prio)
+	if apiErr != nil {
+		label := req.Model
+		if apiErr.Status == http.StatusNotFound {
+			label = labelUnknown
+		}
+		rej := h.rejected(label, reqID, apiErr)
+		switch apiErr.Status {
+		case http.StatusServiceUnavailable:
+			rej.retryAfter = "1"
+		case http.StatusTooManyRequests:
+			rej.retryAfter = h.retryAfter()
+		}
+		return nil, rej
+	}
+	mm := h.modelMetrics(rt.ms, req.Model)
+	mm.inFlight.Inc()
+	// One allocation for the answer, the request's logger and the request
+	// to the engine; the answer is returned only once the engine answered.
+	a := &answer{h: h, rt: rt, mm: mm, start: start, stream: req.Stream,
+		logv: reqLog{base: &h.log, model: req.Model, id: reqID, key: rt.src, prio: prio, front: front},
+		up: UpstreamRequest{Endpoint: ep, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body,
+			Header: r.passHeaders()}}
+	a.log = &a.logv
+	a.bp = h.bufs.Get().(*[]byte)
+	answered := false
+	defer func() {
+		if !answered { // an error, or a panic in forward
+			a.release()
+		}
+	}()
+	a.at, apiErr = h.forward(ctx, rt, &a.up, *a.bp, a.log)
+	if apiErr != nil {
+		if apiErr.Code != nil && *apiErr.Code == "canceled" {
+			a.log.Debug().Msg("client went away before the engine answered")
+		}
+		return nil, h.rejected(req.Model, reqID, apiErr)
+	}
+	h.countRequest(mm, req.Model, a.at.resp.Status)
+	answered = true
+	return a, rejection{}
+}
+
+// rejected counts e under the metric label and returns it as a rejection.
+func (h *Handler) rejected(label, reqID string, e *protocol.APIError) rejection {
+	h.metrics.requests.WithLabelValues(label, strconv.Itoa(e.Status)).Inc()
+	return rejection{err: e, reqID: reqID}
+}
+
+// record ends a relayed answer's bookkeeping: the attempt's outcome (its
+// relay error err, n bytes relayed, the first written at first), the
+// time-to-first-token and duration metrics and the request's log line.
+// ctx is the request's context.
+func (a *answer) record(ctx context.Context, n int64, first time.Time, err error) {
+	h, at := a.h, a.at
+	end := h.opts.Now()
+	// Only a streamed answer's first byte is its first token; a whole
+	// answer's first byte comes when it is complete, and counting it as TTFT
+	// would make every engine look slow to the penalty rules.
+	ttftAt := first
+	if !a.stream {
+		ttftAt = time.Time{}
+	}
+	h.finishAttempt(ctx, at, err, ttftAt, end, a.log)
+	if !first.IsZero() {
+		a.mm.ttft.Observe(first.Sub(a.start).Seconds())
+	}
+	a.mm.duration.Observe(end.Sub(a.start).Seconds())
+	ev := a.log.Debug()
+	if err != nil {
+		ev = a.log.Info().Err(err)
+	}
+	ev.Str("engine", at.engine.Name).Int("status", at.resp.Status).Int64("bytes", n).Dur("duration", end.Sub(a.start)).
+		Bool("stream", a.stream).Int("attempts", at.n).Msg("request done")
+}
+
+// release frees everything the request held: its attempt (when one
+// answered), its read buffer, its in-flight count and its admission.
+func (a *answer) release() {
+	if a.at != nil {
+		a.at.finish()
+	}
+	a.h.bufs.Put(a.bp)
+	a.mm.inFlight.Dec()
+	a.rt.release()
+}
