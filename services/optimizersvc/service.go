@@ -148,8 +148,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/switchyard-dev/switchyard/internal/logthrottle"
-	"github.com/switchyard-dev/switchyard/internal/poison"
 	"math"
 	"os"
 	"sort"
@@ -158,10 +156,15 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/switchyard-dev/switchyard/internal/logthrottle"
+	"github.com/switchyard-dev/switchyard/internal/poison"
+	"github.com/switchyard-dev/switchyard/plan"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/optimizer"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -654,11 +657,8 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// targetUtilisation returns the share of engine's effective capacity that the
-// problem plans for: its EngineTargetUtilisation, else TargetUtilisation.
-func (o *Options) targetUtilisation(engine string) float64 {
-	if tu, ok := o.EngineTargetUtilisation[engine]; ok {
-		return tu
-	}
-	return o.TargetUtilisation
+// targets returns the shares of engines' effective capacity that the
+// problem plans for: EngineTargetUtilisation, else TargetUtilisation.
+func (o *Options) targets() plan.Targets {
+	return plan.Targets{Common: o.TargetUtilisation, PerEngine: o.EngineTargetUtilisation}
 }
