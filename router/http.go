@@ -132,11 +132,10 @@ type Handler struct {
 
 // modelState is the router's live state for one model.
 type modelState struct {
-	live     *LiveSet
-	recent   *RecentKeys // where this router sent each affinity key lately
-	bound    atomic.Pointer[Bound]
-	mix      priorityMix
-	admitted atomic.Int64 // admitted requests not yet answered
+	live   *LiveSet
+	recent *RecentKeys // where this router sent each affinity key lately
+	bound  atomic.Pointer[Bound]
+	adm    *Admission
 	// met holds the model's metric children, made on first use.
 	met atomic.Pointer[modelMetrics]
 }
@@ -247,7 +246,8 @@ func (h *Handler) model(name string) *modelState {
 	}
 	live := newLiveSet(h.opts.Now)
 	live.resolve, live.model = h.opts.Endpoints, name
-	v, _ := h.models.LoadOrStore(name, &modelState{live: live, recent: newRecentKeys(DefaultRecentKeys)})
+	v, _ := h.models.LoadOrStore(name, &modelState{live: live, recent: newRecentKeys(DefaultRecentKeys),
+		adm: &Admission{prot: h.prot, now: h.opts.Now}})
 	return v.(*modelState)
 }
 

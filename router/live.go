@@ -48,6 +48,29 @@ func (e *EngineLive) silentSkip(now func() time.Time) bool {
 // Addressed reports whether the engine's signals gave it an endpoint.
 func (e *EngineLive) Addressed() bool { return e.addr.Load() }
 
+// Claim is called when an attempt is about to go to the engine at now. It
+// reports whether the attempt may go (false: ejected, or half-open with
+// its probe taken) and whether it is the half-open probe.
+func (e *EngineLive) Claim(now time.Time) (ok, probe bool) { return e.eject.claim(now) }
+
+// Record records the result of an attempt on the engine at now for its
+// ejection under o: a success (ok), or a failure that blames the engine (a
+// connect error, a 5xx, a timeout). It reports whether the engine is
+// ejected after it.
+func (e *EngineLive) Record(ok, probe bool, now time.Time, o EjectOptions) bool {
+	e.record(ok, probe, now, o.withDefaults())
+	return e.eject.ejected.Load()
+}
+
+// record is Record with o already defaulted, returning the state change,
+// ejection length and failure count for the logs.
+func (e *EngineLive) record(ok, probe bool, now time.Time, o EjectOptions) (ejectEvent, time.Duration, int) {
+	if ok {
+		e.lastOK.Store(now.UnixNano())
+	}
+	return e.eject.report(ok, probe, now, o)
+}
+
 // Ejected reports whether the engine is ejected by the router's fast local
 // skip (skipped, or half-open and waiting for its probe's result).
 func (e *EngineLive) Ejected() bool { return e.eject.ejected.Load() }
@@ -69,6 +92,10 @@ type LiveSet struct {
 
 // NewLiveSet returns an empty live set.
 func NewLiveSet() *LiveSet { return newLiveSet(time.Now) }
+
+// NewLiveSetClock returns an empty live set whose ejections and silence
+// are timed by now, for a simulator's virtual clock.
+func NewLiveSetClock(now func() time.Time) *LiveSet { return newLiveSet(now) }
 
 func newLiveSet(now func() time.Time) *LiveSet {
 	return &LiveSet{byName: make(map[string]*EngineLive), now: now}

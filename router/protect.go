@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 )
 
@@ -140,7 +141,7 @@ type routed struct {
 }
 
 // release ends the request's admission.
-func (rt *routed) release() { rt.ms.admitted.Add(-1) }
+func (rt *routed) release() { rt.ms.adm.Done() }
 
 // shedError is the answer to a shed request.
 func (h *Handler) shedError(model string, p Priority, reason ShedReason, detail string) *APIError {
@@ -158,60 +159,97 @@ func (h *Handler) retryAfter() string {
 }
 
 // admit applies the snapshot's shed fraction and the local admission
-// control to a request of class p with key on model, and returns the
-// fleet utilisation the retry budget earns at, or a 429.
+// control to a request of class p with key on model (Admission.Admit),
+// and returns the fleet utilisation the retry budget earns at, or a 429.
 func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, key uint64, src KeySource, p Priority) (float64, *APIError) {
-	f := info.Figures
-	now := h.opts.Now()
-	ms.mix.add(p, now)
+	u, reason, detail := ms.adm.Admit(info.Figures, bound, ms.recent, key, src, p)
+	if reason != "" {
+		return 0, h.shedError(model, p, reason, detail)
+	}
+	return u, nil
+}
+
+// Admission is one model's admission control at one router: the mix of
+// its requests' priority classes and the requests admitted and not yet
+// answered, with the options and the clock its decisions use. The Handler
+// keeps one per model; the simulator drives one per simulated router, so
+// that both shed by the same rules. It is safe for concurrent use.
+type Admission struct {
+	prot     ProtectionOptions
+	now      func() time.Time
+	mix      priorityMix
+	admitted atomic.Int64 // admitted requests not yet answered
+}
+
+// NewAdmission returns the admission control of one model under prot
+// (zero fields: the defaults); now is the clock (nil: time.Now).
+func NewAdmission(prot ProtectionOptions, now func() time.Time) *Admission {
+	if now == nil {
+		now = time.Now
+	}
+	return &Admission{prot: prot.withDefaults(), now: now}
+}
+
+// Done ends the admission of a request Admit admitted.
+func (a *Admission) Done() { a.admitted.Add(-1) }
+
+// Admit applies the snapshot's figures f (nil: none) and the local
+// admission control to a request of class p with key from src, bound to
+// the model's current table, recent being where the router sent keys
+// lately (nil: none known). It returns the fleet utilisation the retry
+// budget earns at, or the reason the request is shed and what to tell the
+// client; an admitted request must be ended with Done.
+func (a *Admission) Admit(f *Figures, bound *Bound, recent *RecentKeys, key uint64, src KeySource, p Priority) (u float64, shed ShedReason, detail string) {
+	prot := &a.prot
+	now := a.now()
+	a.mix.add(p, now)
 	shedding := f != nil && (f.ShedFraction > 0 || f.HasShedByPriority)
 	// While the snapshot sheds, the engines are planned at their capacity,
 	// and admission bounds the requests in flight by their batch slots
 	// (CapacityAllotment) when their signals tell them.
 	var slot, step float64
 	capacityBound := false
-	if shedding && !h.prot.NoAdmission {
+	if shedding && !prot.NoAdmission {
 		slot, step, capacityBound = bound.SlotTimes()
 	}
-	if shedding && !h.prot.NoSnapshotShed {
+	if shedding && !prot.NoSnapshotShed {
 		fr := f.ShedByPriority
 		switch {
-		case h.prot.SlotHeadroom > 0 && capacityBound:
+		case prot.SlotHeadroom > 0 && capacityBound:
 			// The capacity allotment sheds what the engines cannot take at once;
 			// the snapshot's shed, relaxed, keeps the order of classes
 			// and of keys (see ProtectionOptions.SlotHeadroom).
-			fr = ShedFractions(RelaxedShed(f.ShedFraction, h.prot.SlotHeadroom), ms.mix.shares(now))
+			fr = ShedFractions(RelaxedShed(f.ShedFraction, prot.SlotHeadroom), a.mix.shares(now))
 		case !f.HasShedByPriority:
-			fr = ShedFractions(f.ShedFraction, ms.mix.shares(now))
+			fr = ShedFractions(f.ShedFraction, a.mix.shares(now))
 		}
 		if KeyUnit(key) < fr[p] {
-			return 0, h.shedError(model, p, ShedSnapshot, fmt.Sprintf("the fleet serves %.0f%% of %s demand", 100*(1-fr[p]), p))
+			return 0, ShedSnapshot, fmt.Sprintf("the fleet serves %.0f%% of %s demand", 100*(1-fr[p]), p)
 		}
 	}
-	u := 0.0
+	u = 0.0
 	if f != nil {
 		u = f.Utilisation
 	}
-	n := ms.admitted.Add(1)
+	n := a.admitted.Add(1)
 	// The capacity allotment: the batch slots plus a fraction of a decode
 	// step's queue, not Little's law on the snapshot's predicted latency,
 	// which its queue curve puts far above a batching engine's near
 	// capacity (see CapacityAllotment).
-	if lim := CapacityAllotment(f, h.prot.Routers, slot, step, p, h.prot.MinInFlight); capacityBound && lim > 0 {
-		if float64(n) > lim && (p == PriorityCritical || !ongoing(src, key, ms.recent) ||
-			float64(n) > capacityAllotment(f, h.prot.Routers, slot, step, queueSteps(p)+ongoingSteps, h.prot.MinInFlight)) {
-			ms.admitted.Add(-1)
-			return 0, h.shedError(model, p, ShedAdmission,
-				fmt.Sprintf("%d requests in flight at this router, capacity allotment %.0f", n-1, lim))
+	if lim := CapacityAllotment(f, prot.Routers, slot, step, p, prot.MinInFlight); capacityBound && lim > 0 {
+		if float64(n) > lim && (p == PriorityCritical || !ongoing(src, key, recent) ||
+			float64(n) > capacityAllotment(f, prot.Routers, slot, step, queueSteps(p)+ongoingSteps, prot.MinInFlight)) {
+			a.admitted.Add(-1)
+			return 0, ShedAdmission, fmt.Sprintf("%d requests in flight at this router, capacity allotment %.0f", n-1, lim)
 		}
-		std := CapacityAllotment(f, h.prot.Routers, slot, step, PriorityStandard, h.prot.MinInFlight)
-		return math.Max(u, float64(n)/std), nil
+		std := CapacityAllotment(f, prot.Routers, slot, step, PriorityStandard, prot.MinInFlight)
+		return math.Max(u, float64(n)/std), "", ""
 	}
 	// Admission control guards a fleet the snapshot already plans near its
 	// limit (it sheds, or predicts the engines this router uses at 90% or
 	// more); with headroom a burst is the engines' to absorb.
 	if f != nil && f.ShedFraction == 0 && !f.HasShedByPriority && f.Utilisation < admissionUtilisation {
-		return u, nil
+		return u, "", ""
 	}
 	// The snapshot's demand can lag a rise (it is rewritten only when the
 	// weights move or on the heartbeat); a rate this router measured itself
@@ -219,21 +257,20 @@ func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, k
 	// control only cuts bursts above the recent rate. Sustained overload is
 	// the optimizer's to shed, through the snapshot's shed fraction.
 	if f != nil {
-		if local := ms.mix.rate(now) * float64(max(h.prot.Routers, 1)) / (1 - math.Min(f.ShedFraction, 0.99)); local > f.DemandRPS {
+		if local := a.mix.rate(now) * float64(max(prot.Routers, 1)) / (1 - math.Min(f.ShedFraction, 0.99)); local > f.DemandRPS {
 			g := *f
 			g.DemandRPS = local
 			f = &g
 		}
 	}
-	if lim := Allotment(f, h.prot.Routers, h.prot.AdmissionSlack, h.prot.MinInFlight); lim > 0 {
-		if !h.prot.NoAdmission && float64(n) > lim*admissionFactor[p] {
-			ms.admitted.Add(-1)
-			return 0, h.shedError(model, p, ShedAdmission,
-				fmt.Sprintf("%d requests in flight at this router, allotment %.0f", n-1, lim))
+	if lim := Allotment(f, prot.Routers, prot.AdmissionSlack, prot.MinInFlight); lim > 0 {
+		if !prot.NoAdmission && float64(n) > lim*admissionFactor[p] {
+			a.admitted.Add(-1)
+			return 0, ShedAdmission, fmt.Sprintf("%d requests in flight at this router, allotment %.0f", n-1, lim)
 		}
 		u = math.Max(u, float64(n)/lim)
 	}
-	return u, nil
+	return u, "", ""
 }
 
 // errEngineBroke marks relay errors on the engine's side (its body failed),
@@ -574,11 +611,7 @@ func (h *Handler) ejectReport(model, engine string, live *EngineLive, res Result
 		}
 		return
 	}
-	now := h.opts.Now()
-	if ok {
-		live.lastOK.Store(now.UnixNano())
-	}
-	ev, d, fails := live.eject.report(ok, probe, now, h.prot.Eject)
+	ev, d, fails := live.record(ok, probe, h.opts.Now(), h.prot.Eject)
 	switch ev {
 	case ejectStart, ejectAgain:
 		h.metrics.ejected.WithLabelValues(model, engine).Set(1)

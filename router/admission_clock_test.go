@@ -1,0 +1,70 @@
+package router
+
+import (
+	"testing"
+	"time"
+)
+
+// TestAdmissionWithoutHandler drives the admission control and the
+// ejection of a live set with a virtual clock, as the simulator does: the
+// snapshot's shed fraction sheds by key, the latency allotment bounds a
+// burst, Done gives the room back, and consecutive failures eject an
+// engine until its backoff has passed on that clock.
+func TestAdmissionWithoutHandler(t *testing.T) {
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { return now }
+	set := NewLiveSetClock(clock)
+	b := set.Bind(mustTable(t, []Engine{{Name: "a", Weight: 1}}, TableOptions{}))
+	for _, tc := range []struct {
+		name  string
+		f     *Figures
+		n     int // requests admitted before the one decided
+		key   uint64
+		want  ShedReason
+		wantU float64
+	}{
+		{"no snapshot", nil, 0, 1, "", 0},
+		{"headroom", &Figures{DemandRPS: 10, Utilisation: 0.5, Latency: time.Second}, 100, 1, "", 0.5},
+		{"shed all", &Figures{ShedFraction: 1, DemandRPS: 10, Latency: time.Second}, 0, 1, ShedSnapshot, 0},
+		// Near the limit: m = 10 req/s × 1 s, allotment max(8, 1.5·10 + 4·√10) ≈ 27.6.
+		{"burst over the allotment", &Figures{DemandRPS: 10, Utilisation: 0.95, Latency: time.Second}, 30, 1, ShedAdmission, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := NewAdmission(ProtectionOptions{}, clock)
+			for range tc.n {
+				if _, r, _ := a.Admit(nil, b, nil, 7, KeyNone, PriorityStandard); r != "" {
+					t.Fatalf("setup request shed: %s", r)
+				}
+			}
+			u, r, detail := a.Admit(tc.f, b, nil, tc.key, KeyNone, PriorityStandard)
+			if r != tc.want || (r == "" && u < tc.wantU) {
+				t.Fatalf("Admit = %v, %q (%s); want reason %q, utilisation at least %v", u, r, detail, tc.want, tc.wantU)
+			}
+			if r == ShedAdmission {
+				for range tc.n {
+					a.Done()
+				}
+				if _, r, detail := a.Admit(tc.f, b, nil, tc.key, KeyNone, PriorityStandard); r != "" {
+					t.Fatalf("shed after every request was done: %q (%s)", r, detail)
+				}
+			}
+		})
+	}
+	live := b.Live(0)
+	for k := range DefaultEjectAfter {
+		if ejected := live.Record(false, false, now, EjectOptions{}); ejected != (k == DefaultEjectAfter-1) {
+			t.Fatalf("after %d failures ejected = %v", k+1, ejected)
+		}
+	}
+	if !b.Down(0) {
+		t.Fatal("an ejected engine is not skipped")
+	}
+	now = now.Add(DefaultEjectBackoff)
+	ok, probe := live.Claim(now)
+	if !ok || !probe || !b.Down(0) {
+		t.Fatalf("after the backoff: Claim = %v, %v, skipped %v; want the probe, others skipped", ok, probe, b.Down(0))
+	}
+	if live.Record(true, probe, now, EjectOptions{}) || b.Down(0) {
+		t.Fatal("a successful probe did not restore the engine")
+	}
+}
