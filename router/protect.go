@@ -548,32 +548,52 @@ func (h *Handler) retryTo(rt *routed, tried []int, failed, n int) (int, string) 
 	return next, ""
 }
 
-// nextCandidate returns the key's next candidate engine not yet tried and
-// not skipped: first in the failed engine's region (the key's candidates
-// by weight, Table.Candidates, then the snapshot's spare engines of weight
+// nextCandidate returns the key's next candidate for rt (see RetryCandidates.Next).
+func (h *Handler) nextCandidate(rt *routed, tried []int, failed int) (int, bool) {
+	c := RetryCandidates{Model: rt.model, Table: rt.table, Guard: rt.bound, Key: rt.key, Spare: rt.spare, Regions: h.opts.Regions}
+	return c.Next(tried, failed)
+}
+
+// RetryCandidates are the engines a request may be retried on: its key's
+// candidates in its table, under the guard that skips engines, and the
+// snapshot's spare engines of weight zero.
+type RetryCandidates struct {
+	Model string
+	Table *Table
+	Guard Guard
+	Key   uint64
+	// Spare are the snapshot's engines of weight zero, nearest first (Figures.Spare).
+	Spare []string
+	// Regions gives engines' regions (nil: none known).
+	Regions RegionResolver
+}
+
+// Next returns the key's next candidate engine not yet tried and not
+// skipped: first in the failed engine's region (the key's candidates by
+// weight, Table.Candidates, then the snapshot's spare engines of weight
 // zero), then elsewhere (candidates by weight, then spare engines nearest
 // first). Spare engines let a request leave a region whose planned engines
 // all fail before the next snapshot moves the cluster's traffic.
-func (h *Handler) nextCandidate(rt *routed, tried []int, failed int) (int, bool) {
+func (c *RetryCandidates) Next(tried []int, failed int) (int, bool) {
 	var cbuf [16]int
-	cands := rt.table.Candidates(rt.key, cbuf[:0])
+	cands := c.Table.Candidates(c.Key, cbuf[:0])
 	usable := func(j int) bool {
 		for _, x := range tried {
 			if x == j {
 				return false
 			}
 		}
-		return !rt.bound.Down(j)
+		return !c.Guard.Down(j)
 	}
-	if h.opts.Regions != nil {
-		if region := h.opts.Regions.Region(rt.model, rt.table.Engine(failed).Name); region != "" {
-			inRegion := func(j int) bool { return h.opts.Regions.Region(rt.model, rt.table.Engine(j).Name) == region }
+	if c.Regions != nil {
+		if region := c.Regions.Region(c.Model, c.Table.Engine(failed).Name); region != "" {
+			inRegion := func(j int) bool { return c.Regions.Region(c.Model, c.Table.Engine(j).Name) == region }
 			for _, j := range cands {
 				if usable(j) && inRegion(j) {
 					return j, true
 				}
 			}
-			if j, ok := rt.spareEngine(func(j int) bool { return usable(j) && inRegion(j) }); ok {
+			if j, ok := spareEngine(c.Table, c.Spare, func(j int) bool { return usable(j) && inRegion(j) }); ok {
 				return j, true
 			}
 		}
@@ -583,14 +603,19 @@ func (h *Handler) nextCandidate(rt *routed, tried []int, failed int) (int, bool)
 			return j, true
 		}
 	}
-	return rt.spareEngine(usable)
+	return spareEngine(c.Table, c.Spare, usable)
 }
 
 // spareEngine returns the first of the snapshot's spare engines (weight
 // zero, nearest first) in rt's table that ok accepts.
 func (rt *routed) spareEngine(ok func(j int) bool) (int, bool) {
-	for _, name := range rt.spare {
-		if j, in := rt.table.Index(name); in && ok(j) {
+	return spareEngine(rt.table, rt.spare, ok)
+}
+
+// spareEngine returns the first of spare (engine names) in t that ok accepts.
+func spareEngine(t *Table, spare []string, ok func(j int) bool) (int, bool) {
+	for _, name := range spare {
+		if j, in := t.Index(name); in && ok(j) {
 			return j, true
 		}
 	}
