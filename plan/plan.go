@@ -16,6 +16,18 @@ import (
 // MaxLatencyMs is the largest latency a snapshot may carry (messages' limit: a day).
 const MaxLatencyMs = 24 * 3600 * 1000.0
 
+// Defaults of the planning inputs a caller has no measurement for.
+const (
+	// DefaultMinDemandRPS is the least demand a cluster is planned for: a
+	// cluster with no measured demand yet still gets a route.
+	DefaultMinDemandRPS = 1.0
+	// DefaultPriorBaseMs is the base latency assumed for an engine that
+	// reports no idle latency of its own, until its fit has samples; it
+	// only orders engines before any measurement, since an engine's own
+	// idle latency, then its fit, replace it.
+	DefaultPriorBaseMs = 500.0
+)
+
 // Engine is one engine's input to a model's problem.
 type Engine struct {
 	// Name names the engine.
@@ -59,9 +71,10 @@ func (t Targets) Of(engine string) float64 {
 type Input struct {
 	Engines  []Engine
 	Clusters []Cluster
-	// Network returns the one-way latency from a cluster to an engine, ms,
-	// and false when none is known: the engine may then not serve the
-	// cluster.
+	// Network returns the network latency a request of a cluster pays on
+	// an engine, ms (the round trip the routers measure, or the configured
+	// latency), and false when none is known: the engine may then not serve
+	// the cluster.
 	Network func(cluster, engine string) (float64, bool)
 	// Targets scale each engine's capacity in the problem.
 	Targets Targets
@@ -179,6 +192,22 @@ func Snapshot(model string, p *optimizer.Problem, sol *optimizer.Solution, i int
 		snap.Gap = 1 // NaN or +Inf: no certificate
 	}
 	return snap
+}
+
+// Distance returns the total-variation distance between two snapshots' routing
+// (weights and shed fraction), and whether shedding started or stopped.
+func Distance(a, b *messages.WeightSnapshot) (tv float64, shedFlip bool) {
+	for e, w := range a.Weights {
+		tv += math.Abs(w - b.Weights[e])
+	}
+	for e, w := range b.Weights {
+		if _, ok := a.Weights[e]; !ok {
+			tv += w
+		}
+	}
+	tv += math.Abs(a.ShedFraction - b.ShedFraction)
+	const eps = 1e-6
+	return tv / 2, (a.ShedFraction > eps) != (b.ShedFraction > eps)
 }
 
 // FitSample is the latency-fit sample of one engine state: its slow

@@ -136,3 +136,15 @@ func TestFitSampleAndBase(t *testing.T) {
 		}
 	}
 }
+
+func TestDistance(t *testing.T) {
+	a := &messages.WeightSnapshot{Weights: map[string]float64{"x": 0.5, "y": 0.5}}
+	b := &messages.WeightSnapshot{Weights: map[string]float64{"x": 0.4, "z": 0.5}, ShedFraction: 0.1}
+	tv, flip := Distance(a, b)
+	if math.Abs(tv-0.6) > 1e-12 || !flip {
+		t.Errorf("distance %v flip %v, want 0.6 true", tv, flip)
+	}
+	if tv, flip := Distance(a, a); tv != 0 || flip {
+		t.Errorf("distance to itself %v %v", tv, flip)
+	}
+}

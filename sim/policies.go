@@ -191,15 +191,6 @@ func (r *run) viewLoad(c, j int) float64 {
 	return float64(r.sig[j].outstanding+int(r.sentSince[c][j])) / float64(r.engines[j].d.typ.MaxBatch)
 }
 
-// routerLoad is router c's view of engine j's load as the real router
-// keeps it (router.Bound.Load): the outstanding requests at the last signal
-// that other routers sent, plus this router's in-flight requests now, per
-// batch slot.
-func (r *run) routerLoad(c, j int) float64 {
-	others := max(0, r.sig[j].outstanding-int(r.inflightAtSig[c][j]))
-	return float64(others+int(r.inflight[c][j])) / float64(r.engines[j].d.typ.MaxBatch)
-}
-
 // p2c samples two live engines and takes the less loaded in the router's view.
 type p2c struct{ noControl }
 

@@ -218,6 +218,7 @@ type run struct {
 	// inflightAtSig is [cluster][engine] in flight when the last signal arrived
 	inflightAtSig [][]int32
 	spreadSeq     []uint64 // [cluster] keyless request counter
+	routing       int32    // the request route is asking the policy for an engine
 
 	// aggregator
 	sig       []engineSignal
@@ -377,6 +378,7 @@ func (r *run) route(q int32) {
 	a := &r.arrivals[q]
 	c := int(a.Cluster)
 	rq := &r.reqs[q]
+	r.routing = q
 	j := r.pol.pick(r, c, a)
 	if j < 0 {
 		rq.state = rsShed
@@ -392,24 +394,46 @@ func (r *run) route(q int32) {
 	r.push(event{t: r.now + r.f.oneWay[c][j], kind: evArrive, x: int32(j), req: q})
 }
 
-// release drops request q from its router's in-flight counts.
-func (r *run) release(q int32) {
+// Outcomes of an attempt, for guardedPolicy.attemptEnded.
+const (
+	attemptOK      uint8 = iota // the request finished on the engine
+	attemptBroken               // the engine failed while the request ran
+	attemptRefused              // the engine refused the request before its first token
+)
+
+// guardedPolicy is a policy whose routers keep state per request and per
+// signal of their own (the router's guards): it hears of every signal and
+// of the end of every attempt it routed, and decides whether a refused
+// request is retried (at most 3 tries otherwise).
+type guardedPolicy interface {
+	policy
+	signalled(r *run)
+	attemptEnded(r *run, q int32, outcome uint8) (retry bool)
+}
+
+// release drops request q from its router's in-flight counts at the end of
+// its attempt, and reports whether a refused request is retried.
+func (r *run) release(q int32, outcome uint8) bool {
 	c := r.arrivals[q].Cluster
 	j := r.reqs[q].engine
 	r.inflight[c][j]--
 	r.totalIn[c]--
+	if g, ok := r.pol.(guardedPolicy); ok {
+		return g.attemptEnded(r, q, outcome)
+	}
+	return r.reqs[q].tries+1 < 3
 }
 
 // bounce sends a request that never got a token back to its router, which
-// learns that the engine is down and routes it again (at most 3 tries).
+// learns that the engine is down and routes it again while it retries.
 func (r *run) bounce(q int32) {
 	rq := &r.reqs[q]
 	c := int(r.arrivals[q].Cluster)
 	j := int(rq.engine)
-	r.release(q)
+	retry := r.release(q, attemptRefused)
 	r.localDown[c][j] = true
 	rq.tries++
-	if rq.tries >= 3 {
+	if !retry {
 		rq.state = rsFailed
 		r.active--
 		r.m.fail(r, q)
@@ -525,7 +549,7 @@ func (r *run) finish(j int, q int32) {
 	e.kv.release(a.Blocks, anonBlocks(a))
 	rq.state = rsDone
 	r.active--
-	r.release(q)
+	r.release(q, attemptOK)
 	ttft := rq.first - rq.atEngine
 	var tbt float64
 	if a.Output > 1 {
@@ -589,6 +613,9 @@ func (r *run) signal() {
 		r.demand[c].add(float64(r.dArrived[c])/per, r.af, r.as)
 		r.dArrived[c] = 0
 	}
+	if g, ok := r.pol.(guardedPolicy); ok {
+		g.signalled(r)
+	}
 }
 
 // timed applies a scenario event.
@@ -630,7 +657,7 @@ func (r *run) timed(te *timedEvent) {
 func (r *run) lose(j int, q int32) {
 	r.reqs[q].state = rsFailed
 	r.active--
-	r.release(q)
+	r.release(q, attemptBroken)
 	r.m.fail(r, q)
 	_ = j
 }

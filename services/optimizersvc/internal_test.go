@@ -13,18 +13,6 @@ import (
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
-func TestDistance(t *testing.T) {
-	a := &messages.WeightSnapshot{Weights: map[string]float64{"x": 0.5, "y": 0.5}}
-	b := &messages.WeightSnapshot{Weights: map[string]float64{"x": 0.4, "z": 0.5}, ShedFraction: 0.1}
-	tv, flip := distance(a, b)
-	if math.Abs(tv-0.6) > 1e-12 || !flip {
-		t.Errorf("distance %v flip %v, want 0.6 true", tv, flip)
-	}
-	if tv, flip := distance(a, a); tv != 0 || flip {
-		t.Errorf("distance to itself %v %v", tv, flip)
-	}
-}
-
 func TestSanitizeName(t *testing.T) {
 	for _, in := range []string{"host.example.com-42", "a b*c", string(make([]byte, 100)) + "-7"} {
 		got := sanitizeName(in)

@@ -258,10 +258,10 @@ func (o *Options) setDefaults() {
 		o.Instance = sanitizeName(host + "-" + strconv.Itoa(os.Getpid()))
 	}
 	if o.MinDemandRPS == 0 {
-		o.MinDemandRPS = 1
+		o.MinDemandRPS = plan.DefaultMinDemandRPS
 	}
 	if o.PriorBaseMs == 0 {
-		o.PriorBaseMs = 500
+		o.PriorBaseMs = plan.DefaultPriorBaseMs
 	}
 	if o.TargetUtilisation == 0 {
 		o.TargetUtilisation = 1

@@ -163,22 +163,6 @@ func (s *Service) snapshot(b built, sol *optimizer.Solution, i int, now time.Tim
 	return snap
 }
 
-// distance returns the total-variation distance between two snapshots' routing
-// (weights and shed fraction), and whether shedding started or stopped.
-func distance(a, b *messages.WeightSnapshot) (tv float64, shedFlip bool) {
-	for e, w := range a.Weights {
-		tv += math.Abs(w - b.Weights[e])
-	}
-	for e, w := range b.Weights {
-		if _, ok := a.Weights[e]; !ok {
-			tv += w
-		}
-	}
-	tv += math.Abs(a.ShedFraction - b.ShedFraction)
-	const eps = 1e-6
-	return tv / 2, (a.ShedFraction > eps) != (b.ShedFraction > eps)
-}
-
 // publish writes the snapshots of one model whose clusters need it. Each
 // read or write of the bucket is bounded by LeaseTTL/3; when one fails for
 // another reason than a conflict, the round stops and a new solve is asked for.
@@ -206,7 +190,7 @@ func (s *Service) publish(ctx context.Context, weights jetstream.KeyValue, b bui
 			return
 		}
 		if ks.last != nil {
-			tv, flip := distance(ks.last, snap)
+			tv, flip := plan.Distance(ks.last, snap)
 			age := now.Sub(time.UnixMilli(ks.last.Time))
 			if tv < band && !flip && age < s.opts.Heartbeat {
 				continue
