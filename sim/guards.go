@@ -5,6 +5,8 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/sim/scenario"
 )
 
 // This file holds every call from the simulator into the router's guards:
@@ -113,7 +115,7 @@ func (gs *guards) signalled(r *run) {
 // with the router's RecentKeys when it has an affinity key, else
 // Table.PickTwo on a spread key, under the router's bound-load guard. It
 // returns the engine index, or -1 when the request is shed.
-func (gs *guards) admitAndPick(r *run, c int, q int32, a *Arrival) int {
+func (gs *guards) admitAndPick(r *run, c int, q int32, a *scenario.Arrival) int {
 	g := &gs.routers[c]
 	if g.bound == nil {
 		return -1
@@ -124,7 +126,7 @@ func (gs *guards) admitAndPick(r *run, c int, q int32, a *Arrival) int {
 	}
 	if key == 0 {
 		r.spreadSeq[c]++
-		key, src = spreadKey(r.spreadSeq[c]), router.KeyNone
+		key, src = selection.SpreadKey(r.spreadSeq[c]), router.KeyNone
 	}
 	u, reason, _ := g.adm.Admit(g.figures, g.bound, g.recent, key, src, router.PriorityStandard)
 	if reason != "" {

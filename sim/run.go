@@ -4,6 +4,8 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+
+	"github.com/switchyard-dev/switchyard/sim/scenario"
 )
 
 // Event kinds of the heap.
@@ -195,7 +197,7 @@ type engineSignal struct {
 // run is one policy's simulation over the shared arrivals.
 type run struct {
 	f        *fleet
-	arrivals []Arrival
+	arrivals []scenario.Arrival
 	pol      policy
 	rng      *rand.Rand
 	now      float64
@@ -237,7 +239,7 @@ func (r *run) push(e event) {
 }
 
 // newRun prepares a run of pol over arrivals.
-func newRun(f *fleet, arrivals []Arrival, pol policy, seed uint64) *run {
+func newRun(f *fleet, arrivals []scenario.Arrival, pol policy, seed uint64) *run {
 	r := &run{f: f, arrivals: arrivals, pol: pol, rng: rand.New(rand.NewPCG(seed, 0x5eed_5117))}
 	r.reqs = make([]reqRun, len(arrivals))
 	r.engines = make([]engine, len(f.engines))
@@ -502,7 +504,7 @@ func (r *run) startStep(j int) {
 		ms = float64(uncached) * t.PrefillMsPerToken
 	case e.running > 0:
 		e.inPrefill = false
-		ms = t.tbtMs(e.running, e.ctx)
+		ms = tbtMs(t, e.running, e.ctx)
 	default:
 		e.busy = false
 		return

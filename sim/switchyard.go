@@ -8,6 +8,8 @@ import (
 	"github.com/switchyard-dev/switchyard/optimizer"
 	"github.com/switchyard-dev/switchyard/plan"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/sim/scenario"
 )
 
 // remapKeys is how many fixed keys measure key movement between tables.
@@ -50,7 +52,7 @@ func (ts *tables) setup(r *run, slots int, epsilon float64) {
 	ts.guards = make([]guard, len(r.f.clusters))
 	ts.keys = make([]uint64, remapKeys)
 	for k := range ts.keys {
-		ts.keys[k] = mix(uint64(k) + 0x1234_5678)
+		ts.keys[k] = selection.Mix64(uint64(k) + 0x1234_5678)
 	}
 }
 
@@ -127,7 +129,7 @@ func (ts *tables) install(r *run, c int, weights, util []float64, shed float64) 
 
 // pick routes a request of cluster c with Table.Pick on the installed
 // table, on the request's affinity key or on a spread key.
-func (ts *tables) pick(r *run, c int, a *Arrival) int {
+func (ts *tables) pick(r *run, c int, a *scenario.Arrival) int {
 	ct := ts.cur[c]
 	if ct == nil {
 		return -1
@@ -135,7 +137,7 @@ func (ts *tables) pick(r *run, c int, a *Arrival) int {
 	key := a.Key
 	if key == 0 {
 		r.spreadSeq[c]++
-		key = spreadKey(r.spreadSeq[c])
+		key = selection.SpreadKey(r.spreadSeq[c])
 	}
 	i, ok := ct.t.Pick(key, &ts.guards[c])
 	if !ok {
@@ -205,7 +207,7 @@ func (p *switchyard) init(r *run) {
 
 func (p *switchyard) control(r *run) { p.solve(r, true) }
 
-func (p *switchyard) pick(r *run, c int, a *Arrival) int {
+func (p *switchyard) pick(r *run, c int, a *scenario.Arrival) int {
 	if q := r.routing; r.reqs[q].tries > 0 {
 		return p.g.retried(r, q)
 	}
@@ -337,7 +339,7 @@ func (p *feedbackLoop) init(r *run) {
 	}
 }
 
-func (p *feedbackLoop) pick(r *run, c int, a *Arrival) int { return p.tables.pick(r, c, a) }
+func (p *feedbackLoop) pick(r *run, c int, a *scenario.Arrival) int { return p.tables.pick(r, c, a) }
 
 func (p *feedbackLoop) control(r *run) {
 	o := r.f.sc.Policies.FeedbackLoop
