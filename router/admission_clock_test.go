@@ -68,3 +68,40 @@ func TestAdmissionWithoutHandler(t *testing.T) {
 		t.Fatal("a successful probe did not restore the engine")
 	}
 }
+
+// TestPickFallback: with the weighted engine skipped, a request goes to a
+// spare engine of weight zero that is not skipped; with none, to an
+// ejected engine rather than nowhere; an engine marked down never.
+func TestPickFallback(t *testing.T) {
+	now := time.Unix(1000, 0)
+	set := NewLiveSetClock(func() time.Time { return now })
+	b := set.Bind(mustTable(t, []Engine{{Name: "a", Weight: 1}, {Name: "b"}}, TableOptions{}))
+	ia, _ := b.Table().Index("a")
+	ib, okb := b.Table().Index("b")
+	if !okb {
+		t.Fatal("the engine of weight zero is not in the table")
+	}
+	for range DefaultEjectAfter {
+		b.Live(ia).Record(false, false, now, EjectOptions{})
+	}
+	for _, tc := range []struct {
+		name         string
+		downB        bool
+		want         int
+		wantFallback bool
+		wantOK       bool
+	}{
+		{"spare engine", false, ib, false, true},
+		{"ejected engine rather than none", true, ia, true, true},
+	} {
+		set.SetDown("b", tc.downB)
+		idx, fallback, ok := b.PickFallback(42, []string{"b"})
+		if ok != tc.wantOK || (ok && (idx != tc.want || fallback != tc.wantFallback)) {
+			t.Errorf("%s: PickFallback = %d, %v, %v; want %d, %v, %v", tc.name, idx, fallback, ok, tc.want, tc.wantFallback, tc.wantOK)
+		}
+	}
+	set.SetDown("a", true)
+	if idx, _, ok := b.PickFallback(42, []string{"b"}); ok {
+		t.Errorf("picked %d with every engine down", idx)
+	}
+}

@@ -545,11 +545,7 @@ func (h *Handler) route(ctx context.Context, req *Request, session string, prio 
 		idx, ok = table.PickRecent(key, bound, ms.recent)
 	}
 	if !ok {
-		idx, ok = rt.spareEngine(func(j int) bool { return !bound.Down(j) })
-	}
-	if !ok {
-		idx, ok = table.Pick(key, hardDown{bound})
-		rt.fallback = true
+		idx, rt.fallback, ok = bound.PickFallback(key, rt.spare)
 	}
 	if !ok {
 		rt.release()

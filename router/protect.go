@@ -606,12 +606,6 @@ func (c *RetryCandidates) Next(tried []int, failed int) (int, bool) {
 	return spareEngine(c.Table, c.Spare, usable)
 }
 
-// spareEngine returns the first of the snapshot's spare engines (weight
-// zero, nearest first) in rt's table that ok accepts.
-func (rt *routed) spareEngine(ok func(j int) bool) (int, bool) {
-	return spareEngine(rt.table, rt.spare, ok)
-}
-
 // spareEngine returns the first of spare (engine names) in t that ok accepts.
 func spareEngine(t *Table, spare []string, ok func(j int) bool) (int, bool) {
 	for _, name := range spare {
