@@ -113,8 +113,9 @@ func (gs *guards) signalled(r *run) {
 // admitAndPick routes request q of cluster c as the router does: the
 // snapshot's shed fraction and the admission control, then Table.PickRecent
 // with the router's RecentKeys when it has an affinity key, else
-// Table.PickTwo on a spread key, under the router's bound-load guard. It
-// returns the engine index, or -1 when the request is shed.
+// Table.PickTwo on a spread key, under the router's bound-load guard, and
+// Bound.PickFallback when every weighted engine is skipped. It returns the
+// engine index, or -1 when the request is shed (or no engine is up).
 func (gs *guards) admitAndPick(r *run, c int, q int32, a *scenario.Arrival) int {
 	g := &gs.routers[c]
 	if g.bound == nil {
@@ -139,6 +140,9 @@ func (gs *guards) admitAndPick(r *run, c int, q int32, a *scenario.Arrival) int 
 		i, ok = t.PickTwo(key, g.bound)
 	} else {
 		i, ok = t.PickRecent(key, g.bound, g.recent)
+	}
+	if !ok {
+		i, _, ok = g.bound.PickFallback(key, g.figures.Spare)
 	}
 	if !ok {
 		g.adm.Done()
