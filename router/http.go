@@ -137,11 +137,10 @@ type Handler struct {
 
 // modelState is the router's live state for one model.
 type modelState struct {
-	live     *LiveSet
-	recent   *RecentKeys // where this router sent each affinity key lately
-	bound    atomic.Pointer[Bound]
-	mix      guard.PriorityMix
-	admitted atomic.Int64 // admitted requests not yet answered
+	live   *LiveSet
+	recent *RecentKeys // where this router sent each affinity key lately
+	bound  atomic.Pointer[Bound]
+	adm    *Admission
 	// met holds the model's metric children, made on first use.
 	met atomic.Pointer[modelMetrics]
 }
@@ -266,7 +265,8 @@ func (h *Handler) model(name string) *modelState {
 	}
 	live := NewLiveSet(h.opts.Now)
 	live.resolve, live.model = h.opts.Endpoints, name
-	v, _ := h.models.LoadOrStore(name, &modelState{live: live, recent: newRecentKeys(DefaultRecentKeys)})
+	v, _ := h.models.LoadOrStore(name, &modelState{live: live, recent: newRecentKeys(DefaultRecentKeys),
+		adm: &Admission{prot: h.prot}})
 	return v.(*modelState)
 }
 
@@ -444,11 +444,7 @@ func (h *Handler) route(ctx context.Context, req *protocol.Request, session stri
 		idx, ok = table.PickRecent(key, bound, ms.recent)
 	}
 	if !ok {
-		idx, ok = rt.spareEngine(func(j int) bool { return !bound.Down(j) })
-	}
-	if !ok {
-		idx, ok = table.Pick(key, hardDown{bound})
-		rt.fallback = true
+		idx, rt.fallback, ok = bound.PickFallback(key, rt.spare)
 	}
 	if !ok {
 		rt.release()
