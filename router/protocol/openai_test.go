@@ -77,6 +77,26 @@ func TestParseRequest(t *testing.T) {
 		{name: "prompt float tokens", ep: EndpointCompletions, body: `{"model":"m","prompt":[1.5]}`, wantErr: true, wantParam: "prompt"},
 		{name: "prompt empty array", ep: EndpointCompletions, body: `{"model":"m","prompt":[]}`, wantErr: true, wantParam: "prompt"},
 		{name: "messages on completions", ep: EndpointCompletions, body: `{"model":"m","messages":[]}`, wantErr: true, wantParam: "messages"},
+		{name: "responses", ep: EndpointResponses, body: `{"model":"m","instructions":"be brief","conversation":{"id":"c1"},"previous_response_id":"r1",` +
+			`"input":[{"role":"developer","content":"d"},{"type":"reasoning"},{"role":"user","content":[{"type":"input_image"},{"type":"input_text","text":"q"}]}]}`,
+			check: func(t *testing.T, r *Request) {
+				// Kept: instructions as the system message, then the first user message.
+				if r.Conversation != "c1" || r.PreviousResponseID != "r1" || len(r.Messages) != 2 || r.Messages[0].Text[0] != "be brief" || r.Messages[1].Text[0] != "q" {
+					t.Errorf("parsed %+v", r)
+				}
+			}},
+		{name: "responses bad part", ep: EndpointResponses, body: `{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":1}]}]}`, wantErr: true, wantParam: "input[0].content[0].text"},
+		{name: "responses instructions number", ep: EndpointResponses, body: `{"model":"m","instructions":1}`, wantErr: true, wantParam: "instructions"},
+		{name: "responses previous empty", ep: EndpointResponses, body: `{"model":"m","previous_response_id":""}`, wantErr: true, wantParam: "previous_response_id"},
+		{name: "embeddings strings", ep: EndpointEmbeddings, body: `{"model":"m","input":["a","b"]}`,
+			check: func(t *testing.T, r *Request) {
+				if len(r.Prompts) != 1 || r.Prompts[0] != "a" {
+					t.Errorf("prompts %v", r.Prompts)
+				}
+			}},
+		{name: "embeddings chat form", ep: EndpointEmbeddings, body: `{"model":"m","messages":[{"role":"user","content":"x"}]}`},
+		{name: "embeddings input object", ep: EndpointEmbeddings, body: `{"model":"m","input":{"a":1}}`, wantErr: true, wantParam: "input"},
+		{name: "embeddings dimensions float", ep: EndpointEmbeddings, body: `{"model":"m","input":"x","dimensions":1.5}`, wantErr: true, wantParam: "dimensions"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -132,15 +152,19 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"m","prompt":[[]]}`,
 		"\xff{",
 	}
+	seeds = append(seeds,
+		`{"model":"m","input":"hi","instructions":"be brief","previous_response_id":"resp_1","conversation":{"id":"c"}}`,
+		`{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"x"}]},{"type":"function_call_output"}]}`,
+		`{"model":"m","input":[{"role":3}],"max_output_tokens":2}`,
+		`{"model":"m","input":[[1,2],[3]],"dimensions":4}`,
+		`{"model":"m","input":"x","stream":true}`)
 	for _, s := range seeds {
-		f.Add(s, false)
-		f.Add(s, true)
-	}
-	f.Fuzz(func(t *testing.T, body string, completions bool) {
-		ep := EndpointChat
-		if completions {
-			ep = EndpointCompletions
+		for ep := range uint8(len(endpointPaths)) {
+			f.Add(s, ep)
 		}
+	}
+	f.Fuzz(func(t *testing.T, body string, epn uint8) {
+		ep := Endpoint(epn % uint8(len(endpointPaths)))
 		req, err := ParseRequest(ep, []byte(body))
 		if err != nil {
 			ae, ok := err.(*APIError)
