@@ -436,7 +436,7 @@ func (h *Handler) route(ctx context.Context, req *protocol.Request, session stri
 	if apiErr != nil {
 		return nil, apiErr
 	}
-	rt := &routed{model: req.Model, table: table, bound: bound, ms: ms, key: key, src: src, prio: prio}
+	rt := &routed{model: req.Model, table: table, bound: bound, ms: ms, key: key, src: src, prio: prio, ep: req.Endpoint}
 	if info.Figures != nil {
 		rt.spare = info.Figures.Spare
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -220,6 +221,47 @@ func TestOpenAISurfaceAffinity(t *testing.T) {
 				t.Errorf("20 identical embeddings went to %v; want both engines (no affinity)", seen)
 			}
 		})
+	})
+}
+
+// TestOpenAISurfaceResponseChains checks that a request continuing a
+// response (previous_response_id, the id the engine answered with) goes to
+// the engine that made it, which keeps it: 8 chains of 5 turns, each turn
+// naming the previous turn's id, streamed and not, over two engines.
+func TestOpenAISurfaceResponseChains(t *testing.T) {
+	forEachServer(t, func(t *testing.T, kind ServerKind) {
+		base := serveSimEngines(t, kind)
+		c := testClient(t)
+		idOf := regexp.MustCompile(`"id":"(resp_[^"]+)"`)
+		for _, stream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+				seen := map[string]bool{}
+				for chain := range 8 {
+					prev, first := "", ""
+					for turn := range 5 {
+						body := fmt.Sprintf(`{"model":"m1","input":"chain %d turn %d","stream":%v}`, chain, turn, stream)
+						if prev != "" {
+							body = fmt.Sprintf(`{"model":"m1","previous_response_id":%q,"input":"turn %d","stream":%v}`, prev, turn, stream)
+						}
+						status, engine, answer := call(t, c, http.MethodPost, base+"/v1/responses", body)
+						m := idOf.FindSubmatch(answer)
+						if status != http.StatusOK || m == nil {
+							t.Fatalf("status %d answer %s", status, answer)
+						}
+						if first == "" {
+							first = engine
+						} else if engine != first {
+							t.Fatalf("chain %d turn %d (previous_response_id %s) went to %s; the response was made on %s", chain, turn, prev, engine, first)
+						}
+						prev = string(m[1])
+					}
+					seen[first] = true
+				}
+				if len(seen) != 2 {
+					t.Errorf("8 chains all started on %v; want both engines used", seen)
+				}
+			})
+		}
 	})
 }
 

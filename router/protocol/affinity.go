@@ -42,6 +42,18 @@ const (
 	seedPrefix  = 0x9e3f_1c00_d0d0_0003
 )
 
+// SessionKey is the affinity key of a session id (the x-session-id header,
+// a prompt_cache_key, a Responses API conversation or response id): the
+// key AffinityKey gives a request naming it. The router remembers where
+// each Responses API answer was made under SessionKey of its id, so that a
+// request continuing it (previous_response_id) goes to the engine that
+// holds it.
+func SessionKey(id string) uint64 {
+	h := selection.NewHasher(seedSession, len(id))
+	h.WriteString(id)
+	return h.Sum()
+}
+
 // AffinityKey returns the selection key of a request and its source: the
 // x-session-id header value when non-empty, else the prompt_cache_key,
 // else (Responses API) the conversation id, else the previous_response_id
@@ -66,9 +78,7 @@ func AffinityKey(sessionID string, req *Request) (uint64, KeySource) {
 		}
 	}
 	if sessionID != "" {
-		h := selection.NewHasher(seedSession, len(sessionID))
-		h.WriteString(sessionID)
-		return h.Sum(), KeySession
+		return SessionKey(sessionID), KeySession
 	}
 	if req == nil {
 		return 0, KeyNone

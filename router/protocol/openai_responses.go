@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"bytes"
 	"encoding/json"
 )
 
@@ -51,6 +52,44 @@ func parseResponses(raw *rawRequest, req *Request) error {
 	msgs, _, err := scanMessages(raw.Input, "input", req.Messages)
 	req.Messages = msgs
 	return err
+}
+
+// maxResponseIDLen bounds a response id ResponseID accepts: ids are some
+// 30 to 60 characters; a longer value is no id.
+const maxResponseIDLen = 256
+
+// ResponseID returns the id of a Responses API answer from its first
+// bytes: the value of the first "id" member, which is the response's own
+// in both forms an engine answers with (a response object, whose first
+// member is its id, and a stream, whose first event, response.created,
+// carries the response object). A quote inside a JSON string is escaped,
+// so the first unescaped "id" followed by a colon is a member name. ok is
+// false when b holds no complete id.
+func ResponseID(b []byte) (string, bool) {
+	for i := 0; i+4 < len(b); i++ {
+		j := bytes.Index(b[i:], []byte(`"id"`))
+		if j < 0 {
+			return "", false
+		}
+		i += j
+		if i > 0 && b[i-1] == '\\' {
+			continue
+		}
+		k := skipWS(b, i+4)
+		if k >= len(b) || b[k] != ':' {
+			continue
+		}
+		k = skipWS(b, k+1)
+		if k >= len(b) || b[k] != '"' {
+			return "", false
+		}
+		end := stringEnd(b, k)
+		if end > len(b) || end-k < 3 || b[end-1] != '"' || end-k > maxResponseIDLen+2 {
+			return "", false
+		}
+		return decodeString(b[k:end])
+	}
+	return "", false
 }
 
 // parseConversation reads the Responses API conversation: a non-empty

@@ -201,3 +201,45 @@ func FuzzParseRequest(f *testing.F) {
 		}
 	})
 }
+
+func TestResponseID(t *testing.T) {
+	cases := []struct {
+		name, in, want string
+		ok             bool
+	}{
+		{"response object", `{"id":"resp_1","object":"response","output":[{"id":"msg_1"}]}`, "resp_1", true},
+		{"spaces", `{ "id" : "resp_2" }`, "resp_2", true},
+		{"stream's first event", "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_3\",\"object\":\"response\"}}\n\n", "resp_3", true},
+		{"quoted id in a string first", `{"instructions":"say \"id\": \"x\"","id":"resp_4"}`, "resp_4", true},
+		{"id not a member", `{"ids":"x","id" "y"}`, "", false},
+		{"truncated", `{"id":"resp_5`, "", false},
+		{"truncated after an escape", `{"id":"resp_6\"`, "", false},
+		{"empty", `{"id":""}`, "", false},
+		{"number", `{"id":5}`, "", false},
+		{"none", `{"object":"response"}`, "", false},
+		{"too long", `{"id":"` + strings.Repeat("r", maxResponseIDLen+1) + `"}`, "", false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, ok := ResponseID([]byte(c.in))
+			if got != c.want || ok != c.ok {
+				t.Errorf("ResponseID(%q) = %q, %v; want %q, %v", c.in, got, ok, c.want, c.ok)
+			}
+		})
+	}
+}
+
+func FuzzResponseID(f *testing.F) {
+	for _, s := range []string{`{"id":"resp_1"}`, "data: {\"response\":{\"id\":\"r\"}}", `{"id":"\u0041"}`, `"id"`, `{"id":"x\"`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		id, ok := ResponseID([]byte(s))
+		if ok != (id != "") || len(id) > 6*maxResponseIDLen {
+			t.Fatalf("ResponseID(%q) = %q, %v", s, id, ok)
+		}
+		if ok && !strings.Contains(s, `"id"`) {
+			t.Fatalf("ResponseID(%q) found %q with no id member", s, id)
+		}
+	})
+}
