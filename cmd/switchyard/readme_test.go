@@ -93,6 +93,8 @@ var readmeChecks = []readmeCheck{
 	{prefix: "switchyard up", server: true},
 	{prefix: "go test ", skip: "the test suite itself"},
 	{prefix: "curl -s http://127.0.0.1:8082/v1/chat/completions", want: []string{`(?m)^data: \{.*"chat\.completion\.chunk"`, `(?m)^data: \[DONE\]$`}},
+	{prefix: "curl -s http://127.0.0.1:8082/v1/responses", want: []string{`"object":"response"`, `"status":"completed"`, `"type":"output_text"`}},
+	{prefix: "curl -s http://127.0.0.1:8082/v1/models/llama", want: []string{`^\{"id":"llama","object":"model","created":[1-9]\d*,`}},
 	{prefix: "switchyard load --url http://127.0.0.1:8082", want: []string{`requests \d+ in .*: ok [1-9]\d*, errors 0`, `(?m)^  engine-[abc] +\d`}},
 	{prefix: "switchyard engine inject engine-b --error-rate 1", want: []string{`engine engine-b failure injection now: .*"error_rate":1`}},
 	{prefix: "switchyard engine list", poll: true, want: []string{`STATE`, `(?m)^llama +engine-b +(ejected|degraded)`}},
