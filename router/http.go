@@ -143,6 +143,9 @@ type modelState struct {
 	adm    *Admission
 	// met holds the model's metric children, made on first use.
 	met atomic.Pointer[modelMetrics]
+	// created is when the router first saw the model (Unix seconds): the
+	// created of its /v1/models entry, stable for the process's life.
+	created int64
 }
 
 // NewHandler returns a Handler for opts. It fails when Tables is nil or the
@@ -198,13 +201,12 @@ func NewHandler(opts Options) (*Handler, error) {
 		amp:     amp,
 	}
 	h.promHTTP = promhttp.HandlerFor(opts.Metrics, promhttp.HandlerOpts{Registry: opts.Registry})
-	h.mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
-		h.serveStd(w, r, protocol.EndpointChat)
-	})
-	h.mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) {
-		h.serveStd(w, r, protocol.EndpointCompletions)
-	})
+	for _, ep := range [...]protocol.Endpoint{protocol.EndpointChat, protocol.EndpointCompletions,
+		protocol.EndpointResponses, protocol.EndpointEmbeddings} {
+		h.mux.HandleFunc(ep.Path(), func(w http.ResponseWriter, r *http.Request) { h.serveStd(w, r, ep) })
+	}
 	h.mux.HandleFunc("/v1/models", h.serveModels)
+	h.mux.HandleFunc("/v1/models/{id...}", h.serveModel)
 	h.mux.HandleFunc("/healthz", h.serveHealth)
 	h.mux.HandleFunc("/readyz", h.serveReady)
 	h.mux.Handle("/metrics", h.promHTTP)
@@ -266,7 +268,7 @@ func (h *Handler) model(name string) *modelState {
 	live := NewLiveSet(h.opts.Now)
 	live.resolve, live.model = h.opts.Endpoints, name
 	v, _ := h.models.LoadOrStore(name, &modelState{live: live, recent: newRecentKeys(DefaultRecentKeys),
-		adm: &Admission{prot: h.prot}})
+		adm: &Admission{prot: h.prot}, created: h.opts.Now().Unix()})
 	return v.(*modelState)
 }
 
@@ -433,7 +435,7 @@ func (h *Handler) route(ctx context.Context, req *protocol.Request, session stri
 	if apiErr != nil {
 		return nil, apiErr
 	}
-	rt := &routed{model: req.Model, table: table, bound: bound, ms: ms, key: key, src: src, prio: prio}
+	rt := &routed{model: req.Model, table: table, bound: bound, ms: ms, key: key, src: src, prio: prio, ep: req.Endpoint}
 	if info.Figures != nil {
 		rt.spare = info.Figures.Spare
 	}

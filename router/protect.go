@@ -139,6 +139,7 @@ type routed struct {
 	key      uint64
 	src      protocol.KeySource
 	prio     protocol.Priority
+	ep       protocol.Endpoint
 	spare    []string // the snapshot's engines of weight zero, nearest first (Figures.Spare)
 	fallback bool     // every engine was ejected: ejections are ignored
 }
@@ -440,6 +441,14 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 				// serves it now holds its newest prefix, so the key's
 				// next requests follow it there.
 				rt.ms.recent.rememberName(rt.key, eng.Name)
+			}
+			if rt.ep == protocol.EndpointResponses {
+				// The engine keeps the response it makes (and its
+				// context): a request continuing it names its id as
+				// previous_response_id, and goes where it was made.
+				if id, ok := protocol.ResponseID(first); ok {
+					rt.ms.recent.rememberName(protocol.SessionKey(id), eng.Name)
+				}
 			}
 			// A half-open probe succeeds as soon as the engine answers, not
 			// when a long stream ends; other attempts count at their end,

@@ -397,8 +397,13 @@ func (c *prefixCache) observe(tokens []uint32) (hitTokens int) {
 // promptText is the text Tokenize reads for a request (see Tokenize).
 func promptText(req *apiRequest, ep endpoint) string {
 	var b strings.Builder
-	if ep == completionEndpoint {
+	switch ep {
+	case completionEndpoint:
 		b.WriteString(rawText(req.Prompt))
+		return b.String()
+	case responsesEndpoint, embeddingsEndpoint:
+		b.WriteString(req.Instructions)
+		b.WriteString(rawText(req.Input))
 		return b.String()
 	}
 	for _, m := range req.Messages {
