@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -27,6 +28,8 @@ func TestServiceOptionsValidate(t *testing.T) {
 		{"bad router name", ServiceOptions{Cluster: "A", Router: "r 1"}, "ServiceOptions.Router", messages.ErrInvalid},
 		{"bad RTT probe", ServiceOptions{Cluster: "A", RTTProbe: "icmp"}, "ServiceOptions.RTTProbe", ErrBadRTTProbe},
 		{"negative routers", ServiceOptions{Cluster: "A", Protection: ProtectionOptions{Routers: -2}}, "ServiceOptions.Protection.Routers", ErrBadOption},
+		{"negative slot headroom", ServiceOptions{Cluster: "A", Protection: ProtectionOptions{SlotHeadroom: -0.5}}, "ServiceOptions.Protection.SlotHeadroom", ErrBadOption},
+		{"no slot headroom", ServiceOptions{Cluster: "A", Protection: ProtectionOptions{NoSlotHeadroom: true}}, "", nil},
 		{"wrapped registerer without metrics", ServiceOptions{Cluster: "A", Registry: wrapped}, "ServiceOptions.Metrics", ErrBadOption},
 		{"wrapped registerer with metrics", ServiceOptions{Cluster: "A", Registry: wrapped, Metrics: reg}, "", nil},
 	} {
@@ -79,5 +82,20 @@ func TestHandlerSharedRegistry(t *testing.T) {
 				t.Errorf("handler %d: /metrics lacks cluster %s's series", i, c)
 			}
 		}
+	}
+}
+
+// TestProtectionDefaultsIdempotent: filling the defaults twice gives what
+// filling them once gives, so options defaulted by one layer can be handed
+// to another (the Handler's admission, the simulator's).
+func TestProtectionDefaultsIdempotent(t *testing.T) {
+	for _, o := range []ProtectionOptions{{}, {NoSlotHeadroom: true}, {SlotHeadroom: 0.5}, {SlotHeadroom: -1}, {Routers: 3, MaxAttempts: 2}} {
+		once := o.withDefaults()
+		if twice := once.withDefaults(); !reflect.DeepEqual(once, twice) {
+			t.Errorf("%+v: defaults once %+v, twice %+v", o, once, twice)
+		}
+	}
+	if h := (ProtectionOptions{NoSlotHeadroom: true}).withDefaults().SlotHeadroom; h != 0 {
+		t.Errorf("NoSlotHeadroom: SlotHeadroom %v after defaults, want 0", h)
 	}
 }

@@ -62,8 +62,8 @@ type ProtectionOptions struct {
 	RetryAfter time.Duration
 	// SlotHeadroom is how much more than the snapshot plans to serve the
 	// router lets through to the capacity allotment (CapacityAllotment)
-	// while the snapshot sheds (default DefaultSlotHeadroom; negative:
-	// none): the snapshot's shed fraction s is enforced as RelaxedShed(s,
+	// while the snapshot sheds (default DefaultSlotHeadroom; NoSlotHeadroom
+	// for none): the snapshot's shed fraction s is enforced as RelaxedShed(s,
 	// SlotHeadroom) while the batch slots of an engine of the model are
 	// known from its signals. A fluid plan that fills the engines exactly,
 	// admitted through a bound on batch slots, would serve less than their
@@ -71,6 +71,9 @@ type ProtectionOptions struct {
 	// slot is shed, an Erlang loss); the headroom keeps the slots full and
 	// the allotment sheds the rest at once, sheddable requests first.
 	SlotHeadroom float64
+	// NoSlotHeadroom enforces the snapshot's shed fractions as planned,
+	// with no headroom for the capacity allotment.
+	NoSlotHeadroom bool
 }
 
 func (o ProtectionOptions) withDefaults() ProtectionOptions {
@@ -98,10 +101,10 @@ func (o ProtectionOptions) withDefaults() ProtectionOptions {
 		o.RetryAfter = DefaultRetryAfter
 	}
 	switch {
+	case o.NoSlotHeadroom:
+		o.SlotHeadroom = 0
 	case o.SlotHeadroom == 0:
 		o.SlotHeadroom = guard.DefaultSlotHeadroom
-	case o.SlotHeadroom < 0:
-		o.SlotHeadroom = 0
 	}
 	return o
 }

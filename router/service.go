@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"sync"
@@ -164,6 +165,9 @@ func (o ServiceOptions) Validate() error {
 	}
 	if o.Protection.Routers < 0 {
 		return fmt.Errorf("%w: ServiceOptions.Protection.Routers is %d: a cluster has at least one router (0: the default, 1)", ErrBadOption, o.Protection.Routers)
+	}
+	if h := o.Protection.SlotHeadroom; h < 0 || math.IsNaN(h) || math.IsInf(h, 0) {
+		return fmt.Errorf("%w: ServiceOptions.Protection.SlotHeadroom is %v: want 0 (the default) or more; Protection.NoSlotHeadroom turns it off", ErrBadOption, h)
 	}
 	if o.Registry != nil && o.Metrics == nil {
 		if _, ok := o.Registry.(prometheus.Gatherer); !ok {
