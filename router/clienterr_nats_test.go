@@ -15,6 +15,7 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/protocol"
+	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
@@ -52,8 +53,8 @@ func TestNATSEngineClientErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	tables := router.NewStaticTables()
-	tb, err := router.NewTable([]router.Engine{{Name: "e0", Subject: "sy.infer.m.e0", Weight: 0.5},
-		{Name: "e1", Subject: "sy.infer.m.e1", Weight: 0.5}}, router.TableOptions{})
+	tb, err := selection.NewTable([]selection.Engine{{Name: "e0", Subject: "sy.infer.m.e0", Weight: 0.5},
+		{Name: "e1", Subject: "sy.infer.m.e1", Weight: 0.5}}, selection.TableOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 func TestStatusResult(t *testing.T) {
@@ -142,8 +143,8 @@ func TestClientErrorsNotBlamed(t *testing.T) {
 				good := newStatusEngine(t, "e1", http.StatusOK)
 				front := func(prot ProtectionOptions) (*pfront, *outcomeRecorder) {
 					tables := NewStaticTables()
-					table := mustTable(t, []Engine{{Name: "e0", URL: bad.srv.URL, Weight: 0.5},
-						{Name: "e1", URL: good.srv.URL, Weight: 0.5}}, TableOptions{})
+					table := mustTable(t, []selection.Engine{{Name: "e0", URL: bad.srv.URL, Weight: 0.5},
+						{Name: "e1", URL: good.srv.URL, Weight: 0.5}}, selection.TableOptions{})
 					tables.Set("m", table, Info{Generation: 1, Mode: ModeSnapshot, Created: time.Now()})
 					rec := &outcomeRecorder{}
 					h, err := NewHandler(Options{Tables: tables, Cluster: "A", Observer: rec, Protection: prot})

@@ -63,7 +63,7 @@ type Info struct {
 type Tables interface {
 	// Table returns the table installed for model, its info, and whether the
 	// model is served.
-	Table(model string) (*Table, Info, bool)
+	Table(model string) (*selection.Table, Info, bool)
 	// Models returns the served models.
 	Models() []string
 }
@@ -138,7 +138,7 @@ type Handler struct {
 // modelState is the router's live state for one model.
 type modelState struct {
 	live     *LiveSet
-	recent   *RecentKeys // where this router sent each affinity key lately
+	recent   *selection.RecentKeys // where this router sent each affinity key lately
 	bound    atomic.Pointer[Bound]
 	mix      guard.PriorityMix
 	admitted atomic.Int64 // admitted requests not yet answered
@@ -266,12 +266,13 @@ func (h *Handler) model(name string) *modelState {
 	}
 	live := NewLiveSet(h.opts.Now)
 	live.resolve, live.model = h.opts.Endpoints, name
-	v, _ := h.models.LoadOrStore(name, &modelState{live: live, recent: newRecentKeys(DefaultRecentKeys)})
+	recent, _ := selection.NewRecentKeys(selection.DefaultRecentKeys) // a valid size: never fails
+	v, _ := h.models.LoadOrStore(name, &modelState{live: live, recent: recent})
 	return v.(*modelState)
 }
 
 // bind returns the Guard of model bound to t, rebinding when t is new.
-func (h *Handler) bind(model string, t *Table) *Bound {
+func (h *Handler) bind(model string, t *selection.Table) *Bound {
 	ms := h.model(model)
 	if b := ms.bound.Load(); b != nil && b.Table() == t {
 		return b

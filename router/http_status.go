@@ -103,7 +103,7 @@ func (h *Handler) Readiness() Readiness {
 		if !ok {
 			continue
 		}
-		mr := ModelReadiness{Mode: info.Mode, Generation: info.Generation, Engines: len(t.active), Shed: 1 - t.Weight()}
+		mr := ModelReadiness{Mode: info.Mode, Generation: info.Generation, Engines: len(t.Active()), Shed: 1 - t.Weight()}
 		if !info.Created.IsZero() {
 			age := now.Sub(info.Created).Seconds()
 			mr.SnapshotAgeSeconds = &age

@@ -16,6 +16,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/protocol"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // UpstreamRequest is a request as the router forwards it to an engine.
@@ -51,7 +52,7 @@ type UpstreamResponse struct {
 type Transport interface {
 	// Forward sends req to engine and returns the engine's response once its
 	// status is known; the body may still be streaming.
-	Forward(ctx context.Context, engine Engine, req *UpstreamRequest) (*UpstreamResponse, error)
+	Forward(ctx context.Context, engine selection.Engine, req *UpstreamRequest) (*UpstreamResponse, error)
 }
 
 // HTTPTransportOptions tunes NewHTTPTransport. Zero fields take defaults.
@@ -122,7 +123,7 @@ func (t *HTTPTransport) pool(base string) *upstreamPool {
 var errNotPlainHTTP = errors.New("not a plain http URL")
 
 // Forward posts req.Body to engine.URL + the endpoint's path.
-func (t *HTTPTransport) Forward(ctx context.Context, engine Engine, req *UpstreamRequest) (*UpstreamResponse, error) {
+func (t *HTTPTransport) Forward(ctx context.Context, engine selection.Engine, req *UpstreamRequest) (*UpstreamResponse, error) {
 	if engine.URL == "" {
 		return nil, fmt.Errorf("router: forward to engine %q: no HTTP URL", engine.Name)
 	}
@@ -160,7 +161,7 @@ func (t *HTTPTransport) maybeSweep() {
 }
 
 // forwardStd forwards over net/http's Transport (https engines).
-func (t *HTTPTransport) forwardStd(ctx context.Context, engine Engine, req *UpstreamRequest) (*UpstreamResponse, error) {
+func (t *HTTPTransport) forwardStd(ctx context.Context, engine selection.Engine, req *UpstreamRequest) (*UpstreamResponse, error) {
 	rt := t.std.Load()
 	if rt == nil {
 		rt = &http.Transport{

@@ -4,6 +4,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // EngineLive is a router's live state of one engine for one model: its
@@ -114,7 +116,7 @@ func (s *LiveSet) SetEndpoints(name string, ep Endpoints) {
 func (s *LiveSet) TotalInFlight() int64 { return s.total.Load() }
 
 // Bind returns a Guard for table t over this set's engine states.
-func (s *LiveSet) Bind(t *Table) *Bound {
+func (s *LiveSet) Bind(t *selection.Table) *Bound {
 	b := &Bound{set: s, table: t, engines: make([]*EngineLive, t.Len())}
 	if s.resolve != nil {
 		b.static = make([]bool, t.Len())
@@ -139,14 +141,14 @@ func (s *LiveSet) Bind(t *Table) *Bound {
 // with the counters a request updates around its forwarding.
 type Bound struct {
 	set     *LiveSet
-	table   *Table
+	table   *selection.Table
 	engines []*EngineLive
 	static  []bool                    // the table gives engine i an address; nil when every engine is addressable
 	times   atomic.Pointer[slotTimes] // SlotTimes' newest answer
 }
 
 // Table returns the table b is bound to.
-func (b *Bound) Table() *Table { return b.table }
+func (b *Bound) Table() *selection.Table { return b.table }
 
 // Down reports whether engine i of the table must be skipped: marked down,
 // without an address (see Reachable), ejected by the fast local skip (see

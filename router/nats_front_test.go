@@ -11,6 +11,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
@@ -50,7 +51,7 @@ func TestNATSFrontConcurrencyLimit(t *testing.T) {
 
 	nc := env.Dial(t, "router")
 	tables := router.NewStaticTables()
-	tb, err := router.NewTable([]router.Engine{{Name: "e1", Subject: "sy.infer.m.e1", Weight: 1}}, router.TableOptions{})
+	tb, err := selection.NewTable([]selection.Engine{{Name: "e1", Subject: "sy.infer.m.e1", Weight: 1}}, selection.TableOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/protocol"
+	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
@@ -349,7 +350,7 @@ func TestNATSTransportFailures(t *testing.T) {
 
 	// Nobody listens: a fast error, not a timeout.
 	start := time.Now()
-	if _, err := tr.Forward(ctx, router.Engine{Name: "gone", Subject: "sy.infer.m.gone"}, req); err == nil ||
+	if _, err := tr.Forward(ctx, selection.Engine{Name: "gone", Subject: "sy.infer.m.gone"}, req); err == nil ||
 		!strings.Contains(err.Error(), "no responders") || time.Since(start) > 150*time.Millisecond {
 		t.Fatalf("no responders: err %v after %v", err, time.Since(start))
 	}
@@ -364,7 +365,7 @@ func TestNATSTransportFailures(t *testing.T) {
 		t.Fatal(err)
 	}
 	start = time.Now()
-	if _, err := tr.Forward(ctx, router.Engine{Name: "mute", Subject: "sy.infer.m.mute"}, req); err == nil ||
+	if _, err := tr.Forward(ctx, selection.Engine{Name: "mute", Subject: "sy.infer.m.mute"}, req); err == nil ||
 		time.Since(start) < 200*time.Millisecond || time.Since(start) > 2*time.Second {
 		t.Fatalf("mute engine: err %v after %v", err, time.Since(start))
 	}
@@ -391,13 +392,13 @@ func TestNATSTransportFailures(t *testing.T) {
 	}
 	bad := *req
 	bad.Body = []byte(chatJSON("m", true, "bad"))
-	resp, err := tr.Forward(ctx, router.Engine{Name: "e", Subject: "sy.infer.m.e"}, &bad)
+	resp, err := tr.Forward(ctx, selection.Engine{Name: "e", Subject: "sy.infer.m.e"}, &bad)
 	if err != nil || resp.Status != 429 {
 		t.Fatalf("engine error: %v, %+v", err, resp)
 	}
 	_ = resp.Body.Close()
 	cctx, cancel := context.WithCancel(ctx)
-	resp, err = tr.Forward(cctx, router.Engine{Name: "e", Subject: "sy.infer.m.e"}, req)
+	resp, err = tr.Forward(cctx, selection.Engine{Name: "e", Subject: "sy.infer.m.e"}, req)
 	if err != nil || resp.Status != 200 {
 		t.Fatalf("stalling stream: %v", err)
 	}

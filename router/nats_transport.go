@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // NATSTransportOptions tunes NewNATSTransport. Conn is required.
@@ -66,7 +67,7 @@ var errNoResponders = errors.New("no responders on the engine's NATS subject")
 
 // Forward publishes req to engine.Subject and returns once the first reply
 // has arrived.
-func (t *NATSTransport) Forward(ctx context.Context, engine Engine, req *UpstreamRequest) (*UpstreamResponse, error) {
+func (t *NATSTransport) Forward(ctx context.Context, engine selection.Engine, req *UpstreamRequest) (*UpstreamResponse, error) {
 	if engine.Subject == "" {
 		return nil, fmt.Errorf("router: forward to engine %q: no NATS subject", engine.Name)
 	}
@@ -248,7 +249,7 @@ type TransportPolicy struct {
 
 // Forward resolves engine's endpoints and forwards req on the chosen
 // transport.
-func (p *TransportPolicy) Forward(ctx context.Context, engine Engine, req *UpstreamRequest) (*UpstreamResponse, error) {
+func (p *TransportPolicy) Forward(ctx context.Context, engine selection.Engine, req *UpstreamRequest) (*UpstreamResponse, error) {
 	if p.Endpoints != nil {
 		if ep, ok := p.Endpoints.Endpoints(req.Model, engine.Name); ok {
 			if ep.URL != "" {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
@@ -254,7 +255,7 @@ func TestNATSFrontRecoversPanic(t *testing.T) {
 	nc := env.Dial(t, "router")
 	tables := router.NewStaticTables()
 	for _, model := range []string{"m", "boom"} {
-		tb, err := router.NewTable([]router.Engine{{Name: "e1", Subject: "sy.infer.m.e1", Weight: 1}}, router.TableOptions{})
+		tb, err := selection.NewTable([]selection.Engine{{Name: "e1", Subject: "sy.infer.m.e1", Weight: 1}}, selection.TableOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}

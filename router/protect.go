@@ -12,6 +12,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/router/protocol"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // Defaults of ProtectionOptions.
@@ -131,7 +132,7 @@ const admissionUtilisation = 0.9
 // routed is a request the router admitted and picked a first engine for.
 type routed struct {
 	model    string
-	table    *Table
+	table    *selection.Table
 	bound    *Bound
 	ms       *modelState
 	idx      int
@@ -256,7 +257,7 @@ var errClientGone = errors.New("client went away")
 // is relayed to the client. finish must be called when the relay ends.
 type attempt struct {
 	idx      int
-	engine   Engine
+	engine   selection.Engine
 	resp     *UpstreamResponse
 	first    []byte // body bytes already read, to be relayed first
 	probe    bool
@@ -407,7 +408,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 				// A retry placed the key elsewhere: the engine that
 				// serves it now holds its newest prefix, so the key's
 				// next requests follow it there.
-				rt.ms.recent.rememberName(rt.key, eng.Name)
+				rt.ms.recent.RememberName(rt.key, eng.Name)
 			}
 			// A half-open probe succeeds as soon as the engine answers, not
 			// when a long stream ends; other attempts count at their end,
@@ -630,10 +631,9 @@ const ongoingSteps = 1
 // ongoing reports whether a request's key names a conversation this
 // router has routed before: a session id or user field (not a prompt
 // prefix, which many conversations share) that rk remembers.
-func ongoing(src protocol.KeySource, key uint64, rk *RecentKeys) bool {
+func ongoing(src protocol.KeySource, key uint64, rk *selection.RecentKeys) bool {
 	if rk == nil || (src != protocol.KeySession && src != protocol.KeyUser) {
 		return false
 	}
-	_, seen := rk.lookup(key)
-	return seen
+	return rk.Seen(key)
 }

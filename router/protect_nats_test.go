@@ -9,6 +9,7 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/guard"
+	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
@@ -18,7 +19,7 @@ func TestNATSFrontShedAndReport(t *testing.T) {
 	env := testenv.StartNATS(t)
 	e1 := newHTTPEngine(t, "e1")
 	tables := router.NewStaticTables()
-	tb, err := router.NewTable([]router.Engine{{Name: "e1", URL: e1.srv.URL, Weight: 0.5}}, router.TableOptions{})
+	tb, err := selection.NewTable([]selection.Engine{{Name: "e1", URL: e1.srv.URL, Weight: 0.5}}, selection.TableOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // rawPair returns a connected pair over loopback TCP: the accepted side as
@@ -238,7 +240,7 @@ func TestRawSocketsInUse(t *testing.T) {
 
 	tr := NewHTTPTransport(HTTPTransportOptions{})
 	tables := NewStaticTables()
-	tables.Set("m", mustTable(t, []Engine{{Name: "e", URL: engineURL, Weight: 1}}, TableOptions{}), Info{Mode: ModeSnapshot})
+	tables.Set("m", mustTable(t, []selection.Engine{{Name: "e", URL: engineURL, Weight: 1}}, selection.TableOptions{}), Info{Mode: ModeSnapshot})
 	h, err := NewHandler(Options{Tables: tables, Transport: tr})
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/router/protocol"
+	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
@@ -625,7 +626,7 @@ func (r *Reporter) fail(n int, err error) {
 }
 
 // engines returns model's engines with live endpoints filled in.
-func (r *Reporter) engines(model string) []Engine {
+func (r *Reporter) engines(model string) []selection.Engine {
 	if r.opts.Tables == nil {
 		return nil
 	}
@@ -651,7 +652,7 @@ func (r *Reporter) engines(model string) []Engine {
 
 // endpointKey names what a probe of the engine measures: its HTTP base URL,
 // or the NATS server for engines reached over NATS only.
-func (r *Reporter) endpointKey(_ string, e Engine) string {
+func (r *Reporter) endpointKey(_ string, e selection.Engine) string {
 	if e.URL != "" {
 		return e.URL
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
@@ -55,7 +56,7 @@ type ServiceOptions struct {
 	// local policy and down marks (default 250 ms).
 	RefreshInterval time.Duration
 	// Table tunes the selection tables.
-	Table TableOptions
+	Table selection.TableOptions
 	// MaxBodyBytes bounds request bodies on both fronts (default 8 MiB).
 	MaxBodyBytes int64
 	// HTTPTransport tunes forwarding over HTTP.

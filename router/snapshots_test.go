@@ -114,7 +114,7 @@ func TestLocalPolicyWithoutSnapshot(t *testing.T) {
 		fakeSignal{model: "m", engine: "e3", capacity: 50, health: 0, url: e3.srv.URL}) // down
 	svc := runService(t, router.ServiceOptions{Conn: env.Dial(t, "router"), Cluster: "A", Router: "r1"})
 
-	var tbl *router.Table
+	var tbl *selection.Table
 	testenv.WaitFor(t, 5*time.Second, "local-policy table with e1 and e2", func() bool {
 		t, info, ok := svc.Store().Table("m")
 		if !ok || info.Mode != router.ModeLocalPolicy || t.Slots() == 0 {
@@ -329,12 +329,12 @@ func TestSnapshotSlotsIdenticalAcrossRouters(t *testing.T) {
 	}
 	ta, _, _ := a.Table("m")
 	tb, _, _ := b.Table("m")
-	fromSlots := func(names []string, w map[string]float64, idx []uint16) *router.Table {
-		es := make([]router.Engine, len(names))
+	fromSlots := func(names []string, w map[string]float64, idx []uint16) *selection.Table {
+		es := make([]selection.Engine, len(names))
 		for i, e := range names {
-			es[i] = router.Engine{Name: e, Weight: w[e]}
+			es[i] = selection.Engine{Name: e, Weight: w[e]}
 		}
-		tbl, err := router.NewTableFromSlots(es, idx, router.TableOptions{})
+		tbl, err := selection.NewTableFromSlots(es, idx, selection.TableOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,6 +3,8 @@ package router
 import (
 	"sort"
 	"sync"
+
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // StaticTables is a Tables held in memory and set by hand: for tests,
@@ -14,7 +16,7 @@ type StaticTables struct {
 }
 
 type staticEntry struct {
-	table *Table
+	table *selection.Table
 	info  Info
 }
 
@@ -22,7 +24,7 @@ type staticEntry struct {
 func NewStaticTables() *StaticTables { return &StaticTables{tables: make(map[string]staticEntry)} }
 
 // Set installs t with info for model, replacing any previous table.
-func (s *StaticTables) Set(model string, t *Table, info Info) {
+func (s *StaticTables) Set(model string, t *selection.Table, info Info) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.tables[model] = staticEntry{table: t, info: info}
@@ -36,7 +38,7 @@ func (s *StaticTables) Delete(model string) {
 }
 
 // Table returns the table installed for model.
-func (s *StaticTables) Table(model string) (*Table, Info, bool) {
+func (s *StaticTables) Table(model string) (*selection.Table, Info, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	e, ok := s.tables[model]

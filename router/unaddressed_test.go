@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // outcomeLog is an Observer that keeps every outcome, by engine.
@@ -58,7 +59,7 @@ func (r *mapResolver) set(model, engine string, ep Endpoints) {
 func unaddressedFront(t *testing.T, opts Options) (*Handler, *progEngine, string, *outcomeLog) {
 	t.Helper()
 	live := newProgEngine(t, "live", modeOK)
-	tbl := mustTable(t, []Engine{{Name: "live", URL: live.srv.URL, Weight: 0.5}, {Name: "nowhere", Weight: 0.5}}, TableOptions{})
+	tbl := mustTable(t, []selection.Engine{{Name: "live", URL: live.srv.URL, Weight: 0.5}, {Name: "nowhere", Weight: 0.5}}, selection.TableOptions{})
 	tables := NewStaticTables()
 	tables.Set("m", tbl, Info{Generation: 1, Mode: ModeSnapshot, Created: time.Now()})
 	obs := &outcomeLog{}

@@ -47,7 +47,7 @@
 // in-flight requests, and engines that refused it).
 //
 // The switchyard policy uses the real optimizer package and the real
-// router.Table selection: every ControlPeriod it fits queue profiles from the
+// selection.Table selection: every ControlPeriod it fits queue profiles from the
 // signals as services/optimizersvc does, solves the problem (each engine's
 // capacity scaled by the target utilisation) warm-started from the previous
 // solution, and installs a new table for each cluster whose weights moved by

@@ -5,7 +5,7 @@ import (
 	"slices"
 
 	"github.com/switchyard-dev/switchyard/optimizer"
-	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // minDemandRPS is the optimizer service's demand floor.
@@ -16,7 +16,7 @@ const remapKeys = 2048
 
 // clusterTable is a router's installed selection table.
 type clusterTable struct {
-	t       *router.Table
+	t       *selection.Table
 	toSim   []int     // table index → engine index
 	weights []float64 // by engine index
 	shed    float64
@@ -41,14 +41,14 @@ func (g *guard) TotalInFlight() int64 { return int64(g.r.totalIn[g.c]) }
 func (g *guard) Load(i int) float64 { return g.r.routerLoad(g.c, g.toSim[i]) }
 
 // tables is the weighted-table machinery shared by switchyard and the
-// feedback loop: one router.Table per cluster, rebuilt when weights change.
+// feedback loop: one selection.Table per cluster, rebuilt when weights change.
 type tables struct {
 	slots   int
 	epsilon float64
 	cur     []*clusterTable
 	guards  []guard
 	keys    []uint64
-	recent  []*router.RecentKeys // [cluster], switchyard only
+	recent  []*selection.RecentKeys // [cluster], switchyard only
 }
 
 func (ts *tables) setup(r *run, slots int, epsilon float64) {
@@ -65,7 +65,7 @@ func (ts *tables) setup(r *run, slots int, epsilon float64) {
 // utilisations (by engine index; nil when there is no plan) and shed
 // fraction, records key movement and weight reversals, and installs it.
 func (ts *tables) install(r *run, c int, weights, util []float64, shed float64) {
-	entries := make([]router.Engine, 0, len(weights))
+	entries := make([]selection.Engine, 0, len(weights))
 	sum := 0.0
 	for j, w := range weights {
 		w = math.Max(0, math.Min(1, w))
@@ -81,15 +81,15 @@ func (ts *tables) install(r *run, c int, weights, util []float64, shed float64) 
 		}
 	}
 	for j, w := range weights {
-		e := router.Engine{Name: r.f.engines[j].name, Weight: w}
+		e := selection.Engine{Name: r.f.engines[j].name, Weight: w}
 		if util != nil {
 			e.Utilisation = util[j]
 		}
 		entries = append(entries, e)
 	}
-	t, err := router.NewTable(entries, router.TableOptions{Slots: ts.slots, Epsilon: ts.epsilon})
+	t, err := selection.NewTable(entries, selection.TableOptions{Slots: ts.slots, Epsilon: ts.epsilon})
 	if err != nil {
-		panic("sim: router.NewTable: " + err.Error()) // weights are clamped above; a failure is a bug
+		panic("sim: selection.NewTable: " + err.Error()) // weights are clamped above; a failure is a bug
 	}
 	nt := &clusterTable{t: t, toSim: make([]int, t.Len()), weights: slices.Clone(weights), shed: shed, lastDir: make([]int8, len(weights))}
 	byName := make(map[string]int, len(weights))
@@ -195,11 +195,11 @@ func fitSample(s *engineSignal) optimizer.Sample {
 func (p *switchyard) init(r *run) {
 	o := r.f.sc.Policies.Switchyard
 	p.setup(r, o.Slots, o.Epsilon)
-	p.recent = make([]*router.RecentKeys, len(r.f.clusters))
+	p.recent = make([]*selection.RecentKeys, len(r.f.clusters))
 	for c := range p.recent {
-		rk, err := router.NewRecentKeys(router.DefaultRecentKeys)
+		rk, err := selection.NewRecentKeys(selection.DefaultRecentKeys)
 		if err != nil {
-			panic("sim: router.NewRecentKeys: " + err.Error()) // a constant size; a failure is a bug
+			panic("sim: selection.NewRecentKeys: " + err.Error()) // a constant size; a failure is a bug
 		}
 		p.recent[c] = rk
 	}
@@ -308,7 +308,7 @@ func (p *switchyard) solve(r *run, fit bool) {
 // smoothed by an EWMA, plus the network round trip is a score; every
 // control period each router nudges an engine's weight up or down in
 // proportion to how much better or worse than the average its score is, and
-// routes with weighted consistent hashing (router.Table) on those weights.
+// routes with weighted consistent hashing (selection.Table) on those weights.
 type feedbackLoop struct {
 	tables
 	score []float64

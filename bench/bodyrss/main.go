@@ -29,7 +29,9 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 const bodySize = 8 << 20 // the router's default MaxBodyBytes
@@ -93,7 +95,7 @@ func main() {
 // runFront serves a router front on 127.0.0.1 and prints its address.
 func runFront(kind router.ServerKind) error {
 	tables := router.NewStaticTables()
-	t, err := router.NewTable([]router.Engine{{Name: "e1", URL: "http://127.0.0.1:1", Weight: 1}}, router.TableOptions{})
+	t, err := selection.NewTable([]selection.Engine{{Name: "e1", URL: "http://127.0.0.1:1", Weight: 1}}, selection.TableOptions{})
 	if err != nil {
 		return err
 	}

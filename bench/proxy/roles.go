@@ -25,6 +25,7 @@ import (
 	"github.com/switchyard-dev/switchyard/internal/procruntime"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/streams/natsembed"
@@ -290,8 +291,8 @@ func serveHTTP(ctx context.Context, srv router.Server) error {
 
 // routerParts builds a router handler over a static table of the one
 // engine, with the Reporter as observer as the router service wires it.
-func routerParts(ctx context.Context, rf roleFlags, engine router.Engine, tr router.Transport, nc *nats.Conn) (*router.Handler, error) {
-	table, err := router.NewTable([]router.Engine{engine}, router.TableOptions{})
+func routerParts(ctx context.Context, rf roleFlags, engine selection.Engine, tr router.Transport, nc *nats.Conn) (*router.Handler, error) {
+	table, err := selection.NewTable([]selection.Engine{engine}, selection.TableOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -317,7 +318,7 @@ func roleRouterHTTP(ctx context.Context, rf roleFlags) error {
 		return err
 	}
 	defer nc.Close()
-	h, err := routerParts(ctx, rf, router.Engine{Name: benchEngine, URL: rf.engineURL, Weight: 1},
+	h, err := routerParts(ctx, rf, selection.Engine{Name: benchEngine, URL: rf.engineURL, Weight: 1},
 		router.NewHTTPTransport(router.HTTPTransportOptions{}), nc)
 	if err != nil {
 		return err
@@ -369,7 +370,7 @@ func serveNATSFront(ctx context.Context, rf roleFlags, nc *nats.Conn, extra ...s
 	if err != nil {
 		return err
 	}
-	h, err := routerParts(ctx, rf, router.Engine{Name: benchEngine, Subject: rf.subject, Weight: 1}, nt, nc)
+	h, err := routerParts(ctx, rf, selection.Engine{Name: benchEngine, Subject: rf.subject, Weight: 1}, nt, nc)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // DelayTransport emulates the network between a frontend cluster and its
@@ -27,7 +28,7 @@ type DelayTransport struct {
 }
 
 // Forward waits, forwards through Next, and waits again.
-func (d *DelayTransport) Forward(ctx context.Context, engine router.Engine, req *router.UpstreamRequest) (*router.UpstreamResponse, error) {
+func (d *DelayTransport) Forward(ctx context.Context, engine selection.Engine, req *router.UpstreamRequest) (*router.UpstreamResponse, error) {
 	wait := d.Delay(engine.Name)
 	if err := sleepCtx(ctx, wait); err != nil {
 		return nil, err
