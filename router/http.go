@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
@@ -29,49 +30,10 @@ const (
 	maxSessionIDLen = 256
 )
 
-// Mode says how a model's table was made.
-type Mode string
-
-// Table modes.
-const (
-	// ModeSnapshot: the table comes from a fresh optimizer snapshot.
-	ModeSnapshot Mode = "snapshot"
-	// ModeLocalPolicy: no snapshot yet, or a stale one; the table comes from
-	// the router's local policy over live engine signals.
-	ModeLocalPolicy Mode = "local-policy"
-)
-
-// Info describes the table installed for a model.
-type Info struct {
-	// Generation is the snapshot's generation (0 for a local-policy table
-	// built before any snapshot).
-	Generation uint64
-	// Mode says where the table came from.
-	Mode Mode
-	// Created is when the optimizer produced the snapshot the table was built
-	// from; the snapshot's age is measured from it. Zero when unknown.
-	Created time.Time
-	// Figures are the snapshot's shed fractions, demand and predictions for
-	// the guards (shedding, admission, retry budget); nil when the table is
-	// not routed by a fresh snapshot.
-	Figures *guard.Figures
-}
-
-// Tables is the source of selection tables, one per model, for the router's
-// own frontend cluster; the snapshot store implements it. Table must be
-// cheap (an atomic load and a map lookup) as it is called on every request.
-type Tables interface {
-	// Table returns the table installed for model, its info, and whether the
-	// model is served.
-	Table(model string) (*selection.Table, Info, bool)
-	// Models returns the served models.
-	Models() []string
-}
-
 // Options configures a Handler. Tables is required.
 type Options struct {
 	// Tables gives the selection table per model.
-	Tables Tables
+	Tables control.Tables
 	// Transport forwards requests to engines (default: an HTTPTransport with
 	// default options).
 	Transport Transport
@@ -98,7 +60,7 @@ type Options struct {
 	// Observer is told about every routed request and every forwarding
 	// outcome, e.g. a Reporter (default: none). When it is a GuardObserver
 	// it is also told about priorities, shed requests and retries.
-	Observer Observer
+	Observer control.Observer
 	// Protection tunes ejection of failing engines, retries, the retry
 	// budget and load shedding (default: the defaults of each).
 	Protection ProtectionOptions
@@ -111,7 +73,7 @@ type Options struct {
 	// must be called as they change. Nil: every engine of a table is
 	// selectable (tables that carry addresses, or a Transport that needs
 	// none).
-	Endpoints EndpointResolver
+	Endpoints control.EndpointResolver
 	// Settled, when set, holds requests until it is closed (each within its
 	// own context): the router's start-up, until the engines' signals were
 	// heard (Signals.Settled), so that a snapshot stored by an earlier run
@@ -236,7 +198,7 @@ func (h *Handler) SetEngineDown(model, engine string, down bool) {
 
 // SetEngineEndpoints records the endpoints an engine of model advertises
 // now; with Options.Endpoints set, an engine is selectable only with one.
-func (h *Handler) SetEngineEndpoints(model, engine string, ep Endpoints) {
+func (h *Handler) SetEngineEndpoints(model, engine string, ep control.Endpoints) {
 	h.Live(model).SetEndpoints(engine, ep)
 }
 

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
@@ -103,7 +104,7 @@ func forEachServer(t *testing.T, test func(t *testing.T, kind ServerKind)) {
 func serveOneEngine(t testing.TB, kind ServerKind, engineURL string) string {
 	t.Helper()
 	tables := NewStaticTables()
-	tables.Set("m", mustTable(t, []selection.Engine{{Name: "e", URL: engineURL, Weight: 1}}, selection.TableOptions{}), Info{Mode: ModeSnapshot})
+	tables.Set("m", mustTable(t, []selection.Engine{{Name: "e", URL: engineURL, Weight: 1}}, selection.TableOptions{}), control.Info{Mode: control.ModeSnapshot})
 	h, err := NewHandler(Options{Tables: tables})
 	if err != nil {
 		t.Fatal(err)
@@ -160,7 +161,7 @@ func newFront(t *testing.T, kind ServerKind, weights []float64, chunks int, dela
 		f.engines = append(f.engines, fe)
 		es = append(es, selection.Engine{Name: fe.name, URL: fe.srv.URL, Weight: w})
 	}
-	f.tables.Set("m", mustTable(t, es, selection.TableOptions{}), Info{Generation: 7, Mode: ModeSnapshot, Created: time.Now()})
+	f.tables.Set("m", mustTable(t, es, selection.TableOptions{}), control.Info{Generation: 7, Mode: control.ModeSnapshot, Created: time.Now()})
 	opts.Tables = f.tables
 	opts.Cluster = "A"
 	h, err := NewHandler(opts)
@@ -347,9 +348,9 @@ func TestBadInput(t *testing.T) {
 		}
 		deadURL := "http://" + dead.Addr().String()
 		dead.Close()
-		f.tables.Set("down", mustTable(t, []selection.Engine{{Name: "d0", URL: f.engines[0].srv.URL, Weight: 1}}, selection.TableOptions{}), Info{Mode: ModeSnapshot})
+		f.tables.Set("down", mustTable(t, []selection.Engine{{Name: "d0", URL: f.engines[0].srv.URL, Weight: 1}}, selection.TableOptions{}), control.Info{Mode: control.ModeSnapshot})
 		f.h.SetEngineDown("down", "d0", true)
-		f.tables.Set("gone", mustTable(t, []selection.Engine{{Name: "g0", URL: deadURL, Weight: 1}}, selection.TableOptions{}), Info{Mode: ModeSnapshot})
+		f.tables.Set("gone", mustTable(t, []selection.Engine{{Name: "g0", URL: deadURL, Weight: 1}}, selection.TableOptions{}), control.Info{Mode: control.ModeSnapshot})
 
 		cases := []struct {
 			name   string

@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
@@ -31,7 +32,7 @@ func (e *EngineLive) Down() bool { return e.down.Load() }
 // signals went silent must be for the engine to stay usable: the signal
 // freshness a router asks by default (DefaultDownAfter), so that the
 // router's own answers stand in for the signals at the same rate.
-const SilentServe = DefaultDownAfter
+const SilentServe = control.DefaultDownAfter
 
 // Silent reports whether the engine's signals went silent.
 func (e *EngineLive) Silent() bool { return e.silent.Load() }
@@ -65,7 +66,7 @@ type LiveSet struct {
 	// resolve, when set, gives engines' live endpoints: an engine is then
 	// selectable only with an address, from its table entry or from its
 	// signals (see SetEndpoints). Nil: every engine of a table is.
-	resolve EndpointResolver
+	resolve control.EndpointResolver
 	model   string
 }
 
@@ -105,7 +106,7 @@ func (s *LiveSet) SetSilent(name string, silent bool) { s.Engine(name).silent.St
 // SetEndpoints records whether the named engine's signals give it an
 // endpoint. Under the set's lock, as Bind's own reading of the resolver,
 // so that the newest call wins whatever the interleaving.
-func (s *LiveSet) SetEndpoints(name string, ep Endpoints) {
+func (s *LiveSet) SetEndpoints(name string, ep control.Endpoints) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.engineLocked(name).addr.Store(ep.URL != "" || ep.Subject != "")

@@ -11,6 +11,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
@@ -55,7 +56,7 @@ func TestNATSFrontConcurrencyLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tables.Set("m", tb, router.Info{Generation: 1, Mode: router.ModeSnapshot, Created: time.Now()})
+	tables.Set("m", tb, control.Info{Generation: 1, Mode: control.ModeSnapshot, Created: time.Now()})
 	tr, err := router.NewNATSTransport(router.NATSTransportOptions{Conn: nc})
 	if err != nil {
 		t.Fatal(err)

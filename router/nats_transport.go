@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
@@ -242,7 +243,7 @@ type TransportPolicy struct {
 	// NATS forwards to engines with a subject (nil: never over NATS).
 	NATS Transport
 	// Endpoints resolves engines' live endpoints (optional).
-	Endpoints EndpointResolver
+	Endpoints control.EndpointResolver
 	// PreferNATS prefers NATS when an engine offers both.
 	PreferNATS bool
 }

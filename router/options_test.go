@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/control"
 )
 
 func TestServiceOptionsValidate(t *testing.T) {
@@ -25,7 +26,7 @@ func TestServiceOptionsValidate(t *testing.T) {
 		{"no cluster", ServiceOptions{}, "ServiceOptions.Cluster", messages.ErrInvalid},
 		{"dotted cluster", ServiceOptions{Cluster: "a.b"}, "ServiceOptions.Cluster", messages.ErrInvalid},
 		{"bad router name", ServiceOptions{Cluster: "A", Router: "r 1"}, "ServiceOptions.Router", messages.ErrInvalid},
-		{"bad RTT probe", ServiceOptions{Cluster: "A", RTTProbe: "icmp"}, "ServiceOptions.RTTProbe", ErrBadRTTProbe},
+		{"bad RTT probe", ServiceOptions{Cluster: "A", RTTProbe: "icmp"}, "ServiceOptions.RTTProbe", control.ErrBadRTTProbe},
 		{"negative routers", ServiceOptions{Cluster: "A", Protection: ProtectionOptions{Routers: -2}}, "ServiceOptions.Protection.Routers", ErrBadOption},
 		{"wrapped registerer without metrics", ServiceOptions{Cluster: "A", Registry: wrapped}, "ServiceOptions.Metrics", ErrBadOption},
 		{"wrapped registerer with metrics", ServiceOptions{Cluster: "A", Registry: wrapped, Metrics: reg}, "", nil},

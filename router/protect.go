@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
@@ -116,7 +117,7 @@ type RegionResolver interface {
 // GuardObserver is an Observer that is also told about requests' priority
 // classes, shed requests and retries; a Reporter implements it.
 type GuardObserver interface {
-	Observer
+	control.Observer
 	// Priority counts the class of one client request (after Request).
 	Priority(model string, p protocol.Priority)
 	// Shed counts one shed request.
@@ -164,7 +165,7 @@ func (h *Handler) retryAfter() string {
 // admit applies the snapshot's shed fraction and the local admission
 // control to a request of class p with key on model, and returns the
 // fleet utilisation the retry budget earns at, or a 429.
-func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, key uint64, src protocol.KeySource, p protocol.Priority) (float64, *protocol.APIError) {
+func (h *Handler) admit(model string, ms *modelState, info control.Info, bound *Bound, key uint64, src protocol.KeySource, p protocol.Priority) (float64, *protocol.APIError) {
 	f := info.Figures
 	now := h.opts.Now()
 	ms.mix.Add(p, now)
@@ -277,8 +278,8 @@ func (a *attempt) finish() {
 }
 
 // retryReason is the reason label of a retry after result r.
-func retryReason(r Result) string {
-	if r == ResultTimeout {
+func retryReason(r control.Result) string {
+	if r == control.ResultTimeout {
 		return "timeout"
 	}
 	if c := r.Class(); c != "" {
@@ -365,13 +366,13 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 			idx, n = next, n-1
 			continue
 		}
-		res := ResultOK
+		res := control.ResultOK
 		var first []byte
 		switch {
 		case err != nil:
 			res = classifyForwardError(actx, err)
 		case resp.Status >= 400:
-			res = StatusResult(resp.Status)
+			res = control.StatusResult(resp.Status)
 		case resp.Status < 300 && !bodyInHand(resp.Body):
 			k, rerr := readFirst(resp.Body, buf)
 			switch {
@@ -379,22 +380,22 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 				first = buf[:k]
 			case rerr == io.EOF:
 			default:
-				res = ResultConnect // the engine closed or failed before its first byte
+				res = control.ResultConnect // the engine closed or failed before its first byte
 			}
 		}
 		if actx.timedOut() {
-			res = ResultTimeout // the deadline fired; the attempt's context is gone
+			res = control.ResultTimeout // the deadline fired; the attempt's context is gone
 		}
 		if ctx.Err() != nil {
-			res = ResultCanceled
+			res = control.ResultCanceled
 		}
-		if res == ResultClient || res == ResultOther {
+		if res == control.ResultClient || res == control.ResultOther {
 			// The engine answered, and the answer is about the request (a
 			// client error) or not one a retry would change (another
 			// 4xx): it is relayed as it is, never retried elsewhere, and
 			// finishAttempt records it by the same classification.
 			h.countEngine(rt, eng.Name, resp.Status)
-			if res == ResultClient {
+			if res == control.ResultClient {
 				h.metrics.clientErrors.WithLabelValues(rt.model, eng.Name).Inc()
 			}
 			if probe {
@@ -402,7 +403,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 			}
 			return &attempt{idx: idx, engine: eng, resp: resp, probe: probe, start: start, n: n, ctx: actx, rt: rt}, nil
 		}
-		if res == ResultOK {
+		if res == control.ResultOK {
 			h.countEngine(rt, eng.Name, resp.Status)
 			if idx != rt.idx && rt.src != protocol.KeyNone {
 				// A retry placed the key elsewhere: the engine that
@@ -414,25 +415,25 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 			// when a long stream ends; other attempts count at their end,
 			// a stream the engine breaks being a failure.
 			if probe {
-				h.ejectReport(rt.model, eng.Name, live, ResultOK, probe, nil, log)
+				h.ejectReport(rt.model, eng.Name, live, control.ResultOK, probe, nil, log)
 			}
 			return &attempt{idx: idx, engine: eng, resp: resp, first: first, probe: probe, start: start, n: n,
 				ctx: actx, rt: rt}, nil
 		}
 		lat := h.opts.Now().Sub(start)
-		h.opts.Observer.Outcome(rt.model, eng.Name, Outcome{Result: res, Latency: lat})
+		h.opts.Observer.Outcome(rt.model, eng.Name, control.Outcome{Result: res, Latency: lat})
 		code := "error"
 		if resp != nil {
 			code = strconv.Itoa(resp.Status)
-		} else if res == ResultTimeout {
+		} else if res == control.ResultTimeout {
 			code = "timeout"
 		}
-		if res == ResultCanceled {
+		if res == control.ResultCanceled {
 			code = "canceled"
 		}
 		h.metrics.engineRequests.WithLabelValues(rt.model, eng.Name, code).Inc()
 		h.ejectReport(rt.model, eng.Name, live, res, probe, err, log)
-		if res == ResultCanceled {
+		if res == control.ResultCanceled {
 			if resp != nil {
 				_ = resp.Body.Close()
 			}
@@ -465,7 +466,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 		actx.cancel()
 		rt.bound.Release(idx)
 		log.Warn().Err(err).Str("reason", retryReason(res)).Int("attempts", n).Str("no_retry", cause).Msg("forward failed")
-		if res == ResultTimeout {
+		if res == control.ResultTimeout {
 			msg := fmt.Sprintf("engine %q for model %q sent nothing within %v (%d attempts)", eng.Name, rt.model, timeout, n)
 			if !actx.timerFired() {
 				// A timeout below the attempt's deadline: connecting, or a
@@ -581,7 +582,7 @@ func (rt *routed) spareEngine(ok func(j int) bool) (int, bool) {
 
 // ejectReport feeds an attempt's result to the engine's ejection state
 // (EngineLive.Report) and logs and exports changes.
-func (h *Handler) ejectReport(model, engine string, live *EngineLive, res Result, probe bool, cause error, log *reqLog) {
+func (h *Handler) ejectReport(model, engine string, live *EngineLive, res control.Result, probe bool, cause error, log *reqLog) {
 	ev, d, fails := live.Report(res, probe, h.opts.Now(), h.prot.Eject)
 	switch ev {
 	case EjectStart, EjectAgain:
@@ -617,7 +618,7 @@ func (h *Handler) finishAttempt(ctx context.Context, a *attempt, relayErr error,
 			h.ejectReport(a.rt.model, a.engine.Name, live, o.Result, false, nil, log)
 		}
 	case relayErr == nil && !a.probe:
-		h.ejectReport(a.rt.model, a.engine.Name, live, ResultOK, false, nil, log)
+		h.ejectReport(a.rt.model, a.engine.Name, live, control.ResultOK, false, nil, log)
 	}
 }
 

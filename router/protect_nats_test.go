@@ -8,6 +8,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/testenv"
@@ -23,10 +24,10 @@ func TestNATSFrontShedAndReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tables.Set("m", tb, router.Info{Generation: 1, Mode: router.ModeSnapshot, Created: time.Now(),
+	tables.Set("m", tb, control.Info{Generation: 1, Mode: control.ModeSnapshot, Created: time.Now(),
 		Figures: &guard.Figures{ShedFraction: 0.5, HasShedByPriority: true, ShedByPriority: [3]float64{1, 0, 0}}})
 	nc := env.Dial(t, "router")
-	rep, err := router.NewReporter(router.ReporterOptions{Conn: nc, Cluster: "A", Router: "r1"})
+	rep, err := control.NewReporter(control.ReporterOptions{Conn: nc, Cluster: "A", Router: "r1"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
@@ -139,7 +140,7 @@ func newPFront(t *testing.T, kind ServerKind, modes []int32, weights []float64, 
 		es = append(es, selection.Engine{Name: e.name, URL: e.srv.URL, Weight: weights[i]})
 	}
 	f.table = mustTable(t, es, selection.TableOptions{})
-	f.tables.Set("m", f.table, Info{Generation: 1, Mode: ModeSnapshot, Created: time.Now(), Figures: figs})
+	f.tables.Set("m", f.table, control.Info{Generation: 1, Mode: control.ModeSnapshot, Created: time.Now(), Figures: figs})
 	opts.Tables = f.tables
 	opts.Cluster = "A"
 	h, err := NewHandler(opts)

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
@@ -240,7 +241,7 @@ func TestRawSocketsInUse(t *testing.T) {
 
 	tr := NewHTTPTransport(HTTPTransportOptions{})
 	tables := NewStaticTables()
-	tables.Set("m", mustTable(t, []selection.Engine{{Name: "e", URL: engineURL, Weight: 1}}, selection.TableOptions{}), Info{Mode: ModeSnapshot})
+	tables.Set("m", mustTable(t, []selection.Engine{{Name: "e", URL: engineURL, Weight: 1}}, selection.TableOptions{}), control.Info{Mode: control.ModeSnapshot})
 	h, err := NewHandler(Options{Tables: tables, Transport: tr})
 	if err != nil {
 		t.Fatal(err)

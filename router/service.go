@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/streams"
 )
@@ -95,9 +96,9 @@ type ServiceOptions struct {
 type Service struct {
 	opts     ServiceOptions
 	log      zerolog.Logger
-	signals  *Signals
-	store    *SnapshotStore
-	reporter *Reporter
+	signals  *control.Signals
+	store    *control.SnapshotStore
+	reporter *control.Reporter
 	handler  *Handler
 	front    *NATSFront
 	httpT    *HTTPTransport
@@ -154,7 +155,7 @@ func (o ServiceOptions) Validate() error {
 		}
 	}
 	if o.RTTProbe != "" {
-		if err := CheckRTTProbe(o.RTTProbe); err != nil {
+		if err := control.CheckRTTProbe(o.RTTProbe); err != nil {
 			return fmt.Errorf("ServiceOptions.RTTProbe: %w", err)
 		}
 	}
@@ -208,24 +209,24 @@ func NewService(opts ServiceOptions) (*Service, error) {
 			s.handler.ObserveSignal(sig)
 		}
 	}
-	addressed := func(model, engine string, ep Endpoints) {
+	addressed := func(model, engine string, ep control.Endpoints) {
 		if s.handler != nil {
 			s.handler.SetEngineEndpoints(model, engine, ep)
 		}
 	}
 	var err error
-	s.signals, err = NewSignals(SignalOptions{Conn: opts.Conn, Names: opts.Names, DownAfter: opts.DownAfter,
+	s.signals, err = control.NewSignals(control.SignalOptions{Conn: opts.Conn, Names: opts.Names, DownAfter: opts.DownAfter,
 		OnDown: markDown, OnSilent: markSilent, OnSignal: observe, OnEndpoints: addressed, Logger: logger, Registry: opts.Registry, Now: opts.Now})
 	if err != nil {
 		return nil, err
 	}
-	s.store, err = NewSnapshotStore(StoreOptions{Conn: opts.Conn, Names: opts.Names, Cluster: opts.Cluster,
+	s.store, err = control.NewSnapshotStore(control.StoreOptions{Conn: opts.Conn, Names: opts.Names, Cluster: opts.Cluster,
 		StaleAfter: opts.StaleAfter, Signals: s.signals, Guard: markDown, Table: opts.Table,
 		RefreshInterval: opts.RefreshInterval, Logger: logger, Registry: opts.Registry, Now: opts.Now})
 	if err != nil {
 		return nil, err
 	}
-	s.reporter, err = NewReporter(ReporterOptions{Conn: opts.Conn, Names: opts.Names, Cluster: opts.Cluster,
+	s.reporter, err = control.NewReporter(control.ReporterOptions{Conn: opts.Conn, Names: opts.Names, Cluster: opts.Cluster,
 		Router: opts.Router, Interval: opts.ReportInterval, RTTProbe: opts.RTTProbe, Tables: s.store, Endpoints: s.signals,
 		Logger: logger, Registry: opts.Registry, Now: opts.Now})
 	if err != nil {
@@ -297,7 +298,7 @@ const settlePoll = 20 * time.Millisecond
 // their signals; until then requests wait rather than go nowhere.
 func (s *Service) settle(ctx context.Context) {
 	start := time.Now()
-	limit := time.NewTimer(s.signals.opts.DownAfter)
+	limit := time.NewTimer(s.signals.DownAfter())
 	defer limit.Stop()
 	tick := time.NewTicker(settlePoll)
 	defer tick.Stop()
@@ -326,7 +327,7 @@ func (s *Service) settle(ctx context.Context) {
 // signals alone would install the stored snapshot moments later anyway.
 func (s *Service) settledBy() string {
 	if !s.store.CaughtUp() {
-		if s.store.WatchFailed() && s.signals.HeardAll(maxHeard) {
+		if s.store.WatchFailed() && s.signals.HeardAll(control.MaxHeard) {
 			return "signals_without_weights" // the local policy's to route
 		}
 		return ""
@@ -343,7 +344,7 @@ func (s *Service) settledBy() string {
 	if planned > 0 && unheard == 0 {
 		return "planned_engines"
 	}
-	if s.signals.HeardAll(maxHeard) {
+	if s.signals.HeardAll(control.MaxHeard) {
 		return "signals"
 	}
 	return ""
@@ -368,10 +369,10 @@ func (s *Service) Name() string { return s.opts.Router }
 func (s *Service) Handler() *Handler { return s.handler }
 
 // Store returns the snapshot store.
-func (s *Service) Store() *SnapshotStore { return s.store }
+func (s *Service) Store() *control.SnapshotStore { return s.store }
 
 // Signals returns the live engine signals.
-func (s *Service) Signals() *Signals { return s.signals }
+func (s *Service) Signals() *control.Signals { return s.signals }
 
 // Close releases the listener of a Service whose Run was never called.
 func (s *Service) Close() error {

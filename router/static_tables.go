@@ -4,6 +4,7 @@ import (
 	"sort"
 	"sync"
 
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
@@ -17,14 +18,14 @@ type StaticTables struct {
 
 type staticEntry struct {
 	table *selection.Table
-	info  Info
+	info  control.Info
 }
 
 // NewStaticTables returns an empty StaticTables.
 func NewStaticTables() *StaticTables { return &StaticTables{tables: make(map[string]staticEntry)} }
 
 // Set installs t with info for model, replacing any previous table.
-func (s *StaticTables) Set(model string, t *selection.Table, info Info) {
+func (s *StaticTables) Set(model string, t *selection.Table, info control.Info) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.tables[model] = staticEntry{table: t, info: info}
@@ -38,7 +39,7 @@ func (s *StaticTables) Delete(model string) {
 }
 
 // Table returns the table installed for model.
-func (s *StaticTables) Table(model string) (*selection.Table, Info, bool) {
+func (s *StaticTables) Table(model string) (*selection.Table, control.Info, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	e, ok := s.tables[model]

@@ -31,6 +31,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
@@ -99,7 +100,7 @@ func runFront(kind router.ServerKind) error {
 	if err != nil {
 		return err
 	}
-	tables.Set("llama", t, router.Info{Generation: 1, Mode: router.ModeSnapshot, Created: time.Now()})
+	tables.Set("llama", t, control.Info{Generation: 1, Mode: control.ModeSnapshot, Created: time.Now()})
 	h, err := router.NewHandler(router.Options{Tables: tables, Cluster: "A", Logger: zerolog.Nop()})
 	if err != nil {
 		return err

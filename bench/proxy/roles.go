@@ -25,6 +25,7 @@ import (
 	"github.com/switchyard-dev/switchyard/internal/procruntime"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -297,11 +298,11 @@ func routerParts(ctx context.Context, rf roleFlags, engine selection.Engine, tr 
 		return nil, err
 	}
 	tables := router.NewStaticTables()
-	tables.Set(benchModel, table, router.Info{Generation: 1, Mode: router.ModeSnapshot, Created: time.Now()})
+	tables.Set(benchModel, table, control.Info{Generation: 1, Mode: control.ModeSnapshot, Created: time.Now()})
 	name := rf.cluster + "-bench"
 	opts := router.Options{Tables: tables, Transport: tr, Cluster: rf.cluster, Router: name}
 	if rf.reporter {
-		rep, err := router.NewReporter(router.ReporterOptions{Conn: nc, Cluster: rf.cluster, Router: name, Tables: tables})
+		rep, err := control.NewReporter(control.ReporterOptions{Conn: nc, Cluster: rf.cluster, Router: name, Tables: tables})
 		if err != nil {
 			return nil, err
 		}

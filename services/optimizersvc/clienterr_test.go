@@ -17,6 +17,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
@@ -117,8 +118,8 @@ func TestClientErrorsDoNotPenalise(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tables.Set(model, table, router.Info{Generation: 1, Mode: router.ModeSnapshot, Created: time.Now()})
-	rep, err := router.NewReporter(router.ReporterOptions{Conn: env.Dial(t, "router-B-1"), Cluster: "B", Router: "B-1",
+	tables.Set(model, table, control.Info{Generation: 1, Mode: control.ModeSnapshot, Created: time.Now()})
+	rep, err := control.NewReporter(control.ReporterOptions{Conn: env.Dial(t, "router-B-1"), Cluster: "B", Router: "B-1",
 		Interval: 200 * time.Millisecond, Tables: tables, Logger: zerolog.Nop(), Registry: repReg})
 	if err != nil {
 		t.Fatal(err)
