@@ -17,6 +17,7 @@ import (
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
@@ -49,7 +50,7 @@ func TestNATSEngineClientErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	nc := env.Dial(t, "router")
-	tr, err := router.NewNATSTransport(router.NATSTransportOptions{Conn: nc})
+	tr, err := upstream.NewNATSTransport(upstream.NATSTransportOptions{Conn: nc})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 )
 
 // Limits on client-supplied header values.
@@ -36,7 +37,7 @@ type Options struct {
 	Tables control.Tables
 	// Transport forwards requests to engines (default: an HTTPTransport with
 	// default options).
-	Transport Transport
+	Transport upstream.Transport
 	// Cluster is the router's frontend cluster, for logs and /readyz.
 	Cluster string
 	// Router is the router's name, for logs and /readyz.
@@ -115,7 +116,7 @@ func NewHandler(opts Options) (*Handler, error) {
 		return nil, errors.New("router: new handler: Options.Tables is nil")
 	}
 	if opts.Transport == nil {
-		opts.Transport = NewHTTPTransport(HTTPTransportOptions{})
+		opts.Transport = upstream.NewHTTPTransport(upstream.HTTPTransportOptions{})
 	}
 	if opts.Registry == nil {
 		reg := prometheus.NewRegistry()

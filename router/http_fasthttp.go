@@ -17,6 +17,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/protocol"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 )
 
 // fastServer serves a Handler with fasthttp. The inference endpoints run
@@ -107,7 +108,7 @@ func (s *fastServer) connState(c net.Conn, st fasthttp.ConnState) {
 // Serve accepts connections on ln until Shutdown or Close.
 func (s *fastServer) Serve(ln net.Listener) error {
 	// Connections read and write with raw system calls (see rawConn).
-	err := s.srv.Serve(rawListen(ln))
+	err := s.srv.Serve(upstream.Listen(ln))
 	if err == nil || s.closed.Load() {
 		return http.ErrServerClosed
 	}

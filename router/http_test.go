@@ -21,6 +21,7 @@ import (
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 )
 
 // waitFor polls cond until it holds or timeout passes.
@@ -600,7 +601,7 @@ func TestStatusEndpoints(t *testing.T) {
 // panicTransport is a Transport whose Forward panics, as a bug would.
 type panicTransport struct{}
 
-func (panicTransport) Forward(context.Context, selection.Engine, *UpstreamRequest) (*UpstreamResponse, error) {
+func (panicTransport) Forward(context.Context, selection.Engine, *upstream.Request) (*upstream.Response, error) {
 	panic(http.ErrAbortHandler) // the panic net/http recovers without logging
 }
 
@@ -631,14 +632,6 @@ func TestPanicInRequestKeepsServing(t *testing.T) {
 			t.Fatalf("in-flight gauge %v after the panics, want 0", v)
 		}
 	})
-}
-
-func TestCanonicalKeyMatchesHTTP(t *testing.T) {
-	for _, k := range []string{messages.NATSHeaderRequestID, messages.NATSHeaderSessionID, messages.NATSHeaderPriority, messages.NATSHeaderEngine, "x-other-thing"} {
-		if got, want := canonicalKey(k), http.CanonicalHeaderKey(k); got != want {
-			t.Errorf("canonicalKey(%q) = %q, want %q", k, got, want)
-		}
-	}
 }
 
 func TestWriteError(t *testing.T) {

@@ -19,6 +19,7 @@ import (
 	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/protocol"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
@@ -63,37 +64,6 @@ type NATSFront struct {
 	poison *poison.Guard
 	sem    chan struct{}
 	wg     sync.WaitGroup
-}
-
-// natsHeader returns the value of key (lower-case) in h, also under its
-// canonical HTTP form, and whether it is present.
-func natsHeader(h nats.Header, key string) (string, bool) {
-	if len(h) == 0 {
-		return "", false
-	}
-	if vs, ok := h[key]; ok && len(vs) > 0 {
-		return vs[0], true
-	}
-	if vs, ok := h[canonicalKey(key)]; ok && len(vs) > 0 {
-		return vs[0], true
-	}
-	return "", false
-}
-
-// canonicalKey is http.CanonicalHeaderKey(key), without its allocation for
-// the headers the NATS front reads.
-func canonicalKey(key string) string {
-	switch key {
-	case messages.NATSHeaderRequestID:
-		return messages.HeaderRequestID
-	case messages.NATSHeaderSessionID:
-		return messages.HeaderSessionID
-	case messages.NATSHeaderPriority:
-		return messages.HeaderPriority
-	case messages.NATSHeaderEngine:
-		return messages.HeaderEngine
-	}
-	return http.CanonicalHeaderKey(key)
 }
 
 // QueueGroup returns the queue group of cluster's routers.
@@ -219,11 +189,11 @@ type natsRequest struct {
 func (r *natsRequest) header(name string) (string, bool) {
 	switch name {
 	case messages.HeaderRequestID:
-		return natsHeader(r.m.Header, messages.NATSHeaderRequestID)
+		return upstream.Header(r.m.Header, messages.NATSHeaderRequestID)
 	case messages.HeaderSessionID:
-		return natsHeader(r.m.Header, messages.NATSHeaderSessionID)
+		return upstream.Header(r.m.Header, messages.NATSHeaderSessionID)
 	case messages.HeaderPriority:
-		return natsHeader(r.m.Header, messages.NATSHeaderPriority)
+		return upstream.Header(r.m.Header, messages.NATSHeaderPriority)
 	}
 	return "", false
 }
@@ -335,9 +305,9 @@ func (f *NATSFront) relayWhole(body io.Reader, send func(last bool, data []byte)
 // last message is marked; when the stream breaks, an empty last message
 // ends it so the client never hangs.
 func (f *NATSFront) relayStream(body io.Reader, maxEvent int, send func(last bool, data []byte)) error {
-	if nb, ok := body.(*natsBody); ok {
+	if rs, ok := body.(upstream.Replies); ok {
 		for {
-			msg, err := nb.nextReply()
+			data, last, err := rs.NextReply()
 			if err == io.EOF {
 				return nil
 			}
@@ -345,7 +315,7 @@ func (f *NATSFront) relayStream(body io.Reader, maxEvent int, send func(last boo
 				send(true, nil)
 				return err
 			}
-			send(nb.done, msg.Data)
+			send(last, data)
 		}
 	}
 	var held []byte

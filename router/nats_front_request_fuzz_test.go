@@ -14,6 +14,7 @@ import (
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
@@ -46,7 +47,7 @@ func FuzzNATSFrontRequest(f *testing.F) {
 		f.Fatal(err)
 	}
 	tables.Set("m", tb, control.Info{Generation: 1, Mode: control.ModeSnapshot, Created: time.Now()})
-	tr, err := router.NewNATSTransport(router.NATSTransportOptions{Conn: nc})
+	tr, err := upstream.NewNATSTransport(upstream.NATSTransportOptions{Conn: nc})
 	if err != nil {
 		f.Fatal(err)
 	}

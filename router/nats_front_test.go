@@ -13,6 +13,7 @@ import (
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
@@ -57,7 +58,7 @@ func TestNATSFrontConcurrencyLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	tables.Set("m", tb, control.Info{Generation: 1, Mode: control.ModeSnapshot, Created: time.Now()})
-	tr, err := router.NewNATSTransport(router.NATSTransportOptions{Conn: nc})
+	tr, err := upstream.NewNATSTransport(upstream.NATSTransportOptions{Conn: nc})
 	if err != nil {
 		t.Fatal(err)
 	}

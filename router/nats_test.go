@@ -18,6 +18,7 @@ import (
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
@@ -340,11 +341,11 @@ func TestServiceStopsCleanly(t *testing.T) {
 func TestNATSTransportFailures(t *testing.T) {
 	env := testenv.StartNATS(t)
 	nc := env.Dial(t, "router")
-	tr, err := router.NewNATSTransport(router.NATSTransportOptions{Conn: nc, FirstReplyTimeout: 200 * time.Millisecond})
+	tr, err := upstream.NewNATSTransport(upstream.NATSTransportOptions{Conn: nc, FirstReplyTimeout: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := &router.UpstreamRequest{Endpoint: protocol.EndpointChat, Model: "m", Body: []byte(chatJSON("m", true, "x")),
+	req := &upstream.Request{Endpoint: protocol.EndpointChat, Model: "m", Body: []byte(chatJSON("m", true, "x")),
 		Header: http.Header{}, Stream: true}
 	ctx := context.Background()
 

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 )
 
 type nopObserver struct{}
@@ -16,17 +17,13 @@ type nopObserver struct{}
 func (nopObserver) Request(string)                          {}
 func (nopObserver) Outcome(string, string, control.Outcome) {}
 
-// errFirstReplyTimeout is wrapped by transports when an engine does not
-// start answering in time.
-var errFirstReplyTimeout = errors.New("no reply from the engine within the first-reply timeout")
-
 // classifyForwardError maps a Transport.Forward error to a Result.
 func classifyForwardError(ctx context.Context, err error) control.Result {
 	if ctx.Err() != nil {
 		return control.ResultCanceled
 	}
 	var ne net.Error
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errFirstReplyTimeout) ||
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, upstream.ErrFirstReplyTimeout) ||
 		errors.Is(err, nats.ErrTimeout) || (errors.As(err, &ne) && ne.Timeout()) {
 		return control.ResultTimeout
 	}

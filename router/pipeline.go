@@ -11,6 +11,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/protocol"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 )
 
 // clientRequest is what the request pipeline reads of a client's request,
@@ -54,8 +55,8 @@ type answer struct {
 	log    *reqLog
 	start  time.Time
 	stream bool
-	logv   reqLog          // what log points to
-	up     UpstreamRequest // the request forwarded to the engine
+	logv   reqLog           // what log points to
+	up     upstream.Request // the request forwarded to the engine
 }
 
 // begin is the request pipeline both fronts run, up to the engine's
@@ -131,7 +132,7 @@ func (h *Handler) begin(ctx context.Context, r clientRequest, ep protocol.Endpoi
 	// to the engine; the answer is returned only once the engine answered.
 	a := &answer{h: h, rt: rt, mm: mm, start: start, stream: req.Stream,
 		logv: reqLog{base: &h.log, model: req.Model, id: reqID, key: rt.src, prio: prio, front: front},
-		up: UpstreamRequest{Endpoint: ep, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body,
+		up: upstream.Request{Endpoint: ep, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body,
 			Header: r.passHeaders()}}
 	a.log = &a.logv
 	a.bp = h.bufs.Get().(*[]byte)

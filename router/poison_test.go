@@ -18,6 +18,7 @@ import (
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
@@ -262,7 +263,7 @@ func TestNATSFrontRecoversPanic(t *testing.T) {
 		}
 		tables.Set(model, tb, control.Info{Generation: 1, Mode: control.ModeSnapshot, Created: time.Now()})
 	}
-	tr, err := router.NewNATSTransport(router.NATSTransportOptions{Conn: nc})
+	tr, err := upstream.NewNATSTransport(upstream.NATSTransportOptions{Conn: nc})
 	if err != nil {
 		t.Fatal(err)
 	}

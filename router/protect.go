@@ -14,6 +14,7 @@ import (
 	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 )
 
 // Defaults of ProtectionOptions.
@@ -259,7 +260,7 @@ var errClientGone = errors.New("client went away")
 type attempt struct {
 	idx      int
 	engine   selection.Engine
-	resp     *UpstreamResponse
+	resp     *upstream.Response
 	first    []byte // body bytes already read, to be relayed first
 	probe    bool
 	recorded bool // outcome already recorded (a failed last attempt relayed as is)
@@ -311,7 +312,7 @@ func bodyInHand(b io.Reader) bool {
 // first body bytes (read into buf) are in hand; nothing has been written
 // to the client. Structurally no retry can follow a byte sent to the
 // client: the caller writes only after forward returns.
-func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, buf []byte, log *reqLog) (*attempt, *protocol.APIError) {
+func (h *Handler) forward(ctx context.Context, rt *routed, up *upstream.Request, buf []byte, log *reqLog) (*attempt, *protocol.APIError) {
 	var triedBuf [8]int
 	tried := triedBuf[:0]
 	idx := rt.idx
@@ -350,7 +351,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 		h.amp.Add(0, 1)
 		start := h.opts.Now()
 		resp, err := h.opts.Transport.Forward(actx, eng, up)
-		if errors.Is(err, ErrNoTransport) {
+		if errors.Is(err, upstream.ErrNoTransport) {
 			// The router has no way to reach the engine, which says
 			// nothing about the engine: another one, with no outcome,
 			// ejection or retry counted.
@@ -494,7 +495,7 @@ func noEngineError(model string) *protocol.APIError {
 		fmt.Sprintf("no engine is available for model %q", model))
 }
 
-func errString(err error, resp *UpstreamResponse) string {
+func errString(err error, resp *upstream.Response) string {
 	if err != nil {
 		return err.Error()
 	}

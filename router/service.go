@@ -18,6 +18,7 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
@@ -61,11 +62,11 @@ type ServiceOptions struct {
 	// MaxBodyBytes bounds request bodies on both fronts (default 8 MiB).
 	MaxBodyBytes int64
 	// HTTPTransport tunes forwarding over HTTP.
-	HTTPTransport HTTPTransportOptions
+	HTTPTransport upstream.HTTPTransportOptions
 	// WrapTransport, when set, wraps the transport the router forwards
 	// through: internal/netem's network emulation, for stacks on one
 	// machine.
-	WrapTransport func(Transport) Transport
+	WrapTransport func(upstream.Transport) upstream.Transport
 	// NATSFirstReplyTimeout bounds the wait for an engine's first NATS
 	// reply (default 60 s).
 	NATSFirstReplyTimeout time.Duration
@@ -101,7 +102,7 @@ type Service struct {
 	reporter *control.Reporter
 	handler  *Handler
 	front    *NATSFront
-	httpT    *HTTPTransport
+	httpT    *upstream.HTTPTransport
 	ln       net.Listener
 	srv      Server
 	settled  chan struct{} // closed by settle: the handler routes from then on
@@ -232,12 +233,12 @@ func NewService(opts ServiceOptions) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.httpT = NewHTTPTransport(opts.HTTPTransport)
-	natsT, err := NewNATSTransport(NATSTransportOptions{Conn: opts.Conn, FirstReplyTimeout: opts.NATSFirstReplyTimeout})
+	s.httpT = upstream.NewHTTPTransport(opts.HTTPTransport)
+	natsT, err := upstream.NewNATSTransport(upstream.NATSTransportOptions{Conn: opts.Conn, FirstReplyTimeout: opts.NATSFirstReplyTimeout})
 	if err != nil {
 		return nil, err
 	}
-	var transport Transport = &TransportPolicy{HTTP: s.httpT, NATS: natsT, Endpoints: s.signals, PreferNATS: opts.PreferNATS}
+	var transport upstream.Transport = &upstream.TransportPolicy{HTTP: s.httpT, NATS: natsT, Endpoints: s.signals, PreferNATS: opts.PreferNATS}
 	if opts.WrapTransport != nil {
 		transport = opts.WrapTransport(transport)
 	}

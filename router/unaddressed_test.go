@@ -10,6 +10,7 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 )
 
 // outcomeLog is an Observer that keeps every outcome, by engine.
@@ -65,7 +66,7 @@ func unaddressedFront(t *testing.T, opts Options) (*Handler, *progEngine, string
 	tables.Set("m", tbl, control.Info{Generation: 1, Mode: control.ModeSnapshot, Created: time.Now()})
 	obs := &outcomeLog{}
 	opts.Tables, opts.Cluster, opts.Observer = tables, "A", obs
-	opts.Transport = &TransportPolicy{HTTP: NewHTTPTransport(HTTPTransportOptions{}), Endpoints: opts.Endpoints}
+	opts.Transport = &upstream.TransportPolicy{HTTP: upstream.NewHTTPTransport(upstream.HTTPTransportOptions{}), Endpoints: opts.Endpoints}
 	h, err := NewHandler(opts)
 	if err != nil {
 		t.Fatal(err)

@@ -27,6 +27,7 @@ import (
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/streams/natsembed"
@@ -292,7 +293,7 @@ func serveHTTP(ctx context.Context, srv router.Server) error {
 
 // routerParts builds a router handler over a static table of the one
 // engine, with the Reporter as observer as the router service wires it.
-func routerParts(ctx context.Context, rf roleFlags, engine selection.Engine, tr router.Transport, nc *nats.Conn) (*router.Handler, error) {
+func routerParts(ctx context.Context, rf roleFlags, engine selection.Engine, tr upstream.Transport, nc *nats.Conn) (*router.Handler, error) {
 	table, err := selection.NewTable([]selection.Engine{engine}, selection.TableOptions{})
 	if err != nil {
 		return nil, err
@@ -320,7 +321,7 @@ func roleRouterHTTP(ctx context.Context, rf roleFlags) error {
 	}
 	defer nc.Close()
 	h, err := routerParts(ctx, rf, selection.Engine{Name: benchEngine, URL: rf.engineURL, Weight: 1},
-		router.NewHTTPTransport(router.HTTPTransportOptions{}), nc)
+		upstream.NewHTTPTransport(upstream.HTTPTransportOptions{}), nc)
 	if err != nil {
 		return err
 	}
@@ -367,7 +368,7 @@ func roleRouterNATS(ctx context.Context, rf roleFlags) error {
 // forwarding over nc to the engine's subject, and prints the ready line
 // with the front's subject after extra.
 func serveNATSFront(ctx context.Context, rf roleFlags, nc *nats.Conn, extra ...string) error {
-	nt, err := router.NewNATSTransport(router.NATSTransportOptions{Conn: nc})
+	nt, err := upstream.NewNATSTransport(upstream.NATSTransportOptions{Conn: nc})
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package router
+package upstream
 
 import (
 	"bufio"
@@ -44,7 +44,7 @@ func newCountingServer(t *testing.T, h http.HandlerFunc) *countingServer {
 	return cs
 }
 
-func forwardAll(t *testing.T, tr *HTTPTransport, ctx context.Context, e selection.Engine, req *UpstreamRequest) (*UpstreamResponse, string) {
+func forwardAll(t *testing.T, tr *HTTPTransport, ctx context.Context, e selection.Engine, req *Request) (*Response, string) {
 	t.Helper()
 	resp, err := tr.Forward(ctx, e, req)
 	if err != nil {
@@ -60,8 +60,8 @@ func forwardAll(t *testing.T, tr *HTTPTransport, ctx context.Context, e selectio
 	return resp, string(b)
 }
 
-func upReq(body string) *UpstreamRequest {
-	return &UpstreamRequest{Endpoint: protocol.EndpointChat, Model: "m", RequestID: "req-1", Body: []byte(body),
+func upReq(body string) *Request {
+	return &Request{Endpoint: protocol.EndpointChat, Model: "m", RequestID: "req-1", Body: []byte(body),
 		Header: http.Header{"Authorization": {"Bearer k"}, messages.HeaderSessionID: {"s1"}}}
 }
 
