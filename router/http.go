@@ -289,9 +289,9 @@ const (
 
 // httpRequest is what the HTTP front reads of a client's request,
 // whichever HTTP server parsed it (net/http or fasthttp): the pipeline's
-// clientRequest and the method.
+// protocol.ClientRequest and the method.
 type httpRequest interface {
-	clientRequest
+	protocol.ClientRequest
 	// method is the request method.
 	method() string
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/natsfront"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/router/upstream"
 	"github.com/switchyard-dev/switchyard/testenv"
@@ -67,7 +68,7 @@ func TestNATSFrontConcurrencyLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	const limit = 2
-	front, err := router.NewNATSFront(router.NATSFrontOptions{Conn: nc, Cluster: "A", Handler: h, MaxConcurrent: limit})
+	front, err := natsfront.New(natsfront.Options{Conn: nc, Cluster: "A", Pipeline: h, MaxConcurrent: limit})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +116,7 @@ func TestNATSFrontConcurrencyLimit(t *testing.T) {
 	}
 
 	// A burst beyond the idle pool, within the limit: every request served.
-	front2, err := router.NewNATSFront(router.NATSFrontOptions{Conn: nc, Cluster: "B", Handler: h, MaxConcurrent: 1000})
+	front2, err := natsfront.New(natsfront.Options{Conn: nc, Cluster: "B", Pipeline: h, MaxConcurrent: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +144,7 @@ func TestNATSFrontConcurrencyLimit(t *testing.T) {
 // runNATSFront runs front, of cluster, until the test ends and returns a
 // client connection once the front answers on sy.req.<cluster>.m (a request
 // without a body gets a 400 reply, which no report counts).
-func runNATSFront(t *testing.T, env *testenv.NATS, front *router.NATSFront, cluster string) *nats.Conn {
+func runNATSFront(t *testing.T, env *testenv.NATS, front *natsfront.Front, cluster string) *nats.Conn {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

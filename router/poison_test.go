@@ -17,6 +17,7 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/natsfront"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/router/upstream"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -271,7 +272,7 @@ func TestNATSFrontRecoversPanic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	front, err := router.NewNATSFront(router.NATSFrontOptions{Conn: nc, Cluster: "A", Handler: h, Logger: zerolog.Nop()})
+	front, err := natsfront.New(natsfront.Options{Conn: nc, Cluster: "A", Pipeline: h, Logger: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/natsfront"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/router/upstream"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -101,7 +102,7 @@ type Service struct {
 	store    *control.SnapshotStore
 	reporter *control.Reporter
 	handler  *Handler
-	front    *NATSFront
+	front    *natsfront.Front
 	httpT    *upstream.HTTPTransport
 	ln       net.Listener
 	srv      Server
@@ -262,8 +263,8 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		return nil, err
 	}
 	if !opts.NoNATSFront {
-		s.front, err = NewNATSFront(NATSFrontOptions{Conn: opts.Conn, Names: opts.Names, Cluster: opts.Cluster,
-			Handler: s.handler, Logger: logger})
+		s.front, err = natsfront.New(natsfront.Options{Conn: opts.Conn, Names: opts.Names, Cluster: opts.Cluster,
+			Pipeline: s.handler, Logger: logger})
 		if err != nil {
 			return nil, err
 		}

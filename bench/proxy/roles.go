@@ -26,6 +26,7 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/natsfront"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/router/upstream"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
@@ -376,7 +377,7 @@ func serveNATSFront(ctx context.Context, rf roleFlags, nc *nats.Conn, extra ...s
 	if err != nil {
 		return err
 	}
-	front, err := router.NewNATSFront(router.NATSFrontOptions{Conn: nc, Cluster: rf.cluster, Handler: h})
+	front, err := natsfront.New(natsfront.Options{Conn: nc, Cluster: rf.cluster, Pipeline: h})
 	if err != nil {
 		return err
 	}
