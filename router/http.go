@@ -100,13 +100,15 @@ type Handler struct {
 
 // modelState is the router's live state for one model.
 type modelState struct {
-	live     *LiveSet
-	recent   *selection.RecentKeys // where this router sent each affinity key lately
-	bound    atomic.Pointer[Bound]
-	mix      guard.PriorityMix
-	admitted atomic.Int64 // admitted requests not yet answered
+	live   *LiveSet
+	recent *selection.RecentKeys // where this router sent each affinity key lately
+	bound  atomic.Pointer[Bound]
+	adm    *Admission
 	// met holds the model's metric children, made on first use.
 	met atomic.Pointer[modelMetrics]
+	// created is when the router first saw the model (Unix seconds): the
+	// created of its /v1/models entry, stable for the process's life.
+	created int64
 }
 
 // NewHandler returns a Handler for opts. It fails when Tables is nil or the
@@ -162,13 +164,12 @@ func NewHandler(opts Options) (*Handler, error) {
 		amp:     amp,
 	}
 	h.promHTTP = promhttp.HandlerFor(opts.Metrics, promhttp.HandlerOpts{Registry: opts.Registry})
-	h.mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
-		h.serveStd(w, r, protocol.EndpointChat)
-	})
-	h.mux.HandleFunc("/v1/completions", func(w http.ResponseWriter, r *http.Request) {
-		h.serveStd(w, r, protocol.EndpointCompletions)
-	})
+	for _, ep := range [...]protocol.Endpoint{protocol.EndpointChat, protocol.EndpointCompletions,
+		protocol.EndpointResponses, protocol.EndpointEmbeddings} {
+		h.mux.HandleFunc(ep.Path(), func(w http.ResponseWriter, r *http.Request) { h.serveStd(w, r, ep) })
+	}
 	h.mux.HandleFunc("/v1/models", h.serveModels)
+	h.mux.HandleFunc("/v1/models/{id...}", h.serveModel)
 	h.mux.HandleFunc("/healthz", h.serveHealth)
 	h.mux.HandleFunc("/readyz", h.serveReady)
 	h.mux.Handle("/metrics", h.promHTTP)
@@ -230,7 +231,8 @@ func (h *Handler) model(name string) *modelState {
 	live := NewLiveSet(h.opts.Now)
 	live.resolve, live.model = h.opts.Endpoints, name
 	recent, _ := selection.NewRecentKeys(selection.DefaultRecentKeys) // a valid size: never fails
-	v, _ := h.models.LoadOrStore(name, &modelState{live: live, recent: recent})
+	v, _ := h.models.LoadOrStore(name, &modelState{live: live, recent: recent,
+		adm: &Admission{prot: h.prot}, created: h.opts.Now().Unix()})
 	return v.(*modelState)
 }
 
@@ -397,7 +399,7 @@ func (h *Handler) route(ctx context.Context, req *protocol.Request, session stri
 	if apiErr != nil {
 		return nil, apiErr
 	}
-	rt := &routed{model: req.Model, table: table, bound: bound, ms: ms, key: key, src: src, prio: prio}
+	rt := &routed{model: req.Model, table: table, bound: bound, ms: ms, key: key, src: src, prio: prio, ep: req.Endpoint}
 	if info.Figures != nil {
 		rt.spare = info.Figures.Spare
 	}
@@ -408,11 +410,7 @@ func (h *Handler) route(ctx context.Context, req *protocol.Request, session stri
 		idx, ok = table.PickRecent(key, bound, ms.recent)
 	}
 	if !ok {
-		idx, ok = rt.spareEngine(func(j int) bool { return !bound.Down(j) })
-	}
-	if !ok {
-		idx, ok = table.Pick(key, hardDown{bound})
-		rt.fallback = true
+		idx, rt.fallback, ok = bound.PickFallback(key, rt.spare)
 	}
 	if !ok {
 		rt.release()

@@ -167,13 +167,8 @@ func (s *fastServer) serve(ctx *fasthttp.RequestCtx) {
 		}
 	}()
 	s.bodyRead(&ctx.Request.Header)
-	var ep protocol.Endpoint
-	switch string(ctx.Path()) {
-	case "/v1/chat/completions":
-		ep = protocol.EndpointChat
-	case "/v1/completions":
-		ep = protocol.EndpointCompletions
-	default:
+	ep, ok := protocol.EndpointForPath(string(ctx.Path()))
+	if !ok {
 		s.other(ctx)
 		return
 	}

@@ -2,6 +2,7 @@ package router
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"sort"
 
@@ -42,10 +43,7 @@ func (h *Handler) servedModels() []string {
 }
 
 func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		w.Header().Set("Allow", "GET, HEAD")
-		protocol.WriteError(w, protocol.NewAPIError(http.StatusMethodNotAllowed, protocol.ErrTypeInvalidRequest, "method_not_allowed", "",
-			"method "+r.Method+" not allowed on /v1/models; use GET"))
+	if !getOnly(w, r, "/v1/models") {
 		return
 	}
 	list := struct {
@@ -53,9 +51,42 @@ func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request) {
 		Data   []modelEntry `json:"data"`
 	}{Object: "list", Data: []modelEntry{}}
 	for _, m := range h.servedModels() {
-		list.Data = append(list.Data, modelEntry{ID: m, Object: "model", OwnedBy: "switchyard"})
+		list.Data = append(list.Data, h.modelEntry(m))
 	}
 	writeJSON(w, http.StatusOK, list)
+}
+
+// getOnly answers 405 to a request to path that is not a GET or HEAD and
+// reports whether the request may go on.
+func getOnly(w http.ResponseWriter, r *http.Request, path string) bool {
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		return true
+	}
+	w.Header().Set("Allow", "GET, HEAD")
+	protocol.WriteError(w, protocol.NewAPIError(http.StatusMethodNotAllowed, protocol.ErrTypeInvalidRequest, "method_not_allowed", "",
+		"method "+r.Method+" not allowed on "+path+"; use GET"))
+	return false
+}
+
+// modelEntry returns the /v1/models entry of the served model m.
+func (h *Handler) modelEntry(m string) modelEntry {
+	return modelEntry{ID: m, Object: "model", Created: h.model(m).created, OwnedBy: "switchyard"}
+}
+
+// serveModel answers GET /v1/models/{id}: the model object, or a 404
+// model_not_found (OpenAI's answer) when the router serves no such model.
+// A model id may hold slashes (org/name), so id is the rest of the path.
+func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request) {
+	if !getOnly(w, r, "/v1/models/{model}") {
+		return
+	}
+	id := r.PathValue("id")
+	if _, _, ok := h.opts.Tables.Table(id); !ok || id == "" {
+		protocol.WriteError(w, protocol.NewAPIError(http.StatusNotFound, protocol.ErrTypeInvalidRequest, "model_not_found", "model",
+			fmt.Sprintf("the model %q does not exist or is not served by this router", id)))
+		return
+	}
+	writeJSON(w, http.StatusOK, h.modelEntry(id))
 }
 
 func (h *Handler) serveHealth(w http.ResponseWriter, _ *http.Request) {

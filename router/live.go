@@ -180,6 +180,19 @@ type hardDown struct{ *Bound }
 // Down reports whether engine i is marked down or has no address.
 func (g hardDown) Down(i int) bool { return g.engines[i].down.Load() || !g.Reachable(i) }
 
+// PickFallback picks for key when every engine the table weights is
+// skipped: the first of spare (the snapshot's engines of weight zero,
+// nearest first) not skipped, else Table.Pick ignoring ejections and
+// silence (fallback: the attempt goes even to an ejected engine), so that
+// requests still go somewhere rather than fail.
+func (b *Bound) PickFallback(key uint64, spare []string) (idx int, fallback, ok bool) {
+	if idx, ok = spareEngine(b.table, spare, func(j int) bool { return !b.Down(j) }); ok {
+		return idx, false, true
+	}
+	idx, ok = b.table.Pick(key, hardDown{b})
+	return idx, true, ok
+}
+
 // InFlight returns this router's in-flight requests on engine i.
 func (b *Bound) InFlight(i int) int64 { return b.engines[i].inflight.Load() }
 

@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/switchyard-dev/switchyard/router/control"
@@ -141,12 +142,13 @@ type routed struct {
 	key      uint64
 	src      protocol.KeySource
 	prio     protocol.Priority
+	ep       protocol.Endpoint
 	spare    []string // the snapshot's engines of weight zero, nearest first (Figures.Spare)
 	fallback bool     // every engine was ejected: ejections are ignored
 }
 
 // release ends the request's admission.
-func (rt *routed) release() { rt.ms.admitted.Add(-1) }
+func (rt *routed) release() { rt.ms.adm.Done() }
 
 // shedError is the answer to a shed request.
 func (h *Handler) shedError(model string, p protocol.Priority, reason guard.ShedReason, detail string) *protocol.APIError {
@@ -164,41 +166,74 @@ func (h *Handler) retryAfter() string {
 }
 
 // admit applies the snapshot's shed fraction and the local admission
-// control to a request of class p with key on model, and returns the
-// fleet utilisation the retry budget earns at, or a 429.
+// control to a request of class p with key on model (Admission.Admit),
+// and returns the fleet utilisation the retry budget earns at, or a 429.
 func (h *Handler) admit(model string, ms *modelState, info control.Info, bound *Bound, key uint64, src protocol.KeySource, p protocol.Priority) (float64, *protocol.APIError) {
-	f := info.Figures
-	now := h.opts.Now()
-	ms.mix.Add(p, now)
+	u, reason, detail := ms.adm.Admit(h.opts.Now(), info.Figures, bound, ms.recent, key, src, p)
+	if reason != "" {
+		return 0, h.shedError(model, p, reason, detail)
+	}
+	return u, nil
+}
+
+// Admission is one model's admission control at one router: the mix of
+// its requests' priority classes and the requests admitted and not yet
+// answered, with the options its decisions use. The Handler keeps one per
+// model; the simulator drives one per simulated router, each on its own
+// clock, so that both shed by the same rules. It is safe for concurrent
+// use.
+type Admission struct {
+	prot     ProtectionOptions
+	mix      guard.PriorityMix
+	admitted atomic.Int64 // admitted requests not yet answered
+}
+
+// NewAdmission returns the admission control of one model under prot
+// (zero fields: the defaults).
+func NewAdmission(prot ProtectionOptions) *Admission {
+	return &Admission{prot: prot.withDefaults()}
+}
+
+// Done ends the admission of a request Admit admitted.
+func (a *Admission) Done() { a.admitted.Add(-1) }
+
+// Admit applies the snapshot's figures f (nil: none) and the local
+// admission control at now to a request of class p with key from src,
+// bound to the model's current table, recent being where the router sent
+// keys lately (nil: none known). It returns the fleet utilisation the
+// retry budget earns at, or the reason the request is shed and what to
+// tell the client; an admitted request must be ended with Done.
+func (a *Admission) Admit(now time.Time, f *guard.Figures, bound *Bound, recent *selection.RecentKeys, key uint64, src protocol.KeySource, p protocol.Priority) (u float64, shed guard.ShedReason, detail string) {
+	prot := &a.prot
+	a.mix.Add(p, now)
 	shedding := f != nil && (f.ShedFraction > 0 || f.HasShedByPriority)
 	// While the snapshot sheds, the engines are planned at their capacity,
 	// and admission bounds the requests in flight by their batch slots
 	// (CapacityAllotment) when their signals tell them.
 	var slot, step float64
 	capacityBound := false
-	if shedding && !h.prot.NoAdmission {
+	if shedding && !prot.NoAdmission {
 		slot, step, capacityBound = bound.SlotTimes()
 	}
-	if shedding && !h.prot.NoSnapshotShed {
+	if shedding && !prot.NoSnapshotShed {
 		fr := f.ShedByPriority
 		switch {
-		case h.prot.SlotHeadroom > 0 && capacityBound:
+		case prot.SlotHeadroom > 0 && capacityBound:
 			// The capacity allotment sheds what the engines cannot take at once;
 			// the snapshot's shed, relaxed, keeps the order of classes
 			// and of keys (see ProtectionOptions.SlotHeadroom).
-			fr = guard.ShedFractions(guard.RelaxedShed(f.ShedFraction, h.prot.SlotHeadroom), ms.mix.Shares(now))
+			fr = guard.ShedFractions(guard.RelaxedShed(f.ShedFraction, prot.SlotHeadroom), a.mix.Shares(now))
 		case !f.HasShedByPriority:
-			fr = guard.ShedFractions(f.ShedFraction, ms.mix.Shares(now))
+			fr = guard.ShedFractions(f.ShedFraction, a.mix.Shares(now))
 		}
 		if guard.KeyUnit(key) < fr[p] {
-			return 0, h.shedError(model, p, guard.ShedSnapshot, fmt.Sprintf("the fleet serves %.0f%% of %s demand", 100*(1-fr[p]), p))
+			return 0, guard.ShedSnapshot, fmt.Sprintf("the fleet serves %.0f%% of %s demand", 100*(1-fr[p]), p)
 		}
 	}
-	u := 0.0
 	if f != nil {
 		u = f.Utilisation
 	}
-	n := ms.admitted.Add(1)
+	n := a.admitted.Add(1)
 	// The capacity allotment: the batch slots plus a fraction of a decode
 	// step's queue, not Little's law on the snapshot's predicted latency,
 	// which its queue curve puts far above a batching engine's near
@@ -208,22 +243,21 @@ func (h *Handler) admit(model string, ms *modelState, info control.Info, bound *
 	// this cluster's share only, so while this router's requests fit in
 	// the batch slots others leave free (Bound.SlotsForRouter) a request
 	// is served rather than shed with capacity idle.
-	if lim := guard.CapacityAllotment(f, h.prot.Routers, slot, step, p, h.prot.MinInFlight); capacityBound && lim > 0 {
-		if float64(n) > lim && (p == protocol.PriorityCritical || !ongoing(src, key, ms.recent) ||
-			float64(n) > guard.CapacityAllotmentSteps(f, h.prot.Routers, slot, step, guard.QueueSteps(p)+ongoingSteps, h.prot.MinInFlight)) &&
+	if lim := guard.CapacityAllotment(f, prot.Routers, slot, step, p, prot.MinInFlight); capacityBound && lim > 0 {
+		if float64(n) > lim && (p == protocol.PriorityCritical || !ongoing(src, key, recent) ||
+			float64(n) > guard.CapacityAllotmentSteps(f, prot.Routers, slot, step, guard.QueueSteps(p)+ongoingSteps, prot.MinInFlight)) &&
 			float64(n) > bound.SlotsForRouter() {
-			ms.admitted.Add(-1)
-			return 0, h.shedError(model, p, guard.ShedAdmission,
-				fmt.Sprintf("%d requests in flight at this router, capacity allotment %.0f", n-1, lim))
+			a.admitted.Add(-1)
+			return 0, guard.ShedAdmission, fmt.Sprintf("%d requests in flight at this router, capacity allotment %.0f", n-1, lim)
 		}
-		std := guard.CapacityAllotment(f, h.prot.Routers, slot, step, protocol.PriorityStandard, h.prot.MinInFlight)
-		return math.Max(u, float64(n)/std), nil
+		std := guard.CapacityAllotment(f, prot.Routers, slot, step, protocol.PriorityStandard, prot.MinInFlight)
+		return math.Max(u, float64(n)/std), "", ""
 	}
 	// Admission control guards a fleet the snapshot already plans near its
 	// limit (it sheds, or predicts the engines this router uses at 90% or
 	// more); with headroom a burst is the engines' to absorb.
 	if f != nil && f.ShedFraction == 0 && !f.HasShedByPriority && f.Utilisation < admissionUtilisation {
-		return u, nil
+		return u, "", ""
 	}
 	// The snapshot's demand can lag a rise (it is rewritten only when the
 	// weights move or on the heartbeat); a rate this router measured itself
@@ -231,21 +265,20 @@ func (h *Handler) admit(model string, ms *modelState, info control.Info, bound *
 	// control only cuts bursts above the recent rate. Sustained overload is
 	// the optimizer's to shed, through the snapshot's shed fraction.
 	if f != nil {
-		if local := ms.mix.Rate(now) * float64(max(h.prot.Routers, 1)) / (1 - math.Min(f.ShedFraction, 0.99)); local > f.DemandRPS {
+		if local := a.mix.Rate(now) * float64(max(prot.Routers, 1)) / (1 - math.Min(f.ShedFraction, 0.99)); local > f.DemandRPS {
 			g := *f
 			g.DemandRPS = local
 			f = &g
 		}
 	}
-	if lim := guard.Allotment(f, h.prot.Routers, h.prot.AdmissionSlack, h.prot.MinInFlight); lim > 0 {
-		if !h.prot.NoAdmission && float64(n) > lim*guard.AdmissionFactor(p) {
-			ms.admitted.Add(-1)
-			return 0, h.shedError(model, p, guard.ShedAdmission,
-				fmt.Sprintf("%d requests in flight at this router, allotment %.0f", n-1, lim))
+	if lim := guard.Allotment(f, prot.Routers, prot.AdmissionSlack, prot.MinInFlight); lim > 0 {
+		if !prot.NoAdmission && float64(n) > lim*guard.AdmissionFactor(p) {
+			a.admitted.Add(-1)
+			return 0, guard.ShedAdmission, fmt.Sprintf("%d requests in flight at this router, allotment %.0f", n-1, lim)
 		}
 		u = math.Max(u, float64(n)/lim)
 	}
-	return u, nil
+	return u, "", ""
 }
 
 // errEngineBroke marks relay errors on the engine's side (its body failed),
@@ -412,6 +445,14 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *upstream.Request,
 				// next requests follow it there.
 				rt.ms.recent.RememberName(rt.key, eng.Name)
 			}
+			if rt.ep == protocol.EndpointResponses {
+				// The engine keeps the response it makes (and its
+				// context): a request continuing it names its id as
+				// previous_response_id, and goes where it was made.
+				if id, ok := protocol.ResponseID(first); ok {
+					rt.ms.recent.RememberName(protocol.SessionKey(id), eng.Name)
+				}
+			}
 			// A half-open probe succeeds as soon as the engine answers, not
 			// when a long stream ends; other attempts count at their end,
 			// a stream the engine breaks being a failure.
@@ -532,32 +573,52 @@ func (h *Handler) retryTo(rt *routed, tried []int, failed, n int) (int, string) 
 	return next, ""
 }
 
-// nextCandidate returns the key's next candidate engine not yet tried and
-// not skipped: first in the failed engine's region (the key's candidates
-// by weight, Table.Candidates, then the snapshot's spare engines of weight
+// nextCandidate returns the key's next candidate for rt (see RetryCandidates.Next).
+func (h *Handler) nextCandidate(rt *routed, tried []int, failed int) (int, bool) {
+	c := RetryCandidates{Model: rt.model, Table: rt.table, Guard: rt.bound, Key: rt.key, Spare: rt.spare, Regions: h.opts.Regions}
+	return c.Next(tried, failed)
+}
+
+// RetryCandidates are the engines a request may be retried on: its key's
+// candidates in its table, under the guard that skips engines, and the
+// snapshot's spare engines of weight zero.
+type RetryCandidates struct {
+	Model string
+	Table *selection.Table
+	Guard selection.Guard
+	Key   uint64
+	// Spare are the snapshot's engines of weight zero, nearest first (Figures.Spare).
+	Spare []string
+	// Regions gives engines' regions (nil: none known).
+	Regions RegionResolver
+}
+
+// Next returns the key's next candidate engine not yet tried and not
+// skipped: first in the failed engine's region (the key's candidates by
+// weight, Table.Candidates, then the snapshot's spare engines of weight
 // zero), then elsewhere (candidates by weight, then spare engines nearest
 // first). Spare engines let a request leave a region whose planned engines
 // all fail before the next snapshot moves the cluster's traffic.
-func (h *Handler) nextCandidate(rt *routed, tried []int, failed int) (int, bool) {
+func (c *RetryCandidates) Next(tried []int, failed int) (int, bool) {
 	var cbuf [16]int
-	cands := rt.table.Candidates(rt.key, cbuf[:0])
+	cands := c.Table.Candidates(c.Key, cbuf[:0])
 	usable := func(j int) bool {
 		for _, x := range tried {
 			if x == j {
 				return false
 			}
 		}
-		return !rt.bound.Down(j)
+		return !c.Guard.Down(j)
 	}
-	if h.opts.Regions != nil {
-		if region := h.opts.Regions.Region(rt.model, rt.table.Engine(failed).Name); region != "" {
-			inRegion := func(j int) bool { return h.opts.Regions.Region(rt.model, rt.table.Engine(j).Name) == region }
+	if c.Regions != nil {
+		if region := c.Regions.Region(c.Model, c.Table.Engine(failed).Name); region != "" {
+			inRegion := func(j int) bool { return c.Regions.Region(c.Model, c.Table.Engine(j).Name) == region }
 			for _, j := range cands {
 				if usable(j) && inRegion(j) {
 					return j, true
 				}
 			}
-			if j, ok := rt.spareEngine(func(j int) bool { return usable(j) && inRegion(j) }); ok {
+			if j, ok := spareEngine(c.Table, c.Spare, func(j int) bool { return usable(j) && inRegion(j) }); ok {
 				return j, true
 			}
 		}
@@ -567,14 +628,13 @@ func (h *Handler) nextCandidate(rt *routed, tried []int, failed int) (int, bool)
 			return j, true
 		}
 	}
-	return rt.spareEngine(usable)
+	return spareEngine(c.Table, c.Spare, usable)
 }
 
-// spareEngine returns the first of the snapshot's spare engines (weight
-// zero, nearest first) in rt's table that ok accepts.
-func (rt *routed) spareEngine(ok func(j int) bool) (int, bool) {
-	for _, name := range rt.spare {
-		if j, in := rt.table.Index(name); in && ok(j) {
+// spareEngine returns the first of spare (engine names) in t that ok accepts.
+func spareEngine(t *selection.Table, spare []string, ok func(j int) bool) (int, bool) {
+	for _, name := range spare {
+		if j, in := t.Index(name); in && ok(j) {
 			return j, true
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/switchyard-dev/switchyard/optimizer"
+	"github.com/switchyard-dev/switchyard/sim/scenario"
 )
 
 // Calibration sizes: how many of the scenario's first requests make the mix
@@ -38,10 +39,10 @@ type Profile struct {
 // fixedPolicy sends everything to engine 0.
 type fixedPolicy struct{ noControl }
 
-func (fixedPolicy) pick(*run, int, *Arrival) int { return 0 }
+func (fixedPolicy) pick(*run, int, *scenario.Arrival) int { return 0 }
 
 // calibrate measures engine type t on the request shapes of mix.
-func calibrate(sc *Scenario, ti int, mix []Arrival, seed uint64, n int) (Profile, error) {
+func calibrate(sc *scenario.Scenario, ti int, mix []scenario.Arrival, seed uint64, n int) (Profile, error) {
 	if n <= 0 {
 		n = calibRequests
 	}
@@ -51,13 +52,13 @@ func calibrate(sc *Scenario, ti int, mix []Arrival, seed uint64, n int) (Profile
 		return p, fmt.Errorf("sim: calibrate engine type %s: no requests", t.Name)
 	}
 	rng := rand.New(rand.NewPCG(seed, 0xCA11+uint64(ti)))
-	shapes := func(n int, rate float64) []Arrival {
-		out := make([]Arrival, n)
+	shapes := func(n int, rate float64) []scenario.Arrival {
+		out := make([]scenario.Arrival, n)
 		at := 0.0
 		for k := range out {
 			src := mix[k%len(mix)]
 			cycle := uint64(k / len(mix))
-			a := Arrival{Prompt: src.Prompt, Output: src.Output, Blocks: src.Blocks}
+			a := scenario.Arrival{Prompt: src.Prompt, Output: src.Output, Blocks: src.Blocks}
 			if cycle > 0 && len(src.Blocks) > 0 {
 				a.Blocks = make([]uint64, len(src.Blocks))
 				for b, id := range src.Blocks {
@@ -72,9 +73,9 @@ func calibrate(sc *Scenario, ti int, mix []Arrival, seed uint64, n int) (Profile
 		}
 		return out
 	}
-	one := func(arr []Arrival, from float64) *run {
+	one := func(arr []scenario.Arrival, from float64) *run {
 		f := &fleet{
-			sc:       &Scenario{SLO: SLO{TTFTMs: math.Inf(1), TBTMs: math.Inf(1)}, SignalPeriodMs: 1000},
+			sc:       &scenario.Scenario{SLO: scenario.SLO{TTFTMs: math.Inf(1), TBTMs: math.Inf(1)}, SignalPeriodMs: 1000},
 			engines:  []engineDesc{{name: "e", region: "r", typ: t, typeIdx: ti, capacity: 1}},
 			clusters: []clusterDesc{{name: "c", region: "r"}},
 			oneWay:   [][]float64{{0}},
@@ -152,7 +153,7 @@ type BoundPhase struct {
 }
 
 // lowerBound computes the fluid lower bound of the fleet on arrivals.
-func lowerBound(f *fleet, arrivals []Arrival, profiles []Profile) (LowerBound, error) {
+func lowerBound(f *fleet, arrivals []scenario.Arrival, profiles []Profile) (LowerBound, error) {
 	var lb LowerBound
 	cuts := []float64{f.measureFrom}
 	for _, te := range f.events {

@@ -46,16 +46,18 @@
 // these lagged values, plus what each router knows by itself (its own
 // in-flight requests, and engines that refused it).
 //
-// The switchyard policy uses the real optimizer package and the real
-// selection.Table selection: every ControlPeriod it fits queue profiles from the
-// signals as services/optimizersvc does, solves the problem (each engine's
-// capacity scaled by the target utilisation) warm-started from the previous
-// solution, and installs a new table for each cluster whose weights moved by
-// more than the solver's dead band. Each request is shed with the snapshot's
-// shed fraction, else routed under the bounded-load guard: with
-// Table.PickRecent and the router's RecentKeys when it has an affinity key
-// (session, else the hash of its first prompt blocks), else with
-// Table.PickTwo on a spread key, which compares the two candidates' load as
-// the router sees it (other routers' requests in the last signal plus its
-// own in flight) relative to their planned utilisation in the solve.
+// The switchyard policy runs the shipped code: every ControlPeriod the plan
+// builder (package plan, as services/optimizersvc runs it) turns engine and
+// demand states built from the signals into the optimizer's problem, the
+// optimizer solves it warm-started (sharing any shed among the clusters
+// with optimizer.ShareShed, as the service does by default), and each
+// cluster's weight snapshot is
+// installed when it moved by the solver's dead band. Each cluster's router
+// runs the router's own guards on the run's virtual clock (guards.go): the
+// live set (down marks, in-flight counts, the load from signals,
+// ejection), admission (the snapshot's shed fractions by key and class, the
+// allotments), the retry budget and the retry's next engine; a request is
+// picked with Table.PickRecent and the router's RecentKeys when it has an
+// affinity key (session, else the hash of its first prompt blocks), else
+// with Table.PickTwo on a spread key.
 package sim

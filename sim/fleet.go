@@ -5,11 +5,12 @@ import (
 	"math"
 
 	"github.com/switchyard-dev/switchyard/batching"
+	"github.com/switchyard-dev/switchyard/sim/scenario"
 )
 
 // fleet is a scenario compiled into indexes: what every policy run shares.
 type fleet struct {
-	sc       *Scenario
+	sc       *scenario.Scenario
 	engines  []engineDesc
 	clusters []clusterDesc
 	// oneWay[c][j] is the one-way network latency from cluster c to engine j, ms.
@@ -23,7 +24,7 @@ type fleet struct {
 
 type engineDesc struct {
 	name, region string
-	typ          *EngineType
+	typ          *scenario.EngineType
 	typeIdx      int
 	// capacity is the calibrated saturation throughput at speed 1, req/s.
 	capacity float64
@@ -52,7 +53,7 @@ type timedEvent struct {
 }
 
 // compile builds the fleet of a validated scenario for arrivals ending at lastMs.
-func compile(sc *Scenario, lastMs float64) (*fleet, error) {
+func compile(sc *scenario.Scenario, lastMs float64) (*fleet, error) {
 	f := &fleet{sc: sc}
 	typeIdx := map[string]int{}
 	for k := range sc.EngineTypes {
@@ -72,12 +73,12 @@ func compile(sc *Scenario, lastMs float64) (*fleet, error) {
 	for c := range f.clusters {
 		f.oneWay[c] = make([]float64, len(f.engines))
 		for j := range f.engines {
-			f.oneWay[c][j] = sc.Network.oneWayMs(f.clusters[c].region, f.engines[j].region)
+			f.oneWay[c][j] = sc.Network.OneWayMs(f.clusters[c].region, f.engines[j].region)
 		}
 	}
-	for _, ev := range sc.sortedEvents() {
+	for _, ev := range sc.SortedEvents() {
 		te := timedEvent{at: ev.AtS * 1000}
-		var tg *Target
+		var tg *scenario.Target
 		switch {
 		case ev.Fail != nil:
 			te.kind, tg = tFail, ev.Fail
@@ -110,15 +111,15 @@ func compile(sc *Scenario, lastMs float64) (*fleet, error) {
 	return f, nil
 }
 
-// cost returns the step-time model of an engine type.
-func (t *EngineType) cost() batching.Cost {
+// engineCost returns the step-time model of an engine type.
+func engineCost(t *scenario.EngineType) batching.Cost {
 	return batching.Cost{PrefillMsPerToken: t.PrefillMsPerToken, TBTBaseMs: t.TBTBaseMs,
 		TBTPerRequestMs: t.TBTPerRequestMs, TBTPerKTokenMs: t.TBTPerKTokenMs}
 }
 
 // anonBlocks is the number of anonymous KV blocks a request reserves: its
 // output, plus its prompt when the prompt has no block names.
-func anonBlocks(a *Arrival) int {
+func anonBlocks(a *scenario.Arrival) int {
 	n := int(a.Output)
 	if len(a.Blocks) == 0 {
 		n += int(a.Prompt)

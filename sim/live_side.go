@@ -3,6 +3,8 @@ package sim
 import (
 	"context"
 	"fmt"
+
+	"github.com/switchyard-dev/switchyard/sim/scenario"
 )
 
 // What the live check (package sim/livecheck) needs of the simulator: the
@@ -47,7 +49,7 @@ type LiveSide struct {
 // RunLiveSide simulates the switchyard policy on arrivals, keeping each
 // cluster's engine shares: the simulator's side of the live check. calib is
 // the calibration effort (Options.CalibrationRequests).
-func RunLiveSide(ctx context.Context, sc *Scenario, arrivals []Arrival, seed uint64, calib int) (*LiveSide, error) {
+func RunLiveSide(ctx context.Context, sc *scenario.Scenario, arrivals []scenario.Arrival, seed uint64, calib int) (*LiveSide, error) {
 	f, err := compile(sc, arrivals[len(arrivals)-1].AtMs)
 	if err != nil {
 		return nil, err
@@ -119,8 +121,8 @@ type LiveLayout struct {
 	MeasureFromMs, MeasureToMs float64
 }
 
-// LiveLayout compiles sc for arrivals (sorted by time, at least one).
-func (s *Scenario) LiveLayout(arrivals []Arrival) (*LiveLayout, error) {
+// Layout compiles s for arrivals (sorted by time, at least one).
+func Layout(s *scenario.Scenario, arrivals []scenario.Arrival) (*LiveLayout, error) {
 	f, err := compile(s, arrivals[len(arrivals)-1].AtMs)
 	if err != nil {
 		return nil, err

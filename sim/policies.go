@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"strings"
+
+	"github.com/switchyard-dev/switchyard/sim/scenario"
 )
 
 // policy routes requests in a run. pick returns the engine for a request
@@ -11,7 +13,7 @@ import (
 // period, after the signals of that instant.
 type policy interface {
 	init(r *run)
-	pick(r *run, c int, a *Arrival) int
+	pick(r *run, c int, a *scenario.Arrival) int
 	control(r *run)
 }
 
@@ -42,7 +44,7 @@ func ParsePolicies(s string) ([]string, error) {
 }
 
 // newPolicy returns a fresh policy by name (sc may be nil to check the name only).
-func newPolicy(name string, sc *Scenario) (policy, error) {
+func newPolicy(name string, sc *scenario.Scenario) (policy, error) {
 	switch name {
 	case "round-robin":
 		return &roundRobin{}, nil
@@ -76,7 +78,7 @@ type roundRobin struct {
 	next []int
 }
 
-func (p *roundRobin) pick(r *run, c int, _ *Arrival) int {
+func (p *roundRobin) pick(r *run, c int, _ *scenario.Arrival) int {
 	if p.next == nil {
 		p.next = make([]int, len(r.f.clusters))
 	}
@@ -94,7 +96,7 @@ func (p *roundRobin) pick(r *run, c int, _ *Arrival) int {
 // randomPolicy picks uniformly among the engines the router considers up.
 type randomPolicy struct{ noControl }
 
-func (randomPolicy) pick(r *run, c int, _ *Arrival) int {
+func (randomPolicy) pick(r *run, c int, _ *scenario.Arrival) int {
 	n := len(r.engines)
 	j := r.rng.IntN(n)
 	for k := 0; k < n; k++ {
@@ -113,7 +115,7 @@ type nearest struct {
 	next  []int
 }
 
-func (p *nearest) pick(r *run, c int, _ *Arrival) int {
+func (p *nearest) pick(r *run, c int, _ *scenario.Arrival) int {
 	if p.order == nil {
 		p.order = make([][]int, len(r.f.clusters))
 		for k := range p.order {
@@ -160,7 +162,7 @@ func (p *nearest) pick(r *run, c int, _ *Arrival) int {
 // signalled capacity.
 type proportional struct{ noControl }
 
-func (proportional) pick(r *run, c int, _ *Arrival) int {
+func (proportional) pick(r *run, c int, _ *scenario.Arrival) int {
 	total := 0.0
 	for j := range r.engines {
 		if !r.down(c, j) {
@@ -191,19 +193,10 @@ func (r *run) viewLoad(c, j int) float64 {
 	return float64(r.sig[j].outstanding+int(r.sentSince[c][j])) / float64(r.engines[j].d.typ.MaxBatch)
 }
 
-// routerLoad is router c's view of engine j's load as the real router
-// keeps it (router.Bound.Load): the outstanding requests at the last signal
-// that other routers sent, plus this router's in-flight requests now, per
-// batch slot.
-func (r *run) routerLoad(c, j int) float64 {
-	others := max(0, r.sig[j].outstanding-int(r.inflightAtSig[c][j]))
-	return float64(others+int(r.inflight[c][j])) / float64(r.engines[j].d.typ.MaxBatch)
-}
-
 // p2c samples two live engines and takes the less loaded in the router's view.
 type p2c struct{ noControl }
 
-func (p2c) pick(r *run, c int, _ *Arrival) int {
+func (p2c) pick(r *run, c int, _ *scenario.Arrival) int {
 	n := len(r.engines)
 	a := r.rng.IntN(n)
 	for k := 0; k < n && r.down(c, a); k++ {
@@ -231,7 +224,7 @@ func (p2c) pick(r *run, c int, _ *Arrival) int {
 // engines' caches directly, as a KV-event index would.
 type prefixAffinity struct{ noControl }
 
-func (prefixAffinity) pick(r *run, c int, a *Arrival) int {
+func (prefixAffinity) pick(r *run, c int, a *scenario.Arrival) int {
 	lw := r.f.sc.Policies.PrefixAffinity.LoadWeight
 	n := len(r.engines)
 	start := r.rng.IntN(n)

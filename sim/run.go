@@ -7,6 +7,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/batching"
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/sim/scenario"
 )
 
 // Event kinds of the heap.
@@ -147,7 +148,7 @@ type engineSignal struct {
 // run is one policy's simulation over the shared arrivals.
 type run struct {
 	f        *fleet
-	arrivals []Arrival
+	arrivals []scenario.Arrival
 	pol      policy
 	rng      *rand.Rand
 	now      float64
@@ -170,6 +171,7 @@ type run struct {
 	// inflightAtSig is [cluster][engine] in flight when the last signal arrived
 	inflightAtSig [][]int32
 	spreadSeq     []uint64 // [cluster] keyless request counter
+	routing       int32    // the request route is asking the policy for an engine
 
 	// aggregator
 	sig       []engineSignal
@@ -188,14 +190,14 @@ func (r *run) push(e event) {
 }
 
 // newRun prepares a run of pol over arrivals.
-func newRun(f *fleet, arrivals []Arrival, pol policy, seed uint64) *run {
+func newRun(f *fleet, arrivals []scenario.Arrival, pol policy, seed uint64) *run {
 	r := &run{f: f, arrivals: arrivals, pol: pol, rng: rand.New(rand.NewPCG(seed, 0x5eed_5117))}
 	r.reqs = make([]reqRun, len(arrivals))
 	r.engines = make([]engine, len(f.engines))
 	for j := range r.engines {
 		d := &f.engines[j]
 		r.engines[j] = engine{d: d, speed: 1, up: true, kv: newKVCache(d.typ.KVBlocks),
-			batch: batching.New[int32](d.typ.cost(), d.typ.MaxBatch)}
+			batch: batching.New[int32](engineCost(d.typ), d.typ.MaxBatch)}
 		r.bindEngine(j)
 	}
 	nc, ne := len(f.clusters), len(f.engines)
@@ -330,6 +332,7 @@ func (r *run) route(q int32) {
 	a := &r.arrivals[q]
 	c := int(a.Cluster)
 	rq := &r.reqs[q]
+	r.routing = q
 	j := r.pol.pick(r, c, a)
 	if j < 0 {
 		rq.state = rsShed
@@ -345,24 +348,46 @@ func (r *run) route(q int32) {
 	r.push(event{t: r.now + r.f.oneWay[c][j], kind: evArrive, x: int32(j), req: q})
 }
 
-// release drops request q from its router's in-flight counts.
-func (r *run) release(q int32) {
+// Outcomes of an attempt, for guardedPolicy.attemptEnded.
+const (
+	attemptOK      uint8 = iota // the request finished on the engine
+	attemptBroken               // the engine failed while the request ran
+	attemptRefused              // the engine refused the request before its first token
+)
+
+// guardedPolicy is a policy whose routers keep state per request and per
+// signal of their own (the router's guards): it hears of every signal and
+// of the end of every attempt it routed, and decides whether a refused
+// request is retried (at most 3 tries otherwise).
+type guardedPolicy interface {
+	policy
+	signalled(r *run)
+	attemptEnded(r *run, q int32, outcome uint8) (retry bool)
+}
+
+// release drops request q from its router's in-flight counts at the end of
+// its attempt, and reports whether a refused request is retried.
+func (r *run) release(q int32, outcome uint8) bool {
 	c := r.arrivals[q].Cluster
 	j := r.reqs[q].engine
 	r.inflight[c][j]--
 	r.totalIn[c]--
+	if g, ok := r.pol.(guardedPolicy); ok {
+		return g.attemptEnded(r, q, outcome)
+	}
+	return r.reqs[q].tries+1 < 3
 }
 
 // bounce sends a request that never got a token back to its router, which
-// learns that the engine is down and routes it again (at most 3 tries).
+// learns that the engine is down and routes it again while it retries.
 func (r *run) bounce(q int32) {
 	rq := &r.reqs[q]
 	c := int(r.arrivals[q].Cluster)
 	j := int(rq.engine)
-	r.release(q)
+	retry := r.release(q, attemptRefused)
 	r.localDown[c][j] = true
 	rq.tries++
-	if rq.tries >= 3 {
+	if !retry {
 		rq.state = rsFailed
 		r.active--
 		r.m.fail(r, q)
@@ -441,7 +466,7 @@ func (r *run) finish(j int, q int32) {
 	e.kv.release(a.Blocks, anonBlocks(a))
 	rq.state = rsDone
 	r.active--
-	r.release(q)
+	r.release(q, attemptOK)
 	ttft := rq.first - rq.atEngine
 	var tbt float64
 	if a.Output > 1 {
@@ -505,6 +530,9 @@ func (r *run) signal() {
 		r.demand[c].add(r.smooth, float64(r.dArrived[c])/per, per)
 		r.dArrived[c] = 0
 	}
+	if g, ok := r.pol.(guardedPolicy); ok {
+		g.signalled(r)
+	}
 }
 
 // timed applies a scenario event.
@@ -539,7 +567,7 @@ func (r *run) timed(te *timedEvent) {
 func (r *run) lose(j int, q int32) {
 	r.reqs[q].state = rsFailed
 	r.active--
-	r.release(q)
+	r.release(q, attemptBroken)
 	r.m.fail(r, q)
 	_ = j
 }

@@ -7,11 +7,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/switchyard-dev/switchyard/sim/scenario"
 )
 
-func mustParse(t *testing.T, yaml string) *Scenario {
+func mustParse(t *testing.T, yaml string) *scenario.Scenario {
 	t.Helper()
-	sc, err := ParseScenario("test.yaml", []byte(yaml))
+	sc, err := scenario.ParseScenario("test.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +184,7 @@ clusters:
 	if err := os.WriteFile(filepath.Join(dir, "s.yaml"), []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	sc, err := LoadScenario(filepath.Join(dir, "s.yaml"))
+	sc, err := scenario.LoadScenario(filepath.Join(dir, "s.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,50 +220,6 @@ clusters:
 		if want := float64(1023+1024) / float64(1000+1024+600+1500); math.Abs(res.KVHitRate-want) > 1e-9 {
 			t.Fatalf("%s: KV hit rate %.4f, want %.4f", name, res.KVHitRate, want)
 		}
-	}
-}
-
-func TestScenarioErrorsNameTheField(t *testing.T) {
-	base := `
-name: x
-duration_s: 10
-engine_types:
-  - {name: t, max_batch: 4, tbt_base_ms: 10, kv_blocks: 100}
-engines:
-  - {name: e, region: r, type: t}
-clusters:
-  - {name: c, region: r, poisson: {rate: 1}}
-`
-	for _, tc := range []struct{ edit, want string }{
-		{"max_batch: 4", "engine_types[0].max_batch: 0"},
-		{"tbt_base_ms: 10", "engine_types[0].tbt_base_ms: -1"},
-		{"type: t}", "engines[0].type: \"u\""},
-		{"rate: 1}", "clusters[0].poisson.rate: -2"},
-		{"duration_s: 10", "field bogus not found"},
-	} {
-		repl := map[string]string{
-			"max_batch: 4": "max_batch: 0", "tbt_base_ms: 10": "tbt_base_ms: -1", "type: t}": "type: u}",
-			"rate: 1}": "rate: -2}", "duration_s: 10": "duration_s: 10\nbogus: 1",
-		}[tc.edit]
-		_, err := ParseScenario("bad.yaml", []byte(strings.Replace(base, tc.edit, repl, 1)))
-		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "bad.yaml") {
-			t.Errorf("edit %q: error %v, want it to mention %q and the file", tc.edit, err, tc.want)
-		}
-	}
-	if _, err := ParseScenario("ok.yaml", []byte(base)); err != nil {
-		t.Fatal(err)
-	}
-	tu := base + "policies:\n  switchyard: {target_utilisation: 0.3}\n"
-	if _, err := ParseScenario("tu.yaml", []byte(tu)); err == nil || !strings.Contains(err.Error(), "policies.switchyard.target_utilisation: 0.3") {
-		t.Errorf("bad target utilisation: %v", err)
-	}
-	ttu := strings.Replace(base, "kv_blocks: 100}", "kv_blocks: 100, target_utilisation: 1.2}", 1)
-	if _, err := ParseScenario("ttu.yaml", []byte(ttu)); err == nil || !strings.Contains(err.Error(), "engine_types[0].target_utilisation: 1.2") {
-		t.Errorf("bad engine type target utilisation: %v", err)
-	}
-	ev := base + "events:\n  - {at_s: 1, fail: {engine: nope}}\n"
-	if _, err := ParseScenario("ev.yaml", []byte(ev)); err == nil || !strings.Contains(err.Error(), "events[0].fail.engine") {
-		t.Errorf("bad event target: %v", err)
 	}
 }
 
@@ -319,7 +277,7 @@ func TestCaseStudyOutcome(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short")
 	}
-	sc, err := LoadScenario("../examples/sim/case-study.yaml")
+	sc, err := scenario.LoadScenario("../examples/sim/case-study.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,7 +297,11 @@ func TestCaseStudyOutcome(t *testing.T) {
 }
 
 // TestTargetUtilisation: the switchyard control loop plans engines up to the
-// target utilisation, so demand beyond it is shed, and none is at 1.
+// target utilisation, so its snapshot sheds the demand beyond it, and none
+// at 1. The router serves a request the snapshot would shed while its
+// requests fit in the batch slots other routers leave free
+// (router.Bound.SlotsForRouter), so what is shed at 0.8 is more than at 1
+// but at most the demand beyond 80% of capacity.
 func TestTargetUtilisation(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short")
@@ -361,7 +323,7 @@ policies:
 	shed := map[string]float64{}
 	var capacity float64
 	for _, tu := range []string{"0.8", "1"} {
-		sc, err := ParseScenario("tu.yaml", []byte(strings.NewReplacer("RATE", "100", "TU", tu).Replace(yaml)))
+		sc, err := scenario.ParseScenario("tu.yaml", []byte(strings.NewReplacer("RATE", "100", "TU", tu).Replace(yaml)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -376,8 +338,8 @@ policies:
 	if u := 100 / capacity; u < 0.85 || u > 0.97 {
 		t.Fatalf("offered load is %.2f of capacity; the test wants it between 0.85 and 0.97", u)
 	}
-	if want := 1 - 0.8*capacity/100; math.Abs(shed["0.8"]-want) > 0.04 {
-		t.Errorf("target 0.8: shed %.3f, want about %.3f (demand beyond 80%% of capacity)", shed["0.8"], want)
+	if most := 1 - 0.8*capacity/100; shed["0.8"] > most+0.02 || shed["0.8"] < shed["1"]+0.02 {
+		t.Errorf("target 0.8: shed %.3f, want more than at 1 (%.3f) and at most %.3f (demand beyond 80%% of capacity)", shed["0.8"], shed["1"], most)
 	}
 	if shed["1"] > 0.02 {
 		t.Errorf("target 1: shed %.3f, want (almost) none below capacity", shed["1"])
@@ -408,7 +370,7 @@ engines:
 clusters:
   - {name: c, region: r, poisson: {rate: 75}, prompt_tokens: 128, output_tokens: 16}
 `
-	sc, err := ParseScenario("ttu.yaml", []byte(yaml))
+	sc, err := scenario.ParseScenario("ttu.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -426,7 +388,7 @@ clusters:
 		share += s.Share[1] / float64(len(samples))
 	}
 	t.Logf("capacity %.1f req/s each; engine b (target 0.6) has %.3f of the traffic, %.3f of its capacity", capacity, share, share*75/capacity)
-	if want := 0.6 / (0.6 + DefaultTargetUtilisation); math.Abs(share-want) > 0.03 {
+	if want := 0.6 / (0.6 + scenario.DefaultTargetUtilisation); math.Abs(share-want) > 0.03 {
 		t.Errorf("engine b has %.3f of the traffic, want about %.3f", share, want)
 	}
 }
@@ -436,7 +398,7 @@ func TestMixedFleetOscillation(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short")
 	}
-	sc, err := LoadScenario("../examples/sim/mixed-fleet.yaml")
+	sc, err := scenario.LoadScenario("../examples/sim/mixed-fleet.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -462,7 +424,7 @@ func TestMixedFleetOscillation(t *testing.T) {
 // BenchmarkSimulate measures simulated requests per second of wall time on
 // one core (the issue asks for at least a million per minute, 16,667/s).
 func BenchmarkSimulate(b *testing.B) {
-	sc, err := ParseScenario("bench.yaml", []byte(`
+	sc, err := scenario.ParseScenario("bench.yaml", []byte(`
 name: bench
 duration_s: 200
 seed: 1

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"sync"
+
+	"github.com/switchyard-dev/switchyard/sim/scenario"
 )
 
 // Options configures Run.
@@ -65,7 +67,7 @@ type Report struct {
 }
 
 // Run simulates every requested policy on the scenario's arrivals.
-func Run(sc *Scenario, opts Options) (*Report, error) {
+func Run(sc *scenario.Scenario, opts Options) (*Report, error) {
 	seed := sc.Seed
 	if opts.SeedSet {
 		seed = opts.Seed
@@ -90,7 +92,7 @@ func Run(sc *Scenario, opts Options) (*Report, error) {
 }
 
 // RunArrivals is Run on given arrivals (sorted by time).
-func RunArrivals(sc *Scenario, arrivals []Arrival, names []string, seed uint64, opts Options) (*Report, error) {
+func RunArrivals(sc *scenario.Scenario, arrivals []scenario.Arrival, names []string, seed uint64, opts Options) (*Report, error) {
 	f, err := compile(sc, arrivals[len(arrivals)-1].AtMs)
 	if err != nil {
 		return nil, err

@@ -4,12 +4,12 @@ import (
 	"math"
 	"slices"
 
+	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/optimizer"
+	"github.com/switchyard-dev/switchyard/plan"
 	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/sim/scenario"
 )
-
-// minDemandRPS is the optimizer service's demand floor.
-const minDemandRPS = 1
 
 // remapKeys is how many fixed keys measure key movement between tables.
 const remapKeys = 2048
@@ -23,22 +23,17 @@ type clusterTable struct {
 	lastDir []int8 // by engine index: sign of the last significant weight move
 }
 
-// guard is a router's bounded-load and health view of its table's engines.
-type guard struct {
+// loopGuard is the feedback loop's view of its table's engines: the
+// simulator's own down marks and in-flight counts.
+type loopGuard struct {
 	r     *run
 	c     int
 	toSim []int
 }
 
-func (g *guard) Down(i int) bool      { return g.r.down(g.c, g.toSim[i]) }
-func (g *guard) InFlight(i int) int64 { return int64(g.r.inflight[g.c][g.toSim[i]]) }
-func (g *guard) TotalInFlight() int64 { return int64(g.r.totalIn[g.c]) }
-
-// Load is the router's view of the engine's load as router.Bound.Load
-// computes it: the outstanding requests in the engine's last signal that
-// other routers sent, plus this router's in-flight requests now, per batch
-// slot.
-func (g *guard) Load(i int) float64 { return g.r.routerLoad(g.c, g.toSim[i]) }
+func (g *loopGuard) Down(i int) bool      { return g.r.down(g.c, g.toSim[i]) }
+func (g *loopGuard) InFlight(i int) int64 { return int64(g.r.inflight[g.c][g.toSim[i]]) }
+func (g *loopGuard) TotalInFlight() int64 { return int64(g.r.totalIn[g.c]) }
 
 // tables is the weighted-table machinery shared by switchyard and the
 // feedback loop: one selection.Table per cluster, rebuilt when weights change.
@@ -46,18 +41,17 @@ type tables struct {
 	slots   int
 	epsilon float64
 	cur     []*clusterTable
-	guards  []guard
+	guards  []loopGuard
 	keys    []uint64
-	recent  []*selection.RecentKeys // [cluster], switchyard only
 }
 
 func (ts *tables) setup(r *run, slots int, epsilon float64) {
 	ts.slots, ts.epsilon = slots, epsilon
 	ts.cur = make([]*clusterTable, len(r.f.clusters))
-	ts.guards = make([]guard, len(r.f.clusters))
+	ts.guards = make([]loopGuard, len(r.f.clusters))
 	ts.keys = make([]uint64, remapKeys)
 	for k := range ts.keys {
-		ts.keys[k] = mix(uint64(k) + 0x1234_5678)
+		ts.keys[k] = selection.Mix64(uint64(k) + 0x1234_5678)
 	}
 }
 
@@ -129,39 +123,22 @@ func (ts *tables) install(r *run, c int, weights, util []float64, shed float64) 
 		}
 	}
 	ts.cur[c] = nt
-	ts.guards[c] = guard{r: r, c: c, toSim: nt.toSim}
+	ts.guards[c] = loopGuard{r: r, c: c, toSim: nt.toSim}
 }
 
-// pick routes a request of cluster c with the installed table: shed with the
-// table's shed fraction, else Table.Pick on the request's affinity key or on
-// a spread key. With two set (switchyard) a request with an affinity key
-// goes through Table.PickRecent with the router's RecentKeys, and one without
-// through Table.PickTwo.
-func (ts *tables) pick(r *run, c int, a *Arrival, two bool) int {
+// pick routes a request of cluster c with Table.Pick on the installed
+// table, on the request's affinity key or on a spread key.
+func (ts *tables) pick(r *run, c int, a *scenario.Arrival) int {
 	ct := ts.cur[c]
 	if ct == nil {
 		return -1
 	}
-	if ct.shed > 1e-9 && r.rng.Float64() < ct.shed {
-		return -1
-	}
-	var i int
-	var ok bool
-	if key := a.Key; key != 0 {
-		if two {
-			i, ok = ct.t.PickRecent(key, &ts.guards[c], ts.recent[c])
-		} else {
-			i, ok = ct.t.Pick(key, &ts.guards[c])
-		}
-	} else {
+	key := a.Key
+	if key == 0 {
 		r.spreadSeq[c]++
-		key = spreadKey(r.spreadSeq[c])
-		if two {
-			i, ok = ct.t.PickTwo(key, &ts.guards[c])
-		} else {
-			i, ok = ct.t.Pick(key, &ts.guards[c])
-		}
+		key = selection.SpreadKey(r.spreadSeq[c])
 	}
+	i, ok := ct.t.Pick(key, &ts.guards[c])
 	if !ok {
 		return -1
 	}
@@ -177,94 +154,120 @@ func tvDistance(a, b []float64, shedA, shedB float64) float64 {
 	return d / 2
 }
 
-// switchyard is the real optimizer plus the real router selection, fed by
-// the run's signals every control period.
+// switchyard is the shipped control and data plane on the run's signals:
+// every control period the plan builder (plan) turns the engines' and
+// clusters' states into the optimizer's problem, the optimizer solves it,
+// and the plan builder renders each cluster's snapshot, installed when it
+// moved by the dead band as the optimizer service writes it; each
+// cluster's router routes through the router's own guards (guards.go).
 type switchyard struct {
 	tables
-	solver *optimizer.Solver
-	prev   *optimizer.Solution
-	fits   []optimizer.BaseFit // by engine: the optimizer service's latency fit
-}
-
-// fitSample is the latency-fit sample of an engine's signal windows; it
-// carries no time, since every control period folds in a new one.
-func fitSample(s *engineSignal) optimizer.Sample {
-	return optimizer.Sample{LoadRPS: s.load.Slow, CapacityRPS: s.capacity, TTFTMs: s.ttft.Slow, TBTMs: s.tbt.Slow, OutputTokens: s.out.Slow}
+	g       guards
+	solver  *optimizer.Solver
+	prev    *optimizer.Solution
+	fits    []*optimizer.BaseFit       // by engine: the optimizer service's latency fit
+	last    []*messages.WeightSnapshot // by cluster: the installed snapshot
+	targets plan.Targets
+	network func(cluster, engine string) (float64, bool)
 }
 
 func (p *switchyard) init(r *run) {
-	o := r.f.sc.Policies.Switchyard
+	f := r.f
+	o := f.sc.Policies.Switchyard
 	p.setup(r, o.Slots, o.Epsilon)
-	p.recent = make([]*selection.RecentKeys, len(r.f.clusters))
-	for c := range p.recent {
-		rk, err := selection.NewRecentKeys(selection.DefaultRecentKeys)
-		if err != nil {
-			panic("sim: selection.NewRecentKeys: " + err.Error()) // a constant size; a failure is a bug
-		}
-		p.recent[c] = rk
-	}
+	p.g.setup(r)
 	// No time budget: a solve cut short by the machine's speed would make a
 	// run depend on the machine, and the simulator's runs reproduce exactly.
 	opt := optimizer.DefaultOptions()
 	opt.TimeBudget = -1
 	p.solver = optimizer.NewSolver(opt)
-	p.fits = make([]optimizer.BaseFit, len(r.f.engines))
+	p.fits = make([]*optimizer.BaseFit, len(f.engines))
+	for j := range p.fits {
+		p.fits[j] = optimizer.NewBaseFit(optimizer.FitOptions{})
+	}
+	p.last = make([]*messages.WeightSnapshot, len(f.clusters))
+	p.targets = plan.Targets{Common: o.TargetUtilisation, PerEngine: map[string]float64{}}
+	engineIdx := make(map[string]int, len(f.engines))
+	for j := range f.engines {
+		engineIdx[f.engines[j].name] = j
+		if t := f.engines[j].typ.TargetUtilisation; t > 0 {
+			p.targets.PerEngine[f.engines[j].name] = t
+		}
+	}
+	clusterIdx := make(map[string]int, len(f.clusters))
+	for c := range f.clusters {
+		clusterIdx[f.clusters[c].name] = c
+	}
+	p.network = func(cluster, engine string) (float64, bool) {
+		return f.rtt(clusterIdx[cluster], engineIdx[engine]), true
+	}
 	p.solve(r, false)
 }
 
 func (p *switchyard) control(r *run) { p.solve(r, true) }
 
-func (p *switchyard) pick(r *run, c int, a *Arrival) int { return p.tables.pick(r, c, a, true) }
+func (p *switchyard) pick(r *run, c int, a *scenario.Arrival) int {
+	if q := r.routing; r.reqs[q].tries > 0 {
+		return p.g.retried(r, q)
+	}
+	return p.g.admitAndPick(r, c, r.routing, a)
+}
 
-// solve builds the problem from the signals, solves it warm-started, and
-// installs the tables whose weights moved by the dead band or more.
+func (p *switchyard) signalled(r *run) { p.g.signalled(r) }
+
+func (p *switchyard) attemptEnded(r *run, q int32, outcome uint8) bool {
+	return p.g.attemptEnded(r, q, outcome)
+}
+
+// engineState is engine j's state as the aggregator would write it from
+// the run's signal windows at now (ms).
+func engineState(r *run, j int, now int64) *messages.EngineState {
+	s := &r.sig[j]
+	st := &messages.EngineState{Model: simModel, Engine: r.f.engines[j].name, Region: r.f.engines[j].region, Time: now,
+		Status: messages.StatusUp, CapacityRPS: s.capacity, Health: 1, BaseLatencyMs: s.idleMs,
+		LoadRPS: s.load.Window, TTFTMs: s.ttft.Window, TBTMs: s.tbt.Window, OutputTokens: s.out.Window}
+	if !s.up {
+		st.Status = messages.StatusDown
+	}
+	return st
+}
+
+// solve plans from the run's signals with the plan builder, solves
+// warm-started, and installs each cluster's snapshot that moved by the dead
+// band or started or stopped shedding (plan.Distance), as the optimizer
+// service writes them.
 func (p *switchyard) solve(r *run, fit bool) {
 	f := r.f
-	tu := f.sc.Policies.Switchyard.TargetUtilisation
-	prob := &optimizer.Problem{}
-	var idx []int
-	var tus []float64 // by problem engine: its target utilisation
+	in := plan.Input{Network: p.network, Targets: p.targets, MinDemandRPS: plan.DefaultMinDemandRPS}
+	var idx []int // problem engine → engine index
 	for j := range f.engines {
-		s := &r.sig[j]
-		if fit && s.ttft.init {
-			p.fits[j].Add(fitSample(s), s.idleMs)
+		st := engineState(r, j, int64(r.now))
+		if fit {
+			p.fits[j].Add(plan.FitSample(st), plan.FitPrior(st, plan.DefaultPriorBaseMs))
 		}
-		if !s.up || !(s.capacity > 0) {
+		if st.Status == messages.StatusDown || !(st.CapacityRPS > 0) {
 			continue
 		}
-		// The fit, else the prior, and never below the engine's own idle latency.
-		base := p.fits[j].BaseMs(s.idleMs, s.idleMs)
-		tuj := tu
-		if t := f.engines[j].typ.TargetUtilisation; t > 0 {
-			tuj = t
-		}
-		tus = append(tus, tuj)
-		prob.Engines = append(prob.Engines, optimizer.Engine{Name: f.engines[j].name, CapacityRPS: s.capacity * tuj, Health: 1,
-			Profile: optimizer.QueueProfile{BaseMs: base}})
+		in.Engines = append(in.Engines, plan.Engine{Name: st.Engine, CapacityRPS: st.CapacityRPS, Health: st.Health,
+			BaseMs: plan.BaseMs(p.fits[j], st, plan.DefaultPriorBaseMs)})
 		idx = append(idx, j)
 	}
 	for c := range f.clusters {
-		d := r.demand[c].Fast
-		if !r.demand[c].init || d < minDemandRPS {
-			d = minDemandRPS
+		var d *messages.DemandState
+		if dm := &r.demand[c]; dm.init {
+			d = &messages.DemandState{Model: simModel, Cluster: f.clusters[c].name, RPS: dm.Window}
 		}
-		cl := optimizer.Cluster{Name: f.clusters[c].name}
-		cl.Demand[optimizer.Standard] = d
-		row := make([]optimizer.Link, len(idx))
-		for k, j := range idx {
-			row[k] = optimizer.Link{Engine: k, Ms: f.rtt(c, j)}
-		}
-		prob.Clusters = append(prob.Clusters, cl)
-		prob.Network = append(prob.Network, row)
+		in.Clusters = append(in.Clusters, plan.Cluster{Name: f.clusters[c].name, Demand: d})
 	}
 	if len(idx) == 0 {
 		for c := range f.clusters {
 			if ct := p.cur[c]; ct == nil || ct.shed < 1 {
-				p.install(r, c, make([]float64, len(f.engines)), nil, 1)
+				p.installSnapshot(r, c, &messages.WeightSnapshot{Model: simModel, Cluster: f.clusters[c].name, ShedFraction: 1})
 			}
 		}
 		return
 	}
+	prob := plan.Problem(in)
 	sol, err := p.solver.Solve(prob, p.prev)
 	if err != nil {
 		return // keep the installed tables, as the service does
@@ -277,31 +280,30 @@ func (p *switchyard) solve(r *run, fit bool) {
 		}
 		r.m.targetUtilN++
 	}
-	// Planned utilisation, as the snapshot's Utilisation, of the capacity at
-	// the common target (as services/optimizersvc writes it): an engine type
-	// planned to a lower target of its own shows its plan as the lower share
-	// it is, so that the routers' planned-relative comparison keeps it there
-	// rather than rating it against its own, smaller planned capacity (which
-	// would undo the lower target: TestTypeTargetUtilisation).
-	util := make([]float64, len(f.engines))
-	for k, j := range idx {
-		if u := sol.Engines[k].Utilisation * tus[k] / tu; u >= 0 && !math.IsInf(u, 0) {
-			util[j] = math.Min(u, 1e6)
-		}
-	}
-	dead := p.solver.Options().DeadBand
+	band := max(p.solver.Options().DeadBand, 1e-9)
 	for c := range f.clusters {
-		cr := &sol.Clusters[c]
-		w := make([]float64, len(f.engines))
-		for k, e := range cr.Engines {
-			w[idx[e]] = cr.Weights[k]
+		snap := plan.Snapshot(simModel, prob, sol, c, p.targets)
+		if old := p.last[c]; old != nil {
+			if tv, flip := plan.Distance(old, snap); tv < band && !flip {
+				continue
+			}
 		}
-		shed := math.Max(0, math.Min(1, cr.ShedFraction))
-		old := p.cur[c]
-		if old == nil || tvDistance(w, old.weights, shed, old.shed) >= dead || (shed > 1e-9) != (old.shed > 1e-9) {
-			p.install(r, c, w, util, shed)
-		}
+		p.installSnapshot(r, c, snap)
 	}
+}
+
+// installSnapshot installs cluster c's snapshot: its table from the
+// weights and planned utilisations, and its router's guards.
+func (p *switchyard) installSnapshot(r *run, c int, snap *messages.WeightSnapshot) {
+	n := len(r.f.engines)
+	w, util := make([]float64, n), make([]float64, n)
+	for j := range r.f.engines {
+		name := r.f.engines[j].name
+		w[j], util[j] = snap.Weights[name], snap.Utilisation[name]
+	}
+	p.install(r, c, w, util, snap.ShedFraction)
+	p.g.bind(r, c, p.cur[c], snap)
+	p.last[c] = snap
 }
 
 // feedbackLoop is the early feedback loop: each engine's measured latency,
@@ -336,7 +338,7 @@ func (p *feedbackLoop) init(r *run) {
 	}
 }
 
-func (p *feedbackLoop) pick(r *run, c int, a *Arrival) int { return p.tables.pick(r, c, a, false) }
+func (p *feedbackLoop) pick(r *run, c int, a *scenario.Arrival) int { return p.tables.pick(r, c, a) }
 
 func (p *feedbackLoop) control(r *run) {
 	o := r.f.sc.Policies.FeedbackLoop

@@ -14,6 +14,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/sim"
 	"github.com/switchyard-dev/switchyard/sim/livecheck"
+	"github.com/switchyard-dev/switchyard/sim/scenario"
 	"github.com/switchyard-dev/switchyard/sim/simplot"
 )
 
@@ -23,7 +24,7 @@ func simCommand() command {
 		summary: "simulate routing policies on a scenario (deterministic, discrete-event) and compare them",
 		usage:   "--scenario FILE [--trace FILE] [--policies a,b,...] [--seed N] [--json OUT] [--plots DIR] | --live [--scenario FILE] [--seed N] [--json OUT]",
 		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
-			scenario := fs.String("scenario", "", "scenario YAML `file` (see examples/sim/)")
+			scenarioPath := fs.String("scenario", "", "scenario YAML `file` (see examples/sim/)")
 			trace := fs.String("trace", "", "replace the scenario's trace with this `file` (same format: Azure CSV or Mooncake JSONL)")
 			policies := fs.String("policies", "all", "comma-separated `policies`: "+strings.Join(sim.PolicyNames(), ","))
 			seed := fs.Uint64("seed", 0, "random seed (default: the scenario's)")
@@ -53,9 +54,9 @@ func simCommand() command {
 							opts.Seed, opts.SeedSet = *seed, true
 						}
 					})
-					return runLiveCheck(ctx, e, *scenario, *jsonOut, *quiet, opts)
+					return runLiveCheck(ctx, e, *scenarioPath, *jsonOut, *quiet, opts)
 				}
-				if *scenario == "" {
+				if *scenarioPath == "" {
 					return usagef("--scenario is required")
 				}
 				if *parallel < 1 || *parallel > 64 {
@@ -65,7 +66,7 @@ func simCommand() command {
 				if err != nil {
 					return usagef("--policies: %v", err)
 				}
-				sc, err := sim.LoadScenario(*scenario)
+				sc, err := scenario.LoadScenario(*scenarioPath)
 				if err != nil {
 					return usageError{err}
 				}
@@ -120,11 +121,11 @@ func simCommand() command {
 }
 
 // runLiveCheck runs `switchyard sim --live`.
-func runLiveCheck(ctx context.Context, e *env, scenario, jsonOut string, quiet bool, opts livecheck.LiveOptions) error {
+func runLiveCheck(ctx context.Context, e *env, scenarioPath, jsonOut string, quiet bool, opts livecheck.LiveOptions) error {
 	sc := livecheck.LiveScenario()
-	if scenario != "" {
+	if scenarioPath != "" {
 		var err error
-		if sc, err = sim.LoadScenario(scenario); err != nil {
+		if sc, err = scenario.LoadScenario(scenarioPath); err != nil {
 			return usageError{err}
 		}
 	}

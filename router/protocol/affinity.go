@@ -42,17 +42,43 @@ const (
 	seedPrefix  = 0x9e3f_1c00_d0d0_0003
 )
 
+// SessionKey is the affinity key of a session id (the x-session-id header,
+// a prompt_cache_key, a Responses API conversation or response id): the
+// key AffinityKey gives a request naming it. The router remembers where
+// each Responses API answer was made under SessionKey of its id, so that a
+// request continuing it (previous_response_id) goes to the engine that
+// holds it.
+func SessionKey(id string) uint64 {
+	h := selection.NewHasher(seedSession, len(id))
+	h.WriteString(id)
+	return h.Sum()
+}
+
 // AffinityKey returns the selection key of a request and its source: the
-// x-session-id header value when non-empty, else the OpenAI user field when
-// non-empty, else a hash of the first MaxPrefixBytes bytes of the leading
-// prompt content — the first system (or developer) message and the first
-// other message for chat, the first prompt for completions. It returns
-// KeyNone when there is nothing to hash. It does not allocate.
+// x-session-id header value when non-empty, else the prompt_cache_key,
+// else (Responses API) the conversation id, else the previous_response_id
+// (the same key space as the session id), else the OpenAI user
+// field when non-empty, else a hash of the first MaxPrefixBytes bytes of
+// the leading prompt content — the first system (or developer) message and
+// the first other message for chat and responses (whose instructions are
+// the system message), the first prompt for completions and a string
+// input of responses. It returns KeyNone when there is nothing to hash,
+// and always for embeddings: an embedding reuses no cached context, so it
+// is spread by weight. It does not allocate.
 func AffinityKey(sessionID string, req *Request) (uint64, KeySource) {
+	if req != nil && req.Endpoint == EndpointEmbeddings {
+		return 0, KeyNone
+	}
+	if sessionID == "" && req != nil {
+		for _, id := range [...]string{req.PromptCacheKey, req.Conversation, req.PreviousResponseID} {
+			if id != "" {
+				sessionID = id
+				break
+			}
+		}
+	}
 	if sessionID != "" {
-		h := selection.NewHasher(seedSession, len(sessionID))
-		h.WriteString(sessionID)
-		return h.Sum(), KeySession
+		return SessionKey(sessionID), KeySession
 	}
 	if req == nil {
 		return 0, KeyNone
@@ -65,6 +91,13 @@ func AffinityKey(sessionID string, req *Request) (uint64, KeySource) {
 	h := selection.NewHasher(seedPrefix, MaxPrefixBytes)
 	wrote := false
 	switch req.Endpoint {
+	case EndpointResponses:
+		if len(req.Prompts) > 0 && len(req.Messages) == 0 {
+			h.WriteString(req.Prompts[0])
+			wrote = req.Prompts[0] != ""
+			break
+		}
+		fallthrough
 	case EndpointChat:
 		sys, first := -1, -1
 		for i := range req.Messages {
@@ -89,6 +122,10 @@ func AffinityKey(sessionID string, req *Request) (uint64, KeySource) {
 				wrote = wrote || s != ""
 			}
 			h.WriteSep()
+		}
+		if req.Endpoint == EndpointResponses && len(req.Prompts) > 0 { // instructions, then a string input
+			h.WriteString(req.Prompts[0])
+			wrote = wrote || req.Prompts[0] != ""
 		}
 	case EndpointCompletions:
 		switch {

@@ -33,6 +33,15 @@ func TestAffinityKeySources(t *testing.T) {
 		{"completion tokens", "", EndpointCompletions, `{"model":"m","prompt":[1,2,3]}`, KeyPrefix},
 		{"completion none", "", EndpointCompletions, `{"model":"m"}`, KeyNone},
 		{"long prompt", "", EndpointCompletions, `{"model":"m","prompt":"` + long + `"}`, KeyPrefix},
+		{"responses conversation", "", EndpointResponses, `{"model":"m","user":"u","conversation":"c1","input":"hi"}`, KeySession},
+		{"responses previous", "", EndpointResponses, `{"model":"m","user":"u","previous_response_id":"resp_1","input":"hi"}`, KeySession},
+		{"chat prompt_cache_key", "", EndpointChat, `{"model":"m","user":"u","prompt_cache_key":"k","messages":[{"role":"user","content":"hi"}]}`, KeySession},
+		{"responses user", "", EndpointResponses, `{"model":"m","user":"u","input":"hi"}`, KeyUser},
+		{"responses string", "", EndpointResponses, `{"model":"m","input":"hi"}`, KeyPrefix},
+		{"responses instructions only", "", EndpointResponses, `{"model":"m","instructions":"be brief"}`, KeyPrefix},
+		{"responses items", "", EndpointResponses, `{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]}]}`, KeyPrefix},
+		{"responses none", "", EndpointResponses, `{"model":"m","input":[{"type":"function_call_output","output":"x"}]}`, KeyNone},
+		{"embeddings ignore session and user", "s1", EndpointEmbeddings, `{"model":"m","user":"u","input":"hi"}`, KeyNone},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -91,6 +100,9 @@ func FuzzAffinityKey(f *testing.F) {
 			ep = EndpointCompletions
 		}
 		req, err := ParseRequest(ep, []byte(body))
+		if err != nil { // try it as a Responses API request
+			req, err = ParseRequest(EndpointResponses, []byte(body))
+		}
 		if err != nil {
 			req = nil
 		}
@@ -99,7 +111,7 @@ func FuzzAffinityKey(f *testing.F) {
 		if k1 != k2 || s1 != s2 {
 			t.Fatalf("nondeterministic key: %x/%v then %x/%v", k1, s1, k2, s2)
 		}
-		if session != "" && s1 != KeySession {
+		if session != "" && s1 != KeySession && (req == nil || req.Endpoint != EndpointEmbeddings) {
 			t.Fatalf("session %q given, source %v", session, s1)
 		}
 		if s1 == KeyNone && k1 != 0 {

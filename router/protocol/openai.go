@@ -19,14 +19,36 @@ const (
 	EndpointChat Endpoint = iota
 	// EndpointCompletions is POST /v1/completions.
 	EndpointCompletions
+	// EndpointResponses is POST /v1/responses (the Responses API).
+	EndpointResponses
+	// EndpointEmbeddings is POST /v1/embeddings.
+	EndpointEmbeddings
 )
 
-// Path returns the endpoint's URL path.
+// endpointPaths are the endpoints' URL paths, by Endpoint.
+var endpointPaths = [...]string{
+	EndpointChat:        "/v1/chat/completions",
+	EndpointCompletions: "/v1/completions",
+	EndpointResponses:   "/v1/responses",
+	EndpointEmbeddings:  "/v1/embeddings",
+}
+
+// Path returns the endpoint's URL path (the chat path for an unknown one).
 func (e Endpoint) Path() string {
-	if e == EndpointCompletions {
-		return "/v1/completions"
+	if e < 0 || int(e) >= len(endpointPaths) {
+		return endpointPaths[EndpointChat]
 	}
-	return "/v1/chat/completions"
+	return endpointPaths[e]
+}
+
+// EndpointForPath returns the endpoint served at the URL path p.
+func EndpointForPath(p string) (Endpoint, bool) {
+	for e, path := range endpointPaths {
+		if path == p {
+			return Endpoint(e), true
+		}
+	}
+	return 0, false
 }
 
 // maxModelLen bounds the model name.
@@ -44,6 +66,10 @@ const (
 	MaxChoices = 128
 	// MaxTemperature is the largest temperature, as the OpenAI API defines it.
 	MaxTemperature = 2.0
+	// MaxDimensions is the largest embeddings dimensions: far above the
+	// widest embedding models (a few thousand dimensions), so it rejects
+	// only what no model could produce.
+	MaxDimensions = 1 << 16
 )
 
 // Request is what the router needs from an OpenAI inference request; the
@@ -72,6 +98,15 @@ type Request struct {
 	// PromptTokens is the raw JSON of the first token-array prompt
 	// (completions endpoint, array of integers forms), nil otherwise.
 	PromptTokens json.RawMessage
+	// PromptCacheKey is the prompt_cache_key field (chat and responses:
+	// OpenAI's hint that requests share a cached prefix), empty when absent.
+	PromptCacheKey string
+	// Conversation is the Responses API conversation id (the string form
+	// or the object form's id), empty when absent.
+	Conversation string
+	// PreviousResponseID is the Responses API previous_response_id, empty
+	// when absent.
+	PreviousResponseID string
 	// Body is the request body as received.
 	Body []byte
 
@@ -102,6 +137,14 @@ type rawRequest struct {
 	TopP      json.RawMessage
 	Presence  json.RawMessage
 	Frequency json.RawMessage
+	// Responses API and embeddings fields.
+	Input        json.RawMessage
+	Instructions json.RawMessage
+	PrevResp     json.RawMessage
+	Conv         json.RawMessage
+	MaxOutput    json.RawMessage
+	Dimensions   json.RawMessage
+	CacheKey     json.RawMessage
 }
 
 // ParseRequest parses body as a request to endpoint, strictly enough to
@@ -161,6 +204,20 @@ func ParseRequest(endpoint Endpoint, body []byte) (*Request, error) {
 			raw.Presence = val
 		case keyIs(key, "frequency_penalty"):
 			raw.Frequency = val
+		case keyIs(key, "input"):
+			raw.Input = val
+		case keyIs(key, "instructions"):
+			raw.Instructions = val
+		case keyIs(key, "previous_response_id"):
+			raw.PrevResp = val
+		case keyIs(key, "conversation"):
+			raw.Conv = val
+		case keyIs(key, "max_output_tokens"):
+			raw.MaxOutput = val
+		case keyIs(key, "dimensions"):
+			raw.Dimensions = val
+		case keyIs(key, "prompt_cache_key"):
+			raw.CacheKey = val
 		}
 	}
 	req := &Request{Endpoint: endpoint, Body: body}
@@ -192,6 +249,11 @@ func ParseRequest(endpoint Endpoint, body []byte) (*Request, error) {
 			return nil, InvalidRequest("user", "'user' must be a string")
 		}
 	}
+	if !isAbsent(raw.CacheKey) {
+		if req.PromptCacheKey, ok = decodeString(raw.CacheKey); !ok {
+			return nil, InvalidRequest("prompt_cache_key", "'prompt_cache_key' must be a string")
+		}
+	}
 	if err := checkParams(&raw); err != nil {
 		return nil, err
 	}
@@ -210,6 +272,14 @@ func ParseRequest(endpoint Endpoint, body []byte) (*Request, error) {
 			return nil, InvalidRequest("messages", "'messages' is not a completions parameter; use 'prompt'")
 		}
 		if err := parsePrompt(raw.Prompt, req); err != nil {
+			return nil, err
+		}
+	case EndpointResponses:
+		if err := parseResponses(&raw, req); err != nil {
+			return nil, err
+		}
+	case EndpointEmbeddings:
+		if err := parseEmbeddings(&raw, req); err != nil {
 			return nil, err
 		}
 	default:
@@ -234,7 +304,24 @@ func parseMessages(raw json.RawMessage, msgs []Message) ([]Message, error) {
 	if raw[0] != '[' {
 		return nil, InvalidRequest("messages", "'messages' must be an array of message objects")
 	}
-	var sys, other bool
+	msgs, n, err := scanMessages(raw, "messages", msgs)
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 {
+		return nil, InvalidRequest("messages", "'messages' must not be empty")
+	}
+	return msgs, nil
+}
+
+// scanMessages validates every message of the array raw, the parameter
+// name ("messages", or "input" of the Responses API, whose items without a
+// role are other items with a string type, skipped), and appends those the
+// affinity key reads to msgs: the first system (or developer) message,
+// unless msgs holds one already, and the first other message. It returns
+// them and the number of items. Nothing is allocated per message.
+func scanMessages(raw json.RawMessage, name string, msgs []Message) ([]Message, int, error) {
+	sys, other := len(msgs) > 0, false
 	items := elements{b: raw}
 	i := 0
 	for ; ; i++ {
@@ -243,10 +330,10 @@ func parseMessages(raw json.RawMessage, msgs []Message) ([]Message, error) {
 			break
 		}
 		if item[0] != '{' {
-			param := fmt.Sprintf("messages[%d]", i)
-			return nil, InvalidRequest(param, fmt.Sprintf("'%s' must be an object", param))
+			param := fmt.Sprintf("%s[%d]", name, i)
+			return nil, 0, InvalidRequest(param, fmt.Sprintf("'%s' must be an object", param))
 		}
-		var role, content json.RawMessage
+		var role, typ, content json.RawMessage
 		for m := (members{b: item}); ; {
 			key, val, ok := m.next()
 			if !ok {
@@ -255,19 +342,28 @@ func parseMessages(raw json.RawMessage, msgs []Message) ([]Message, error) {
 			switch {
 			case keyIs(key, "role"):
 				role = val
+			case keyIs(key, "type"):
+				typ = val
 			case keyIs(key, "content"):
 				content = val
 			}
 		}
+		if name == "input" && isAbsent(role) { // a tool call, its output, a reasoning item...: not a message
+			if len(typ) <= 2 || typ[0] != '"' {
+				param := fmt.Sprintf("%s[%d]", name, i)
+				return nil, 0, InvalidRequest(param, fmt.Sprintf("'%s' must have a string 'role' or 'type'", param))
+			}
+			continue
+		}
 		if len(role) <= 2 || role[0] != '"' { // "" is empty; any escape decodes to a character
-			param := fmt.Sprintf("messages[%d]", i)
-			return nil, InvalidRequest(param+".role", fmt.Sprintf("'%s.role' must be a non-empty string", param))
+			param := fmt.Sprintf("%s[%d]", name, i)
+			return nil, 0, InvalidRequest(param+".role", fmt.Sprintf("'%s.role' must be a non-empty string", param))
 		}
 		isSys := keyIs(role, "system") || keyIs(role, "developer")
 		keep := (isSys && !sys) || (!isSys && !other)
-		text, err := parseContent(content, i, keep)
+		text, err := parseContent(content, name, i, keep)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		if !keep {
 			continue
@@ -279,10 +375,7 @@ func parseMessages(raw json.RawMessage, msgs []Message) ([]Message, error) {
 		}
 		msgs = append(msgs, Message{Role: roleName(role), Text: text})
 	}
-	if i == 0 {
-		return nil, InvalidRequest("messages", "'messages' must not be empty")
-	}
-	return msgs, nil
+	return msgs, i, nil
 }
 
 // roleName returns the decoded role raw, without allocating for the
@@ -298,9 +391,11 @@ func roleName(raw []byte) string {
 }
 
 // parseContent accepts a string, an array of content parts, or null, as the
-// content of message i. With keep it returns the text pieces, at most
-// MaxPrefixBytes of text in all; without, it only validates.
-func parseContent(raw json.RawMessage, i int, keep bool) ([]string, error) {
+// content of message i of the array name ("messages", or "input" of the
+// Responses API, whose text parts are input_text and output_text as well
+// as text). With keep it returns the text pieces, at most MaxPrefixBytes of
+// text in all; without, it only validates.
+func parseContent(raw json.RawMessage, name string, i int, keep bool) ([]string, error) {
 	if isAbsent(raw) {
 		return nil, nil
 	}
@@ -336,14 +431,14 @@ func parseContent(raw json.RawMessage, i int, keep bool) ([]string, error) {
 				}
 			}
 			if len(typ) <= 2 || typ[0] != '"' {
-				pp := fmt.Sprintf("messages[%d].content[%d]", i, j)
+				pp := fmt.Sprintf("%s[%d].content[%d]", name, i, j)
 				return nil, InvalidRequest(pp, fmt.Sprintf("'%s' must be an object with a string 'type'", pp))
 			}
-			if !keyIs(typ, "text") {
+			if !keyIs(typ, "text") && (name != "input" || !keyIs(typ, "input_text") && !keyIs(typ, "output_text")) {
 				continue
 			}
 			if len(txt) < 2 || txt[0] != '"' {
-				pp := fmt.Sprintf("messages[%d].content[%d]", i, j)
+				pp := fmt.Sprintf("%s[%d].content[%d]", name, i, j)
 				return nil, InvalidRequest(pp+".text", fmt.Sprintf("'%s.text' must be a string", pp))
 			}
 			if keep && budget > 0 {
@@ -354,7 +449,7 @@ func parseContent(raw json.RawMessage, i int, keep bool) ([]string, error) {
 		}
 		return text, nil
 	default:
-		param := fmt.Sprintf("messages[%d].content", i)
+		param := fmt.Sprintf("%s[%d].content", name, i)
 		return nil, InvalidRequest(param, fmt.Sprintf("'%s' must be a string, an array of content parts or null", param))
 	}
 }
@@ -363,10 +458,18 @@ func parseContent(raw json.RawMessage, i int, keep bool) ([]string, error) {
 // or an array of integer arrays; absent is allowed (engines default it).
 // It keeps the first prompt (Request.Prompts, Request.PromptTokens).
 func parsePrompt(raw json.RawMessage, req *Request) error {
+	return parseTexts(raw, req, "prompt")
+}
+
+// parseTexts accepts as the parameter param (prompt, or the embeddings
+// input) a string, an array of strings, an array of integers or an array
+// of integer arrays; absent is allowed. It keeps the first one
+// (Request.Prompts, Request.PromptTokens).
+func parseTexts(raw json.RawMessage, req *Request, param string) error {
 	if isAbsent(raw) {
 		return nil
 	}
-	const msg = "'prompt' must be a string, an array of strings, an array of integers or an array of integer arrays"
+	msg := "'" + param + "' must be a string, an array of strings, an array of integers or an array of integer arrays"
 	switch raw[0] {
 	case '"':
 		s, _ := textPrefix(raw, MaxPrefixBytes)
@@ -374,18 +477,18 @@ func parsePrompt(raw json.RawMessage, req *Request) error {
 		return nil
 	case '[':
 	default:
-		return InvalidRequest("prompt", msg)
+		return InvalidRequest(param, msg)
 	}
 	items := elements{b: raw}
 	first, ok := items.next()
 	if !ok {
-		return InvalidRequest("prompt", msg)
+		return InvalidRequest(param, msg)
 	}
 	switch first[0] {
 	case '"':
 		for it, ok := first, true; ok; it, ok = items.next() {
 			if it[0] != '"' {
-				return InvalidRequest("prompt", msg)
+				return InvalidRequest(param, msg)
 			}
 		}
 		s, _ := textPrefix(first, MaxPrefixBytes)
@@ -393,13 +496,13 @@ func parsePrompt(raw json.RawMessage, req *Request) error {
 	case '[':
 		for it, ok := first, true; ok; it, ok = items.next() {
 			if it[0] != '[' || !isTokenArray(it) {
-				return InvalidRequest("prompt", msg)
+				return InvalidRequest(param, msg)
 			}
 		}
 		req.PromptTokens = first
 	default:
 		if !isTokenArray(raw) {
-			return InvalidRequest("prompt", msg)
+			return InvalidRequest(param, msg)
 		}
 		req.PromptTokens = raw
 	}
@@ -409,7 +512,8 @@ func parsePrompt(raw json.RawMessage, req *Request) error {
 // checkParams checks the sampling parameters an engine would reject, so
 // that a bad request is answered by the router (never reaching, or being
 // blamed on, an engine): max_tokens and max_completion_tokens integers in
-// 1..MaxTokensLimit, n an integer in 1..MaxChoices, temperature a number in
+// 1..MaxTokensLimit (max_output_tokens too), n an integer in
+// 1..MaxChoices, dimensions an integer in 1..MaxDimensions, temperature a number in
 // 0..MaxTemperature, top_p a number in (0, 1], presence_penalty and
 // frequency_penalty numbers in -2..2 (the ranges of the OpenAI API). Absent
 // and null are allowed (engines default them). An integer may be written as
@@ -419,7 +523,8 @@ func checkParams(raw *rawRequest) error {
 		name string
 		val  json.RawMessage
 		max  float64
-	}{{"max_tokens", raw.MaxTokens, MaxTokensLimit}, {"max_completion_tokens", raw.MaxCompl, MaxTokensLimit}, {"n", raw.N, MaxChoices}} {
+	}{{"max_tokens", raw.MaxTokens, MaxTokensLimit}, {"max_completion_tokens", raw.MaxCompl, MaxTokensLimit},
+		{"max_output_tokens", raw.MaxOutput, MaxTokensLimit}, {"n", raw.N, MaxChoices}, {"dimensions", raw.Dimensions, MaxDimensions}} {
 		if isAbsent(p.val) {
 			continue
 		}

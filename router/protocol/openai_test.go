@@ -77,6 +77,26 @@ func TestParseRequest(t *testing.T) {
 		{name: "prompt float tokens", ep: EndpointCompletions, body: `{"model":"m","prompt":[1.5]}`, wantErr: true, wantParam: "prompt"},
 		{name: "prompt empty array", ep: EndpointCompletions, body: `{"model":"m","prompt":[]}`, wantErr: true, wantParam: "prompt"},
 		{name: "messages on completions", ep: EndpointCompletions, body: `{"model":"m","messages":[]}`, wantErr: true, wantParam: "messages"},
+		{name: "responses", ep: EndpointResponses, body: `{"model":"m","instructions":"be brief","conversation":{"id":"c1"},"previous_response_id":"r1",` +
+			`"input":[{"role":"developer","content":"d"},{"type":"reasoning"},{"role":"user","content":[{"type":"input_image"},{"type":"input_text","text":"q"}]}]}`,
+			check: func(t *testing.T, r *Request) {
+				// Kept: instructions as the system message, then the first user message.
+				if r.Conversation != "c1" || r.PreviousResponseID != "r1" || len(r.Messages) != 2 || r.Messages[0].Text[0] != "be brief" || r.Messages[1].Text[0] != "q" {
+					t.Errorf("parsed %+v", r)
+				}
+			}},
+		{name: "responses bad part", ep: EndpointResponses, body: `{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":1}]}]}`, wantErr: true, wantParam: "input[0].content[0].text"},
+		{name: "responses instructions number", ep: EndpointResponses, body: `{"model":"m","instructions":1}`, wantErr: true, wantParam: "instructions"},
+		{name: "responses previous empty", ep: EndpointResponses, body: `{"model":"m","previous_response_id":""}`, wantErr: true, wantParam: "previous_response_id"},
+		{name: "embeddings strings", ep: EndpointEmbeddings, body: `{"model":"m","input":["a","b"]}`,
+			check: func(t *testing.T, r *Request) {
+				if len(r.Prompts) != 1 || r.Prompts[0] != "a" {
+					t.Errorf("prompts %v", r.Prompts)
+				}
+			}},
+		{name: "embeddings chat form", ep: EndpointEmbeddings, body: `{"model":"m","messages":[{"role":"user","content":"x"}]}`},
+		{name: "embeddings input object", ep: EndpointEmbeddings, body: `{"model":"m","input":{"a":1}}`, wantErr: true, wantParam: "input"},
+		{name: "embeddings dimensions float", ep: EndpointEmbeddings, body: `{"model":"m","input":"x","dimensions":1.5}`, wantErr: true, wantParam: "dimensions"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -132,15 +152,19 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"m","prompt":[[]]}`,
 		"\xff{",
 	}
+	seeds = append(seeds,
+		`{"model":"m","input":"hi","instructions":"be brief","previous_response_id":"resp_1","conversation":{"id":"c"}}`,
+		`{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"x"}]},{"type":"function_call_output"}]}`,
+		`{"model":"m","input":[{"role":3}],"max_output_tokens":2}`,
+		`{"model":"m","input":[[1,2],[3]],"dimensions":4}`,
+		`{"model":"m","input":"x","stream":true}`)
 	for _, s := range seeds {
-		f.Add(s, false)
-		f.Add(s, true)
-	}
-	f.Fuzz(func(t *testing.T, body string, completions bool) {
-		ep := EndpointChat
-		if completions {
-			ep = EndpointCompletions
+		for ep := range uint8(len(endpointPaths)) {
+			f.Add(s, ep)
 		}
+	}
+	f.Fuzz(func(t *testing.T, body string, epn uint8) {
+		ep := Endpoint(epn % uint8(len(endpointPaths)))
 		req, err := ParseRequest(ep, []byte(body))
 		if err != nil {
 			ae, ok := err.(*APIError)
@@ -174,6 +198,48 @@ func FuzzParseRequest(f *testing.F) {
 		again, err := ParseRequest(ep, []byte(body))
 		if err != nil || again.Model != req.Model || again.Stream != req.Stream || again.User != req.User {
 			t.Fatalf("reparse differs: %+v vs %+v (%v)", again, req, err)
+		}
+	})
+}
+
+func TestResponseID(t *testing.T) {
+	cases := []struct {
+		name, in, want string
+		ok             bool
+	}{
+		{"response object", `{"id":"resp_1","object":"response","output":[{"id":"msg_1"}]}`, "resp_1", true},
+		{"spaces", `{ "id" : "resp_2" }`, "resp_2", true},
+		{"stream's first event", "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,\"response\":{\"id\":\"resp_3\",\"object\":\"response\"}}\n\n", "resp_3", true},
+		{"quoted id in a string first", `{"instructions":"say \"id\": \"x\"","id":"resp_4"}`, "resp_4", true},
+		{"id not a member", `{"ids":"x","id" "y"}`, "", false},
+		{"truncated", `{"id":"resp_5`, "", false},
+		{"truncated after an escape", `{"id":"resp_6\"`, "", false},
+		{"empty", `{"id":""}`, "", false},
+		{"number", `{"id":5}`, "", false},
+		{"none", `{"object":"response"}`, "", false},
+		{"too long", `{"id":"` + strings.Repeat("r", maxResponseIDLen+1) + `"}`, "", false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, ok := ResponseID([]byte(c.in))
+			if got != c.want || ok != c.ok {
+				t.Errorf("ResponseID(%q) = %q, %v; want %q, %v", c.in, got, ok, c.want, c.ok)
+			}
+		})
+	}
+}
+
+func FuzzResponseID(f *testing.F) {
+	for _, s := range []string{`{"id":"resp_1"}`, "data: {\"response\":{\"id\":\"r\"}}", `{"id":"\u0041"}`, `"id"`, `{"id":"x\"`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		id, ok := ResponseID([]byte(s))
+		if ok != (id != "") || len(id) > 6*maxResponseIDLen {
+			t.Fatalf("ResponseID(%q) = %q, %v", s, id, ok)
+		}
+		if ok && !strings.Contains(s, `"id"`) {
+			t.Fatalf("ResponseID(%q) found %q with no id member", s, id)
 		}
 	})
 }

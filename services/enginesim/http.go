@@ -46,6 +46,10 @@ type endpoint int
 const (
 	chatEndpoint endpoint = iota
 	completionEndpoint
+	// responsesEndpoint is the Responses API (POST /v1/responses).
+	responsesEndpoint
+	// embeddingsEndpoint is POST /v1/embeddings: a prefill of one step, no text.
+	embeddingsEndpoint
 )
 
 // apiRequest holds the fields of an OpenAI request the simulator uses; others are ignored.
@@ -56,6 +60,9 @@ type apiRequest struct {
 		Content json.RawMessage `json:"content"`
 	} `json:"messages"`
 	Prompt              json.RawMessage `json:"prompt"`
+	Input               json.RawMessage `json:"input"`        // responses and embeddings
+	Instructions        string          `json:"instructions"` // responses
+	MaxOutputTokens     *int            `json:"max_output_tokens"`
 	MaxTokens           *int            `json:"max_tokens"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	Stream              bool            `json:"stream"`
@@ -98,10 +105,7 @@ func (e *Engine) parse(ep endpoint, body []byte) *job {
 	n := e.nextID
 	e.mu.Unlock()
 	j := &job{ep: ep, created: time.Now().Unix(), model: e.opts.Model, maxOut: e.opts.OutputTokens, fullOut: e.opts.OutputTokens}
-	prefix := "chatcmpl-"
-	if ep == completionEndpoint {
-		prefix = "cmpl-"
-	}
+	prefix := [...]string{chatEndpoint: "chatcmpl-", completionEndpoint: "cmpl-", responsesEndpoint: "resp_", embeddingsEndpoint: "embd-"}[ep]
 	j.id = prefix + e.opts.Name + "-" + strconv.FormatUint(n, 10)
 	bad := func(format string, args ...any) *job {
 		j.err = &apiError{Status: 400, Type: "invalid_request_error", Code: "invalid_request", Message: fmt.Sprintf(format, args...)}
@@ -130,6 +134,19 @@ func (e *Engine) parse(ep endpoint, body []byte) *job {
 			return bad("prompt is missing")
 		}
 		size = rawLen(req.Prompt)
+	case responsesEndpoint:
+		if isNull(req.Input) && req.Instructions == "" {
+			return bad("input is missing")
+		}
+		size = len(req.Instructions) + rawLen(req.Input)
+		req.MaxTokens = req.MaxOutputTokens
+	case embeddingsEndpoint:
+		if isNull(req.Input) {
+			return bad("input is missing")
+		}
+		size = rawLen(req.Input)
+		req.Stream, req.MaxTokens, req.MaxCompletionTokens = false, nil, nil
+		j.maxOut, j.fullOut = 1, 1
 	}
 	j.prompt = estimateTokens(size)
 	if e.kv != nil {
@@ -149,6 +166,8 @@ func (e *Engine) parse(ep endpoint, body []byte) *job {
 	j.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	return j
 }
+
+func isNull(raw json.RawMessage) bool { return len(raw) == 0 || string(raw) == "null" }
 
 // endpointOf tells a chat request from a completion request by its body, for NATS.
 func endpointOf(body []byte) endpoint {
@@ -258,6 +277,13 @@ func (j *job) usageChunk(generated int) []byte {
 
 // full renders the non-streaming response.
 func (j *job) full(generated int) []byte {
+	switch j.ep {
+	case responsesEndpoint:
+		b, _ := json.Marshal(j.response("completed", generated))
+		return b
+	case embeddingsEndpoint:
+		return j.embedding()
+	}
 	finish := j.finishReason()
 	c := completion{ID: j.id, Created: j.created, Model: j.model, Usage: j.usage(generated)}
 	text := tokenText(0, generated)
@@ -278,6 +304,8 @@ func (e *Engine) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", e.inferHTTP(chatEndpoint))
 	mux.HandleFunc("POST /v1/completions", e.inferHTTP(completionEndpoint))
+	mux.HandleFunc("POST /v1/responses", e.inferHTTP(responsesEndpoint))
+	mux.HandleFunc("POST /v1/embeddings", e.inferHTTP(embeddingsEndpoint))
 	mux.HandleFunc("GET /v1/models", e.models)
 	mux.Handle("/", e.adminRoutes())
 	return e.tag(mux)
@@ -387,7 +415,7 @@ func (e *Engine) inferHTTP(ep endpoint) http.HandlerFunc {
 		rc := http.NewResponseController(w)
 		started := false
 		var buf bytes.Buffer
-		send := func(data []byte) error {
+		send := func(event string, data []byte) error {
 			if !started {
 				// Headers go with the first token, so time to first byte is TTFT.
 				h := w.Header()
@@ -397,6 +425,11 @@ func (e *Engine) inferHTTP(ep endpoint) http.HandlerFunc {
 				started = true
 			}
 			buf.Reset()
+			if event != "" {
+				buf.WriteString("event: ")
+				buf.WriteString(event)
+				buf.WriteByte('\n')
+			}
 			buf.WriteString("data: ")
 			buf.Write(data)
 			buf.WriteString("\n\n")
@@ -405,7 +438,11 @@ func (e *Engine) inferHTTP(ep endpoint) http.HandlerFunc {
 			}
 			return rc.Flush()
 		}
-		err = e.wait(ctx, r, func(from, to int) error { return send(j.chunk(from, to, "", nil)) })
+		emit := func(from, to int) error { return send("", j.chunk(from, to, "", nil)) }
+		if j.ep == responsesEndpoint {
+			emit = j.responseEvents(send)
+		}
+		err = e.wait(ctx, r, emit)
 		e.outcome(err)
 		if err != nil {
 			if errors.Is(err, errClosing) && !started {
@@ -414,12 +451,16 @@ func (e *Engine) inferHTTP(ep endpoint) http.HandlerFunc {
 			}
 			return
 		}
-		if send(j.chunk(j.maxOut, j.maxOut, j.finishReason(), nil)) != nil {
+		if j.ep == responsesEndpoint {
+			_ = j.responseDone(send)
 			return
 		}
-		if j.includeUsage && send(j.usageChunk(j.maxOut)) != nil {
+		if send("", j.chunk(j.maxOut, j.maxOut, j.finishReason(), nil)) != nil {
 			return
 		}
-		_ = send([]byte("[DONE]"))
+		if j.includeUsage && send("", j.usageChunk(j.maxOut)) != nil {
+			return
+		}
+		_ = send("", []byte("[DONE]"))
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/internal/zmtp"
 	"github.com/switchyard-dev/switchyard/messages"
 )
@@ -397,8 +398,13 @@ func (c *prefixCache) observe(tokens []uint32) (hitTokens int) {
 // promptText is the text Tokenize reads for a request (see Tokenize).
 func promptText(req *apiRequest, ep endpoint) string {
 	var b strings.Builder
-	if ep == completionEndpoint {
+	switch ep {
+	case completionEndpoint:
 		b.WriteString(rawText(req.Prompt))
+		return b.String()
+	case responsesEndpoint, embeddingsEndpoint:
+		b.WriteString(req.Instructions)
+		b.WriteString(rawText(req.Input))
 		return b.String()
 	}
 	for _, m := range req.Messages {

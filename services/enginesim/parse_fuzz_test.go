@@ -19,6 +19,9 @@ func FuzzParse(f *testing.F) {
 		`{"messages":null,"prompt":null}`,
 		`{"model":"llama","max_tokens":-1,"prompt":"x"}`,
 		`{"model":"llama","max_tokens":1e999,"prompt":"x"}`,
+		`{"model":"llama","input":"hi","instructions":"be brief","max_output_tokens":2}`,
+		`{"model":"llama","input":[{"role":"user","content":"x"}],"stream":true}`,
+		`{"model":"llama","input":[[1,2],[3]]}`,
 		`[]`, `null`, `{`, "\xdd\x7f\xff\xff\xff",
 	} {
 		f.Add([]byte(s))
@@ -28,7 +31,7 @@ func FuzzParse(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		for _, ep := range []endpoint{endpointOf(body), chatEndpoint, completionEndpoint} {
+		for _, ep := range []endpoint{endpointOf(body), chatEndpoint, completionEndpoint, responsesEndpoint, embeddingsEndpoint} {
 			j := e.parse(ep, body)
 			if j.err != nil {
 				if (j.err.Status != 400 && j.err.Status != 404) || j.err.Message == "" {

@@ -10,36 +10,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/switchyard-dev/switchyard/messages"
-	"github.com/switchyard-dev/switchyard/optimizer"
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
-
-func TestDistance(t *testing.T) {
-	a := &messages.WeightSnapshot{Weights: map[string]float64{"x": 0.5, "y": 0.5}}
-	b := &messages.WeightSnapshot{Weights: map[string]float64{"x": 0.4, "z": 0.5}, ShedFraction: 0.1}
-	tv, flip := distance(a, b)
-	if math.Abs(tv-0.6) > 1e-12 || !flip {
-		t.Errorf("distance %v flip %v, want 0.6 true", tv, flip)
-	}
-	if tv, flip := distance(a, a); tv != 0 || flip {
-		t.Errorf("distance to itself %v %v", tv, flip)
-	}
-}
-
-func TestDemandOf(t *testing.T) {
-	s := &Service{opts: Options{MinDemandRPS: 1}}
-	if d := s.demandOf(nil); d != [optimizer.NumPriorities]float64{optimizer.Standard: 1} {
-		t.Errorf("no demand: %v", d)
-	}
-	d := s.demandOf(&messages.DemandState{RPS: messages.Window{Fast: 30}, RPSByPriority: map[string]messages.Window{
-		messages.PriorityCritical: {Fast: 10}, messages.PrioritySheddable: {Fast: 20}}})
-	if d != [optimizer.NumPriorities]float64{optimizer.Critical: 10, optimizer.Sheddable: 20} {
-		t.Errorf("by priority: %v", d)
-	}
-	if d := s.demandOf(&messages.DemandState{RPS: messages.Window{Fast: 0.25}}); d[optimizer.Standard] != 1 {
-		t.Errorf("small demand: %v, want raised to 1", d)
-	}
-}
 
 func TestSanitizeName(t *testing.T) {
 	for _, in := range []string{"host.example.com-42", "a b*c", string(make([]byte, 100)) + "-7"} {

@@ -148,8 +148,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/switchyard-dev/switchyard/internal/logthrottle"
-	"github.com/switchyard-dev/switchyard/internal/poison"
 	"maps"
 	"math"
 	"os"
@@ -164,8 +162,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	"github.com/switchyard-dev/switchyard/internal/logthrottle"
+	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/optimizer"
+	"github.com/switchyard-dev/switchyard/plan"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
@@ -266,10 +268,10 @@ func (o Options) WithDefaults() Options {
 		o.Instance = sanitizeName(host + "-" + strconv.Itoa(os.Getpid()))
 	}
 	if o.MinDemandRPS == 0 {
-		o.MinDemandRPS = 1
+		o.MinDemandRPS = plan.DefaultMinDemandRPS
 	}
 	if o.PriorBaseMs == 0 {
-		o.PriorBaseMs = 500
+		o.PriorBaseMs = plan.DefaultPriorBaseMs
 	}
 	if o.TargetUtilisation == 0 {
 		o.TargetUtilisation = 1
@@ -677,11 +679,8 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// targetUtilisation returns the share of engine's effective capacity that the
-// problem plans for: its EngineTargetUtilisation, else TargetUtilisation.
-func (o *Options) targetUtilisation(engine string) float64 {
-	if tu, ok := o.EngineTargetUtilisation[engine]; ok {
-		return tu
-	}
-	return o.TargetUtilisation
+// targets returns the shares of engines' effective capacity that the
+// problem plans for: EngineTargetUtilisation, else TargetUtilisation.
+func (o *Options) targets() plan.Targets {
+	return plan.Targets{Common: o.TargetUtilisation, PerEngine: o.EngineTargetUtilisation}
 }

@@ -8,13 +8,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/optimizer"
+	"github.com/switchyard-dev/switchyard/plan"
 	"github.com/switchyard-dev/switchyard/streams"
 )
-
-// maxLatencyMs is the largest latency a snapshot may carry (messages' limit: a day).
-const maxLatencyMs = 24 * 3600 * 1000.0
 
 // built is one model's problem with the names needed to write its snapshots.
 type built struct {
@@ -28,12 +27,6 @@ func (s *Service) buildProblems() []built {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
-	type engineIn struct {
-		name  string
-		st    *messages.EngineState
-		prior float64
-	}
-	engines := map[string][]engineIn{}
 	drained := map[string]int{}
 	for _, op := range s.operators {
 		drained[op.Action]++
@@ -46,10 +39,10 @@ func (s *Service) buildProblems() []built {
 			s.endSlowStart(key, "engine state gone")
 		}
 	}
+	engines := map[string][]*messages.EngineState{}
 	for _, key := range sortedKeys(s.engines) {
 		st := s.engines[key]
-		prior := fitPrior(st, s.opts.PriorBaseMs)
-		engines[st.Model] = append(engines[st.Model], engineIn{name: st.Engine, st: st, prior: s.fits[key].BaseMs(prior, st.BaseLatencyMs)})
+		engines[st.Model] = append(engines[st.Model], st)
 	}
 	clusters := map[string]map[string]*messages.DemandState{}
 	for _, d := range s.demand {
@@ -58,25 +51,29 @@ func (s *Service) buildProblems() []built {
 		}
 		clusters[d.Model][d.Cluster] = d
 	}
+	network := func(c, engine string) (float64, bool) {
+		ms, ok := s.rtt[streams.JoinKey(c, engine)]
+		if cms, has := s.opts.NetworkMs[c][engine]; has && (!ok || s.opts.PreferConfiguredNetwork) {
+			ms, ok = cms, true
+		}
+		return ms, ok
+	}
 	var out []built
 	for _, model := range sortedKeys(engines) {
-		p := &optimizer.Problem{}
-		for _, e := range engines[model] {
-			key := streams.JoinKey(model, e.name)
-			if e.st.Status == messages.StatusDown {
-				s.slowStart(key, e.st, 0, now)
+		in := plan.Input{Network: network, Targets: s.opts.targets(), MinDemandRPS: s.opts.MinDemandRPS}
+		for _, st := range engines[model] {
+			key := streams.JoinKey(model, st.Engine)
+			if st.Status == messages.StatusDown {
+				s.slowStart(key, st, 0, now)
 				continue
 			}
-			health, pen, excluded := s.healthOf(model, key, e.st, now)
+			health, pen, excluded := s.healthOf(model, key, st, now)
 			if excluded {
 				health = 0
 			}
-			health *= math.Min(pen, s.slowStart(key, e.st, e.st.CapacityRPS*health, now))
-			if !(e.st.CapacityRPS*health > 0) {
-				continue
-			}
-			p.Engines = append(p.Engines, optimizer.Engine{Name: e.name, CapacityRPS: e.st.CapacityRPS * s.opts.targetUtilisation(e.name), Health: health,
-				Profile: optimizer.QueueProfile{BaseMs: e.prior}})
+			health *= math.Min(pen, s.slowStart(key, st, st.CapacityRPS*health, now))
+			in.Engines = append(in.Engines, plan.Engine{Name: st.Engine, CapacityRPS: st.CapacityRPS, Health: health,
+				BaseMs: plan.BaseMs(s.fits[key], st, s.opts.PriorBaseMs)})
 		}
 		names := map[string]*messages.DemandState{}
 		for c, d := range clusters[model] {
@@ -88,48 +85,11 @@ func (s *Service) buildProblems() []built {
 			}
 		}
 		for _, c := range sortedKeys(names) {
-			cl := optimizer.Cluster{Name: c, Demand: s.demandOf(names[c])}
-			var row []optimizer.Link
-			conf := s.opts.NetworkMs[c]
-			for j := range p.Engines {
-				ms, ok := s.rtt[streams.JoinKey(c, p.Engines[j].Name)]
-				if cms, has := conf[p.Engines[j].Name]; has && (!ok || s.opts.PreferConfiguredNetwork) {
-					ms, ok = cms, true
-				}
-				if ok {
-					row = append(row, optimizer.Link{Engine: j, Ms: ms})
-				}
-			}
-			p.Clusters = append(p.Clusters, cl)
-			p.Network = append(p.Network, row)
+			in.Clusters = append(in.Clusters, plan.Cluster{Name: c, Demand: names[c]})
 		}
-		out = append(out, built{model: model, problem: p})
+		out = append(out, built{model: model, problem: plan.Problem(in)})
 	}
 	return out
-}
-
-// demandOf returns the demand per priority class to plan for (see the package comment).
-func (s *Service) demandOf(d *messages.DemandState) [optimizer.NumPriorities]float64 {
-	var dem [optimizer.NumPriorities]float64
-	if d != nil {
-		if len(d.RPSByPriority) > 0 {
-			dem[optimizer.Critical] = d.RPSByPriority[messages.PriorityCritical].Fast
-			dem[optimizer.Standard] = d.RPSByPriority[messages.PriorityStandard].Fast
-			dem[optimizer.Sheddable] = d.RPSByPriority[messages.PrioritySheddable].Fast
-		} else {
-			dem[optimizer.Standard] = d.RPS.Fast
-		}
-	}
-	total := dem[0] + dem[1] + dem[2]
-	switch {
-	case !(total > 0):
-		dem = [optimizer.NumPriorities]float64{optimizer.Standard: s.opts.MinDemandRPS}
-	case total < s.opts.MinDemandRPS:
-		for q := range dem {
-			dem[q] *= s.opts.MinDemandRPS / total
-		}
-	}
-	return dem
 }
 
 // solveAll solves every model and, as leader, writes the snapshots that changed.
@@ -201,80 +161,9 @@ func (s *Service) solveAll(ctx context.Context, weights, enginesKV jetstream.Key
 
 // snapshot renders cluster i of sol as a weight snapshot (without generation).
 func (s *Service) snapshot(b built, sol *optimizer.Solution, i int, now time.Time) *messages.WeightSnapshot {
-	p := b.problem
-	cr := &sol.Clusters[i]
-	snap := &messages.WeightSnapshot{
-		Model: b.model, Cluster: cr.Name, Time: now.UnixMilli(), Writer: s.opts.Instance,
-		Weights:     make(map[string]float64, len(cr.Engines)),
-		Utilisation: make(map[string]float64, len(cr.Engines)),
-		LatencyMs:   make(map[string]float64, len(cr.Engines)),
-		DemandRPS:   cr.DemandRPS,
-	}
-	shed := clamp01(cr.ShedFraction)
-	sum := shed
-	for k, j := range cr.Engines {
-		w := clamp01(cr.Weights[k])
-		if w < 1e-9 {
-			w = 0
-		}
-		name := p.Engines[j].Name
-		snap.Weights[name] = w
-		sum += w
-		er := &sol.Engines[j]
-		// Relative to the common target, as Options.EngineTargetUtilisation says.
-		if u := er.Utilisation * s.opts.targetUtilisation(name) / s.opts.TargetUtilisation; u >= 0 && !math.IsInf(u, 0) {
-			snap.Utilisation[name] = math.Min(u, 1e6)
-		}
-		if l := p.Network[i][k].Ms + er.LatencyMs; l >= 0 && !math.IsInf(l, 0) {
-			snap.LatencyMs[name] = math.Min(l, maxLatencyMs)
-		}
-	}
-	if sum > 0 {
-		for e := range snap.Weights {
-			snap.Weights[e] /= sum
-		}
-		shed /= sum
-	} else {
-		shed = 1
-	}
-	snap.ShedFraction = shed
-	if cr.ShedRPS > 0 {
-		snap.ShedByPriority = map[string]float64{}
-		for q := range optimizer.NumPriorities {
-			if d := p.Clusters[i].Demand[q]; d > 0 {
-				snap.ShedByPriority[optimizer.Priority(q).String()] = clamp01(cr.ShedByPriority[q] / d)
-			}
-		}
-	}
-	if g := sol.Diagnostics.RelGap; g >= 0 && !math.IsInf(g, 0) {
-		snap.Gap = g
-	} else if !(g < 0) {
-		snap.Gap = 1 // NaN or +Inf: no certificate
-	}
+	snap := plan.Snapshot(b.model, b.problem, sol, i, s.opts.targets())
+	snap.Time, snap.Writer = now.UnixMilli(), s.opts.Instance
 	return snap
-}
-
-func clamp01(v float64) float64 {
-	if !(v > 0) {
-		return 0
-	}
-	return math.Min(v, 1)
-}
-
-// distance returns the total-variation distance between two snapshots' routing
-// (weights and shed fraction), and whether shedding started or stopped.
-func distance(a, b *messages.WeightSnapshot) (tv float64, shedFlip bool) {
-	for e, w := range a.Weights {
-		tv += math.Abs(w - b.Weights[e])
-	}
-	for e, w := range b.Weights {
-		if _, ok := a.Weights[e]; !ok {
-			tv += w
-		}
-	}
-	tv += math.Abs(a.ShedFraction - b.ShedFraction)
-	const eps = 1e-6
-	return tv / 2, (a.ShedFraction > eps) != (b.ShedFraction > eps)
 }
 
 // publish writes the snapshots of one model whose clusters need it. Each
@@ -304,7 +193,7 @@ func (s *Service) publish(ctx context.Context, weights jetstream.KeyValue, b bui
 			return
 		}
 		if ks.last != nil {
-			tv, flip := distance(ks.last, snap)
+			tv, flip := plan.Distance(ks.last, snap)
 			age := now.Sub(time.UnixMilli(ks.last.Time))
 			if tv < band && !flip && age < s.opts.Heartbeat {
 				continue
@@ -424,20 +313,4 @@ func (s *Service) keyState(ctx context.Context, weights jetstream.KeyValue, key 
 	s.maxGen[key] = max(s.maxGen[key], ks.gen)
 	s.keys[key] = ks
 	return ks, nil
-}
-
-// fitSample is the latency-fit sample of one engine state: its slow windows,
-// relative to its effective capacity.
-func fitSample(st *messages.EngineState) optimizer.Sample {
-	return optimizer.Sample{TimeMs: st.Time, LoadRPS: st.LoadRPS.Slow, CapacityRPS: st.CapacityRPS * st.Health,
-		TTFTMs: st.TTFTMs.Slow, TBTMs: st.TBTMs.Slow, OutputTokens: st.OutputTokens.Slow}
-}
-
-// fitPrior is the base latency an engine's fit starts from: its own
-// idle-latency estimate when it reports one, else the configured prior.
-func fitPrior(st *messages.EngineState, prior float64) float64 {
-	if st.BaseLatencyMs > 0 {
-		return st.BaseLatencyMs
-	}
-	return prior
 }

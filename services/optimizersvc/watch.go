@@ -5,9 +5,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/optimizer"
+	"github.com/switchyard-dev/switchyard/plan"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
@@ -79,7 +81,7 @@ func (s *Service) handleEngine(e jetstream.KeyValueEntry) {
 			f = optimizer.NewBaseFit(optimizer.FitOptions{})
 			s.fits[key] = f
 		}
-		f.Add(fitSample(&st), fitPrior(&st, s.opts.PriorBaseMs))
+		f.Add(plan.FitSample(&st), plan.FitPrior(&st, s.opts.PriorBaseMs))
 	}()
 	s.notify()
 }

@@ -16,11 +16,13 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/services/loadgen"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/sim"
+	"github.com/switchyard-dev/switchyard/sim/scenario"
 	"github.com/switchyard-dev/switchyard/stack"
 	"github.com/switchyard-dev/switchyard/workload"
 )
@@ -54,8 +56,8 @@ network:
 // LiveScenario returns the live check's built-in scenario: the case study at
 // half scale (demand 45, 60 and 20 req/s onto engines of about 51, 51 and 40
 // req/s), 10 s of warm-up and 30 s measured.
-func LiveScenario() *sim.Scenario {
-	sc, err := sim.ParseScenario("(built-in live scenario)", []byte(liveScenario))
+func LiveScenario() *scenario.Scenario {
+	sc, err := scenario.ParseScenario("(built-in live scenario)", []byte(liveScenario))
 	if err != nil {
 		panic("built-in live scenario does not parse: " + err.Error())
 	}
@@ -157,7 +159,7 @@ func liveErr(field string, v any, format string, args ...any) error {
 
 // liveTokens returns the prompt and output lengths every request of a
 // scenario fit for the live check has.
-func liveTokens(sc *sim.Scenario) (prompt, output int) {
+func liveTokens(sc *scenario.Scenario) (prompt, output int) {
 	return sc.Clusters[0].PromptTokens, sc.Clusters[0].OutputTokens
 }
 
@@ -172,7 +174,7 @@ func liveTokens(sc *sim.Scenario) (prompt, output int) {
 // per-pair network latencies. Each engine's capacity_rps is the engine
 // simulator's capacity at its type's max_batch, so that the stack derives
 // that batch size back.
-func LiveStackFile(sc *sim.Scenario) (*stack.File, error) {
+func LiveStackFile(sc *scenario.Scenario) (*stack.File, error) {
 	if len(sc.Events) > 0 {
 		return nil, liveErr("events", len(sc.Events), "want none: the live stack runs no timed events")
 	}
@@ -198,7 +200,7 @@ func LiveStackFile(sc *sim.Scenario) (*stack.File, error) {
 		}
 	}
 	prompt, output := liveTokens(sc)
-	types := map[string]*sim.EngineType{}
+	types := map[string]*scenario.EngineType{}
 	for k := range sc.EngineTypes {
 		t := &sc.EngineTypes[k]
 		t0 := &sc.EngineTypes[0]
@@ -269,7 +271,7 @@ func loadgenPromptTokens(p int) int { return max(4, p-1) }
 
 // RunLive runs the live check on sc: the live stack and the simulator on
 // the same arrivals, compared with the tolerances of opts.
-func RunLive(ctx context.Context, sc *sim.Scenario, opts LiveOptions) (*LiveComparison, error) {
+func RunLive(ctx context.Context, sc *scenario.Scenario, opts LiveOptions) (*LiveComparison, error) {
 	file, err := LiveStackFile(sc)
 	if err != nil {
 		return nil, err
@@ -302,7 +304,7 @@ func RunLive(ctx context.Context, sc *sim.Scenario, opts LiveOptions) (*LiveComp
 	}
 	cmp := &LiveComparison{Scenario: sc.Name, Seed: seed, WarmupS: sc.WarmupS, Tolerance: opts.Tolerance,
 		Live: *liveSide, Sim: *simSide, WallS: time.Since(start).Seconds()}
-	f, err := sc.LiveLayout(arrivals)
+	f, err := sim.Layout(sc, arrivals)
 	if err != nil {
 		return nil, err
 	}
@@ -384,7 +386,7 @@ func (b *recordedBody) finish(eof bool) {
 
 // runLiveSide starts the stack, sends each cluster's arrivals through its
 // router and measures what came back.
-func runLiveSide(ctx context.Context, sc *sim.Scenario, file *stack.File, arrivals []sim.Arrival, seed uint64, opts LiveOptions) (*sim.LiveSide, error) {
+func runLiveSide(ctx context.Context, sc *scenario.Scenario, file *stack.File, arrivals []scenario.Arrival, seed uint64, opts LiveOptions) (*sim.LiveSide, error) {
 	dir := opts.DataDir
 	if dir == "" {
 		d, err := os.MkdirTemp("", "switchyard-live-")
@@ -498,7 +500,7 @@ func runLiveSide(ctx context.Context, sc *sim.Scenario, file *stack.File, arriva
 		to = sc.DurationS * 1000
 	}
 	var e2e, ttft []float64
-	f, err := sc.LiveLayout(arrivals)
+	f, err := sim.Layout(sc, arrivals)
 	if err != nil {
 		return nil, err
 	}

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/switchyard-dev/switchyard/sim"
+	"github.com/switchyard-dev/switchyard/sim/scenario"
 )
 
 func TestLiveStackFile(t *testing.T) {
@@ -23,11 +23,16 @@ func TestLiveStackFile(t *testing.T) {
 	if c := f.Engines[0].CapacityRPS; math.Abs(c-51.2) > 0.1 {
 		t.Errorf("engine-a capacity %.2f req/s, want about 51.2", c)
 	}
-	for _, bad := range []struct{ edit func(*sim.Scenario) string }{
-		{func(s *sim.Scenario) string { s.Clusters[0].TokenDist = "exponential"; return "clusters[0].token_dist" }},
-		{func(s *sim.Scenario) string { s.EngineTypes[1].TBTBaseMs = 12; return "engine_types[1]" }},
-		{func(s *sim.Scenario) string { s.EngineTypes[0].KVBlocks = 3; return "engine_types[0].kv_blocks" }},
-		{func(s *sim.Scenario) string { s.Events = []sim.Event{{AtS: 1}}; return "events" }},
+	for _, bad := range []struct {
+		edit func(*scenario.Scenario) string
+	}{
+		{func(s *scenario.Scenario) string {
+			s.Clusters[0].TokenDist = "exponential"
+			return "clusters[0].token_dist"
+		}},
+		{func(s *scenario.Scenario) string { s.EngineTypes[1].TBTBaseMs = 12; return "engine_types[1]" }},
+		{func(s *scenario.Scenario) string { s.EngineTypes[0].KVBlocks = 3; return "engine_types[0].kv_blocks" }},
+		{func(s *scenario.Scenario) string { s.Events = []scenario.Event{{AtS: 1}}; return "events" }},
 	} {
 		sc := LiveScenario()
 		field := bad.edit(sc)

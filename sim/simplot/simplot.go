@@ -10,11 +10,14 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/switchyard-dev/switchyard/sim"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+
+	"github.com/switchyard-dev/switchyard/sim"
 )
 
 // maxLegend is the most engines a time-series plot names in its legend.
@@ -29,7 +32,7 @@ func Write(dir string, rep *sim.Report) ([]string, error) {
 	var files []string
 	save := func(p *plot.Plot, name string, w, h vg.Length) error {
 		path := filepath.Join(dir, name)
-		if err := p.Save(w, h, path); err != nil {
+		if err := savePNG(p, w, h, path); err != nil {
 			return fmt.Errorf("simplot: %s: %w", path, err)
 		}
 		files = append(files, path)
@@ -59,6 +62,60 @@ func Write(dir string, rep *sim.Report) ([]string, error) {
 	return files, nil
 }
 
+// legendGap is the space between the data area and the legend beside it.
+const legendGap = 4 * vg.Millimeter
+
+// savePNG writes p as a w×h PNG with its legend to the right of the plot,
+// outside the data area, where it can hide no curve (see split).
+func savePNG(p *plot.Plot, w, h vg.Length, path string) error {
+	leg := p.Legend
+	p.Legend = plot.NewLegend()
+	defer func() { p.Legend = leg }()
+	img := vgimg.PngCanvas{Canvas: vgimg.New(w, h)}
+	dc := draw.New(img)
+	if p.BackgroundColor != nil {
+		dc.SetColor(p.BackgroundColor)
+		dc.Fill(dc.Rectangle.Path())
+	}
+	pc, lc, ok := split(&leg, dc)
+	p.Draw(pc)
+	if ok {
+		leg.Draw(lc)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := img.WriteTo(f); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// split divides dc into the plot's canvas and, at its right, the legend's
+// (ok false when the legend is empty: the plot has all of dc); it sets the
+// legend to its strip's top right.
+func split(leg *plot.Legend, dc draw.Canvas) (plotC, legC draw.Canvas, ok bool) {
+	lw := leg.Rectangle(dc).Size().X
+	if lw <= 0 {
+		return dc, draw.Canvas{}, false
+	}
+	lw += legendGap
+	leg.Top, leg.Left, leg.XOffs, leg.YOffs = true, false, 0, 0
+	return draw.Crop(dc, 0, -lw, 0, 0), draw.Crop(dc, dc.Size().X-lw, 0, 0, 0), true
+}
+
+// engineLabel names an engine in a legend so that it cannot be taken for a
+// cluster of the same name (scenarios may call both "A"): "engine A",
+// unless its own name says it is one.
+func engineLabel(name string) string {
+	if strings.Contains(strings.ToLower(name), "engine") {
+		return name
+	}
+	return "engine " + name
+}
+
 func fileName(s string) string {
 	return strings.Map(func(r rune) rune {
 		if r == '/' || r == '\\' || r == ' ' {
@@ -77,8 +134,6 @@ func cdf(rep *sim.Report, which string) (*plot.Plot, error) {
 	p.Y.Label.Text = "fraction of requests"
 	p.X.Scale = plot.LogScale{}
 	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
-	p.Legend.Top = false
-	p.Legend.Left = false
 	var args []any
 	for _, name := range rep.Order {
 		res := rep.Policies[name]
@@ -139,7 +194,7 @@ func series(rep *sim.Report, res *sim.Result, kind string) (*plot.Plot, error) {
 		l.Dashes = plotutil.Dashes(j / 7)
 		p.Add(l)
 		if len(rep.Engines) <= maxLegend {
-			p.Legend.Add(e.Name, l)
+			p.Legend.Add(engineLabel(e.Name), l)
 		}
 	}
 	return p, nil

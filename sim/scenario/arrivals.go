@@ -1,4 +1,4 @@
-package sim
+package scenario
 
 import (
 	"fmt"
@@ -51,8 +51,8 @@ func (s *Scenario) demandFactor(evs []Event, c int, t float64) (float64, float64
 	return f, next
 }
 
-// sortedEvents returns the events ordered by time (stable).
-func (s *Scenario) sortedEvents() []Event {
+// SortedEvents returns the events ordered by time (stable).
+func (s *Scenario) SortedEvents() []Event {
 	evs := slices.Clone(s.Events)
 	slices.SortStableFunc(evs, func(a, b Event) int {
 		switch {
@@ -72,7 +72,7 @@ func (s *Scenario) sortedEvents() []Event {
 func (s *Scenario) Arrivals(seed uint64) ([]Arrival, error) {
 	var all []Arrival
 	traces := map[string][]workload.Request{}
-	evs := s.sortedEvents()
+	evs := s.SortedEvents()
 	for c := range s.Clusters {
 		cs := &s.Clusters[c]
 		rng := rand.New(rand.NewPCG(seed, 0xA77_1000+uint64(c)))
@@ -131,26 +131,16 @@ func (s *Scenario) Arrivals(seed uint64) ([]Arrival, error) {
 // the hash of its first n prompt blocks, else 0.
 func affinityKey(a *Arrival, n int) uint64 {
 	if a.Session != 0 {
-		return mix(a.Session ^ 0x5e55_10e1_d0d0_0001)
+		return selection.Mix64(a.Session ^ 0x5e55_10e1_d0d0_0001)
 	}
 	if len(a.Blocks) == 0 {
 		return 0
 	}
 	h := uint64(0x9e3f_1c00_d0d0_0003)
 	for k := 0; k < n && k < len(a.Blocks); k++ {
-		h = mix(h ^ a.Blocks[k])
+		h = selection.Mix64(h ^ a.Blocks[k])
 	}
 	return h | 1
-}
-
-// mix is the SplitMix64 finaliser.
-func mix(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xBF58476D1CE4E5B9
-	x ^= x >> 27
-	x *= 0x94D049BB133111EB
-	x ^= x >> 31
-	return x
 }
 
 // length draws a token length with mean m: m itself, or geometric on 1, 2, …
@@ -267,6 +257,3 @@ func (s *Scenario) replay(evs []Event, c int, rng *rand.Rand, reqs []workload.Re
 	}
 	return out
 }
-
-// spreadKey returns the key of the n-th keyless request, as the router does.
-func spreadKey(n uint64) uint64 { return selection.SpreadKey(n) }

@@ -1,4 +1,4 @@
-package sim
+package scenario
 
 import (
 	"bytes"
@@ -637,8 +637,8 @@ func (s *Scenario) SetTrace(path string) error {
 	return nil
 }
 
-// oneWayMs returns the one-way latency between two regions.
-func (n *Network) oneWayMs(a, b string) float64 {
+// OneWayMs returns the one-way latency between two regions.
+func (n *Network) OneWayMs(a, b string) float64 {
 	if a == b {
 		return n.LocalMs
 	}
