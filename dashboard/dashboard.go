@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -41,7 +42,7 @@ type RouterStatus struct {
 	// AgeSeconds is the installed snapshot's age, seconds; negative when
 	// unknown (no snapshot yet).
 	AgeSeconds float64 `json:"age_s"`
-	// Mode is "snapshot" or "local-policy" (see router.Mode).
+	// Mode is "snapshot" or "local-policy" (see control.Mode).
 	Mode string `json:"mode"`
 }
 

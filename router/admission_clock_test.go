@@ -4,8 +4,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/router/protocol"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // TestAdmissionWithoutHandler drives the admission control and the
@@ -17,7 +19,7 @@ func TestAdmissionWithoutHandler(t *testing.T) {
 	now := time.Unix(1000, 0)
 	clock := func() time.Time { return now }
 	set := NewLiveSet(clock)
-	b := set.Bind(mustTable(t, []Engine{{Name: "a", Weight: 1}}, TableOptions{}))
+	b := set.Bind(mustTable(t, []selection.Engine{{Name: "a", Weight: 1}}, selection.TableOptions{}))
 	for _, tc := range []struct {
 		name  string
 		f     *guard.Figures
@@ -55,7 +57,7 @@ func TestAdmissionWithoutHandler(t *testing.T) {
 	}
 	live := b.Live(0)
 	for k := range DefaultEjectAfter {
-		if ch, _, _ := live.Report(Result5xx, false, now, EjectOptions{}); (ch == EjectStart) != (k == DefaultEjectAfter-1) {
+		if ch, _, _ := live.Report(control.Result5xx, false, now, EjectOptions{}); (ch == EjectStart) != (k == DefaultEjectAfter-1) {
 			t.Fatalf("after %d failures the ejection change is %v", k+1, ch)
 		}
 	}
@@ -67,7 +69,7 @@ func TestAdmissionWithoutHandler(t *testing.T) {
 	if !ok || !probe || !b.Down(0) {
 		t.Fatalf("after the backoff: Claim = %v, %v, skipped %v; want the probe, others skipped", ok, probe, b.Down(0))
 	}
-	if ch, _, _ := live.Report(ResultOK, probe, now, EjectOptions{}); ch != EjectRestored || b.Down(0) {
+	if ch, _, _ := live.Report(control.ResultOK, probe, now, EjectOptions{}); ch != EjectRestored || b.Down(0) {
 		t.Fatal("a successful probe did not restore the engine")
 	}
 }
@@ -78,14 +80,14 @@ func TestAdmissionWithoutHandler(t *testing.T) {
 func TestPickFallback(t *testing.T) {
 	now := time.Unix(1000, 0)
 	set := NewLiveSet(func() time.Time { return now })
-	b := set.Bind(mustTable(t, []Engine{{Name: "a", Weight: 1}, {Name: "b"}}, TableOptions{}))
+	b := set.Bind(mustTable(t, []selection.Engine{{Name: "a", Weight: 1}, {Name: "b"}}, selection.TableOptions{}))
 	ia, _ := b.Table().Index("a")
 	ib, okb := b.Table().Index("b")
 	if !okb {
 		t.Fatal("the engine of weight zero is not in the table")
 	}
 	for range DefaultEjectAfter {
-		b.Live(ia).Report(ResultConnect, false, now, EjectOptions{})
+		b.Live(ia).Report(control.ResultConnect, false, now, EjectOptions{})
 	}
 	for _, tc := range []struct {
 		name         string

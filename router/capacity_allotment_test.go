@@ -9,6 +9,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/guard"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // TestBoundSlotTimes checks the weight-averaged slot time and step of a
@@ -18,7 +19,7 @@ import (
 func TestBoundSlotTimes(t *testing.T) {
 	now := time.Unix(1000, 0)
 	set := NewLiveSet(func() time.Time { return now })
-	table := mustTable(t, []Engine{{Name: "a", Weight: 0.5}, {Name: "b", Weight: 0.3}, {Name: "c", Weight: 0.2}, {Name: "d"}}, TableOptions{})
+	table := mustTable(t, []selection.Engine{{Name: "a", Weight: 0.5}, {Name: "b", Weight: 0.3}, {Name: "c", Weight: 0.2}, {Name: "d"}}, selection.TableOptions{})
 	b := set.Bind(table)
 	if _, _, ok := b.SlotTimes(); ok {
 		t.Fatal("slot times known before any signal")

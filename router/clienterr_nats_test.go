@@ -14,7 +14,10 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/protocol"
+	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
@@ -47,18 +50,18 @@ func TestNATSEngineClientErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	nc := env.Dial(t, "router")
-	tr, err := router.NewNATSTransport(router.NATSTransportOptions{Conn: nc})
+	tr, err := upstream.NewNATSTransport(upstream.NATSTransportOptions{Conn: nc})
 	if err != nil {
 		t.Fatal(err)
 	}
 	tables := router.NewStaticTables()
-	tb, err := router.NewTable([]router.Engine{{Name: "e0", Subject: "sy.infer.m.e0", Weight: 0.5},
-		{Name: "e1", Subject: "sy.infer.m.e1", Weight: 0.5}}, router.TableOptions{})
+	tb, err := selection.NewTable([]selection.Engine{{Name: "e0", Subject: "sy.infer.m.e0", Weight: 0.5},
+		{Name: "e1", Subject: "sy.infer.m.e1", Weight: 0.5}}, selection.TableOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tables.Set("m", tb, router.Info{Generation: 1, Mode: router.ModeSnapshot, Created: time.Now()})
-	rep, err := router.NewReporter(router.ReporterOptions{Conn: nc, Cluster: "A", Router: "r1"})
+	tables.Set("m", tb, control.Info{Generation: 1, Mode: control.ModeSnapshot, Created: time.Now()})
+	rep, err := control.NewReporter(control.ReporterOptions{Conn: nc, Cluster: "A", Router: "r1"})
 	if err != nil {
 		t.Fatal(err)
 	}

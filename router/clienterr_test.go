@@ -12,64 +12,14 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
-
-func TestStatusResult(t *testing.T) {
-	for _, tc := range []struct {
-		status int
-		want   Result
-		blames bool
-	}{
-		{200, ResultOK, false},
-		{204, ResultOK, false},
-		{301, ResultOK, false},
-		{400, ResultClient, false}, // invalid parameters, context too long (vLLM BadRequestError)
-		{401, ResultClient, false}, // the client's own key, passed through
-		{403, ResultClient, false},
-		{404, ResultClient, false}, // unknown model (NotFoundError)
-		{405, ResultClient, false},
-		{409, ResultClient, false},
-		{411, ResultClient, false},
-		{413, ResultClient, false}, // body too large
-		{414, ResultClient, false},
-		{415, ResultClient, false},
-		{422, ResultClient, false}, // validation error (TGI, FastAPI)
-		{431, ResultClient, false},
-		{408, ResultTimeout, true}, // the engine timed the request out
-		{429, Result429, false},    // the engine's own load
-		{402, ResultOther, true},
-		{410, ResultOther, true},
-		{418, ResultOther, true},
-		{499, ResultOther, true},
-		{500, Result5xx, true},
-		{502, Result5xx, true},
-		{503, Result5xx, true},
-		{599, Result5xx, true},
-	} {
-		got := StatusResult(tc.status)
-		if got != tc.want || got.Blames() != tc.blames {
-			t.Errorf("StatusResult(%d) = %v (blames %v), want %v (blames %v)", tc.status, got, got.Blames(), tc.want, tc.blames)
-		}
-	}
-	if ResultClient.Class() != ClassClient || ClassClient != "client" {
-		t.Errorf("client class %q", ResultClient.Class())
-	}
-	for _, r := range []Result{ResultConnect, ResultTimeout, Result5xx, ResultOther} {
-		if !r.Blames() {
-			t.Errorf("%v does not blame the engine", r)
-		}
-	}
-	for _, r := range []Result{ResultOK, ResultCanceled, Result429, ResultClient} {
-		if r.Blames() {
-			t.Errorf("%v blames the engine", r)
-		}
-	}
-}
 
 func TestResponseOutcomeClientError(t *testing.T) {
 	now := time.Now()
-	for status, want := range map[int]Result{400: ResultClient, 404: ResultClient, 422: ResultClient, 413: ResultClient,
-		408: ResultTimeout, 418: ResultOther, 500: Result5xx, 429: Result429, 200: ResultOK} {
+	for status, want := range map[int]control.Result{400: control.ResultClient, 404: control.ResultClient, 422: control.ResultClient, 413: control.ResultClient,
+		408: control.ResultTimeout, 418: control.ResultOther, 500: control.Result5xx, 429: control.Result429, 200: control.ResultOK} {
 		if o := responseOutcome(context.Background(), status, nil, now, now, now); o.Result != want {
 			t.Errorf("status %d: %v, want %v", status, o.Result, want)
 		}
@@ -112,22 +62,22 @@ func newStatusEngine(t *testing.T, name string, status int) *statusEngine {
 // outcomeRecorder is an Observer that keeps every outcome.
 type outcomeRecorder struct {
 	mu  sync.Mutex
-	out map[string][]Result
+	out map[string][]control.Result
 }
 
 func (o *outcomeRecorder) Request(string) {}
-func (o *outcomeRecorder) Outcome(_, engine string, oc Outcome) {
+func (o *outcomeRecorder) Outcome(_, engine string, oc control.Outcome) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.out == nil {
-		o.out = map[string][]Result{}
+		o.out = map[string][]control.Result{}
 	}
 	o.out[engine] = append(o.out[engine], oc.Result)
 }
-func (o *outcomeRecorder) results(engine string) []Result {
+func (o *outcomeRecorder) results(engine string) []control.Result {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return append([]Result(nil), o.out[engine]...)
+	return append([]control.Result(nil), o.out[engine]...)
 }
 
 // TestClientErrorsNotBlamed: ten answers that blame the request, from the
@@ -142,9 +92,9 @@ func TestClientErrorsNotBlamed(t *testing.T) {
 				good := newStatusEngine(t, "e1", http.StatusOK)
 				front := func(prot ProtectionOptions) (*pfront, *outcomeRecorder) {
 					tables := NewStaticTables()
-					table := mustTable(t, []Engine{{Name: "e0", URL: bad.srv.URL, Weight: 0.5},
-						{Name: "e1", URL: good.srv.URL, Weight: 0.5}}, TableOptions{})
-					tables.Set("m", table, Info{Generation: 1, Mode: ModeSnapshot, Created: time.Now()})
+					table := mustTable(t, []selection.Engine{{Name: "e0", URL: bad.srv.URL, Weight: 0.5},
+						{Name: "e1", URL: good.srv.URL, Weight: 0.5}}, selection.TableOptions{})
+					tables.Set("m", table, control.Info{Generation: 1, Mode: control.ModeSnapshot, Created: time.Now()})
 					rec := &outcomeRecorder{}
 					h, err := NewHandler(Options{Tables: tables, Cluster: "A", Observer: rec, Protection: prot})
 					if err != nil {
@@ -179,7 +129,7 @@ func TestClientErrorsNotBlamed(t *testing.T) {
 				}
 				waitFor(t, 2*time.Second, func() bool { return len(rec.results("e0")) == 10 })
 				for i, r := range rec.results("e0") {
-					if r != ResultClient {
+					if r != control.ResultClient {
 						t.Errorf("outcome %d: %v, want client", i, r)
 					}
 				}

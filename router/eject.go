@@ -4,6 +4,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/router/control"
 )
 
 // Defaults of EjectOptions.
@@ -115,8 +117,8 @@ func (e *EngineLive) Claim(now time.Time) (ok, probe bool) { return e.eject.clai
 // consecutive failures as they are, except that a half-open probe the
 // engine answered with a client error restores it (it is up and parsing
 // requests).
-func (e *EngineLive) Report(res Result, probe bool, now time.Time, o EjectOptions) (EjectChange, time.Duration, int) {
-	ok := res == ResultOK || (res == ResultClient && probe)
+func (e *EngineLive) Report(res control.Result, probe bool, now time.Time, o EjectOptions) (EjectChange, time.Duration, int) {
+	ok := res == control.ResultOK || (res == control.ResultClient && probe)
 	if !ok && !res.Blames() {
 		if probe {
 			e.eject.probing.Store(false)

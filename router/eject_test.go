@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
 )
 
 // TestEjectionOnSimulatedClock runs the ejection rule as a simulator does,
@@ -21,21 +22,21 @@ func TestEjectionOnSimulatedClock(t *testing.T) {
 		advance time.Duration
 		claim   bool // expected Claim ok
 		probe   bool // expected Claim probe
-		res     router.Result
+		res     control.Result
 		change  router.EjectChange
 	}
 	var steps []step
 	for i := 1; i < router.DefaultEjectAfter; i++ {
-		steps = append(steps, step{claim: true, res: router.Result5xx, change: router.EjectNone})
+		steps = append(steps, step{claim: true, res: control.Result5xx, change: router.EjectNone})
 	}
 	steps = append(steps,
-		step{claim: true, res: router.ResultClient, change: router.EjectNone}, // neutral: no failure counted
-		step{claim: true, res: router.Result5xx, change: router.EjectStart},
+		step{claim: true, res: control.ResultClient, change: router.EjectNone}, // neutral: no failure counted
+		step{claim: true, res: control.Result5xx, change: router.EjectStart},
 		step{advance: router.DefaultEjectBackoff / 2, claim: false},
-		step{advance: router.DefaultEjectBackoff, claim: true, probe: true, res: router.Result5xx, change: router.EjectAgain},
+		step{advance: router.DefaultEjectBackoff, claim: true, probe: true, res: control.Result5xx, change: router.EjectAgain},
 		step{advance: router.DefaultEjectBackoff + time.Millisecond, claim: false}, // doubled
-		step{advance: router.DefaultEjectBackoff, claim: true, probe: true, res: router.ResultOK, change: router.EjectRestored},
-		step{claim: true, res: router.ResultOK, change: router.EjectNone},
+		step{advance: router.DefaultEjectBackoff, claim: true, probe: true, res: control.ResultOK, change: router.EjectRestored},
+		step{claim: true, res: control.ResultOK, change: router.EjectNone},
 	)
 	for i, s := range steps {
 		now = now.Add(s.advance)

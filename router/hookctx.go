@@ -5,6 +5,8 @@ import (
 	"io"
 	"sync"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/router/upstream"
 )
 
 // hookCtx is a cancelable context for the request path that costs one
@@ -197,39 +199,28 @@ func (c *hookCtx) AfterFunc(f func()) (stop func() bool) {
 	}
 }
 
-// closeStopper ends a closeOnCancel watch: stopClose reports whether the
-// connection was still open (the context had not ended), as the stop
-// function of context.AfterFunc does.
-type closeStopper interface{ stopClose() bool }
-
-// afterStop is the stop function of a context.AfterFunc as a closeStopper.
-type afterStop func() bool
-
-func (f afterStop) stopClose() bool { return f() }
-
-// closeOnCancel closes conn when ctx ends, until the returned watch is
-// stopped; on a hookCtx without a connection yet, without allocating.
-func closeOnCancel(ctx context.Context, conn io.Closer) closeStopper {
-	if c, ok := ctx.(*hookCtx); ok {
-		c.mu.Lock()
-		switch {
-		case c.err != nil:
-			c.mu.Unlock()
-			_ = conn.Close()
-			return afterStop(func() bool { return false })
-		case c.closer == nil:
-			c.closer = conn
-			c.mu.Unlock()
-			return c
-		}
+// CloseOnCancel takes conn to close when c ends (upstream.CloseHook),
+// without allocating: false when c already holds a connection, and the
+// caller watches with context.AfterFunc instead.
+func (c *hookCtx) CloseOnCancel(conn io.Closer) (upstream.CloseStopper, bool) {
+	c.mu.Lock()
+	switch {
+	case c.err != nil:
 		c.mu.Unlock()
+		_ = conn.Close()
+		return upstream.Stopped, true
+	case c.closer == nil:
+		c.closer = conn
+		c.mu.Unlock()
+		return c, true
 	}
-	return afterStop(context.AfterFunc(ctx, func() { _ = conn.Close() }))
+	c.mu.Unlock()
+	return nil, false
 }
 
-// stopClose stops closing the connection given to closeOnCancel and
+// StopClose stops closing the connection given to CloseOnCancel and
 // reports whether the context had not ended.
-func (c *hookCtx) stopClose() bool {
+func (c *hookCtx) StopClose() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.err != nil {

@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/router/upstream"
 )
 
 // closeCount is an io.Closer that counts its Close calls.
@@ -25,7 +27,7 @@ func TestHookCtxRootCancelEndsAttemptAndClosesConn(t *testing.T) {
 	root := newRootCtx()
 	a := newAttemptCtx(root, time.Hour)
 	conn := &closeCount{}
-	stop := closeOnCancel(a, conn)
+	stop := upstream.CloseOnCancel(a, conn)
 	if a.Err() != nil || root.Err() != nil {
 		t.Fatal("ended before cancel")
 	}
@@ -37,8 +39,8 @@ func TestHookCtxRootCancelEndsAttemptAndClosesConn(t *testing.T) {
 	if conn.n.Load() != 1 {
 		t.Fatalf("conn closed %d times, want 1", conn.n.Load())
 	}
-	if stop.stopClose() {
-		t.Fatal("stopClose after the end reported live")
+	if stop.StopClose() {
+		t.Fatal("StopClose after the end reported live")
 	}
 	if a.timedOut() {
 		t.Fatal("timedOut after a cancel")
@@ -53,7 +55,7 @@ func TestHookCtxTimerEndsOnlyTheAttempt(t *testing.T) {
 	root := newRootCtx()
 	a := newAttemptCtx(root, 10*time.Millisecond)
 	conn := &closeCount{}
-	closeOnCancel(a, conn)
+	upstream.CloseOnCancel(a, conn)
 	waitDone(t, a, "attempt")
 	if !a.timedOut() || !a.timerFired() {
 		t.Fatal("timer end not reported")
@@ -81,9 +83,9 @@ func TestHookCtxStopCloseKeepsConn(t *testing.T) {
 	root := newRootCtx()
 	a := newAttemptCtx(root, time.Hour)
 	conn := &closeCount{}
-	stop := closeOnCancel(a, conn)
-	if !stop.stopClose() {
-		t.Fatal("stopClose on a live context reported ended")
+	stop := upstream.CloseOnCancel(a, conn)
+	if !stop.StopClose() {
+		t.Fatal("StopClose on a live context reported ended")
 	}
 	a.cancel()
 	if conn.n.Load() != 0 {
@@ -94,7 +96,7 @@ func TestHookCtxStopCloseKeepsConn(t *testing.T) {
 	}
 	// Given to an ended context, a conn is closed at once.
 	late := &closeCount{}
-	if closeOnCancel(a, late).stopClose() || late.n.Load() != 1 {
+	if upstream.CloseOnCancel(a, late).StopClose() || late.n.Load() != 1 {
 		t.Fatal("conn given to an ended context not closed at once")
 	}
 }
@@ -107,8 +109,8 @@ func TestHookCtxGeneralPaths(t *testing.T) {
 	b := newAttemptCtx(root, time.Hour)
 	// A second connection on one attempt, AfterFunc, and a standard child.
 	c1, c2 := &closeCount{}, &closeCount{}
-	closeOnCancel(b, c1)
-	closeOnCancel(b, c2)
+	upstream.CloseOnCancel(b, c1)
+	upstream.CloseOnCancel(b, c2)
 	var ran atomic.Bool
 	stopped := b.AfterFunc(func() { t.Error("stopped AfterFunc ran") })
 	context.AfterFunc(b, func() { ran.Store(true) })

@@ -18,9 +18,11 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 )
 
 // Limits on client-supplied header values.
@@ -29,52 +31,13 @@ const (
 	maxSessionIDLen = 256
 )
 
-// Mode says how a model's table was made.
-type Mode string
-
-// Table modes.
-const (
-	// ModeSnapshot: the table comes from a fresh optimizer snapshot.
-	ModeSnapshot Mode = "snapshot"
-	// ModeLocalPolicy: no snapshot yet, or a stale one; the table comes from
-	// the router's local policy over live engine signals.
-	ModeLocalPolicy Mode = "local-policy"
-)
-
-// Info describes the table installed for a model.
-type Info struct {
-	// Generation is the snapshot's generation (0 for a local-policy table
-	// built before any snapshot).
-	Generation uint64
-	// Mode says where the table came from.
-	Mode Mode
-	// Created is when the optimizer produced the snapshot the table was built
-	// from; the snapshot's age is measured from it. Zero when unknown.
-	Created time.Time
-	// Figures are the snapshot's shed fractions, demand and predictions for
-	// the guards (shedding, admission, retry budget); nil when the table is
-	// not routed by a fresh snapshot.
-	Figures *guard.Figures
-}
-
-// Tables is the source of selection tables, one per model, for the router's
-// own frontend cluster; the snapshot store implements it. Table must be
-// cheap (an atomic load and a map lookup) as it is called on every request.
-type Tables interface {
-	// Table returns the table installed for model, its info, and whether the
-	// model is served.
-	Table(model string) (*Table, Info, bool)
-	// Models returns the served models.
-	Models() []string
-}
-
 // Options configures a Handler. Tables is required.
 type Options struct {
 	// Tables gives the selection table per model.
-	Tables Tables
+	Tables control.Tables
 	// Transport forwards requests to engines (default: an HTTPTransport with
 	// default options).
-	Transport Transport
+	Transport upstream.Transport
 	// Cluster is the router's frontend cluster, for logs and /readyz.
 	Cluster string
 	// Router is the router's name, for logs and /readyz.
@@ -98,7 +61,7 @@ type Options struct {
 	// Observer is told about every routed request and every forwarding
 	// outcome, e.g. a Reporter (default: none). When it is a GuardObserver
 	// it is also told about priorities, shed requests and retries.
-	Observer Observer
+	Observer control.Observer
 	// Protection tunes ejection of failing engines, retries, the retry
 	// budget and load shedding (default: the defaults of each).
 	Protection ProtectionOptions
@@ -111,7 +74,7 @@ type Options struct {
 	// must be called as they change. Nil: every engine of a table is
 	// selectable (tables that carry addresses, or a Transport that needs
 	// none).
-	Endpoints EndpointResolver
+	Endpoints control.EndpointResolver
 	// Settled, when set, holds requests until it is closed (each within its
 	// own context): the router's start-up, until the engines' signals were
 	// heard (Signals.Settled), so that a snapshot stored by an earlier run
@@ -138,7 +101,7 @@ type Handler struct {
 // modelState is the router's live state for one model.
 type modelState struct {
 	live   *LiveSet
-	recent *RecentKeys // where this router sent each affinity key lately
+	recent *selection.RecentKeys // where this router sent each affinity key lately
 	bound  atomic.Pointer[Bound]
 	adm    *Admission
 	// met holds the model's metric children, made on first use.
@@ -155,7 +118,7 @@ func NewHandler(opts Options) (*Handler, error) {
 		return nil, errors.New("router: new handler: Options.Tables is nil")
 	}
 	if opts.Transport == nil {
-		opts.Transport = NewHTTPTransport(HTTPTransportOptions{})
+		opts.Transport = upstream.NewHTTPTransport(upstream.HTTPTransportOptions{})
 	}
 	if opts.Registry == nil {
 		reg := prometheus.NewRegistry()
@@ -237,7 +200,7 @@ func (h *Handler) SetEngineDown(model, engine string, down bool) {
 
 // SetEngineEndpoints records the endpoints an engine of model advertises
 // now; with Options.Endpoints set, an engine is selectable only with one.
-func (h *Handler) SetEngineEndpoints(model, engine string, ep Endpoints) {
+func (h *Handler) SetEngineEndpoints(model, engine string, ep control.Endpoints) {
 	h.Live(model).SetEndpoints(engine, ep)
 }
 
@@ -267,13 +230,14 @@ func (h *Handler) model(name string) *modelState {
 	}
 	live := NewLiveSet(h.opts.Now)
 	live.resolve, live.model = h.opts.Endpoints, name
-	v, _ := h.models.LoadOrStore(name, &modelState{live: live, recent: newRecentKeys(DefaultRecentKeys),
+	recent, _ := selection.NewRecentKeys(selection.DefaultRecentKeys) // a valid size: never fails
+	v, _ := h.models.LoadOrStore(name, &modelState{live: live, recent: recent,
 		adm: &Admission{prot: h.prot}, created: h.opts.Now().Unix()})
 	return v.(*modelState)
 }
 
 // bind returns the Guard of model bound to t, rebinding when t is new.
-func (h *Handler) bind(model string, t *Table) *Bound {
+func (h *Handler) bind(model string, t *selection.Table) *Bound {
 	ms := h.model(model)
 	if b := ms.bound.Load(); b != nil && b.Table() == t {
 		return b
@@ -327,9 +291,9 @@ const (
 
 // httpRequest is what the HTTP front reads of a client's request,
 // whichever HTTP server parsed it (net/http or fasthttp): the pipeline's
-// clientRequest and the method.
+// protocol.ClientRequest and the method.
 type httpRequest interface {
-	clientRequest
+	protocol.ClientRequest
 	// method is the request method.
 	method() string
 }

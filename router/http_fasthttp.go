@@ -17,6 +17,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/protocol"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 )
 
 // fastServer serves a Handler with fasthttp. The inference endpoints run
@@ -107,7 +108,7 @@ func (s *fastServer) connState(c net.Conn, st fasthttp.ConnState) {
 // Serve accepts connections on ln until Shutdown or Close.
 func (s *fastServer) Serve(ln net.Listener) error {
 	// Connections read and write with raw system calls (see rawConn).
-	err := s.srv.Serve(rawListen(ln))
+	err := s.srv.Serve(upstream.Listen(ln))
 	if err == nil || s.closed.Load() {
 		return http.ErrServerClosed
 	}
@@ -226,7 +227,7 @@ func (s *fastServer) serveError(ctx *fasthttp.RequestCtx, err error) {
 	var small *fasthttp.ErrSmallBuffer
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		s.h.reject(x, labelInvalid, bodyTooLarge(s.h.opts.MaxBodyBytes))
+		s.h.reject(x, labelInvalid, protocol.BodyTooLarge(s.h.opts.MaxBodyBytes))
 	case errors.As(err, &small):
 		protocol.WriteError(x, protocol.NewAPIError(http.StatusRequestHeaderFieldsTooLarge, protocol.ErrTypeInvalidRequest, "headers_too_large", "",
 			fmt.Sprintf("request headers are larger than the limit of %d bytes", s.srv.ReadBufferSize)))
@@ -262,9 +263,9 @@ func (x *fastExchange) method() string {
 }
 
 // check has nothing to add: the path named the endpoint, the body the model.
-func (x *fastExchange) check(*protocol.Request) *protocol.APIError { return nil }
+func (x *fastExchange) Check(*protocol.Request) *protocol.APIError { return nil }
 
-func (x *fastExchange) header(name string) (string, bool) {
+func (x *fastExchange) RequestHeader(name string) (string, bool) {
 	h := &x.ctx.Request.Header
 	if v := h.Peek(name); len(v) > 0 {
 		if string(v) == mimeJSON {
@@ -275,7 +276,7 @@ func (x *fastExchange) header(name string) (string, bool) {
 	return "", len(h.PeekAll(name)) > 0
 }
 
-func (x *fastExchange) passHeaders() http.Header {
+func (x *fastExchange) PassHeaders() http.Header {
 	out := make(http.Header, 4)
 	h := &x.ctx.Request.Header
 	for _, k := range passedHeaders() {
@@ -293,7 +294,7 @@ func (x *fastExchange) passHeaders() http.Header {
 // body returns the request body, which fasthttp has read within the limits
 // (ErrorHandler answers a body over MaxBodyBytes). It is valid until the
 // fasthttp handler returns, which is after the request is forwarded.
-func (x *fastExchange) body() ([]byte, *protocol.APIError) { return x.ctx.PostBody(), nil }
+func (x *fastExchange) RequestBody() ([]byte, *protocol.APIError) { return x.ctx.PostBody(), nil }
 
 // Header returns the response headers to be sent by WriteHeader.
 func (x *fastExchange) Header() http.Header { return x.hdr }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-dev/switchyard/router/control"
 )
 
 // metrics are one handler's Prometheus collectors, registered in its own
@@ -30,7 +32,7 @@ type metrics struct {
 // latencyBuckets span 1 ms to about 2 minutes.
 func latencyBuckets() []float64 { return prometheus.ExponentialBuckets(0.001, 2, 18) }
 
-func newMetrics(reg prometheus.Registerer, tables Tables, now func() time.Time, tokens, amplification func() float64) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, tables control.Tables, now func() time.Time, tokens, amplification func() float64) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_router_requests_total",
@@ -108,7 +110,7 @@ func newMetrics(reg prometheus.Registerer, tables Tables, now func() time.Time, 
 // snapshotCollector reports, at scrape time, each model's snapshot
 // generation, age and mode from the Tables.
 type snapshotCollector struct {
-	tables Tables
+	tables control.Tables
 	now    func() time.Time
 }
 
@@ -137,7 +139,7 @@ func (c *snapshotCollector) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		local := 0.0
-		if info.Mode == ModeLocalPolicy {
+		if info.Mode == control.ModeLocalPolicy {
 			local = 1
 		}
 		ch <- prometheus.MustNewConstMetric(descGeneration, prometheus.GaugeValue, float64(info.Generation), model)

@@ -121,9 +121,9 @@ type stdRequest struct {
 func (s *stdRequest) method() string { return s.r.Method }
 
 // check has nothing to add: the path named the endpoint, the body the model.
-func (s *stdRequest) check(*protocol.Request) *protocol.APIError { return nil }
+func (s *stdRequest) Check(*protocol.Request) *protocol.APIError { return nil }
 
-func (s *stdRequest) header(name string) (string, bool) {
+func (s *stdRequest) RequestHeader(name string) (string, bool) {
 	vs, ok := s.r.Header[name]
 	if !ok || len(vs) == 0 {
 		return "", ok
@@ -131,7 +131,7 @@ func (s *stdRequest) header(name string) (string, bool) {
 	return vs[0], true
 }
 
-func (s *stdRequest) passHeaders() http.Header {
+func (s *stdRequest) PassHeaders() http.Header {
 	out := make(http.Header, 4)
 	for _, k := range passedHeaders() {
 		if vs, ok := s.r.Header[k]; ok {
@@ -142,10 +142,10 @@ func (s *stdRequest) passHeaders() http.Header {
 }
 
 // body reads the request body within the size and time limits.
-func (s *stdRequest) body() ([]byte, *protocol.APIError) {
+func (s *stdRequest) RequestBody() ([]byte, *protocol.APIError) {
 	limit := s.h.opts.MaxBodyBytes
 	if s.r.ContentLength > limit {
-		return nil, bodyTooLarge(limit)
+		return nil, protocol.BodyTooLarge(limit)
 	}
 	rc := http.NewResponseController(s.w)
 	_ = rc.SetReadDeadline(s.h.opts.Now().Add(s.h.opts.BodyReadTimeout)) // unsupported writers: no deadline
@@ -156,7 +156,7 @@ func (s *stdRequest) body() ([]byte, *protocol.APIError) {
 		// fails at once and closes the connection after the answer.
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return nil, bodyTooLarge(limit)
+			return nil, protocol.BodyTooLarge(limit)
 		}
 		return nil, protocol.InvalidRequest("", fmt.Sprintf("reading request body: %v", err))
 	}
@@ -196,10 +196,4 @@ func readBody(r io.Reader, declared int64) ([]byte, error) {
 			return b, err
 		}
 	}
-}
-
-// bodyTooLarge is the 413 for a body over limit bytes.
-func bodyTooLarge(limit int64) *protocol.APIError {
-	return protocol.NewAPIError(http.StatusRequestEntityTooLarge, protocol.ErrTypeInvalidRequest, "request_too_large", "",
-		fmt.Sprintf("request body is larger than the limit of %d bytes", limit))
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"sort"
 
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 )
 
@@ -95,7 +96,7 @@ func (h *Handler) serveHealth(w http.ResponseWriter, _ *http.Request) {
 // ModelReadiness is one model's entry in the /readyz detail.
 type ModelReadiness struct {
 	// Mode is "snapshot" or "local-policy".
-	Mode Mode `json:"mode"`
+	Mode control.Mode `json:"mode"`
 	// Generation is the installed snapshot's generation.
 	Generation uint64 `json:"generation"`
 	// SnapshotAgeSeconds is the snapshot's age, absent when unknown.
@@ -116,7 +117,7 @@ type Readiness struct {
 	Starting bool `json:"starting,omitempty"`
 	// Mode is "snapshot" when every model routes on a snapshot, else
 	// "local-policy".
-	Mode Mode `json:"mode"`
+	Mode control.Mode `json:"mode"`
 	// Cluster is the router's frontend cluster.
 	Cluster string `json:"cluster,omitempty"`
 	// Router is the router's name.
@@ -128,19 +129,19 @@ type Readiness struct {
 // Readiness returns the router's readiness detail, as served on /readyz.
 func (h *Handler) Readiness() Readiness {
 	now := h.opts.Now()
-	rd := Readiness{Mode: ModeSnapshot, Cluster: h.opts.Cluster, Router: h.opts.Router, Models: map[string]ModelReadiness{}}
+	rd := Readiness{Mode: control.ModeSnapshot, Cluster: h.opts.Cluster, Router: h.opts.Router, Models: map[string]ModelReadiness{}}
 	for _, m := range h.opts.Tables.Models() {
 		t, info, ok := h.opts.Tables.Table(m)
 		if !ok {
 			continue
 		}
-		mr := ModelReadiness{Mode: info.Mode, Generation: info.Generation, Engines: len(t.active), Shed: 1 - t.Weight()}
+		mr := ModelReadiness{Mode: info.Mode, Generation: info.Generation, Engines: len(t.Active()), Shed: 1 - t.Weight()}
 		if !info.Created.IsZero() {
 			age := now.Sub(info.Created).Seconds()
 			mr.SnapshotAgeSeconds = &age
 		}
-		if info.Mode != ModeSnapshot {
-			rd.Mode = ModeLocalPolicy
+		if info.Mode != control.ModeSnapshot {
+			rd.Mode = control.ModeLocalPolicy
 		}
 		if t.Slots() > 0 {
 			rd.Ready = true
@@ -148,7 +149,7 @@ func (h *Handler) Readiness() Readiness {
 		rd.Models[m] = mr
 	}
 	if len(rd.Models) == 0 {
-		rd.Mode = ModeLocalPolicy
+		rd.Mode = control.ModeLocalPolicy
 	}
 	if h.opts.Settled != nil {
 		select {

@@ -18,7 +18,10 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/protocol"
+	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 )
 
 // waitFor polls cond until it holds or timeout passes.
@@ -102,7 +105,7 @@ func forEachServer(t *testing.T, test func(t *testing.T, kind ServerKind)) {
 func serveOneEngine(t testing.TB, kind ServerKind, engineURL string) string {
 	t.Helper()
 	tables := NewStaticTables()
-	tables.Set("m", mustTable(t, []Engine{{Name: "e", URL: engineURL, Weight: 1}}, TableOptions{}), Info{Mode: ModeSnapshot})
+	tables.Set("m", mustTable(t, []selection.Engine{{Name: "e", URL: engineURL, Weight: 1}}, selection.TableOptions{}), control.Info{Mode: control.ModeSnapshot})
 	h, err := NewHandler(Options{Tables: tables})
 	if err != nil {
 		t.Fatal(err)
@@ -153,13 +156,13 @@ type front struct {
 
 func newFront(t *testing.T, kind ServerKind, weights []float64, chunks int, delay time.Duration, opts Options) *front {
 	f := &front{tables: NewStaticTables()}
-	var es []Engine
+	var es []selection.Engine
 	for i, w := range weights {
 		fe := newFakeEngine(t, fmt.Sprintf("eng%d", i), chunks, delay)
 		f.engines = append(f.engines, fe)
-		es = append(es, Engine{Name: fe.name, URL: fe.srv.URL, Weight: w})
+		es = append(es, selection.Engine{Name: fe.name, URL: fe.srv.URL, Weight: w})
 	}
-	f.tables.Set("m", mustTable(t, es, TableOptions{}), Info{Generation: 7, Mode: ModeSnapshot, Created: time.Now()})
+	f.tables.Set("m", mustTable(t, es, selection.TableOptions{}), control.Info{Generation: 7, Mode: control.ModeSnapshot, Created: time.Now()})
 	opts.Tables = f.tables
 	opts.Cluster = "A"
 	h, err := NewHandler(opts)
@@ -346,9 +349,9 @@ func TestBadInput(t *testing.T) {
 		}
 		deadURL := "http://" + dead.Addr().String()
 		dead.Close()
-		f.tables.Set("down", mustTable(t, []Engine{{Name: "d0", URL: f.engines[0].srv.URL, Weight: 1}}, TableOptions{}), Info{Mode: ModeSnapshot})
+		f.tables.Set("down", mustTable(t, []selection.Engine{{Name: "d0", URL: f.engines[0].srv.URL, Weight: 1}}, selection.TableOptions{}), control.Info{Mode: control.ModeSnapshot})
 		f.h.SetEngineDown("down", "d0", true)
-		f.tables.Set("gone", mustTable(t, []Engine{{Name: "g0", URL: deadURL, Weight: 1}}, TableOptions{}), Info{Mode: ModeSnapshot})
+		f.tables.Set("gone", mustTable(t, []selection.Engine{{Name: "g0", URL: deadURL, Weight: 1}}, selection.TableOptions{}), control.Info{Mode: control.ModeSnapshot})
 
 		cases := []struct {
 			name   string
@@ -598,7 +601,7 @@ func TestStatusEndpoints(t *testing.T) {
 // panicTransport is a Transport whose Forward panics, as a bug would.
 type panicTransport struct{}
 
-func (panicTransport) Forward(context.Context, Engine, *UpstreamRequest) (*UpstreamResponse, error) {
+func (panicTransport) Forward(context.Context, selection.Engine, *upstream.Request) (*upstream.Response, error) {
 	panic(http.ErrAbortHandler) // the panic net/http recovers without logging
 }
 
@@ -629,14 +632,6 @@ func TestPanicInRequestKeepsServing(t *testing.T) {
 			t.Fatalf("in-flight gauge %v after the panics, want 0", v)
 		}
 	})
-}
-
-func TestCanonicalKeyMatchesHTTP(t *testing.T) {
-	for _, k := range []string{messages.NATSHeaderRequestID, messages.NATSHeaderSessionID, messages.NATSHeaderPriority, messages.NATSHeaderEngine, "x-other-thing"} {
-		if got, want := canonicalKey(k), http.CanonicalHeaderKey(k); got != want {
-			t.Errorf("canonicalKey(%q) = %q, want %q", k, got, want)
-		}
-	}
 }
 
 func TestWriteError(t *testing.T) {

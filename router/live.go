@@ -4,6 +4,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // EngineLive is a router's live state of one engine for one model: its
@@ -29,7 +32,7 @@ func (e *EngineLive) Down() bool { return e.down.Load() }
 // signals went silent must be for the engine to stay usable: the signal
 // freshness a router asks by default (DefaultDownAfter), so that the
 // router's own answers stand in for the signals at the same rate.
-const SilentServe = DefaultDownAfter
+const SilentServe = control.DefaultDownAfter
 
 // Silent reports whether the engine's signals went silent.
 func (e *EngineLive) Silent() bool { return e.silent.Load() }
@@ -63,7 +66,7 @@ type LiveSet struct {
 	// resolve, when set, gives engines' live endpoints: an engine is then
 	// selectable only with an address, from its table entry or from its
 	// signals (see SetEndpoints). Nil: every engine of a table is.
-	resolve EndpointResolver
+	resolve control.EndpointResolver
 	model   string
 }
 
@@ -103,7 +106,7 @@ func (s *LiveSet) SetSilent(name string, silent bool) { s.Engine(name).silent.St
 // SetEndpoints records whether the named engine's signals give it an
 // endpoint. Under the set's lock, as Bind's own reading of the resolver,
 // so that the newest call wins whatever the interleaving.
-func (s *LiveSet) SetEndpoints(name string, ep Endpoints) {
+func (s *LiveSet) SetEndpoints(name string, ep control.Endpoints) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.engineLocked(name).addr.Store(ep.URL != "" || ep.Subject != "")
@@ -114,7 +117,7 @@ func (s *LiveSet) SetEndpoints(name string, ep Endpoints) {
 func (s *LiveSet) TotalInFlight() int64 { return s.total.Load() }
 
 // Bind returns a Guard for table t over this set's engine states.
-func (s *LiveSet) Bind(t *Table) *Bound {
+func (s *LiveSet) Bind(t *selection.Table) *Bound {
 	b := &Bound{set: s, table: t, engines: make([]*EngineLive, t.Len())}
 	if s.resolve != nil {
 		b.static = make([]bool, t.Len())
@@ -139,14 +142,14 @@ func (s *LiveSet) Bind(t *Table) *Bound {
 // with the counters a request updates around its forwarding.
 type Bound struct {
 	set     *LiveSet
-	table   *Table
+	table   *selection.Table
 	engines []*EngineLive
 	static  []bool                    // the table gives engine i an address; nil when every engine is addressable
 	times   atomic.Pointer[slotTimes] // SlotTimes' newest answer
 }
 
 // Table returns the table b is bound to.
-func (b *Bound) Table() *Table { return b.table }
+func (b *Bound) Table() *selection.Table { return b.table }
 
 // Down reports whether engine i of the table must be skipped: marked down,
 // without an address (see Reachable), ejected by the fast local skip (see

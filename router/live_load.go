@@ -102,7 +102,7 @@ func (b *Bound) Load(i int) float64 {
 // count none.
 func (b *Bound) SlotsForRouter() float64 {
 	total := 0.0
-	for _, j := range b.table.active {
+	for _, j := range b.table.Active() {
 		i := int(j)
 		l := &b.engines[i].load
 		if slots := math.Float64frombits(l.slots.Load()); slots > 0 && !b.Down(i) {
@@ -141,8 +141,8 @@ func (b *Bound) SlotTimes() (slot, step float64, ok bool) {
 		return c.slot, c.step, c.slot > 0
 	}
 	var ws, ss, wt, st float64
-	for _, i := range b.table.active {
-		w := b.table.engines[i].Weight
+	for _, i := range b.table.Active() {
+		w := b.table.Engine(int(i)).Weight
 		l := &b.engines[i].load
 		if v := math.Float64frombits(l.slotSec.Load()); v > 0 {
 			ws += w
@@ -154,7 +154,7 @@ func (b *Bound) SlotTimes() (slot, step float64, ok bool) {
 		}
 	}
 	c := &slotTimes{at: now}
-	if ws > 0 && ws >= b.table.weight/2 {
+	if ws > 0 && ws >= b.table.Weight()/2 {
 		c.slot = ss / ws
 		if wt > 0 {
 			c.step = st / wt

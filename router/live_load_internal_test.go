@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 func TestBatchSlots(t *testing.T) {
@@ -28,7 +29,7 @@ func TestBatchSlots(t *testing.T) {
 }
 
 func TestBoundLoad(t *testing.T) {
-	tbl := mustTable(t, []Engine{{Name: "a", Weight: 0.5}, {Name: "b", Weight: 0.5}}, TableOptions{})
+	tbl := mustTable(t, []selection.Engine{{Name: "a", Weight: 0.5}, {Name: "b", Weight: 0.5}}, selection.TableOptions{})
 	set := NewLiveSet(nil)
 	b := set.Bind(tbl)
 	a, _ := tbl.Index("a")
@@ -61,7 +62,7 @@ func TestBoundLoad(t *testing.T) {
 	set.ObserveSignal(&messages.EngineSignal{Model: "m", Engine: "a", Running: 1, MaxRunning: 16})
 	check("a signal that has not seen all of this router's requests yet", 2.0/16)
 	// A table installed later binds the same engine state.
-	tbl2 := mustTable(t, []Engine{{Name: "b", Weight: 0.3}, {Name: "a", Weight: 0.7}}, TableOptions{})
+	tbl2 := mustTable(t, []selection.Engine{{Name: "b", Weight: 0.3}, {Name: "a", Weight: 0.7}}, selection.TableOptions{})
 	a2, _ := tbl2.Index("a")
 	if got := set.Bind(tbl2).Load(a2); got != 2.0/16 {
 		t.Fatalf("Load through a new table's Bound = %v, want %v", got, 2.0/16)
@@ -82,7 +83,7 @@ func TestBoundLoad(t *testing.T) {
 // TestLivePicksAllocFree checks that the live router's picks through a
 // real Bound (PickTwo and PickRecent with Bound.Load) do not allocate.
 func TestLivePicksAllocFree(t *testing.T) {
-	tbl := mustTable(t, engineSet(randomWeights(rand.New(rand.NewPCG(3, 1)), 100, 0.95)), TableOptions{})
+	tbl := mustTable(t, engineSet(randomWeights(rand.New(rand.NewPCG(3, 1)), 100, 0.95)), selection.TableOptions{})
 	set := NewLiveSet(nil)
 	for i := 0; i < tbl.Len(); i++ {
 		set.ObserveSignal(&messages.EngineSignal{Engine: tbl.Engine(i).Name, Queue: i % 7, Running: i % 5, MaxRunning: 8})

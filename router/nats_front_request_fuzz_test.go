@@ -12,6 +12,10 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/natsfront"
+	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
@@ -39,12 +43,12 @@ func FuzzNATSFrontRequest(f *testing.F) {
 	}
 	nc := env.Dial(f, "router")
 	tables := router.NewStaticTables()
-	tb, err := router.NewTable([]router.Engine{{Name: "e1", Subject: "sy.infer.m.e1", Weight: 1}}, router.TableOptions{})
+	tb, err := selection.NewTable([]selection.Engine{{Name: "e1", Subject: "sy.infer.m.e1", Weight: 1}}, selection.TableOptions{})
 	if err != nil {
 		f.Fatal(err)
 	}
-	tables.Set("m", tb, router.Info{Generation: 1, Mode: router.ModeSnapshot, Created: time.Now()})
-	tr, err := router.NewNATSTransport(router.NATSTransportOptions{Conn: nc})
+	tables.Set("m", tb, control.Info{Generation: 1, Mode: control.ModeSnapshot, Created: time.Now()})
+	tr, err := upstream.NewNATSTransport(upstream.NATSTransportOptions{Conn: nc})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -52,7 +56,7 @@ func FuzzNATSFrontRequest(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	front, err := router.NewNATSFront(router.NATSFrontOptions{Conn: nc, Cluster: "A", Handler: h})
+	front, err := natsfront.New(natsfront.Options{Conn: nc, Cluster: "A", Pipeline: h})
 	if err != nil {
 		f.Fatal(err)
 	}

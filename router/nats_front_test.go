@@ -11,6 +11,10 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/natsfront"
+	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
@@ -50,12 +54,12 @@ func TestNATSFrontConcurrencyLimit(t *testing.T) {
 
 	nc := env.Dial(t, "router")
 	tables := router.NewStaticTables()
-	tb, err := router.NewTable([]router.Engine{{Name: "e1", Subject: "sy.infer.m.e1", Weight: 1}}, router.TableOptions{})
+	tb, err := selection.NewTable([]selection.Engine{{Name: "e1", Subject: "sy.infer.m.e1", Weight: 1}}, selection.TableOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tables.Set("m", tb, router.Info{Generation: 1, Mode: router.ModeSnapshot, Created: time.Now()})
-	tr, err := router.NewNATSTransport(router.NATSTransportOptions{Conn: nc})
+	tables.Set("m", tb, control.Info{Generation: 1, Mode: control.ModeSnapshot, Created: time.Now()})
+	tr, err := upstream.NewNATSTransport(upstream.NATSTransportOptions{Conn: nc})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +68,7 @@ func TestNATSFrontConcurrencyLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	const limit = 2
-	front, err := router.NewNATSFront(router.NATSFrontOptions{Conn: nc, Cluster: "A", Handler: h, MaxConcurrent: limit})
+	front, err := natsfront.New(natsfront.Options{Conn: nc, Cluster: "A", Pipeline: h, MaxConcurrent: limit})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +116,7 @@ func TestNATSFrontConcurrencyLimit(t *testing.T) {
 	}
 
 	// A burst beyond the idle pool, within the limit: every request served.
-	front2, err := router.NewNATSFront(router.NATSFrontOptions{Conn: nc, Cluster: "B", Handler: h, MaxConcurrent: 1000})
+	front2, err := natsfront.New(natsfront.Options{Conn: nc, Cluster: "B", Pipeline: h, MaxConcurrent: 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +144,7 @@ func TestNATSFrontConcurrencyLimit(t *testing.T) {
 // runNATSFront runs front, of cluster, until the test ends and returns a
 // client connection once the front answers on sy.req.<cluster>.m (a request
 // without a body gets a 400 reply, which no report counts).
-func runNATSFront(t *testing.T, env *testenv.NATS, front *router.NATSFront, cluster string) *nats.Conn {
+func runNATSFront(t *testing.T, env *testenv.NATS, front *natsfront.Front, cluster string) *nats.Conn {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -10,6 +10,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
@@ -42,7 +43,7 @@ func TestServiceInProcessConnection(t *testing.T) {
 	installed := func(gen uint64) func() bool {
 		return func() bool {
 			_, info, ok := svc.Store().Table("llama")
-			return ok && info.Mode == router.ModeSnapshot && info.Generation == gen
+			return ok && info.Mode == control.ModeSnapshot && info.Generation == gen
 		}
 	}
 	putSnapshot(t, env.JS, env.Names, snapshot("llama", "A", 1, time.Now(), map[string]float64{"s1": 1}))

@@ -17,6 +17,8 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/protocol"
+	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
@@ -339,17 +341,17 @@ func TestServiceStopsCleanly(t *testing.T) {
 func TestNATSTransportFailures(t *testing.T) {
 	env := testenv.StartNATS(t)
 	nc := env.Dial(t, "router")
-	tr, err := router.NewNATSTransport(router.NATSTransportOptions{Conn: nc, FirstReplyTimeout: 200 * time.Millisecond})
+	tr, err := upstream.NewNATSTransport(upstream.NATSTransportOptions{Conn: nc, FirstReplyTimeout: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	req := &router.UpstreamRequest{Endpoint: protocol.EndpointChat, Model: "m", Body: []byte(chatJSON("m", true, "x")),
+	req := &upstream.Request{Endpoint: protocol.EndpointChat, Model: "m", Body: []byte(chatJSON("m", true, "x")),
 		Header: http.Header{}, Stream: true}
 	ctx := context.Background()
 
 	// Nobody listens: a fast error, not a timeout.
 	start := time.Now()
-	if _, err := tr.Forward(ctx, router.Engine{Name: "gone", Subject: "sy.infer.m.gone"}, req); err == nil ||
+	if _, err := tr.Forward(ctx, selection.Engine{Name: "gone", Subject: "sy.infer.m.gone"}, req); err == nil ||
 		!strings.Contains(err.Error(), "no responders") || time.Since(start) > 150*time.Millisecond {
 		t.Fatalf("no responders: err %v after %v", err, time.Since(start))
 	}
@@ -364,7 +366,7 @@ func TestNATSTransportFailures(t *testing.T) {
 		t.Fatal(err)
 	}
 	start = time.Now()
-	if _, err := tr.Forward(ctx, router.Engine{Name: "mute", Subject: "sy.infer.m.mute"}, req); err == nil ||
+	if _, err := tr.Forward(ctx, selection.Engine{Name: "mute", Subject: "sy.infer.m.mute"}, req); err == nil ||
 		time.Since(start) < 200*time.Millisecond || time.Since(start) > 2*time.Second {
 		t.Fatalf("mute engine: err %v after %v", err, time.Since(start))
 	}
@@ -391,13 +393,13 @@ func TestNATSTransportFailures(t *testing.T) {
 	}
 	bad := *req
 	bad.Body = []byte(chatJSON("m", true, "bad"))
-	resp, err := tr.Forward(ctx, router.Engine{Name: "e", Subject: "sy.infer.m.e"}, &bad)
+	resp, err := tr.Forward(ctx, selection.Engine{Name: "e", Subject: "sy.infer.m.e"}, &bad)
 	if err != nil || resp.Status != 429 {
 		t.Fatalf("engine error: %v, %+v", err, resp)
 	}
 	_ = resp.Body.Close()
 	cctx, cancel := context.WithCancel(ctx)
-	resp, err = tr.Forward(cctx, router.Engine{Name: "e", Subject: "sy.infer.m.e"}, req)
+	resp, err = tr.Forward(cctx, selection.Engine{Name: "e", Subject: "sy.infer.m.e"}, req)
 	if err != nil || resp.Status != 200 {
 		t.Fatalf("stalling stream: %v", err)
 	}

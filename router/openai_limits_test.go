@@ -8,7 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/protocol"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 func TestParseRequestParams(t *testing.T) {
@@ -89,7 +91,7 @@ func TestParamErrorsOnTheWire(t *testing.T) {
 	forEachServer(t, func(t *testing.T, kind ServerKind) {
 		e := newStatusEngine(t, "e0", http.StatusOK)
 		tables := NewStaticTables()
-		tables.Set("m", mustTable(t, []Engine{{Name: "e0", URL: e.srv.URL, Weight: 1}}, TableOptions{}), Info{Generation: 1, Mode: ModeSnapshot})
+		tables.Set("m", mustTable(t, []selection.Engine{{Name: "e0", URL: e.srv.URL, Weight: 1}}, selection.TableOptions{}), control.Info{Generation: 1, Mode: control.ModeSnapshot})
 		h, err := NewHandler(Options{Tables: tables, Cluster: "A"})
 		if err != nil {
 			t.Fatal(err)

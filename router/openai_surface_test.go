@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 )
 
@@ -23,7 +25,7 @@ const surfaceModel = "m1"
 // enginesim engines, "a" and "b", on loopback sockets.
 func serveSimEngines(t *testing.T, kind ServerKind) string {
 	t.Helper()
-	var engines []Engine
+	var engines []selection.Engine
 	for _, name := range []string{"a", "b"} {
 		e, err := enginesim.New(enginesim.Options{Name: name, Model: surfaceModel, MaxBatch: 8, BaseTBTMs: 1,
 			OutputTokens: 4, PromptTokens: 8, Seed: 1})
@@ -37,10 +39,10 @@ func serveSimEngines(t *testing.T, kind ServerKind) string {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = e.Close() })
-		engines = append(engines, Engine{Name: name, URL: e.URL(), Weight: 0.5})
+		engines = append(engines, selection.Engine{Name: name, URL: e.URL(), Weight: 0.5})
 	}
 	tables := NewStaticTables()
-	tables.Set(surfaceModel, mustTable(t, engines, TableOptions{}), Info{Mode: ModeSnapshot})
+	tables.Set(surfaceModel, mustTable(t, engines, selection.TableOptions{}), control.Info{Mode: control.ModeSnapshot})
 	h, err := NewHandler(Options{Tables: tables})
 	if err != nil {
 		t.Fatal(err)

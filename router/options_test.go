@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/control"
 )
 
 func TestServiceOptionsValidate(t *testing.T) {
@@ -26,7 +27,7 @@ func TestServiceOptionsValidate(t *testing.T) {
 		{"no cluster", ServiceOptions{}, "ServiceOptions.Cluster", messages.ErrInvalid},
 		{"dotted cluster", ServiceOptions{Cluster: "a.b"}, "ServiceOptions.Cluster", messages.ErrInvalid},
 		{"bad router name", ServiceOptions{Cluster: "A", Router: "r 1"}, "ServiceOptions.Router", messages.ErrInvalid},
-		{"bad RTT probe", ServiceOptions{Cluster: "A", RTTProbe: "icmp"}, "ServiceOptions.RTTProbe", ErrBadRTTProbe},
+		{"bad RTT probe", ServiceOptions{Cluster: "A", RTTProbe: "icmp"}, "ServiceOptions.RTTProbe", control.ErrBadRTTProbe},
 		{"negative routers", ServiceOptions{Cluster: "A", Protection: ProtectionOptions{Routers: -2}}, "ServiceOptions.Protection.Routers", ErrBadOption},
 		{"negative slot headroom", ServiceOptions{Cluster: "A", Protection: ProtectionOptions{SlotHeadroom: -0.5}}, "ServiceOptions.Protection.SlotHeadroom", ErrBadOption},
 		{"no slot headroom", ServiceOptions{Cluster: "A", Protection: ProtectionOptions{NoSlotHeadroom: true}}, "", nil},

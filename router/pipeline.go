@@ -1,32 +1,21 @@
 package router
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"mime"
 	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/natsfront"
 	"github.com/switchyard-dev/switchyard/router/protocol"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 )
-
-// clientRequest is what the request pipeline reads of a client's request,
-// whichever front took it (HTTP on net/http or fasthttp, NATS).
-type clientRequest interface {
-	// header returns the first value of the named header (canonical HTTP
-	// form) and whether the header is present.
-	header(name string) (string, bool)
-	// passHeaders returns the client headers forwarded to engines.
-	passHeaders() http.Header
-	// body reads the request body within the front's size and time limits.
-	body() ([]byte, *protocol.APIError)
-	// check vets a parsed request against what the front's address says
-	// of it (the NATS front: the model its subject names); nil when sound.
-	check(req *protocol.Request) *protocol.APIError
-}
 
 // endpointFromBody asks begin to tell the endpoint from the body
 // (protocol.EndpointOf), for a front whose address does not name it.
@@ -54,8 +43,8 @@ type answer struct {
 	log    *reqLog
 	start  time.Time
 	stream bool
-	logv   reqLog          // what log points to
-	up     UpstreamRequest // the request forwarded to the engine
+	logv   reqLog           // what log points to
+	up     upstream.Request // the request forwarded to the engine
 }
 
 // begin is the request pipeline both fronts run, up to the engine's
@@ -66,27 +55,27 @@ type answer struct {
 // or labelInvalid / labelUnknown). ep is the request's endpoint, or
 // endpointFromBody; front names the front in the request's logs ("" for
 // HTTP).
-func (h *Handler) begin(ctx context.Context, r clientRequest, ep protocol.Endpoint, front string) (*answer, rejection) {
+func (h *Handler) begin(ctx context.Context, r protocol.ClientRequest, ep protocol.Endpoint, front string) (*answer, rejection) {
 	start := h.opts.Now()
-	reqID, _ := r.header(messages.HeaderRequestID)
+	reqID, _ := r.RequestHeader(messages.HeaderRequestID)
 	if reqID == "" {
 		reqID = h.newRequestID()
 	} else if !validHeaderValue(reqID, maxRequestIDLen) {
 		return nil, h.rejected(labelInvalid, "", protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderRequestID,
 			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderRequestID, maxRequestIDLen)))
 	}
-	session, present := r.header(messages.HeaderSessionID)
+	session, present := r.RequestHeader(messages.HeaderSessionID)
 	if present && !validHeaderValue(session, maxSessionIDLen) {
 		return nil, h.rejected(labelInvalid, reqID, protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderSessionID,
 			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderSessionID, maxSessionIDLen)))
 	}
-	if ct, _ := r.header("Content-Type"); ct != "" && ct != mimeJSON {
+	if ct, _ := r.RequestHeader("Content-Type"); ct != "" && ct != mimeJSON {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != mimeJSON {
 			return nil, h.rejected(labelInvalid, reqID, protocol.NewAPIError(http.StatusUnsupportedMediaType, protocol.ErrTypeInvalidRequest, "unsupported_media_type", "",
 				fmt.Sprintf("Content-Type %q is not application/json", ct)))
 		}
 	}
-	body, apiErr := r.body()
+	body, apiErr := r.RequestBody()
 	if apiErr != nil {
 		return nil, h.rejected(labelInvalid, reqID, apiErr)
 	}
@@ -101,10 +90,10 @@ func (h *Handler) begin(ctx context.Context, r clientRequest, ep protocol.Endpoi
 		}
 		return nil, h.rejected(labelInvalid, reqID, ae)
 	}
-	if apiErr := r.check(req); apiErr != nil {
+	if apiErr := r.Check(req); apiErr != nil {
 		return nil, h.rejected(labelInvalid, reqID, apiErr)
 	}
-	prioHeader, _ := r.header(messages.HeaderPriority)
+	prioHeader, _ := r.RequestHeader(messages.HeaderPriority)
 	prio, ok := protocol.ParsePriority(prioHeader)
 	if !ok {
 		return nil, h.rejected(labelInvalid, reqID, protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderPriority,
@@ -131,8 +120,8 @@ func (h *Handler) begin(ctx context.Context, r clientRequest, ep protocol.Endpoi
 	// to the engine; the answer is returned only once the engine answered.
 	a := &answer{h: h, rt: rt, mm: mm, start: start, stream: req.Stream,
 		logv: reqLog{base: &h.log, model: req.Model, id: reqID, key: rt.src, prio: prio, front: front},
-		up: UpstreamRequest{Endpoint: ep, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body,
-			Header: r.passHeaders()}}
+		up: upstream.Request{Endpoint: ep, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body,
+			Header: r.PassHeaders()}}
 	a.log = &a.logv
 	a.bp = h.bufs.Get().(*[]byte)
 	answered := false
@@ -196,3 +185,53 @@ func (a *answer) release() {
 	a.mm.inFlight.Dec()
 	a.rt.release()
 }
+
+// Begin runs the request pipeline for the NATS front
+// (natsfront.Pipeline): the endpoint is told from the body, and the
+// request's logs name the front "nats".
+func (h *Handler) Begin(ctx context.Context, r protocol.ClientRequest) (natsfront.Answer, *natsfront.Rejection) {
+	a, rej := h.begin(ctx, r, endpointFromBody, "nats")
+	if a == nil {
+		return nil, &natsfront.Rejection{Err: rej.err, RequestID: rej.reqID, RetryAfter: rej.retryAfter}
+	}
+	return a, nil
+}
+
+// MaxBodyBytes returns the request body limit (Options.MaxBodyBytes).
+func (h *Handler) MaxBodyBytes() int64 { return h.opts.MaxBodyBytes }
+
+// Now reads the handler's clock (Options.Now).
+func (h *Handler) Now() time.Time { return h.opts.Now() }
+
+// RequestID returns the request's id (natsfront.Answer).
+func (a *answer) RequestID() string { return a.logv.id }
+
+// Engine returns the name of the engine that answered.
+func (a *answer) Engine() string { return a.at.engine.Name }
+
+// Status returns the engine's answer status.
+func (a *answer) Status() int { return a.at.resp.Status }
+
+// Streamed reports whether the client asked for a streamed answer.
+func (a *answer) Streamed() bool { return a.stream }
+
+// Body returns the engine's answer body, the bytes already read of it
+// first.
+func (a *answer) Body() io.Reader {
+	if len(a.at.first) > 0 {
+		return io.MultiReader(bytes.NewReader(a.at.first), a.at.resp.Body)
+	}
+	return a.at.resp.Body
+}
+
+// Record is record for a front that relayed the answer itself: err, when
+// set, is a failure of the engine's body.
+func (a *answer) Record(ctx context.Context, n int64, first time.Time, err error) {
+	if err != nil {
+		err = fmt.Errorf("%w: %w", errEngineBroke, err)
+	}
+	a.record(ctx, n, first, err)
+}
+
+// Release is release (natsfront.Answer).
+func (a *answer) Release() { a.release() }

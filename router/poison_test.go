@@ -16,6 +16,10 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/natsfront"
+	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
@@ -61,7 +65,7 @@ func TestSignalsPoison(t *testing.T) {
 	env := testenv.StartNATS(t)
 	reg := prometheus.NewRegistry()
 	var logs lockedBuffer
-	sigs, err := router.NewSignals(router.SignalOptions{
+	sigs, err := control.NewSignals(control.SignalOptions{
 		Conn: env.Dial(t, "router"), Names: env.Names, Registry: reg, Logger: zerolog.New(&logs),
 		// A callback that panics on one engine: a bug reached by one input.
 		OnSignal: func(sig *messages.EngineSignal) {
@@ -131,7 +135,7 @@ func TestSignalsPoison(t *testing.T) {
 func TestSnapshotStorePoison(t *testing.T) {
 	env := testenv.StartNATS(t)
 	reg := prometheus.NewRegistry()
-	st, err := router.NewSnapshotStore(router.StoreOptions{Conn: env.Conn, Cluster: "A", Registry: reg, Logger: zerolog.Nop(),
+	st, err := control.NewSnapshotStore(control.StoreOptions{Conn: env.Conn, Cluster: "A", Registry: reg, Logger: zerolog.Nop(),
 		// A handler bug reached by one value.
 		OnValue: func(key string, _ []byte) {
 			if strings.HasPrefix(key, "boom.") {
@@ -219,7 +223,7 @@ func TestServiceServesThroughPoison(t *testing.T) {
 			t.Fatalf("request %d after the flood: status %d engine %q body %s", i, status, eng, body)
 		}
 	}
-	if _, info, _ := svc.Store().Table("m"); info.Generation != 3 || info.Mode != router.ModeSnapshot {
+	if _, info, _ := svc.Store().Table("m"); info.Generation != 3 || info.Mode != control.ModeSnapshot {
 		t.Fatalf("table info %+v after the flood, want generation 3 in snapshot mode", info)
 	}
 }
@@ -232,7 +236,7 @@ func (panickyObserver) Request(model string) {
 		panic("observer bug on " + model)
 	}
 }
-func (panickyObserver) Outcome(string, string, router.Outcome) {}
+func (panickyObserver) Outcome(string, string, control.Outcome) {}
 
 // TestNATSFrontRecoversPanic: a request whose handling panics gets a final
 // 500 over NATS, the panic is counted, and the front serves the next
@@ -254,13 +258,13 @@ func TestNATSFrontRecoversPanic(t *testing.T) {
 	nc := env.Dial(t, "router")
 	tables := router.NewStaticTables()
 	for _, model := range []string{"m", "boom"} {
-		tb, err := router.NewTable([]router.Engine{{Name: "e1", Subject: "sy.infer.m.e1", Weight: 1}}, router.TableOptions{})
+		tb, err := selection.NewTable([]selection.Engine{{Name: "e1", Subject: "sy.infer.m.e1", Weight: 1}}, selection.TableOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		tables.Set(model, tb, router.Info{Generation: 1, Mode: router.ModeSnapshot, Created: time.Now()})
+		tables.Set(model, tb, control.Info{Generation: 1, Mode: control.ModeSnapshot, Created: time.Now()})
 	}
-	tr, err := router.NewNATSTransport(router.NATSTransportOptions{Conn: nc})
+	tr, err := upstream.NewNATSTransport(upstream.NATSTransportOptions{Conn: nc})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +272,7 @@ func TestNATSFrontRecoversPanic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	front, err := router.NewNATSFront(router.NATSFrontOptions{Conn: nc, Cluster: "A", Handler: h, Logger: zerolog.Nop()})
+	front, err := natsfront.New(natsfront.Options{Conn: nc, Cluster: "A", Pipeline: h, Logger: zerolog.Nop()})
 	if err != nil {
 		t.Fatal(err)
 	}

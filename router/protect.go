@@ -11,8 +11,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/router/protocol"
+	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 )
 
 // Defaults of ProtectionOptions.
@@ -119,7 +122,7 @@ type RegionResolver interface {
 // GuardObserver is an Observer that is also told about requests' priority
 // classes, shed requests and retries; a Reporter implements it.
 type GuardObserver interface {
-	Observer
+	control.Observer
 	// Priority counts the class of one client request (after Request).
 	Priority(model string, p protocol.Priority)
 	// Shed counts one shed request.
@@ -135,7 +138,7 @@ const admissionUtilisation = 0.9
 // routed is a request the router admitted and picked a first engine for.
 type routed struct {
 	model    string
-	table    *Table
+	table    *selection.Table
 	bound    *Bound
 	ms       *modelState
 	idx      int
@@ -168,7 +171,7 @@ func (h *Handler) retryAfter() string {
 // admit applies the snapshot's shed fraction and the local admission
 // control to a request of class p with key on model (Admission.Admit),
 // and returns the fleet utilisation the retry budget earns at, or a 429.
-func (h *Handler) admit(model string, ms *modelState, info Info, bound *Bound, key uint64, src protocol.KeySource, p protocol.Priority) (float64, *protocol.APIError) {
+func (h *Handler) admit(model string, ms *modelState, info control.Info, bound *Bound, key uint64, src protocol.KeySource, p protocol.Priority) (float64, *protocol.APIError) {
 	u, reason, detail := ms.adm.Admit(h.opts.Now(), info.Figures, bound, ms.recent, key, src, p)
 	if reason != "" {
 		return 0, h.shedError(model, p, reason, detail)
@@ -203,7 +206,7 @@ func (a *Admission) Done() { a.admitted.Add(-1) }
 // keys lately (nil: none known). It returns the fleet utilisation the
 // retry budget earns at, or the reason the request is shed and what to
 // tell the client; an admitted request must be ended with Done.
-func (a *Admission) Admit(now time.Time, f *guard.Figures, bound *Bound, recent *RecentKeys, key uint64, src protocol.KeySource, p protocol.Priority) (u float64, shed guard.ShedReason, detail string) {
+func (a *Admission) Admit(now time.Time, f *guard.Figures, bound *Bound, recent *selection.RecentKeys, key uint64, src protocol.KeySource, p protocol.Priority) (u float64, shed guard.ShedReason, detail string) {
 	prot := &a.prot
 	a.mix.Add(p, now)
 	shedding := f != nil && (f.ShedFraction > 0 || f.HasShedByPriority)
@@ -292,8 +295,8 @@ var errClientGone = errors.New("client went away")
 // is relayed to the client. finish must be called when the relay ends.
 type attempt struct {
 	idx      int
-	engine   Engine
-	resp     *UpstreamResponse
+	engine   selection.Engine
+	resp     *upstream.Response
 	first    []byte // body bytes already read, to be relayed first
 	probe    bool
 	recorded bool // outcome already recorded (a failed last attempt relayed as is)
@@ -312,8 +315,8 @@ func (a *attempt) finish() {
 }
 
 // retryReason is the reason label of a retry after result r.
-func retryReason(r Result) string {
-	if r == ResultTimeout {
+func retryReason(r control.Result) string {
+	if r == control.ResultTimeout {
 		return "timeout"
 	}
 	if c := r.Class(); c != "" {
@@ -345,7 +348,7 @@ func bodyInHand(b io.Reader) bool {
 // first body bytes (read into buf) are in hand; nothing has been written
 // to the client. Structurally no retry can follow a byte sent to the
 // client: the caller writes only after forward returns.
-func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, buf []byte, log *reqLog) (*attempt, *protocol.APIError) {
+func (h *Handler) forward(ctx context.Context, rt *routed, up *upstream.Request, buf []byte, log *reqLog) (*attempt, *protocol.APIError) {
 	var triedBuf [8]int
 	tried := triedBuf[:0]
 	idx := rt.idx
@@ -384,7 +387,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 		h.amp.Add(0, 1)
 		start := h.opts.Now()
 		resp, err := h.opts.Transport.Forward(actx, eng, up)
-		if errors.Is(err, ErrNoTransport) {
+		if errors.Is(err, upstream.ErrNoTransport) {
 			// The router has no way to reach the engine, which says
 			// nothing about the engine: another one, with no outcome,
 			// ejection or retry counted.
@@ -400,13 +403,13 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 			idx, n = next, n-1
 			continue
 		}
-		res := ResultOK
+		res := control.ResultOK
 		var first []byte
 		switch {
 		case err != nil:
 			res = classifyForwardError(actx, err)
 		case resp.Status >= 400:
-			res = StatusResult(resp.Status)
+			res = control.StatusResult(resp.Status)
 		case resp.Status < 300 && !bodyInHand(resp.Body):
 			k, rerr := readFirst(resp.Body, buf)
 			switch {
@@ -414,22 +417,22 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 				first = buf[:k]
 			case rerr == io.EOF:
 			default:
-				res = ResultConnect // the engine closed or failed before its first byte
+				res = control.ResultConnect // the engine closed or failed before its first byte
 			}
 		}
 		if actx.timedOut() {
-			res = ResultTimeout // the deadline fired; the attempt's context is gone
+			res = control.ResultTimeout // the deadline fired; the attempt's context is gone
 		}
 		if ctx.Err() != nil {
-			res = ResultCanceled
+			res = control.ResultCanceled
 		}
-		if res == ResultClient || res == ResultOther {
+		if res == control.ResultClient || res == control.ResultOther {
 			// The engine answered, and the answer is about the request (a
 			// client error) or not one a retry would change (another
 			// 4xx): it is relayed as it is, never retried elsewhere, and
 			// finishAttempt records it by the same classification.
 			h.countEngine(rt, eng.Name, resp.Status)
-			if res == ResultClient {
+			if res == control.ResultClient {
 				h.metrics.clientErrors.WithLabelValues(rt.model, eng.Name).Inc()
 			}
 			if probe {
@@ -437,45 +440,45 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 			}
 			return &attempt{idx: idx, engine: eng, resp: resp, probe: probe, start: start, n: n, ctx: actx, rt: rt}, nil
 		}
-		if res == ResultOK {
+		if res == control.ResultOK {
 			h.countEngine(rt, eng.Name, resp.Status)
 			if idx != rt.idx && rt.src != protocol.KeyNone {
 				// A retry placed the key elsewhere: the engine that
 				// serves it now holds its newest prefix, so the key's
 				// next requests follow it there.
-				rt.ms.recent.rememberName(rt.key, eng.Name)
+				rt.ms.recent.RememberName(rt.key, eng.Name)
 			}
 			if rt.ep == protocol.EndpointResponses {
 				// The engine keeps the response it makes (and its
 				// context): a request continuing it names its id as
 				// previous_response_id, and goes where it was made.
 				if id, ok := protocol.ResponseID(first); ok {
-					rt.ms.recent.rememberName(protocol.SessionKey(id), eng.Name)
+					rt.ms.recent.RememberName(protocol.SessionKey(id), eng.Name)
 				}
 			}
 			// A half-open probe succeeds as soon as the engine answers, not
 			// when a long stream ends; other attempts count at their end,
 			// a stream the engine breaks being a failure.
 			if probe {
-				h.ejectReport(rt.model, eng.Name, live, ResultOK, probe, nil, log)
+				h.ejectReport(rt.model, eng.Name, live, control.ResultOK, probe, nil, log)
 			}
 			return &attempt{idx: idx, engine: eng, resp: resp, first: first, probe: probe, start: start, n: n,
 				ctx: actx, rt: rt}, nil
 		}
 		lat := h.opts.Now().Sub(start)
-		h.opts.Observer.Outcome(rt.model, eng.Name, Outcome{Result: res, Latency: lat})
+		h.opts.Observer.Outcome(rt.model, eng.Name, control.Outcome{Result: res, Latency: lat})
 		code := "error"
 		if resp != nil {
 			code = strconv.Itoa(resp.Status)
-		} else if res == ResultTimeout {
+		} else if res == control.ResultTimeout {
 			code = "timeout"
 		}
-		if res == ResultCanceled {
+		if res == control.ResultCanceled {
 			code = "canceled"
 		}
 		h.metrics.engineRequests.WithLabelValues(rt.model, eng.Name, code).Inc()
 		h.ejectReport(rt.model, eng.Name, live, res, probe, err, log)
-		if res == ResultCanceled {
+		if res == control.ResultCanceled {
 			if resp != nil {
 				_ = resp.Body.Close()
 			}
@@ -508,7 +511,7 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *UpstreamRequest, 
 		actx.cancel()
 		rt.bound.Release(idx)
 		log.Warn().Err(err).Str("reason", retryReason(res)).Int("attempts", n).Str("no_retry", cause).Msg("forward failed")
-		if res == ResultTimeout {
+		if res == control.ResultTimeout {
 			msg := fmt.Sprintf("engine %q for model %q sent nothing within %v (%d attempts)", eng.Name, rt.model, timeout, n)
 			if !actx.timerFired() {
 				// A timeout below the attempt's deadline: connecting, or a
@@ -536,7 +539,7 @@ func noEngineError(model string) *protocol.APIError {
 		fmt.Sprintf("no engine is available for model %q", model))
 }
 
-func errString(err error, resp *UpstreamResponse) string {
+func errString(err error, resp *upstream.Response) string {
 	if err != nil {
 		return err.Error()
 	}
@@ -584,8 +587,8 @@ func (h *Handler) nextCandidate(rt *routed, tried []int, failed int) (int, bool)
 // snapshot's spare engines of weight zero.
 type RetryCandidates struct {
 	Model string
-	Table *Table
-	Guard Guard
+	Table *selection.Table
+	Guard selection.Guard
 	Key   uint64
 	// Spare are the snapshot's engines of weight zero, nearest first (Figures.Spare).
 	Spare []string
@@ -632,7 +635,7 @@ func (c *RetryCandidates) Next(tried []int, failed int) (int, bool) {
 }
 
 // spareEngine returns the first of spare (engine names) in t that ok accepts.
-func spareEngine(t *Table, spare []string, ok func(j int) bool) (int, bool) {
+func spareEngine(t *selection.Table, spare []string, ok func(j int) bool) (int, bool) {
 	for _, name := range spare {
 		if j, in := t.Index(name); in && ok(j) {
 			return j, true
@@ -643,7 +646,7 @@ func spareEngine(t *Table, spare []string, ok func(j int) bool) (int, bool) {
 
 // ejectReport feeds an attempt's result to the engine's ejection state
 // (EngineLive.Report) and logs and exports changes.
-func (h *Handler) ejectReport(model, engine string, live *EngineLive, res Result, probe bool, cause error, log *reqLog) {
+func (h *Handler) ejectReport(model, engine string, live *EngineLive, res control.Result, probe bool, cause error, log *reqLog) {
 	ev, d, fails := live.Report(res, probe, h.opts.Now(), h.prot.Eject)
 	switch ev {
 	case EjectStart, EjectAgain:
@@ -679,7 +682,7 @@ func (h *Handler) finishAttempt(ctx context.Context, a *attempt, relayErr error,
 			h.ejectReport(a.rt.model, a.engine.Name, live, o.Result, false, nil, log)
 		}
 	case relayErr == nil && !a.probe:
-		h.ejectReport(a.rt.model, a.engine.Name, live, ResultOK, false, nil, log)
+		h.ejectReport(a.rt.model, a.engine.Name, live, control.ResultOK, false, nil, log)
 	}
 }
 
@@ -693,10 +696,9 @@ const ongoingSteps = 1
 // ongoing reports whether a request's key names a conversation this
 // router has routed before: a session id or user field (not a prompt
 // prefix, which many conversations share) that rk remembers.
-func ongoing(src protocol.KeySource, key uint64, rk *RecentKeys) bool {
+func ongoing(src protocol.KeySource, key uint64, rk *selection.RecentKeys) bool {
 	if rk == nil || (src != protocol.KeySession && src != protocol.KeyUser) {
 		return false
 	}
-	_, seen := rk.lookup(key)
-	return seen
+	return rk.Seen(key)
 }

@@ -8,7 +8,10 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/guard"
+	"github.com/switchyard-dev/switchyard/router/natsfront"
+	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
@@ -18,14 +21,14 @@ func TestNATSFrontShedAndReport(t *testing.T) {
 	env := testenv.StartNATS(t)
 	e1 := newHTTPEngine(t, "e1")
 	tables := router.NewStaticTables()
-	tb, err := router.NewTable([]router.Engine{{Name: "e1", URL: e1.srv.URL, Weight: 0.5}}, router.TableOptions{})
+	tb, err := selection.NewTable([]selection.Engine{{Name: "e1", URL: e1.srv.URL, Weight: 0.5}}, selection.TableOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tables.Set("m", tb, router.Info{Generation: 1, Mode: router.ModeSnapshot, Created: time.Now(),
+	tables.Set("m", tb, control.Info{Generation: 1, Mode: control.ModeSnapshot, Created: time.Now(),
 		Figures: &guard.Figures{ShedFraction: 0.5, HasShedByPriority: true, ShedByPriority: [3]float64{1, 0, 0}}})
 	nc := env.Dial(t, "router")
-	rep, err := router.NewReporter(router.ReporterOptions{Conn: nc, Cluster: "A", Router: "r1"})
+	rep, err := control.NewReporter(control.ReporterOptions{Conn: nc, Cluster: "A", Router: "r1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +36,7 @@ func TestNATSFrontShedAndReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	front, err := router.NewNATSFront(router.NATSFrontOptions{Conn: nc, Cluster: "A", Handler: h})
+	front, err := natsfront.New(natsfront.Options{Conn: nc, Cluster: "A", Pipeline: h})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,8 +20,10 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/router/protocol"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // Engine behaviours of progEngine.
@@ -123,7 +125,7 @@ type pfront struct {
 	h       *Handler
 	url     string
 	tables  *StaticTables
-	table   *Table
+	table   *selection.Table
 	engines []*progEngine
 	client  *http.Client
 }
@@ -131,14 +133,14 @@ type pfront struct {
 func newPFront(t *testing.T, kind ServerKind, modes []int32, weights []float64, figs *guard.Figures, opts Options) *pfront {
 	t.Helper()
 	f := &pfront{tables: NewStaticTables()}
-	var es []Engine
+	var es []selection.Engine
 	for i, m := range modes {
 		e := newProgEngine(t, fmt.Sprintf("e%d", i), m)
 		f.engines = append(f.engines, e)
-		es = append(es, Engine{Name: e.name, URL: e.srv.URL, Weight: weights[i]})
+		es = append(es, selection.Engine{Name: e.name, URL: e.srv.URL, Weight: weights[i]})
 	}
-	f.table = mustTable(t, es, TableOptions{})
-	f.tables.Set("m", f.table, Info{Generation: 1, Mode: ModeSnapshot, Created: time.Now(), Figures: figs})
+	f.table = mustTable(t, es, selection.TableOptions{})
+	f.tables.Set("m", f.table, control.Info{Generation: 1, Mode: control.ModeSnapshot, Created: time.Now(), Figures: figs})
 	opts.Tables = f.tables
 	opts.Cluster = "A"
 	h, err := NewHandler(opts)

@@ -6,13 +6,16 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 )
 
 // dialTimeoutTransport fails every attempt at once with a network timeout,
 // as a connect that times out does.
 type dialTimeoutTransport struct{}
 
-func (dialTimeoutTransport) Forward(ctx context.Context, e Engine, req *UpstreamRequest) (*UpstreamResponse, error) {
+func (dialTimeoutTransport) Forward(ctx context.Context, e selection.Engine, req *upstream.Request) (*upstream.Response, error) {
 	return nil, &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
@@ -208,7 +209,7 @@ func TestRestartEveryPlannedEngineGone(t *testing.T) {
 			t.Fatalf("request %d: status %d engine %q: %s", i, status, eng, body)
 		}
 	}
-	if rd := readiness(t, svc.Addr()); !rd.Ready || rd.Models["m"].Mode != router.ModeLocalPolicy {
+	if rd := readiness(t, svc.Addr()); !rd.Ready || rd.Models["m"].Mode != control.ModeLocalPolicy {
 		t.Fatalf("readiness %+v, want ready by the local policy", rd)
 	}
 	pub.set(fakeSignal{model: "m", engine: "gone2", capacity: 50, health: 1, url: back.srv.URL})

@@ -17,62 +17,13 @@ func BenchmarkPick(b *testing.B) {
 	for _, n := range benchSizes {
 		b.Run(fmt.Sprintf("engines=%d", n), func(b *testing.B) {
 			r := rand.New(rand.NewPCG(uint64(n), 1))
-			tbl := mustTable(b, engineSet(randomWeights(r, n, 0.95)), TableOptions{})
+			tbl := mustTable(b, engineSet(randomWeights(r, n, 0.95)), selection.TableOptions{})
 			g := NewLiveSet(nil).Bind(tbl)
 			keys := keyHashes(4096)
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; b.Loop(); i++ {
 				if _, ok := tbl.Pick(keys[i&4095], g); !ok {
-					b.Fatal("no engine")
-				}
-			}
-		})
-	}
-}
-
-// BenchmarkPickTwo measures one guarded two-choice pick for a keyless
-// request on a table of n engines with random weights and loads.
-func BenchmarkPickTwo(b *testing.B) {
-	for _, n := range benchSizes {
-		b.Run(fmt.Sprintf("engines=%d", n), func(b *testing.B) {
-			r := rand.New(rand.NewPCG(uint64(n), 1))
-			tbl := mustTable(b, engineSet(randomWeights(r, n, 0.95)), TableOptions{})
-			g := &fakeLoadGuard{fakeGuard: newFakeGuard(n), load: make([]float64, n)}
-			for j := range g.load {
-				g.load[j] = r.Float64()
-			}
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; b.Loop(); i++ {
-				if _, ok := tbl.PickTwo(selection.SpreadKey(uint64(i)), g); !ok {
-					b.Fatal("no engine")
-				}
-			}
-		})
-	}
-}
-
-// BenchmarkPickRecent measures one pick for a request with an affinity key
-// through RecentKeys (half the keys seen before) on a table of n engines.
-func BenchmarkPickRecent(b *testing.B) {
-	for _, n := range benchSizes {
-		b.Run(fmt.Sprintf("engines=%d", n), func(b *testing.B) {
-			r := rand.New(rand.NewPCG(uint64(n), 1))
-			tbl := mustTable(b, engineSet(randomWeights(r, n, 0.95)), TableOptions{})
-			g := &fakeLoadGuard{fakeGuard: newFakeGuard(n), load: make([]float64, n)}
-			for j := range g.load {
-				g.load[j] = r.Float64()
-			}
-			rk := mustRecent(b, DefaultRecentKeys)
-			keys := keyHashes(8192)
-			for _, k := range keys[:4096] {
-				tbl.PickRecent(k, g, rk)
-			}
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := 0; b.Loop(); i++ {
-				if _, ok := tbl.PickRecent(keys[(i*4099)&8191], g, rk); !ok {
 					b.Fatal("no engine")
 				}
 			}
@@ -87,7 +38,7 @@ func BenchmarkPickSlots(b *testing.B) {
 		b.Run(fmt.Sprintf("engines=%d", n), func(b *testing.B) {
 			r := rand.New(rand.NewPCG(uint64(n), 1))
 			es := engineSet(randomWeights(r, n, 0.95))
-			tbl := slotTable(b, assign(b, slotState{}, es), es)
+			tbl := slotTable(b, es)
 			g := NewLiveSet(nil).Bind(tbl)
 			keys := keyHashes(4096)
 			b.ReportAllocs()
@@ -101,22 +52,6 @@ func BenchmarkPickSlots(b *testing.B) {
 	}
 }
 
-// BenchmarkNewTable measures building a table of n engines (DefaultSlots).
-func BenchmarkNewTable(b *testing.B) {
-	for _, n := range benchSizes {
-		b.Run(fmt.Sprintf("engines=%d", n), func(b *testing.B) {
-			r := rand.New(rand.NewPCG(uint64(n), 2))
-			es := engineSet(randomWeights(r, n, 1))
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, err := NewTable(es, TableOptions{}); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	}
-}
-
 // BenchmarkPickLive measures the live router's picks through a real Bound
 // whose engines have reported load signals: PickTwo for a keyless request,
 // PickRecent for a keyed one (mostly seen before) and for keys never seen,
@@ -124,7 +59,7 @@ func BenchmarkNewTable(b *testing.B) {
 func BenchmarkPickLive(b *testing.B) {
 	for _, n := range benchSizes {
 		r := rand.New(rand.NewPCG(uint64(n), 1))
-		tbl := mustTable(b, engineSet(randomWeights(r, n, 0.95)), TableOptions{})
+		tbl := mustTable(b, engineSet(randomWeights(r, n, 0.95)), selection.TableOptions{})
 		set := NewLiveSet(nil)
 		for i := 0; i < n; i++ {
 			set.ObserveSignal(&messages.EngineSignal{Engine: tbl.Engine(i).Name, Queue: r.IntN(8), Running: r.IntN(16), MaxRunning: 16})
@@ -140,7 +75,7 @@ func BenchmarkPickLive(b *testing.B) {
 			}
 		})
 		b.Run(fmt.Sprintf("recent/engines=%d", n), func(b *testing.B) {
-			rk := mustRecent(b, DefaultRecentKeys)
+			rk := mustRecent(b, selection.DefaultRecentKeys)
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
 				if _, ok := tbl.PickRecent(keys[(i*4099)&8191], g, rk); !ok {
@@ -151,7 +86,7 @@ func BenchmarkPickLive(b *testing.B) {
 		// Keys never seen before: PickRecent places each among
 		// NewKeyChoices weighted candidates, its slowest path.
 		b.Run(fmt.Sprintf("newkey/engines=%d", n), func(b *testing.B) {
-			rk := mustRecent(b, DefaultRecentKeys)
+			rk := mustRecent(b, selection.DefaultRecentKeys)
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
 				if _, ok := tbl.PickRecent(selection.Mix64(uint64(i)+0x5eed), g, rk); !ok {

@@ -17,6 +17,10 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/natsfront"
+	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
@@ -56,15 +60,15 @@ type ServiceOptions struct {
 	// local policy and down marks (default 250 ms).
 	RefreshInterval time.Duration
 	// Table tunes the selection tables.
-	Table TableOptions
+	Table selection.TableOptions
 	// MaxBodyBytes bounds request bodies on both fronts (default 8 MiB).
 	MaxBodyBytes int64
 	// HTTPTransport tunes forwarding over HTTP.
-	HTTPTransport HTTPTransportOptions
+	HTTPTransport upstream.HTTPTransportOptions
 	// WrapTransport, when set, wraps the transport the router forwards
 	// through: internal/netem's network emulation, for stacks on one
 	// machine.
-	WrapTransport func(Transport) Transport
+	WrapTransport func(upstream.Transport) upstream.Transport
 	// NATSFirstReplyTimeout bounds the wait for an engine's first NATS
 	// reply (default 60 s).
 	NATSFirstReplyTimeout time.Duration
@@ -95,12 +99,12 @@ type ServiceOptions struct {
 type Service struct {
 	opts     ServiceOptions
 	log      zerolog.Logger
-	signals  *Signals
-	store    *SnapshotStore
-	reporter *Reporter
+	signals  *control.Signals
+	store    *control.SnapshotStore
+	reporter *control.Reporter
 	handler  *Handler
-	front    *NATSFront
-	httpT    *HTTPTransport
+	front    *natsfront.Front
+	httpT    *upstream.HTTPTransport
 	ln       net.Listener
 	srv      Server
 	settled  chan struct{} // closed by settle: the handler routes from then on
@@ -154,7 +158,7 @@ func (o ServiceOptions) Validate() error {
 		}
 	}
 	if o.RTTProbe != "" {
-		if err := CheckRTTProbe(o.RTTProbe); err != nil {
+		if err := control.CheckRTTProbe(o.RTTProbe); err != nil {
 			return fmt.Errorf("ServiceOptions.RTTProbe: %w", err)
 		}
 	}
@@ -211,35 +215,35 @@ func NewService(opts ServiceOptions) (*Service, error) {
 			s.handler.ObserveSignal(sig)
 		}
 	}
-	addressed := func(model, engine string, ep Endpoints) {
+	addressed := func(model, engine string, ep control.Endpoints) {
 		if s.handler != nil {
 			s.handler.SetEngineEndpoints(model, engine, ep)
 		}
 	}
 	var err error
-	s.signals, err = NewSignals(SignalOptions{Conn: opts.Conn, Names: opts.Names, DownAfter: opts.DownAfter,
+	s.signals, err = control.NewSignals(control.SignalOptions{Conn: opts.Conn, Names: opts.Names, DownAfter: opts.DownAfter,
 		OnDown: markDown, OnSilent: markSilent, OnSignal: observe, OnEndpoints: addressed, Logger: logger, Registry: opts.Registry, Now: opts.Now})
 	if err != nil {
 		return nil, err
 	}
-	s.store, err = NewSnapshotStore(StoreOptions{Conn: opts.Conn, Names: opts.Names, Cluster: opts.Cluster,
+	s.store, err = control.NewSnapshotStore(control.StoreOptions{Conn: opts.Conn, Names: opts.Names, Cluster: opts.Cluster,
 		StaleAfter: opts.StaleAfter, Signals: s.signals, Guard: markDown, Table: opts.Table,
 		RefreshInterval: opts.RefreshInterval, Logger: logger, Registry: opts.Registry, Now: opts.Now})
 	if err != nil {
 		return nil, err
 	}
-	s.reporter, err = NewReporter(ReporterOptions{Conn: opts.Conn, Names: opts.Names, Cluster: opts.Cluster,
+	s.reporter, err = control.NewReporter(control.ReporterOptions{Conn: opts.Conn, Names: opts.Names, Cluster: opts.Cluster,
 		Router: opts.Router, Interval: opts.ReportInterval, RTTProbe: opts.RTTProbe, Tables: s.store, Endpoints: s.signals,
 		Logger: logger, Registry: opts.Registry, Now: opts.Now})
 	if err != nil {
 		return nil, err
 	}
-	s.httpT = NewHTTPTransport(opts.HTTPTransport)
-	natsT, err := NewNATSTransport(NATSTransportOptions{Conn: opts.Conn, FirstReplyTimeout: opts.NATSFirstReplyTimeout})
+	s.httpT = upstream.NewHTTPTransport(opts.HTTPTransport)
+	natsT, err := upstream.NewNATSTransport(upstream.NATSTransportOptions{Conn: opts.Conn, FirstReplyTimeout: opts.NATSFirstReplyTimeout})
 	if err != nil {
 		return nil, err
 	}
-	var transport Transport = &TransportPolicy{HTTP: s.httpT, NATS: natsT, Endpoints: s.signals, PreferNATS: opts.PreferNATS}
+	var transport upstream.Transport = &upstream.TransportPolicy{HTTP: s.httpT, NATS: natsT, Endpoints: s.signals, PreferNATS: opts.PreferNATS}
 	if opts.WrapTransport != nil {
 		transport = opts.WrapTransport(transport)
 	}
@@ -263,8 +267,8 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		return nil, err
 	}
 	if !opts.NoNATSFront {
-		s.front, err = NewNATSFront(NATSFrontOptions{Conn: opts.Conn, Names: opts.Names, Cluster: opts.Cluster,
-			Handler: s.handler, Logger: logger})
+		s.front, err = natsfront.New(natsfront.Options{Conn: opts.Conn, Names: opts.Names, Cluster: opts.Cluster,
+			Pipeline: s.handler, Logger: logger})
 		if err != nil {
 			return nil, err
 		}
@@ -300,7 +304,7 @@ const settlePoll = 20 * time.Millisecond
 // their signals; until then requests wait rather than go nowhere.
 func (s *Service) settle(ctx context.Context) {
 	start := time.Now()
-	limit := time.NewTimer(s.signals.opts.DownAfter)
+	limit := time.NewTimer(s.signals.DownAfter())
 	defer limit.Stop()
 	tick := time.NewTicker(settlePoll)
 	defer tick.Stop()
@@ -329,7 +333,7 @@ func (s *Service) settle(ctx context.Context) {
 // signals alone would install the stored snapshot moments later anyway.
 func (s *Service) settledBy() string {
 	if !s.store.CaughtUp() {
-		if s.store.WatchFailed() && s.signals.HeardAll(maxHeard) {
+		if s.store.WatchFailed() && s.signals.HeardAll(control.MaxHeard) {
 			return "signals_without_weights" // the local policy's to route
 		}
 		return ""
@@ -346,7 +350,7 @@ func (s *Service) settledBy() string {
 	if planned > 0 && unheard == 0 {
 		return "planned_engines"
 	}
-	if s.signals.HeardAll(maxHeard) {
+	if s.signals.HeardAll(control.MaxHeard) {
 		return "signals"
 	}
 	return ""
@@ -371,10 +375,10 @@ func (s *Service) Name() string { return s.opts.Router }
 func (s *Service) Handler() *Handler { return s.handler }
 
 // Store returns the snapshot store.
-func (s *Service) Store() *SnapshotStore { return s.store }
+func (s *Service) Store() *control.SnapshotStore { return s.store }
 
 // Signals returns the live engine signals.
-func (s *Service) Signals() *Signals { return s.signals }
+func (s *Service) Signals() *control.Signals { return s.signals }
 
 // Close releases the listener of a Service whose Run was never called.
 func (s *Service) Close() error {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
@@ -224,10 +225,10 @@ func readiness(t *testing.T, addr string) router.Readiness {
 }
 
 // waitInstalled polls until the router's store holds generation gen of model.
-func waitInstalled(t *testing.T, s *router.SnapshotStore, model string, gen uint64, timeout time.Duration) {
+func waitInstalled(t *testing.T, s *control.SnapshotStore, model string, gen uint64, timeout time.Duration) {
 	t.Helper()
 	testenv.WaitFor(t, timeout, fmt.Sprintf("generation %d of %s installed", gen, model), func() bool {
 		_, info, ok := s.Table(model)
-		return ok && info.Generation == gen && info.Mode == router.ModeSnapshot
+		return ok && info.Generation == gen && info.Mode == control.ModeSnapshot
 	})
 }

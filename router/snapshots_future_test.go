@@ -11,7 +11,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/switchyard-dev/switchyard/messages"
-	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
@@ -23,7 +23,7 @@ import (
 func TestSnapshotFromTheFutureIgnored(t *testing.T) {
 	env := testenv.StartNATS(t)
 	reg := prometheus.NewRegistry()
-	st, err := router.NewSnapshotStore(router.StoreOptions{Conn: env.Conn, Cluster: "A", Registry: reg})
+	st, err := control.NewSnapshotStore(control.StoreOptions{Conn: env.Conn, Cluster: "A", Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +70,7 @@ func TestSnapshotFromTheFutureIgnored(t *testing.T) {
 	}
 	putSnapshot(t, env.JS, env.Names, snapshot("other", "A", 1, time.Now(), map[string]float64{"e1": 1})) // a marker: processed after the above
 	waitInstalled(t, st, "other", 1, 5*time.Second)
-	if _, info, _ := st.Table("m"); info.Generation != first.Generation || info.Mode != router.ModeSnapshot {
+	if _, info, _ := st.Table("m"); info.Generation != first.Generation || info.Mode != control.ModeSnapshot {
 		t.Fatalf("after the forged snapshots: generation %d (%s), want %d kept", info.Generation, info.Mode, first.Generation)
 	}
 	if n := rejected(t, reg, "future"); n != float64(len(forged)) {
@@ -120,7 +120,7 @@ func TestSnapshotStaleOnArrivalIgnored(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	now := time.Now()
 	clock := func() time.Time { return now }
-	st, err := router.NewSnapshotStore(router.StoreOptions{Conn: env.Conn, Cluster: "A", Registry: reg, Now: clock, StaleAfter: 30 * time.Second})
+	st, err := control.NewSnapshotStore(control.StoreOptions{Conn: env.Conn, Cluster: "A", Registry: reg, Now: clock, StaleAfter: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +133,7 @@ func TestSnapshotStaleOnArrivalIgnored(t *testing.T) {
 	if ok, err := st.Install(&old); ok || err == nil {
 		t.Fatalf("a snapshot a minute old installed over a fresh one: %v", err)
 	}
-	if _, info, _ := st.Table("m"); info.Generation != 10 || info.Mode != router.ModeSnapshot {
+	if _, info, _ := st.Table("m"); info.Generation != 10 || info.Mode != control.ModeSnapshot {
 		t.Fatalf("generation %d (%s), want 10 kept in snapshot mode", info.Generation, info.Mode)
 	}
 	if n := rejected(t, reg, "stale"); n != 1 {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/testenv"
@@ -19,7 +20,7 @@ import (
 
 func TestSnapshotInstallIgnoresOlderGenerations(t *testing.T) {
 	env := testenv.StartNATS(t)
-	st, err := router.NewSnapshotStore(router.StoreOptions{Conn: env.Conn, Cluster: "A"})
+	st, err := control.NewSnapshotStore(control.StoreOptions{Conn: env.Conn, Cluster: "A"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +46,7 @@ func TestSnapshotInstallIgnoresOlderGenerations(t *testing.T) {
 		t.Fatal("generation 6 not installed over 5")
 	}
 	_, info, ok := st.Table("m")
-	if !ok || info.Generation != 6 || info.Mode != router.ModeSnapshot {
+	if !ok || info.Generation != 6 || info.Mode != control.ModeSnapshot {
 		t.Fatalf("table info %+v ok=%v, want generation 6 in snapshot mode", info, ok)
 	}
 
@@ -100,7 +101,7 @@ func TestSnapshotFromBucketRoutesTraffic(t *testing.T) {
 		t.Fatalf("engine requests e1=%d e2=%d, want 0 and 20", e1.requests.Load(), e2.requests.Load())
 	}
 	rd := readiness(t, svc.Addr())
-	if !rd.Ready || rd.Mode != router.ModeSnapshot || rd.Models["m"].Generation != 3 {
+	if !rd.Ready || rd.Mode != control.ModeSnapshot || rd.Models["m"].Generation != 3 {
 		t.Fatalf("readiness %+v", rd)
 	}
 }
@@ -114,10 +115,10 @@ func TestLocalPolicyWithoutSnapshot(t *testing.T) {
 		fakeSignal{model: "m", engine: "e3", capacity: 50, health: 0, url: e3.srv.URL}) // down
 	svc := runService(t, router.ServiceOptions{Conn: env.Dial(t, "router"), Cluster: "A", Router: "r1"})
 
-	var tbl *router.Table
+	var tbl *selection.Table
 	testenv.WaitFor(t, 5*time.Second, "local-policy table with e1 and e2", func() bool {
 		t, info, ok := svc.Store().Table("m")
-		if !ok || info.Mode != router.ModeLocalPolicy || t.Slots() == 0 {
+		if !ok || info.Mode != control.ModeLocalPolicy || t.Slots() == 0 {
 			return false
 		}
 		tbl = t
@@ -131,7 +132,7 @@ func TestLocalPolicyWithoutSnapshot(t *testing.T) {
 		}
 	}
 	rd := readiness(t, svc.Addr())
-	if !rd.Ready || rd.Mode != router.ModeLocalPolicy || rd.Models["m"].Mode != router.ModeLocalPolicy ||
+	if !rd.Ready || rd.Mode != control.ModeLocalPolicy || rd.Models["m"].Mode != control.ModeLocalPolicy ||
 		rd.Models["m"].Generation != 0 || rd.Models["m"].SnapshotAgeSeconds != nil {
 		t.Fatalf("readiness %+v", rd)
 	}
@@ -175,11 +176,11 @@ func TestLocalPolicyWhenSnapshotStale(t *testing.T) {
 	waitInstalled(t, svc.Store(), "m", 4, 5*time.Second)
 	testenv.WaitFor(t, 5*time.Second, "stale snapshot → local policy", func() bool {
 		_, info, _ := svc.Store().Table("m")
-		return info.Mode == router.ModeLocalPolicy
+		return info.Mode == control.ModeLocalPolicy
 	})
 	rd := readiness(t, svc.Addr())
 	mr := rd.Models["m"]
-	if rd.Mode != router.ModeLocalPolicy || mr.Mode != router.ModeLocalPolicy || mr.Generation != 4 ||
+	if rd.Mode != control.ModeLocalPolicy || mr.Mode != control.ModeLocalPolicy || mr.Generation != 4 ||
 		mr.SnapshotAgeSeconds == nil || *mr.SnapshotAgeSeconds < 1 {
 		t.Fatalf("readiness %+v (model %+v)", rd, mr)
 	}
@@ -242,7 +243,7 @@ func TestNATSOutageKeepsServingAndWatchResumes(t *testing.T) {
 		t.Fatalf("with NATS down traffic left an engine: e1=%d e2=%d", e1.requests.Load(), e2.requests.Load())
 	}
 	rd := readiness(t, svc.Addr())
-	if mr := rd.Models["m"]; mr.Mode != router.ModeSnapshot || mr.Generation != 1 || *mr.SnapshotAgeSeconds <= age0 {
+	if mr := rd.Models["m"]; mr.Mode != control.ModeSnapshot || mr.Generation != 1 || *mr.SnapshotAgeSeconds <= age0 {
 		t.Fatalf("with NATS down: readiness %+v, age was %v", mr, age0)
 	}
 	t.Logf("%d requests answered with NATS down", n)
@@ -304,8 +305,8 @@ func slotSnapshot(t *testing.T, gen uint64, weights map[string]float64, prevEngi
 // before, and the slot table is the snapshot's.
 func TestSnapshotSlotsIdenticalAcrossRouters(t *testing.T) {
 	env := testenv.StartNATS(t)
-	newStore := func() *router.SnapshotStore {
-		st, err := router.NewSnapshotStore(router.StoreOptions{Conn: env.Conn, Cluster: "A"})
+	newStore := func() *control.SnapshotStore {
+		st, err := control.NewSnapshotStore(control.StoreOptions{Conn: env.Conn, Cluster: "A"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -329,12 +330,12 @@ func TestSnapshotSlotsIdenticalAcrossRouters(t *testing.T) {
 	}
 	ta, _, _ := a.Table("m")
 	tb, _, _ := b.Table("m")
-	fromSlots := func(names []string, w map[string]float64, idx []uint16) *router.Table {
-		es := make([]router.Engine, len(names))
+	fromSlots := func(names []string, w map[string]float64, idx []uint16) *selection.Table {
+		es := make([]selection.Engine, len(names))
 		for i, e := range names {
-			es[i] = router.Engine{Name: e, Weight: w[e]}
+			es[i] = selection.Engine{Name: e, Weight: w[e]}
 		}
-		tbl, err := router.NewTableFromSlots(es, idx, router.TableOptions{})
+		tbl, err := selection.NewTableFromSlots(es, idx, selection.TableOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,6 +3,9 @@ package router
 import (
 	"sort"
 	"sync"
+
+	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // StaticTables is a Tables held in memory and set by hand: for tests,
@@ -14,15 +17,15 @@ type StaticTables struct {
 }
 
 type staticEntry struct {
-	table *Table
-	info  Info
+	table *selection.Table
+	info  control.Info
 }
 
 // NewStaticTables returns an empty StaticTables.
 func NewStaticTables() *StaticTables { return &StaticTables{tables: make(map[string]staticEntry)} }
 
 // Set installs t with info for model, replacing any previous table.
-func (s *StaticTables) Set(model string, t *Table, info Info) {
+func (s *StaticTables) Set(model string, t *selection.Table, info control.Info) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.tables[model] = staticEntry{table: t, info: info}
@@ -36,7 +39,7 @@ func (s *StaticTables) Delete(model string) {
 }
 
 // Table returns the table installed for model.
-func (s *StaticTables) Table(model string) (*Table, Info, bool) {
+func (s *StaticTables) Table(model string) (*selection.Table, control.Info, bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	e, ok := s.tables[model]

@@ -8,45 +8,48 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 )
 
 // outcomeLog is an Observer that keeps every outcome, by engine.
 type outcomeLog struct {
 	mu       sync.Mutex
-	outcomes map[string][]Outcome
+	outcomes map[string][]control.Outcome
 }
 
 func (o *outcomeLog) Request(string) {}
 
-func (o *outcomeLog) Outcome(_, engine string, oc Outcome) {
+func (o *outcomeLog) Outcome(_, engine string, oc control.Outcome) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.outcomes == nil {
-		o.outcomes = map[string][]Outcome{}
+		o.outcomes = map[string][]control.Outcome{}
 	}
 	o.outcomes[engine] = append(o.outcomes[engine], oc)
 }
 
-func (o *outcomeLog) of(engine string) []Outcome {
+func (o *outcomeLog) of(engine string) []control.Outcome {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return append([]Outcome(nil), o.outcomes[engine]...)
+	return append([]control.Outcome(nil), o.outcomes[engine]...)
 }
 
 // mapResolver is an EndpointResolver over a map, for tests.
 type mapResolver struct {
 	mu sync.Mutex
-	m  map[string]Endpoints
+	m  map[string]control.Endpoints
 }
 
-func (r *mapResolver) Endpoints(model, engine string) (Endpoints, bool) {
+func (r *mapResolver) Endpoints(model, engine string) (control.Endpoints, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	ep, ok := r.m[model+"."+engine]
 	return ep, ok
 }
 
-func (r *mapResolver) set(model, engine string, ep Endpoints) {
+func (r *mapResolver) set(model, engine string, ep control.Endpoints) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.m[model+"."+engine] = ep
@@ -58,12 +61,12 @@ func (r *mapResolver) set(model, engine string, ep Endpoints) {
 func unaddressedFront(t *testing.T, opts Options) (*Handler, *progEngine, string, *outcomeLog) {
 	t.Helper()
 	live := newProgEngine(t, "live", modeOK)
-	tbl := mustTable(t, []Engine{{Name: "live", URL: live.srv.URL, Weight: 0.5}, {Name: "nowhere", Weight: 0.5}}, TableOptions{})
+	tbl := mustTable(t, []selection.Engine{{Name: "live", URL: live.srv.URL, Weight: 0.5}, {Name: "nowhere", Weight: 0.5}}, selection.TableOptions{})
 	tables := NewStaticTables()
-	tables.Set("m", tbl, Info{Generation: 1, Mode: ModeSnapshot, Created: time.Now()})
+	tables.Set("m", tbl, control.Info{Generation: 1, Mode: control.ModeSnapshot, Created: time.Now()})
 	obs := &outcomeLog{}
 	opts.Tables, opts.Cluster, opts.Observer = tables, "A", obs
-	opts.Transport = &TransportPolicy{HTTP: NewHTTPTransport(HTTPTransportOptions{}), Endpoints: opts.Endpoints}
+	opts.Transport = &upstream.TransportPolicy{HTTP: upstream.NewHTTPTransport(upstream.HTTPTransportOptions{}), Endpoints: opts.Endpoints}
 	h, err := NewHandler(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -114,7 +117,7 @@ func TestNoTransportIsNotTheEngines(t *testing.T) {
 // share.
 func TestUnaddressedEngineNotPickedUntilItHasEndpoints(t *testing.T) {
 	other := newProgEngine(t, "nowhere", modeOK)
-	res := &mapResolver{m: map[string]Endpoints{}}
+	res := &mapResolver{m: map[string]control.Endpoints{}}
 	settled := make(chan struct{})
 	h, live, url, obs := unaddressedFront(t, Options{Endpoints: res, Settled: settled})
 	client := testClient(t)
@@ -147,8 +150,8 @@ func TestUnaddressedEngineNotPickedUntilItHasEndpoints(t *testing.T) {
 	noTransportBlamed(t, h, obs, "nowhere")
 
 	// The engine's signals give it an address: it takes its share.
-	res.set("m", "nowhere", Endpoints{URL: other.srv.URL})
-	h.SetEngineEndpoints("m", "nowhere", Endpoints{URL: other.srv.URL})
+	res.set("m", "nowhere", control.Endpoints{URL: other.srv.URL})
+	h.SetEngineEndpoints("m", "nowhere", control.Endpoints{URL: other.srv.URL})
 	for i := 0; i < 40; i++ {
 		if r := doChat(t, client, url, fmt.Sprintf("t%d", i)); r.status != http.StatusOK {
 			t.Fatalf("request %d: status %d", i, r.status)
@@ -158,7 +161,7 @@ func TestUnaddressedEngineNotPickedUntilItHasEndpoints(t *testing.T) {
 		t.Fatalf("after the address came: nowhere %d, live %d requests", other.requests.Load(), live.requests.Load())
 	}
 	// And withdrawing it makes it unselectable again.
-	h.SetEngineEndpoints("m", "nowhere", Endpoints{})
+	h.SetEngineEndpoints("m", "nowhere", control.Endpoints{})
 	before := other.requests.Load()
 	for i := 0; i < 20; i++ {
 		if r := doChat(t, client, url, fmt.Sprintf("t%d", i)); r.status != http.StatusOK || r.header.Get(messages.HeaderEngine) != "live" {

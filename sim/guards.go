@@ -5,6 +5,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
@@ -32,7 +33,7 @@ type routerGuards struct {
 	figures *guard.Figures // the installed snapshot's
 	adm     *router.Admission
 	budget  *guard.RetryBudget
-	recent  *router.RecentKeys
+	recent  *selection.RecentKeys
 	toSim   []int // table index → engine index
 	fromSim []int // engine index → table index
 }
@@ -68,9 +69,9 @@ func (gs *guards) setup(r *run) {
 		gs.regions.byName[r.f.engines[j].name] = r.f.engines[j].region
 	}
 	for c := range gs.routers {
-		rk, err := router.NewRecentKeys(router.DefaultRecentKeys)
+		rk, err := selection.NewRecentKeys(selection.DefaultRecentKeys)
 		if err != nil {
-			panic("sim: router.NewRecentKeys: " + err.Error()) // a constant size; a failure is a bug
+			panic("sim: selection.NewRecentKeys: " + err.Error()) // a constant size; a failure is a bug
 		}
 		gs.routers[c] = routerGuards{
 			live:   router.NewLiveSet(clock),
@@ -170,15 +171,15 @@ func (gs *guards) retried(r *run, q int32) int { return gs.send(r, q, gs.att[q].
 
 // attemptResult is the router's result of an attempt's outcome: a
 // refusal before the first token is a connect error, an engine failing
-// under a running request a broken stream (see router.Result.Blames).
-func attemptResult(outcome uint8) router.Result {
+// under a running request a broken stream (see control.Result.Blames).
+func attemptResult(outcome uint8) control.Result {
 	switch outcome {
 	case attemptOK:
-		return router.ResultOK
+		return control.ResultOK
 	case attemptRefused:
-		return router.ResultConnect
+		return control.ResultConnect
 	}
-	return router.ResultOther
+	return control.ResultOther
 }
 
 // attemptEnded ends request q's attempt at its router: it releases the

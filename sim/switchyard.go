@@ -7,7 +7,6 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/optimizer"
 	"github.com/switchyard-dev/switchyard/plan"
-	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/sim/scenario"
 )
@@ -17,7 +16,7 @@ const remapKeys = 2048
 
 // clusterTable is a router's installed selection table.
 type clusterTable struct {
-	t       *router.Table
+	t       *selection.Table
 	toSim   []int     // table index → engine index
 	weights []float64 // by engine index
 	shed    float64
@@ -37,7 +36,7 @@ func (g *loopGuard) InFlight(i int) int64 { return int64(g.r.inflight[g.c][g.toS
 func (g *loopGuard) TotalInFlight() int64 { return int64(g.r.totalIn[g.c]) }
 
 // tables is the weighted-table machinery shared by switchyard and the
-// feedback loop: one router.Table per cluster, rebuilt when weights change.
+// feedback loop: one selection.Table per cluster, rebuilt when weights change.
 type tables struct {
 	slots   int
 	epsilon float64
@@ -60,7 +59,7 @@ func (ts *tables) setup(r *run, slots int, epsilon float64) {
 // utilisations (by engine index; nil when there is no plan) and shed
 // fraction, records key movement and weight reversals, and installs it.
 func (ts *tables) install(r *run, c int, weights, util []float64, shed float64) {
-	entries := make([]router.Engine, 0, len(weights))
+	entries := make([]selection.Engine, 0, len(weights))
 	sum := 0.0
 	for j, w := range weights {
 		w = math.Max(0, math.Min(1, w))
@@ -76,15 +75,15 @@ func (ts *tables) install(r *run, c int, weights, util []float64, shed float64) 
 		}
 	}
 	for j, w := range weights {
-		e := router.Engine{Name: r.f.engines[j].name, Weight: w}
+		e := selection.Engine{Name: r.f.engines[j].name, Weight: w}
 		if util != nil {
 			e.Utilisation = util[j]
 		}
 		entries = append(entries, e)
 	}
-	t, err := router.NewTable(entries, router.TableOptions{Slots: ts.slots, Epsilon: ts.epsilon})
+	t, err := selection.NewTable(entries, selection.TableOptions{Slots: ts.slots, Epsilon: ts.epsilon})
 	if err != nil {
-		panic("sim: router.NewTable: " + err.Error()) // weights are clamped above; a failure is a bug
+		panic("sim: selection.NewTable: " + err.Error()) // weights are clamped above; a failure is a bug
 	}
 	nt := &clusterTable{t: t, toSim: make([]int, t.Len()), weights: slices.Clone(weights), shed: shed, lastDir: make([]int8, len(weights))}
 	byName := make(map[string]int, len(weights))
@@ -311,7 +310,7 @@ func (p *switchyard) installSnapshot(r *run, c int, snap *messages.WeightSnapsho
 // smoothed by an EWMA, plus the network round trip is a score; every
 // control period each router nudges an engine's weight up or down in
 // proportion to how much better or worse than the average its score is, and
-// routes with weighted consistent hashing (router.Table) on those weights.
+// routes with weighted consistent hashing (selection.Table) on those weights.
 type feedbackLoop struct {
 	tables
 	score []float64

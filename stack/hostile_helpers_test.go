@@ -25,6 +25,7 @@ import (
 	"github.com/switchyard-dev/switchyard/dashboard"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
 	"github.com/switchyard-dev/switchyard/stack"
 	"github.com/switchyard-dev/switchyard/testenv"
@@ -364,7 +365,7 @@ func (h *hostileEnv) fleetState() string {
 		}
 	}
 	for _, r := range h.s.Routers() {
-		if m := r.Handler().Readiness().Mode; m != router.ModeSnapshot {
+		if m := r.Handler().Readiness().Mode; m != control.ModeSnapshot {
 			return fmt.Sprintf("router %s routes in mode %s", r.Name(), m)
 		}
 	}

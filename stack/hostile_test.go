@@ -18,7 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/switchyard-dev/switchyard/messages"
-	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -574,7 +574,7 @@ func (h *hostileEnv) hasNewSnapshot(cluster string, t0 time.Time) (bool, string)
 			return false, "no snapshot"
 		}
 		mode := r.Handler().Readiness().Mode
-		return snap.Time > t0.UnixMilli() && snap.Generation < math.MaxUint64/2 && snap.Writer != "hostile" && mode == router.ModeSnapshot,
+		return snap.Time > t0.UnixMilli() && snap.Generation < math.MaxUint64/2 && snap.Writer != "hostile" && mode == control.ModeSnapshot,
 			fmt.Sprintf("holds generation %d of %s by %q, mode %s (input sent %s)", snap.Generation,
 				time.UnixMilli(snap.Time).Format(time.TimeOnly), snap.Writer, mode, t0.Format(time.TimeOnly))
 	}

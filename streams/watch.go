@@ -50,7 +50,7 @@ var ErrBucketReplaced = errors.New("bucket deleted or re-created")
 //
 // The optimizer service and the dashboard keep their views of the state
 // buckets with it. (The router watches sy_weights with an ordered consumer of
-// its own; see router.SnapshotStore.)
+// its own; see control.SnapshotStore.)
 type BucketWatch struct {
 	// Conn is the connection; its reconnect count tells when to re-create the
 	// watcher. Required.

@@ -29,7 +29,10 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 const bodySize = 8 << 20 // the router's default MaxBodyBytes
@@ -93,11 +96,11 @@ func main() {
 // runFront serves a router front on 127.0.0.1 and prints its address.
 func runFront(kind router.ServerKind) error {
 	tables := router.NewStaticTables()
-	t, err := router.NewTable([]router.Engine{{Name: "e1", URL: "http://127.0.0.1:1", Weight: 1}}, router.TableOptions{})
+	t, err := selection.NewTable([]selection.Engine{{Name: "e1", URL: "http://127.0.0.1:1", Weight: 1}}, selection.TableOptions{})
 	if err != nil {
 		return err
 	}
-	tables.Set("llama", t, router.Info{Generation: 1, Mode: router.ModeSnapshot, Created: time.Now()})
+	tables.Set("llama", t, control.Info{Generation: 1, Mode: control.ModeSnapshot, Created: time.Now()})
 	h, err := router.NewHandler(router.Options{Tables: tables, Cluster: "A", Logger: zerolog.Nop()})
 	if err != nil {
 		return err

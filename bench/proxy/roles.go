@@ -25,6 +25,10 @@ import (
 	"github.com/switchyard-dev/switchyard/internal/procruntime"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/natsfront"
+	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/streams/natsembed"
@@ -290,17 +294,17 @@ func serveHTTP(ctx context.Context, srv router.Server) error {
 
 // routerParts builds a router handler over a static table of the one
 // engine, with the Reporter as observer as the router service wires it.
-func routerParts(ctx context.Context, rf roleFlags, engine router.Engine, tr router.Transport, nc *nats.Conn) (*router.Handler, error) {
-	table, err := router.NewTable([]router.Engine{engine}, router.TableOptions{})
+func routerParts(ctx context.Context, rf roleFlags, engine selection.Engine, tr upstream.Transport, nc *nats.Conn) (*router.Handler, error) {
+	table, err := selection.NewTable([]selection.Engine{engine}, selection.TableOptions{})
 	if err != nil {
 		return nil, err
 	}
 	tables := router.NewStaticTables()
-	tables.Set(benchModel, table, router.Info{Generation: 1, Mode: router.ModeSnapshot, Created: time.Now()})
+	tables.Set(benchModel, table, control.Info{Generation: 1, Mode: control.ModeSnapshot, Created: time.Now()})
 	name := rf.cluster + "-bench"
 	opts := router.Options{Tables: tables, Transport: tr, Cluster: rf.cluster, Router: name}
 	if rf.reporter {
-		rep, err := router.NewReporter(router.ReporterOptions{Conn: nc, Cluster: rf.cluster, Router: name, Tables: tables})
+		rep, err := control.NewReporter(control.ReporterOptions{Conn: nc, Cluster: rf.cluster, Router: name, Tables: tables})
 		if err != nil {
 			return nil, err
 		}
@@ -317,8 +321,8 @@ func roleRouterHTTP(ctx context.Context, rf roleFlags) error {
 		return err
 	}
 	defer nc.Close()
-	h, err := routerParts(ctx, rf, router.Engine{Name: benchEngine, URL: rf.engineURL, Weight: 1},
-		router.NewHTTPTransport(router.HTTPTransportOptions{}), nc)
+	h, err := routerParts(ctx, rf, selection.Engine{Name: benchEngine, URL: rf.engineURL, Weight: 1},
+		upstream.NewHTTPTransport(upstream.HTTPTransportOptions{}), nc)
 	if err != nil {
 		return err
 	}
@@ -365,15 +369,15 @@ func roleRouterNATS(ctx context.Context, rf roleFlags) error {
 // forwarding over nc to the engine's subject, and prints the ready line
 // with the front's subject after extra.
 func serveNATSFront(ctx context.Context, rf roleFlags, nc *nats.Conn, extra ...string) error {
-	nt, err := router.NewNATSTransport(router.NATSTransportOptions{Conn: nc})
+	nt, err := upstream.NewNATSTransport(upstream.NATSTransportOptions{Conn: nc})
 	if err != nil {
 		return err
 	}
-	h, err := routerParts(ctx, rf, router.Engine{Name: benchEngine, Subject: rf.subject, Weight: 1}, nt, nc)
+	h, err := routerParts(ctx, rf, selection.Engine{Name: benchEngine, Subject: rf.subject, Weight: 1}, nt, nc)
 	if err != nil {
 		return err
 	}
-	front, err := router.NewNATSFront(router.NATSFrontOptions{Conn: nc, Cluster: rf.cluster, Handler: h})
+	front, err := natsfront.New(natsfront.Options{Conn: nc, Cluster: rf.cluster, Pipeline: h})
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/switchyard-dev/switchyard/internal/netem"
 	"github.com/switchyard-dev/switchyard/internal/procruntime"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/stack"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/streams/natsembed"
@@ -36,9 +37,9 @@ func routerCommand() command {
 			fs.StringVar(&o.HTTPAddr, "listen", "127.0.0.1:8081", "HTTP front listen `address` (empty: no HTTP front)")
 			fs.BoolVar(&o.NoNATSFront, "no-nats-front", false, "do not take requests on sy.req.<cluster>.<model>")
 			fs.BoolVar(&o.PreferNATS, "prefer-nats", false, "forward over NATS to engines that offer both HTTP and NATS")
-			fs.DurationVar(&o.StaleAfter, "stale-after", router.DefaultStaleAfter, "snapshot age past which the local policy takes over")
+			fs.DurationVar(&o.StaleAfter, "stale-after", control.DefaultStaleAfter, "snapshot age past which the local policy takes over")
 			fs.DurationVar(&o.ReportInterval, "report-interval", time.Second, "how often to publish reports")
-			fs.StringVar(&o.RTTProbe, "rtt-probe", router.DefaultRTTProbe, "how to measure the RTT to HTTP engines: tcp (time a TCP connect: the network round trip alone, for any engine) or http:/path (time a GET of that path, e.g. http:/health; also times the engine's request handling; a 404 or 405 there measures nothing)")
+			fs.StringVar(&o.RTTProbe, "rtt-probe", control.DefaultRTTProbe, "how to measure the RTT to HTTP engines: tcp (time a TCP connect: the network round trip alone, for any engine) or http:/path (time a GET of that path, e.g. http:/health; also times the engine's request handling; a 404 or 405 there measures nothing)")
 			fs.IntVar(&o.Protection.Routers, "routers", 1, "routers serving this cluster: local admission control allots this router 1/N of the cluster's planned traffic")
 			httpServer := fs.String("http-server", string(router.DefaultServerKind), "HTTP front's server: fasthttp (github.com/valyala/fasthttp) or std (Go's net/http)")
 			var rt procruntime.Options

@@ -15,6 +15,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/streams/natsembed"
@@ -136,7 +137,7 @@ func installed(base string, gen uint64) bool {
 		return false
 	}
 	m := rd.Models["llama"]
-	return m.Mode == router.ModeSnapshot && m.Generation == gen
+	return m.Mode == control.ModeSnapshot && m.Generation == gen
 }
 
 // waitServedByE1 waits until a NATS request for cluster A's llama on nc is

@@ -9,7 +9,8 @@ import (
 	"context"
 	"time"
 
-	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 )
 
 // DelayTransport emulates the network between a frontend cluster and its
@@ -21,13 +22,13 @@ import (
 // is what a real network does to them.
 type DelayTransport struct {
 	// Next forwards the request.
-	Next router.Transport
+	Next upstream.Transport
 	// Delay returns the one-way latency to the named engine (0: none).
 	Delay func(engine string) time.Duration
 }
 
 // Forward waits, forwards through Next, and waits again.
-func (d *DelayTransport) Forward(ctx context.Context, engine router.Engine, req *router.UpstreamRequest) (*router.UpstreamResponse, error) {
+func (d *DelayTransport) Forward(ctx context.Context, engine selection.Engine, req *upstream.Request) (*upstream.Response, error) {
 	wait := d.Delay(engine.Name)
 	if err := sleepCtx(ctx, wait); err != nil {
 		return nil, err
@@ -60,9 +61,9 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 
 // Wrap returns the router.ServiceOptions.WrapTransport that delays every
 // request to an engine by delay(engine) each way, or nil when delay is nil.
-func Wrap(delay func(engine string) time.Duration) func(router.Transport) router.Transport {
+func Wrap(delay func(engine string) time.Duration) func(upstream.Transport) upstream.Transport {
 	if delay == nil {
 		return nil
 	}
-	return func(next router.Transport) router.Transport { return &DelayTransport{Next: next, Delay: delay} }
+	return func(next upstream.Transport) upstream.Transport { return &DelayTransport{Next: next, Delay: delay} }
 }

@@ -9,13 +9,14 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/internal/netem"
-	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 )
 
 type instantTransport struct{}
 
-func (instantTransport) Forward(context.Context, router.Engine, *router.UpstreamRequest) (*router.UpstreamResponse, error) {
-	return &router.UpstreamResponse{Status: http.StatusOK, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok"))}, nil
+func (instantTransport) Forward(context.Context, selection.Engine, *upstream.Request) (*upstream.Response, error) {
+	return &upstream.Response{Status: http.StatusOK, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok"))}, nil
 }
 
 func TestDelayTransport(t *testing.T) {
@@ -30,7 +31,7 @@ func TestDelayTransport(t *testing.T) {
 		min, max time.Duration
 	}{{"near", 0, 25 * time.Millisecond}, {"far", 60 * time.Millisecond, time.Second}} {
 		start := time.Now()
-		resp, err := d.Forward(context.Background(), router.Engine{Name: c.engine}, &router.UpstreamRequest{})
+		resp, err := d.Forward(context.Background(), selection.Engine{Name: c.engine}, &upstream.Request{})
 		took := time.Since(start)
 		if err != nil || resp.Status != http.StatusOK {
 			t.Fatalf("%s: %v", c.engine, err)
@@ -41,7 +42,7 @@ func TestDelayTransport(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
 	defer cancel()
-	if _, err := d.Forward(ctx, router.Engine{Name: "far"}, &router.UpstreamRequest{}); err == nil {
+	if _, err := d.Forward(ctx, selection.Engine{Name: "far"}, &upstream.Request{}); err == nil {
 		t.Fatal("a request whose context ends during the emulated delay was forwarded")
 	}
 }

@@ -17,7 +17,7 @@ type slotState struct {
 
 // assign runs AssignSlots from prev for es (engines with positive weight),
 // with SlotCount's slot count (never shrinking), as the optimizer does.
-func assign(t testing.TB, prev slotState, es []engine) slotState {
+func assign(t testing.TB, prev slotState, es []Engine) slotState {
 	t.Helper()
 	var names []string
 	var ws []float64
@@ -155,8 +155,8 @@ func movedSlots(a, b slotState) int {
 
 // perturb returns es with a random multi-engine change: every weight
 // perturbed, several engines trading mass, engines added, removed or zeroed.
-func perturb(r *rand.Rand, es []engine, step int, nextName *int) []engine {
-	out := append([]engine(nil), es...)
+func perturb(r *rand.Rand, es []Engine, step int, nextName *int) []Engine {
+	out := append([]Engine(nil), es...)
 	switch step % 6 {
 	case 0, 1: // every weight perturbed
 		sigma := []float64{0.05, 0.3}[step%2]
@@ -175,7 +175,7 @@ func perturb(r *rand.Rand, es []engine, step int, nextName *int) []engine {
 		}
 		for k := 0; k < 1+len(es)/10; k++ {
 			*nextName++
-			out = append(out, engine{Name: fmt.Sprintf("x%d", *nextName), Weight: r.ExpFloat64() / float64(len(es))})
+			out = append(out, Engine{Name: fmt.Sprintf("x%d", *nextName), Weight: r.ExpFloat64() / float64(len(es))})
 		}
 	case 5: // mass moves from one engine to another (stateless tables move up to ~2δ)
 		i, j := r.IntN(len(out)), r.IntN(len(out))
@@ -267,7 +267,7 @@ func TestAssignSlotsDeterministic(t *testing.T) {
 		t.Fatal("same input, different slots")
 	}
 	// Shuffle the new engines and the previous state's names.
-	sh := append([]engine(nil), es2...)
+	sh := append([]Engine(nil), es2...)
 	r.Shuffle(len(sh), func(i, j int) { sh[i], sh[j] = sh[j], sh[i] })
 	perm := r.Perm(len(s.names))
 	ps := slotState{names: make([]string, len(s.names)), idx: make([]uint16, len(s.idx))}
@@ -407,61 +407,4 @@ func TestSlotsEncoding(t *testing.T) {
 	if _, err := DecodeSlots(b[:3]); err == nil {
 		t.Fatal("odd length decoded")
 	}
-}
-
-// engine is a (name, weight) pair, as the tests build them.
-type engine struct {
-	Name   string
-	Weight float64
-}
-
-// engineSet builds engines e0..e(n-1) with the given weights.
-func engineSet(weights []float64) []engine {
-	es := make([]engine, len(weights))
-	for i, w := range weights {
-		es[i] = engine{Name: fmt.Sprintf("e%d", i), Weight: w}
-	}
-	return es
-}
-
-func randomWeights(r *rand.Rand, n int, total float64) []float64 {
-	w := make([]float64, n)
-	sum := 0.0
-	for i := range w {
-		w[i] = r.ExpFloat64()
-		sum += w[i]
-	}
-	for i := range w {
-		w[i] *= total / sum
-	}
-	return w
-}
-
-func normalized(es []engine) map[string]float64 {
-	sum := 0.0
-	for _, e := range es {
-		sum += e.Weight
-	}
-	m := make(map[string]float64, len(es))
-	for _, e := range es {
-		if e.Weight > 0 {
-			m[e.Name] = e.Weight / sum
-		}
-	}
-	return m
-}
-
-// tvDistance is the total-variation distance between the normalised weights.
-func tvDistance(a, b []engine) float64 {
-	na, nb := normalized(a), normalized(b)
-	d := 0.0
-	for k, v := range na {
-		d += math.Abs(v - nb[k])
-	}
-	for k, v := range nb {
-		if _, ok := na[k]; !ok {
-			d += v
-		}
-	}
-	return d / 2
 }

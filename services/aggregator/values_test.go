@@ -59,7 +59,7 @@ func TestForgedReportsKeepRealDemand(t *testing.T) {
 	}
 	const subject = "sy.report.llama.A.r1"
 	// The real router: 2 requests per 100 ms interval, sequence numbers from
-	// its start time as router.Reporter numbers them.
+	// its start time as control.Reporter numbers them.
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	var mu sync.Mutex

@@ -16,6 +16,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/internal/zmtp"
 	"github.com/switchyard-dev/switchyard/messages"
 )

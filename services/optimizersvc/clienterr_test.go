@@ -17,6 +17,8 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/testenv"
@@ -70,10 +72,10 @@ func TestClientErrorsDoNotPenalise(t *testing.T) {
 
 	names := []string{"engine-a", "engine-b", "engine-c"}
 	engines := map[string]*longEngine{}
-	var tableEngines []router.Engine
+	var tableEngines []selection.Engine
 	for _, n := range names {
 		engines[n] = newLongEngine(t, n)
-		tableEngines = append(tableEngines, router.Engine{Name: n, URL: engines[n].srv.URL, Weight: 1.0 / 3})
+		tableEngines = append(tableEngines, selection.Engine{Name: n, URL: engines[n].srv.URL, Weight: 1.0 / 3})
 	}
 	// Signals: every engine healthy, at half its capacity.
 	wg.Add(2)
@@ -112,12 +114,12 @@ func TestClientErrorsDoNotPenalise(t *testing.T) {
 	// outcomes reported every 200 ms.
 	repReg := prometheus.NewRegistry()
 	tables := router.NewStaticTables()
-	table, err := router.NewTable(tableEngines, router.TableOptions{})
+	table, err := selection.NewTable(tableEngines, selection.TableOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tables.Set(model, table, router.Info{Generation: 1, Mode: router.ModeSnapshot, Created: time.Now()})
-	rep, err := router.NewReporter(router.ReporterOptions{Conn: env.Dial(t, "router-B-1"), Cluster: "B", Router: "B-1",
+	tables.Set(model, table, control.Info{Generation: 1, Mode: control.ModeSnapshot, Created: time.Now()})
+	rep, err := control.NewReporter(control.ReporterOptions{Conn: env.Dial(t, "router-B-1"), Cluster: "B", Router: "B-1",
 		Interval: 200 * time.Millisecond, Tables: tables, Logger: zerolog.Nop(), Registry: repReg})
 	if err != nil {
 		t.Fatal(err)

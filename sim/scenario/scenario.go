@@ -238,7 +238,7 @@ type PolicyOptions struct {
 	Switchyard struct {
 		// Slots is the selection table size (a power of two); 0 means 4096.
 		Slots int `yaml:"slots"`
-		// Epsilon is the bounded-load slack; 0 means router.DefaultEpsilon.
+		// Epsilon is the bounded-load slack; 0 means selection.DefaultEpsilon.
 		Epsilon float64 `yaml:"epsilon"`
 		// AffinityBlocks is how many leading prompt blocks the affinity key
 		// hashes when a request has no session; 0 means 1.

@@ -1,4 +1,4 @@
-package router
+package upstream
 
 import (
 	"bytes"
@@ -16,10 +16,11 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/protocol"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
-// UpstreamRequest is a request as the router forwards it to an engine.
-type UpstreamRequest struct {
+// Request is a request as the router forwards it to an engine.
+type Request struct {
 	// Endpoint is the OpenAI endpoint to call on the engine.
 	Endpoint protocol.Endpoint
 	// Model is the requested model.
@@ -35,8 +36,8 @@ type UpstreamRequest struct {
 	Header http.Header
 }
 
-// UpstreamResponse is an engine's answer. The caller must close Body.
-type UpstreamResponse struct {
+// Response is an engine's answer. The caller must close Body.
+type Response struct {
 	// Status is the engine's HTTP status code (or its equivalent).
 	Status int
 	// Header holds the engine's response headers, never nil.
@@ -51,7 +52,7 @@ type UpstreamResponse struct {
 type Transport interface {
 	// Forward sends req to engine and returns the engine's response once its
 	// status is known; the body may still be streaming.
-	Forward(ctx context.Context, engine Engine, req *UpstreamRequest) (*UpstreamResponse, error)
+	Forward(ctx context.Context, engine selection.Engine, req *Request) (*Response, error)
 }
 
 // HTTPTransportOptions tunes NewHTTPTransport. Zero fields take defaults.
@@ -122,7 +123,7 @@ func (t *HTTPTransport) pool(base string) *upstreamPool {
 var errNotPlainHTTP = errors.New("not a plain http URL")
 
 // Forward posts req.Body to engine.URL + the endpoint's path.
-func (t *HTTPTransport) Forward(ctx context.Context, engine Engine, req *UpstreamRequest) (*UpstreamResponse, error) {
+func (t *HTTPTransport) Forward(ctx context.Context, engine selection.Engine, req *Request) (*Response, error) {
 	if engine.URL == "" {
 		return nil, fmt.Errorf("router: forward to engine %q: no HTTP URL", engine.Name)
 	}
@@ -160,7 +161,7 @@ func (t *HTTPTransport) maybeSweep() {
 }
 
 // forwardStd forwards over net/http's Transport (https engines).
-func (t *HTTPTransport) forwardStd(ctx context.Context, engine Engine, req *UpstreamRequest) (*UpstreamResponse, error) {
+func (t *HTTPTransport) forwardStd(ctx context.Context, engine selection.Engine, req *Request) (*Response, error) {
 	rt := t.std.Load()
 	if rt == nil {
 		rt = &http.Transport{
@@ -194,7 +195,7 @@ func (t *HTTPTransport) forwardStd(ctx context.Context, engine Engine, req *Upst
 	if err != nil {
 		return nil, fmt.Errorf("router: forward to engine %q at %q: %w", engine.Name, url, err)
 	}
-	return &UpstreamResponse{Status: resp.StatusCode, Header: resp.Header, Body: resp.Body}, nil
+	return &Response{Status: resp.StatusCode, Header: resp.Header, Body: resp.Body}, nil
 }
 
 // CloseIdleConnections closes the pooled idle connections.

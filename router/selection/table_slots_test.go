@@ -1,40 +1,11 @@
-package router
+package selection
 
 import (
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
-
-	"github.com/switchyard-dev/switchyard/router/selection"
 )
-
-// slotState is a slot table as the optimizer keeps it: engine names and
-// slot indexes into them.
-type slotState struct {
-	names []string
-	idx   []uint16
-}
-
-// assign runs selection.AssignSlots from prev for es (engines with positive weight),
-// with selection.SlotCount's slot count (never shrinking), as the optimizer does.
-func assign(t testing.TB, prev slotState, es []Engine) slotState {
-	t.Helper()
-	var names []string
-	var ws []float64
-	for _, e := range es {
-		if e.Weight > 0 {
-			names = append(names, e.Name)
-			ws = append(ws, e.Weight)
-		}
-	}
-	m := max(selection.SlotCount(len(names)), len(prev.idx))
-	out := selection.AssignSlots(prev.idx, prev.names, names, ws, m)
-	if out == nil {
-		t.Fatalf("selection.AssignSlots(%d engines, %d slots) = nil", len(names), m)
-	}
-	return slotState{names: names, idx: out}
-}
 
 // slotTable builds a table from a slot state over es, as a router does.
 func slotTable(t testing.TB, s slotState, es []Engine) *Table {
@@ -59,56 +30,6 @@ func slotTable(t testing.TB, s slotState, es []Engine) *Table {
 		t.Fatalf("NewTableFromSlots: %v", err)
 	}
 	return tbl
-}
-
-// perturb returns es with a random multi-engine change: every weight
-// perturbed, several engines trading mass, engines added, removed or zeroed.
-func perturb(r *rand.Rand, es []Engine, step int, nextName *int) []Engine {
-	out := append([]Engine(nil), es...)
-	switch step % 6 {
-	case 0, 1: // every weight perturbed
-		sigma := []float64{0.05, 0.3}[step%2]
-		for i := range out {
-			out[i].Weight *= math.Exp(r.NormFloat64() * sigma)
-		}
-	case 2: // several engines at once gain or lose a lot
-		for k := 0; k < 1+len(out)/4; k++ {
-			i := r.IntN(len(out))
-			out[i].Weight *= math.Exp(r.NormFloat64())
-		}
-	case 3: // engines leave and join
-		for k := 0; k < 1+len(out)/10 && len(out) > 2; k++ {
-			i := r.IntN(len(out))
-			out = append(out[:i], out[i+1:]...)
-		}
-		for k := 0; k < 1+len(es)/10; k++ {
-			*nextName++
-			out = append(out, Engine{Name: fmt.Sprintf("x%d", *nextName), Weight: r.ExpFloat64() / float64(len(es))})
-		}
-	case 5: // mass moves from one engine to another (stateless tables move up to ~2δ)
-		i, j := r.IntN(len(out)), r.IntN(len(out))
-		amount := out[i].Weight * r.Float64()
-		out[i].Weight -= amount
-		out[j].Weight += amount
-	case 4: // one engine's weight drops to zero, another's doubles, the rest are noisy
-		i, j := r.IntN(len(out)), r.IntN(len(out))
-		out[j].Weight *= 2
-		out[i].Weight = 0
-		for k := range out {
-			out[k].Weight *= math.Exp(r.NormFloat64() * 0.1)
-		}
-	}
-	sum := 0.0
-	for _, e := range out {
-		sum += e.Weight
-	}
-	if sum == 0 {
-		out[0].Weight, sum = 1, 1
-	}
-	for i := range out {
-		out[i].Weight *= 0.9 / sum // 10% shed: only ratios matter
-	}
-	return out
 }
 
 func TestNewTableFromSlotsRejects(t *testing.T) {
@@ -230,16 +151,6 @@ func TestSlotTableGuards(t *testing.T) {
 		if i, ok := tbl.Pick(k, g); !ok || i == 0 {
 			t.Fatalf("key %x: Pick = %d, %v with engine 0 overloaded", k, i, ok)
 		}
-	}
-	b := NewLiveSet(nil).Bind(tbl)
-	var seq uint64
-	if allocs := testing.AllocsPerRun(1000, func() {
-		seq++
-		i, _ := tbl.Pick(selection.SpreadKey(seq), b)
-		b.Acquire(i)
-		b.Release(i)
-	}); allocs != 0 {
-		t.Fatalf("Pick allocates %.1f times per call", allocs)
 	}
 }
 

@@ -1,10 +1,8 @@
-package router
+package selection
 
 import (
 	"fmt"
 	"sync/atomic"
-
-	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // RecentKeys remembers, for the affinity keys a router has routed lately,
@@ -69,9 +67,18 @@ func (rk *RecentKeys) remember(key uint64, id uint32) {
 	e.Store(tag<<32 | uint64(id))
 }
 
-// rememberName records that key was sent to the engine named name; a nil
+// Seen reports whether rk remembers key (false for a nil rk).
+func (rk *RecentKeys) Seen(key uint64) bool {
+	if rk == nil {
+		return false
+	}
+	_, ok := rk.lookup(key)
+	return ok
+}
+
+// RememberName records that key was sent to the engine named name; a nil
 // rk records nothing.
-func (rk *RecentKeys) rememberName(key uint64, name string) {
+func (rk *RecentKeys) RememberName(key uint64, name string) {
 	if rk != nil {
 		rk.remember(key, engineID(name))
 	}
@@ -79,7 +86,7 @@ func (rk *RecentKeys) rememberName(key uint64, name string) {
 
 // engineID is an engine's identity in RecentKeys: a hash of its name, the
 // same in every table.
-func engineID(name string) uint32 { return uint32(selection.HashString(name)) }
+func engineID(name string) uint32 { return uint32(HashString(name)) }
 
 // PickRecent picks the engine for a request with affinity key and remembers
 // the choice in rk:

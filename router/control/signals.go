@@ -1,4 +1,4 @@
-package router
+package control
 
 import (
 	"context"
@@ -104,7 +104,7 @@ type EndpointResolver interface {
 type signalEntry struct {
 	view EngineView
 	// heard counts the signals received since Run started, up to
-	// maxHeard (see HeardAll).
+	// MaxHeard (see HeardAll).
 	heard int
 }
 
@@ -127,7 +127,7 @@ type Signals struct {
 
 	running bool // Run has subscribed (under mu)
 	// short counts the engines heard from since Run started fewer than
-	// maxHeard times (under mu).
+	// MaxHeard times (under mu).
 	short    int
 	heardAny bool
 
@@ -218,8 +218,10 @@ func (s *Signals) Run(ctx context.Context) error {
 	}
 }
 
-// maxHeard caps the per-engine count of signals HeardAll looks at.
-const maxHeard = 3
+// MaxHeard caps the per-engine count of signals HeardAll looks at: a
+// caller asks HeardAll(MaxHeard) for "every engine heard from signalled
+// that many times".
+const MaxHeard = 3
 
 // HeardAll reports whether, since Run started, at least one engine
 // signalled and every engine heard from signalled at least n times (n is
@@ -231,7 +233,7 @@ func (s *Signals) HeardAll(n int) bool {
 	if !s.heardAny {
 		return false
 	}
-	if n >= maxHeard {
+	if n >= MaxHeard {
 		return s.short == 0
 	}
 	for _, byEngine := range s.engines {
@@ -251,6 +253,10 @@ func (s *Signals) Heard(model, engine string) bool {
 	e, ok := s.engines[model][engine]
 	return ok && e.heard > 0
 }
+
+// DownAfter returns the signal age past which an engine counts as down
+// (SignalOptions.DownAfter, defaulted).
+func (s *Signals) DownAfter() time.Duration { return s.opts.DownAfter }
 
 // Version rises whenever the set of engines, their endpoints, down states
 // or capacities change; the snapshot store uses it to rebuild local-policy
@@ -336,13 +342,13 @@ func (s *Signals) fold(sig *messages.EngineSignal, now time.Time) (r foldResult,
 		now.Sub(e.view.Received) < s.opts.DownAfter {
 		return foldResult{}, false // an older signal overtaken by a newer one
 	}
-	if s.running && e.heard < maxHeard {
+	if s.running && e.heard < MaxHeard {
 		e.heard++
 		s.heardAny = true
 		switch e.heard {
 		case 1:
 			s.short++
-		case maxHeard:
+		case MaxHeard:
 			s.short--
 		}
 	}

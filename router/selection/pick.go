@@ -1,9 +1,7 @@
-package router
+package selection
 
 import (
 	"math"
-
-	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // maxProbes is how many slots Pick examines (the key's own slot and its
@@ -68,7 +66,7 @@ func (t *Table) probe(key uint64, k int) uint64 {
 	if k == 0 {
 		return key >> t.shift
 	}
-	step := selection.Mix64(key)>>t.shift | 1
+	step := Mix64(key)>>t.shift | 1
 	return (key>>t.shift + uint64(k)*step) & t.mask
 }
 
@@ -120,7 +118,7 @@ func (t *Table) Pick(key uint64, g Guard) (int, bool) {
 			break
 		}
 		if k == 1 {
-			step = selection.Mix64(key)>>t.shift | 1
+			step = Mix64(key)>>t.shift | 1
 		}
 		s = (s + step) & t.mask
 		i = int(t.slots[s])
@@ -203,7 +201,7 @@ func (t *Table) pickLeast(key uint64, g LoadGuard, d int) (int, bool) {
 	best, br, bl, bfull := i, ri-TwoChoiceMargin, li-TwoChoiceMargin, li >= 1
 	total := float64(g.TotalInFlight())
 	s := key >> t.shift
-	step := selection.Mix64(key)>>t.shift | 1
+	step := Mix64(key)>>t.shift | 1
 	for k, n := 1, 1; k < maxProbes && n < d; k++ {
 		s = (s + step) & t.mask
 		j := int(t.slots[s])

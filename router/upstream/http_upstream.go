@@ -1,4 +1,4 @@
-package router
+package upstream
 
 import (
 	"bufio"
@@ -159,7 +159,7 @@ func (t *HTTPTransport) dial(ctx context.Context, p *upstreamPool) (*upstreamCon
 // roundTrip forwards req to the pool's engine, on a pooled connection when
 // one is idle, and sends it once more on a new connection when a reused
 // one turns out closed by the engine.
-func (t *HTTPTransport) roundTrip(ctx context.Context, p *upstreamPool, req *UpstreamRequest) (*UpstreamResponse, error) {
+func (t *HTTPTransport) roundTrip(ctx context.Context, p *upstreamPool, req *Request) (*Response, error) {
 	for {
 		c := p.get(t.now(), t.opts.IdleConnTimeout)
 		if c == nil {
@@ -178,10 +178,10 @@ func (t *HTTPTransport) roundTrip(ctx context.Context, p *upstreamPool, req *Ups
 
 // exchange writes req on c and reads the response head. On success the
 // response's body owns c; on error c is closed.
-func (t *HTTPTransport) exchange(ctx context.Context, p *upstreamPool, c *upstreamConn, req *UpstreamRequest) (*UpstreamResponse, error) {
-	stop := closeOnCancel(ctx, c.nc)
-	fail := func(err error) (*UpstreamResponse, error) {
-		stop.stopClose()
+func (t *HTTPTransport) exchange(ctx context.Context, p *upstreamPool, c *upstreamConn, req *Request) (*Response, error) {
+	stop := CloseOnCancel(ctx, c.nc)
+	fail := func(err error) (*Response, error) {
+		stop.StopClose()
 		_ = c.nc.Close()
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, fmt.Errorf("%w (%w)", cerr, err)
@@ -221,7 +221,7 @@ func (t *HTTPTransport) exchange(ctx context.Context, p *upstreamPool, c *upstre
 	case head.contentLength < 0:
 		b.keep = false // delimited by the connection's end
 	}
-	return &UpstreamResponse{Status: head.status, Header: head.header, Body: b}, nil
+	return &Response{Status: head.status, Header: head.header, Body: b}, nil
 }
 
 func isTimeout(err error) bool {
@@ -230,7 +230,7 @@ func isTimeout(err error) bool {
 }
 
 // writeRequestHead writes the request line and headers of req.
-func writeRequestHead(w *bufio.Writer, p *upstreamPool, req *UpstreamRequest) {
+func writeRequestHead(w *bufio.Writer, p *upstreamPool, req *Request) {
 	_, _ = w.WriteString("POST ")
 	_, _ = w.WriteString(p.prefix)
 	_, _ = w.WriteString(req.Endpoint.Path())
@@ -553,7 +553,7 @@ type upstreamBody struct {
 	t      *HTTPTransport
 	p      *upstreamPool
 	c      *upstreamConn
-	stop   closeStopper
+	stop   CloseStopper
 	chunks io.Reader // chunked bodies; nil otherwise
 	left   int64     // Content-Length bodies: bytes not yet read; -1: until the connection ends
 	keep   bool      // the connection may be reused once the body is read
@@ -629,7 +629,7 @@ func (b *upstreamBody) Close() error {
 		return nil
 	}
 	b.closed = true
-	live := b.stop.stopClose()
+	live := b.stop.StopClose()
 	if live && b.done && b.keep && b.c.br.Buffered() == 0 {
 		b.p.put(b.c, b.t.now(), b.t.opts.MaxIdleConnsPerEngine)
 		return nil

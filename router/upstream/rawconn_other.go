@@ -1,11 +1,11 @@
 //go:build !linux
 
-package router
+package upstream
 
 import "net"
 
 // wrapRaw returns c: raw-syscall connections exist on Linux only.
 func wrapRaw(c net.Conn) net.Conn { return c }
 
-// rawListen returns ln.
-func rawListen(ln net.Listener) net.Listener { return ln }
+// Listen returns ln.
+func Listen(ln net.Listener) net.Listener { return ln }

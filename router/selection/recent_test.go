@@ -1,4 +1,4 @@
-package router
+package selection
 
 import (
 	"math/rand/v2"

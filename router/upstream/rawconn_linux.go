@@ -1,6 +1,6 @@
 //go:build linux
 
-package router
+package upstream
 
 import (
 	"errors"
@@ -168,5 +168,7 @@ func (l rawListener) Accept() (net.Conn, error) {
 	return wrapRaw(c), nil
 }
 
-// rawListen returns ln accepting rawConns.
-func rawListen(ln net.Listener) net.Listener { return rawListener{ln} }
+// Listen returns ln accepting its TCP connections as connections that read
+// and write with raw system calls, as the transport's own do (rawConn);
+// the router's fasthttp front serves through it.
+func Listen(ln net.Listener) net.Listener { return rawListener{ln} }

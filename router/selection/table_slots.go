@@ -1,16 +1,14 @@
-package router
+package selection
 
 import (
 	"errors"
 	"fmt"
-
-	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 var errSlotEngine = errors.New("slot refers to no engine with positive weight")
 
 // NewTableFromSlots builds a table whose slots are given: slots[s] is an
-// index into engines, the engine that owns slot s (selection.AssignSlots
+// index into engines, the engine that owns slot s (AssignSlots
 // computes them; a snapshot carries them). Pick, Primary and Candidates work as for
 // NewTable: a key picks the slot given by its top bits, and its spill and
 // retry candidates are the owners of a key-derived probe sequence of other
@@ -19,7 +17,7 @@ var errSlotEngine = errors.New("slot refers to no engine with positive weight")
 // slot.
 //
 // Engines are checked as by NewTable. It also fails when len(slots) is not
-// a power of two in [1, selection.MaxAssignedSlots], when a slot refers to an index
+// a power of two in [1, MaxAssignedSlots], when a slot refers to an index
 // out of range or to an engine whose weight is zero, or when there are more
 // than 65,536 engines. opts.Slots and opts.Seed are ignored. With no slots
 // and no positive weight the table is valid and picks nothing.
@@ -28,8 +26,8 @@ var errSlotEngine = errors.New("slot refers to no engine with positive weight")
 // mapping from slot to engine name: not on the order of engines.
 func NewTableFromSlots(engines []Engine, slots []uint16, opts TableOptions) (*Table, error) {
 	m := len(slots)
-	if m > selection.MaxAssignedSlots || (m > 0 && m&(m-1) != 0) {
-		return nil, fmt.Errorf("router: new table from slots: %d slots is not a power of two in [1, %d]", m, selection.MaxAssignedSlots)
+	if m > MaxAssignedSlots || (m > 0 && m&(m-1) != 0) {
+		return nil, fmt.Errorf("router: new table from slots: %d slots is not a power of two in [1, %d]", m, MaxAssignedSlots)
 	}
 	if len(engines) > 1<<16 {
 		return nil, fmt.Errorf("router: new table from slots: %d engines, at most %d", len(engines), 1<<16)

@@ -1,4 +1,4 @@
-package router
+package selection
 
 import (
 	"fmt"
@@ -6,8 +6,6 @@ import (
 	"math/bits"
 	"sort"
 	"strings"
-
-	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // DefaultSlots is the number of slots of a selection table when
@@ -66,7 +64,7 @@ type TableOptions struct {
 //
 // A key picks the slot given by its top bits; the slot's owner is the key's
 // engine. Slots come from one of two places. A snapshot that carries a slot
-// table (computed by the optimizer with selection.AssignSlots from the previous one)
+// table (computed by the optimizer with AssignSlots from the previous one)
 // is installed as is with NewTableFromSlots: every router maps keys alike,
 // and a weight change moves the minimum fraction of keys, the
 // total-variation distance δ (up to one slot per engine of rounding),
@@ -133,7 +131,7 @@ func NewTable(engines []Engine, opts TableOptions) (*Table, error) {
 	for i, e := range t.engines {
 		names[i], weights[i] = e.Name, e.Weight
 	}
-	t.slots = selection.RendezvousSlots(names, weights, t.active, m, opts.Seed)
+	t.slots = RendezvousSlots(names, weights, t.active, m, opts.Seed)
 	t.finishSlots()
 	return t, nil
 }
@@ -252,6 +250,10 @@ func (t *Table) finishSlots() {
 		t.share[i] /= float64(m)
 	}
 }
+
+// Active returns the indexes of the engines with positive weight, in index
+// order; the slice is the table's own and must not be modified.
+func (t *Table) Active() []int32 { return t.active }
 
 // Len returns the number of engines in the table, including those with zero
 // weight.

@@ -1,4 +1,4 @@
-package router
+package natsfront
 
 import (
 	"bytes"
@@ -106,7 +106,7 @@ func FuzzRelayStream(f *testing.F) {
 			data []byte
 		}
 		var out []sent
-		err := (&NATSFront{}).relayStream(bytes.NewReader(body), fuzzMaxEvent, func(last bool, data []byte) {
+		err := (&Front{}).relayStream(bytes.NewReader(body), fuzzMaxEvent, func(last bool, data []byte) {
 			out = append(out, sent{last, bytes.Clone(data)})
 		})
 		if err != nil {

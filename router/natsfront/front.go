@@ -1,4 +1,4 @@
-package router
+package natsfront
 
 import (
 	"bufio"
@@ -14,26 +14,68 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/protocol"
+	"github.com/switchyard-dev/switchyard/router/upstream"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
-// NATSFrontOptions configures NewNATSFront. Conn, Cluster and Handler are
-// required.
-type NATSFrontOptions struct {
+// Pipeline is the router's request pipeline as the NATS front calls it
+// (router.Handler implements it).
+type Pipeline interface {
+	// Begin runs the pipeline up to the engine's answer: the request's
+	// checks, its route and its forward with retries. It returns the
+	// answer to relay, or the rejection to send, already counted.
+	Begin(ctx context.Context, r protocol.ClientRequest) (Answer, *Rejection)
+	// MaxBodyBytes is the request body limit.
+	MaxBodyBytes() int64
+	// Now reads the pipeline's clock.
+	Now() time.Time
+	// Registry receives the front's metrics.
+	Registry() prometheus.Registerer
+}
+
+// Answer is a request an engine answered: the front relays Body with the
+// head (Status, Engine, RequestID), then calls Record and Release.
+type Answer interface {
+	RequestID() string
+	Engine() string
+	Status() int
+	// Streamed reports whether the client asked for a streamed answer.
+	Streamed() bool
+	Body() io.Reader
+	// Record ends the answer's bookkeeping: n bytes relayed, the first
+	// sent at first, err the relay's failure on the engine's side.
+	Record(ctx context.Context, n int64, first time.Time, err error)
+	// Release frees what the request held.
+	Release()
+}
+
+// Rejection is a request the pipeline answered with an error.
+type Rejection struct {
+	Err *protocol.APIError
+	// RequestID is the request's id, "" when its own was invalid.
+	RequestID string
+	// RetryAfter is the Retry-After value to send, "" for none.
+	RetryAfter string
+}
+
+// Options configures New. Conn, Cluster and Pipeline are required.
+type Options struct {
 	// Conn is the NATS connection; the caller owns it.
 	Conn *nats.Conn
 	// Names is the NATS layout (default streams.DefaultNames()).
 	Names streams.Names
 	// Cluster is the router's frontend cluster.
 	Cluster string
-	// Handler is the HTTP front whose tables, selection, live guard,
-	// transport, observer and metrics the NATS front shares.
-	Handler *Handler
+	// Pipeline is the router's request pipeline, shared with the HTTP
+	// front: its tables, selection, live guard, transport, observer and
+	// metrics.
+	Pipeline Pipeline
 	// MaxConcurrent bounds the requests served at once (default 4096);
 	// beyond it requests get a fast 429.
 	MaxConcurrent int
@@ -44,7 +86,7 @@ type NATSFrontOptions struct {
 	Logger zerolog.Logger
 }
 
-// NATSFront takes OpenAI requests over NATS on
+// Front takes OpenAI requests over NATS on
 // <prefix>.req.<cluster>.<model>, in the queue group "sy-router-<cluster>"
 // shared by the cluster's routers. The request body is the OpenAI JSON
 // (chat when it has "messages", else completions); the optional headers
@@ -56,53 +98,22 @@ type NATSFrontOptions struct {
 // without the closing [DONE]); errors are one OpenAI error JSON message
 // (404 unknown model, 400 malformed, 413 too large, 503 no engine, 502
 // engine failure, 429 router overloaded).
-type NATSFront struct {
-	opts   NATSFrontOptions
-	h      *Handler
+type Front struct {
+	opts   Options
+	p      Pipeline
 	log    zerolog.Logger
 	poison *poison.Guard
 	sem    chan struct{}
 	wg     sync.WaitGroup
 }
 
-// natsHeader returns the value of key (lower-case) in h, also under its
-// canonical HTTP form, and whether it is present.
-func natsHeader(h nats.Header, key string) (string, bool) {
-	if len(h) == 0 {
-		return "", false
-	}
-	if vs, ok := h[key]; ok && len(vs) > 0 {
-		return vs[0], true
-	}
-	if vs, ok := h[canonicalKey(key)]; ok && len(vs) > 0 {
-		return vs[0], true
-	}
-	return "", false
-}
-
-// canonicalKey is http.CanonicalHeaderKey(key), without its allocation for
-// the headers the NATS front reads.
-func canonicalKey(key string) string {
-	switch key {
-	case messages.NATSHeaderRequestID:
-		return messages.HeaderRequestID
-	case messages.NATSHeaderSessionID:
-		return messages.HeaderSessionID
-	case messages.NATSHeaderPriority:
-		return messages.HeaderPriority
-	case messages.NATSHeaderEngine:
-		return messages.HeaderEngine
-	}
-	return http.CanonicalHeaderKey(key)
-}
-
 // QueueGroup returns the queue group of cluster's routers.
 func QueueGroup(cluster string) string { return "sy-router-" + cluster }
 
-// NewNATSFront returns a NATS front for opts; Run starts it.
-func NewNATSFront(opts NATSFrontOptions) (*NATSFront, error) {
-	if opts.Conn == nil || opts.Handler == nil {
-		return nil, errors.New("router: new NATS front: Conn and Handler are required")
+// New returns a NATS front for opts; Run starts it.
+func New(opts Options) (*Front, error) {
+	if opts.Conn == nil || opts.Pipeline == nil {
+		return nil, errors.New("router: new NATS front: Conn and Pipeline are required")
 	}
 	if err := messages.CheckName("cluster", opts.Cluster); err != nil {
 		return nil, fmt.Errorf("router: new NATS front: %w", err)
@@ -117,13 +128,13 @@ func NewNATSFront(opts NATSFrontOptions) (*NATSFront, error) {
 		opts.RequestTimeout = 5 * time.Minute
 	}
 	log := opts.Logger.With().Str("component", "router").Str("cluster", opts.Cluster).Logger()
-	guard, err := poison.New(poison.Options{Component: "router", Logger: log, Registerer: opts.Handler.Registry(), Now: opts.Handler.opts.Now})
+	guard, err := poison.New(poison.Options{Component: "router", Logger: log, Registerer: opts.Pipeline.Registry(), Now: opts.Pipeline.Now})
 	if err != nil {
 		return nil, fmt.Errorf("router: new NATS front: %w", err)
 	}
-	return &NATSFront{
+	return &Front{
 		opts:   opts,
-		h:      opts.Handler,
+		p:      opts.Pipeline,
 		log:    log,
 		poison: guard,
 		sem:    make(chan struct{}, opts.MaxConcurrent),
@@ -131,11 +142,11 @@ func NewNATSFront(opts NATSFrontOptions) (*NATSFront, error) {
 }
 
 // Subject returns the wildcard subject the front subscribes to.
-func (f *NATSFront) Subject() string { return f.opts.Names.Prefix + ".req." + f.opts.Cluster + ".*" }
+func (f *Front) Subject() string { return f.opts.Names.Prefix + ".req." + f.opts.Cluster + ".*" }
 
 // Run serves requests until ctx ends, then unsubscribes and waits for the
 // requests in progress, which are cancelled.
-func (f *NATSFront) Run(ctx context.Context) error {
+func (f *Front) Run(ctx context.Context) error {
 	sub, err := f.opts.Conn.QueueSubscribe(f.Subject(), QueueGroup(f.opts.Cluster), func(m *nats.Msg) {
 		f.accept(ctx, m)
 	})
@@ -150,7 +161,7 @@ func (f *NATSFront) Run(ctx context.Context) error {
 
 // accept hands a request to its own goroutine, or answers 429 at once when
 // MaxConcurrent requests are in progress.
-func (f *NATSFront) accept(ctx context.Context, m *nats.Msg) {
+func (f *Front) accept(ctx context.Context, m *nats.Msg) {
 	if m.Reply == "" || ctx.Err() != nil {
 		return // a publish, not a request: nobody to answer
 	}
@@ -178,7 +189,7 @@ func (f *NATSFront) accept(ctx context.Context, m *nats.Msg) {
 }
 
 // replyError answers e as one final OpenAI error message.
-func (f *NATSFront) replyError(m *nats.Msg, hdr nats.Header, e *protocol.APIError, reqID string) {
+func (f *Front) replyError(m *nats.Msg, hdr nats.Header, e *protocol.APIError, reqID string) {
 	body, _ := json.Marshal(struct {
 		Error *protocol.APIError `json:"error"`
 	}{e})
@@ -191,7 +202,7 @@ func (f *NATSFront) replyError(m *nats.Msg, hdr nats.Header, e *protocol.APIErro
 	f.publish(m.Reply, hdr, e.Status, true, body)
 }
 
-func (f *NATSFront) publish(subject string, hdr nats.Header, status int, last bool, body []byte) {
+func (f *Front) publish(subject string, hdr nats.Header, status int, last bool, body []byte) {
 	out := &nats.Msg{Subject: subject, Header: nats.Header{}, Data: body}
 	for k, vs := range hdr {
 		out.Header[k] = vs
@@ -205,51 +216,51 @@ func (f *NATSFront) publish(subject string, hdr nats.Header, status int, last bo
 	}
 }
 
-// natsRequest is a NATS request message as the pipeline's clientRequest:
+// natsRequest is a NATS request message as the pipeline's protocol.ClientRequest:
 // its headers (x-request-id, x-session-id, x-priority; no others are
 // read), no header forwarded but the session, and the body within the
 // handler's limit once its subject is checked.
 type natsRequest struct {
-	f *NATSFront
+	f *Front
 	m *nats.Msg
 	// model is the model the subject names, set by body.
 	model string
 }
 
-func (r *natsRequest) header(name string) (string, bool) {
+func (r *natsRequest) RequestHeader(name string) (string, bool) {
 	switch name {
 	case messages.HeaderRequestID:
-		return natsHeader(r.m.Header, messages.NATSHeaderRequestID)
+		return upstream.Header(r.m.Header, messages.NATSHeaderRequestID)
 	case messages.HeaderSessionID:
-		return natsHeader(r.m.Header, messages.NATSHeaderSessionID)
+		return upstream.Header(r.m.Header, messages.NATSHeaderSessionID)
 	case messages.HeaderPriority:
-		return natsHeader(r.m.Header, messages.NATSHeaderPriority)
+		return upstream.Header(r.m.Header, messages.NATSHeaderPriority)
 	}
 	return "", false
 }
 
-func (r *natsRequest) passHeaders() http.Header {
+func (r *natsRequest) PassHeaders() http.Header {
 	hdr := make(http.Header, 1)
-	if session, _ := r.header(messages.HeaderSessionID); session != "" {
+	if session, _ := r.RequestHeader(messages.HeaderSessionID); session != "" {
 		hdr.Set(messages.HeaderSessionID, session)
 	}
 	return hdr
 }
 
-func (r *natsRequest) body() ([]byte, *protocol.APIError) {
+func (r *natsRequest) RequestBody() ([]byte, *protocol.APIError) {
 	f := r.f
 	toks, ok := f.opts.Names.ParseSubject(r.m.Subject, "req", 2)
 	if !ok {
 		return nil, protocol.InvalidRequest("", fmt.Sprintf("subject %q is not %s.req.<cluster>.<model>", r.m.Subject, f.opts.Names.Prefix))
 	}
 	r.model = toks[1]
-	if limit := f.h.opts.MaxBodyBytes; int64(len(r.m.Data)) > limit {
-		return nil, bodyTooLarge(limit)
+	if limit := f.p.MaxBodyBytes(); int64(len(r.m.Data)) > limit {
+		return nil, protocol.BodyTooLarge(limit)
 	}
 	return r.m.Data, nil
 }
 
-func (r *natsRequest) check(req *protocol.Request) *protocol.APIError {
+func (r *natsRequest) Check(req *protocol.Request) *protocol.APIError {
 	if req.Model != r.model {
 		return protocol.InvalidRequest("model", fmt.Sprintf("'model' is %q but the request was sent to the subject of model %q", req.Model, r.model))
 	}
@@ -258,53 +269,46 @@ func (r *natsRequest) check(req *protocol.Request) *protocol.APIError {
 
 // serve runs the pipeline for one NATS request and relays the answer as
 // reply messages.
-func (f *NATSFront) serve(ctx context.Context, m *nats.Msg) {
+func (f *Front) serve(ctx context.Context, m *nats.Msg) {
 	rctx, cancel := context.WithTimeout(ctx, f.opts.RequestTimeout)
 	defer cancel()
 	in := natsRequest{f: f, m: m}
-	a, rej := f.h.begin(rctx, &in, endpointFromBody, "nats")
+	a, rej := f.p.Begin(rctx, &in)
 	if a == nil {
 		hdr := nats.Header{}
-		if rej.retryAfter != "" {
-			hdr.Set("Retry-After", rej.retryAfter)
+		if rej.RetryAfter != "" {
+			hdr.Set("Retry-After", rej.RetryAfter)
 		}
-		f.replyError(m, hdr, rej.err, rej.reqID)
+		f.replyError(m, hdr, rej.Err, rej.RequestID)
 		return
 	}
-	defer a.release()
-	resp := a.at.resp
+	defer a.Release()
 	out := nats.Header{}
-	out.Set(messages.NATSHeaderRequestID, a.logv.id)
-	out.Set(messages.NATSHeaderEngine, a.at.engine.Name)
-	status := resp.Status
+	out.Set(messages.NATSHeaderRequestID, a.RequestID())
+	out.Set(messages.NATSHeaderEngine, a.Engine())
+	status := a.Status()
 	var first time.Time
 	var n int64
 	send := func(last bool, data []byte) {
 		if first.IsZero() {
-			first = f.h.opts.Now()
+			first = f.p.Now()
 		}
 		n += int64(len(data))
 		f.publish(m.Reply, out, status, last, data)
 	}
-	var rbody io.Reader = resp.Body
-	if len(a.at.first) > 0 {
-		rbody = io.MultiReader(bytes.NewReader(a.at.first), resp.Body)
-	}
+	rbody := a.Body()
 	var err error
-	if a.stream && status == http.StatusOK {
+	if a.Streamed() && status == http.StatusOK {
 		err = f.relayStream(rbody, f.maxReplyChunk(), send)
 	} else {
 		err = f.relayWhole(rbody, send)
 	}
-	if err != nil {
-		err = fmt.Errorf("%w: %w", errEngineBroke, err)
-	}
-	a.record(rctx, n, first, err)
+	a.Record(rctx, n, first, err)
 }
 
 // maxReplyChunk bounds one reply message's body below the server's payload
 // limit, leaving room for headers.
-func (f *NATSFront) maxReplyChunk() int {
+func (f *Front) maxReplyChunk() int {
 	n := int(f.opts.Conn.MaxPayload()) - 4096
 	if n < 1024 {
 		n = 1024
@@ -314,7 +318,7 @@ func (f *NATSFront) maxReplyChunk() int {
 
 // relayWhole sends a non-streamed answer: the body in as few messages as
 // the payload limit allows, the last one marked.
-func (f *NATSFront) relayWhole(body io.Reader, send func(last bool, data []byte)) error {
+func (f *Front) relayWhole(body io.Reader, send func(last bool, data []byte)) error {
 	data, err := io.ReadAll(io.LimitReader(body, 256<<20))
 	if err != nil {
 		send(true, nil) // the receiver must not hang
@@ -334,10 +338,10 @@ func (f *NATSFront) relayWhole(body io.Reader, send func(last bool, data []byte)
 // events' data, dropping [DONE], each event at most maxEvent bytes. The
 // last message is marked; when the stream breaks, an empty last message
 // ends it so the client never hangs.
-func (f *NATSFront) relayStream(body io.Reader, maxEvent int, send func(last bool, data []byte)) error {
-	if nb, ok := body.(*natsBody); ok {
+func (f *Front) relayStream(body io.Reader, maxEvent int, send func(last bool, data []byte)) error {
+	if rs, ok := body.(upstream.Replies); ok {
 		for {
-			msg, err := nb.nextReply()
+			data, last, err := rs.NextReply()
 			if err == io.EOF {
 				return nil
 			}
@@ -345,7 +349,7 @@ func (f *NATSFront) relayStream(body io.Reader, maxEvent int, send func(last boo
 				send(true, nil)
 				return err
 			}
-			send(nb.done, msg.Data)
+			send(last, data)
 		}
 	}
 	var held []byte

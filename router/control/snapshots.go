@@ -1,4 +1,4 @@
-package router
+package control
 
 import (
 	"context"
@@ -50,7 +50,7 @@ type StoreOptions struct {
 	// handler's LiveSet.
 	Guard func(model, engine string, down bool)
 	// Table tunes the selection tables built (default: TableOptions{}).
-	Table TableOptions
+	Table selection.TableOptions
 	// RefreshInterval is how often staleness and the local policy are
 	// re-evaluated (default 250 ms).
 	RefreshInterval time.Duration
@@ -74,7 +74,7 @@ type StoreOptions struct {
 
 // tableEntry is one model's published table.
 type tableEntry struct {
-	table *Table
+	table *selection.Table
 	info  Info
 }
 
@@ -87,9 +87,9 @@ type storeView struct {
 // storeModel is the store's writer-side state of one model.
 type storeModel struct {
 	snap       *messages.WeightSnapshot // newest installed snapshot, nil when none
-	snapTable  *Table
+	snapTable  *selection.Table
 	figures    *guard.Figures
-	local      *Table
+	local      *selection.Table
 	localW     map[string]float64
 	localVer   uint64 // Signals.Version the local table was computed at
 	mode       Mode
@@ -199,7 +199,7 @@ func NewSnapshotStore(opts StoreOptions) (*SnapshotStore, error) {
 }
 
 // Table returns the table of model, its info and whether model is served.
-func (s *SnapshotStore) Table(model string) (*Table, Info, bool) {
+func (s *SnapshotStore) Table(model string) (*selection.Table, Info, bool) {
 	e, ok := s.view.Load().tables[model]
 	return e.table, e.info, ok
 }
@@ -539,7 +539,7 @@ func (s *SnapshotStore) rejectFuture(key string, err error) {
 // slots spread keys over the weighted engines only, the shed fraction being
 // the guards' business. A slot table that does not fit the weights (a slot
 // owned by an engine of weight zero) is logged and replaced by NewTable's.
-func (s *SnapshotStore) buildSnapshotTable(snap *messages.WeightSnapshot) (*Table, error) {
+func (s *SnapshotStore) buildSnapshotTable(snap *messages.WeightSnapshot) (*selection.Table, error) {
 	sum := 0.0
 	for _, w := range snap.Weights {
 		sum += w
@@ -548,8 +548,8 @@ func (s *SnapshotStore) buildSnapshotTable(snap *messages.WeightSnapshot) (*Tabl
 	if sum > 1 {
 		scale = 1 / sum
 	}
-	engine := func(name string) Engine {
-		e := Engine{Name: name, Weight: math.Min(1, snap.Weights[name]*scale), Utilisation: snap.Utilisation[name]}
+	engine := func(name string) selection.Engine {
+		e := selection.Engine{Name: name, Weight: math.Min(1, snap.Weights[name]*scale), Utilisation: snap.Utilisation[name]}
 		if s.opts.Signals != nil {
 			if ep, ok := s.opts.Signals.Endpoints(snap.Model, name); ok {
 				e.URL, e.Subject = ep.URL, ep.Subject
@@ -557,7 +557,7 @@ func (s *SnapshotStore) buildSnapshotTable(snap *messages.WeightSnapshot) (*Tabl
 		}
 		return e
 	}
-	es := make([]Engine, 0, len(snap.Weights))
+	es := make([]selection.Engine, 0, len(snap.Weights))
 	if len(snap.Slots) > 0 {
 		// Slot indexes refer to SlotEngines: list those first, in order.
 		listed := make(map[string]bool, len(snap.SlotEngines))
@@ -572,19 +572,19 @@ func (s *SnapshotStore) buildSnapshotTable(snap *messages.WeightSnapshot) (*Tabl
 		}
 		idx, err := selection.DecodeSlots(snap.Slots)
 		if err == nil {
-			var t *Table
-			if t, err = NewTableFromSlots(es, idx, s.opts.Table); err == nil {
+			var t *selection.Table
+			if t, err = selection.NewTableFromSlots(es, idx, s.opts.Table); err == nil {
 				return t, nil
 			}
 		}
 		s.log.Warn().Err(err).Str("model", snap.Model).Uint64("generation", snap.Generation).
 			Msg("snapshot's slot table not usable; computing slots from its weights")
-		return NewTable(es, s.opts.Table)
+		return selection.NewTable(es, s.opts.Table)
 	}
 	for name := range snap.Weights {
 		es = append(es, engine(name))
 	}
-	return NewTable(es, s.opts.Table)
+	return selection.NewTable(es, s.opts.Table)
 }
 
 // Refresh re-evaluates every model's mode and local policy now and
@@ -746,11 +746,11 @@ func (s *SnapshotStore) updateLocalLocked(model string, m *storeModel) {
 	if m.local != nil && closeWeights(m.localW, w) {
 		return
 	}
-	es := make([]Engine, 0, len(views))
+	es := make([]selection.Engine, 0, len(views))
 	for _, v := range views {
-		es = append(es, Engine{Name: v.Engine, URL: v.URL, Subject: v.Subject, Weight: math.Min(1, w[v.Engine]*(1-1e-12))})
+		es = append(es, selection.Engine{Name: v.Engine, URL: v.URL, Subject: v.Subject, Weight: math.Min(1, w[v.Engine]*(1-1e-12))})
 	}
-	t, err := NewTable(es, s.opts.Table)
+	t, err := selection.NewTable(es, s.opts.Table)
 	if err != nil {
 		s.log.Warn().Err(err).Str("model", model).Msg("local-policy table not built")
 		return

@@ -1,4 +1,4 @@
-package router
+package upstream
 
 import (
 	"bufio"
@@ -21,6 +21,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/protocol"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // countingServer is an httptest server that counts the connections it
@@ -43,7 +44,7 @@ func newCountingServer(t *testing.T, h http.HandlerFunc) *countingServer {
 	return cs
 }
 
-func forwardAll(t *testing.T, tr *HTTPTransport, ctx context.Context, e Engine, req *UpstreamRequest) (*UpstreamResponse, string) {
+func forwardAll(t *testing.T, tr *HTTPTransport, ctx context.Context, e selection.Engine, req *Request) (*Response, string) {
 	t.Helper()
 	resp, err := tr.Forward(ctx, e, req)
 	if err != nil {
@@ -59,8 +60,8 @@ func forwardAll(t *testing.T, tr *HTTPTransport, ctx context.Context, e Engine, 
 	return resp, string(b)
 }
 
-func upReq(body string) *UpstreamRequest {
-	return &UpstreamRequest{Endpoint: protocol.EndpointChat, Model: "m", RequestID: "req-1", Body: []byte(body),
+func upReq(body string) *Request {
+	return &Request{Endpoint: protocol.EndpointChat, Model: "m", RequestID: "req-1", Body: []byte(body),
 		Header: http.Header{"Authorization": {"Bearer k"}, messages.HeaderSessionID: {"s1"}}}
 }
 
@@ -83,7 +84,7 @@ func TestUpstreamReusesConnectionAndPassesHeaders(t *testing.T) {
 	})
 	tr := NewHTTPTransport(HTTPTransportOptions{})
 	t.Cleanup(tr.CloseIdleConnections)
-	e := Engine{Name: "e1", URL: cs.srv.URL + "/"}
+	e := selection.Engine{Name: "e1", URL: cs.srv.URL + "/"}
 	for i := 0; i < 20; i++ {
 		body := fmt.Sprintf(`{"n":%d}`, i)
 		if i%2 == 1 {
@@ -132,7 +133,7 @@ func TestUpstreamStreamsEventsAsTheyCome(t *testing.T) {
 	})
 	tr := NewHTTPTransport(HTTPTransportOptions{})
 	t.Cleanup(tr.CloseIdleConnections)
-	resp, err := tr.Forward(context.Background(), Engine{Name: "e1", URL: cs.srv.URL}, upReq(`{"stream":true}`))
+	resp, err := tr.Forward(context.Background(), selection.Engine{Name: "e1", URL: cs.srv.URL}, upReq(`{"stream":true}`))
 	if err != nil {
 		t.Fatalf("Forward: %v", err)
 	}
@@ -149,7 +150,7 @@ func TestUpstreamStreamsEventsAsTheyCome(t *testing.T) {
 		t.Fatalf("after the events: %q, %v", rest, err)
 	}
 	_ = resp.Body.Close()
-	forwardAll(t, tr, context.Background(), Engine{Name: "e1", URL: cs.srv.URL}, upReq(`{}`))
+	forwardAll(t, tr, context.Background(), selection.Engine{Name: "e1", URL: cs.srv.URL}, upReq(`{}`))
 	if n := cs.conns.Load(); n != 1 {
 		t.Fatalf("a chunked stream read to its end left its connection unused: %d connections", n)
 	}
@@ -168,7 +169,7 @@ func TestUpstreamCancelClosesConnection(t *testing.T) {
 	tr := NewHTTPTransport(HTTPTransportOptions{})
 	t.Cleanup(tr.CloseIdleConnections)
 	ctx, cancel := context.WithCancel(context.Background())
-	resp, err := tr.Forward(ctx, Engine{Name: "e1", URL: cs.srv.URL}, upReq(`{}`))
+	resp, err := tr.Forward(ctx, selection.Engine{Name: "e1", URL: cs.srv.URL}, upReq(`{}`))
 	if err != nil {
 		t.Fatalf("Forward: %v", err)
 	}
@@ -204,7 +205,7 @@ func TestUpstreamCancelClosesConnection(t *testing.T) {
 	})
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel2()
-	if _, err := tr.Forward(ctx2, Engine{Name: "e2", URL: hang.srv.URL}, upReq(`{}`)); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := tr.Forward(ctx2, selection.Engine{Name: "e2", URL: hang.srv.URL}, upReq(`{}`)); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Forward to a hanging engine past the deadline: %v, want context.DeadlineExceeded", err)
 	}
 }
@@ -255,7 +256,7 @@ func TestUpstreamStaleKeepAliveIsRedialled(t *testing.T) {
 	tr := NewHTTPTransport(HTTPTransportOptions{})
 	t.Cleanup(tr.CloseIdleConnections)
 	for i := 0; i < 3; i++ {
-		resp, b := forwardAll(t, tr, context.Background(), Engine{Name: "e", URL: url}, upReq(`{}`))
+		resp, b := forwardAll(t, tr, context.Background(), selection.Engine{Name: "e", URL: url}, upReq(`{}`))
 		if resp.Status != 200 || b != "ok" {
 			t.Fatalf("request %d: %d %q", i, resp.Status, b)
 		}
@@ -291,7 +292,7 @@ func TestUpstreamBadResponses(t *testing.T) {
 			})
 			tr := NewHTTPTransport(HTTPTransportOptions{})
 			t.Cleanup(tr.CloseIdleConnections)
-			resp, err := tr.Forward(context.Background(), Engine{Name: "e", URL: url}, upReq(`{}`))
+			resp, err := tr.Forward(context.Background(), selection.Engine{Name: "e", URL: url}, upReq(`{}`))
 			if tc.forwardErr {
 				if err == nil {
 					_ = resp.Body.Close()
@@ -324,7 +325,7 @@ func TestUpstreamConnectionCloseAndInterim(t *testing.T) {
 	tr := NewHTTPTransport(HTTPTransportOptions{})
 	t.Cleanup(tr.CloseIdleConnections)
 	for i := 0; i < 2; i++ {
-		resp, b := forwardAll(t, tr, context.Background(), Engine{Name: "e", URL: url}, upReq(`{}`))
+		resp, b := forwardAll(t, tr, context.Background(), selection.Engine{Name: "e", URL: url}, upReq(`{}`))
 		if resp.Status != 200 || b != "until close" {
 			t.Fatalf("request %d: %d %q", i, resp.Status, b)
 		}
@@ -388,7 +389,7 @@ func TestUpstreamIdleTimeoutAndBasePath(t *testing.T) {
 	t.Cleanup(tr.CloseIdleConnections)
 	now := time.Now()
 	tr.now = func() time.Time { return now }
-	e := Engine{Name: "e", URL: cs.srv.URL + "/base/"}
+	e := selection.Engine{Name: "e", URL: cs.srv.URL + "/base/"}
 	forwardAll(t, tr, context.Background(), e, upReq(`{}`))
 	now = now.Add(30 * time.Second)
 	forwardAll(t, tr, context.Background(), e, upReq(`{}`))

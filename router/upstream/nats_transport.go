@@ -1,4 +1,4 @@
-package router
+package upstream
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
 // NATSTransportOptions tunes NewNATSTransport. Conn is required.
@@ -66,7 +68,7 @@ var errNoResponders = errors.New("no responders on the engine's NATS subject")
 
 // Forward publishes req to engine.Subject and returns once the first reply
 // has arrived.
-func (t *NATSTransport) Forward(ctx context.Context, engine Engine, req *UpstreamRequest) (*UpstreamResponse, error) {
+func (t *NATSTransport) Forward(ctx context.Context, engine selection.Engine, req *Request) (*Response, error) {
 	if engine.Subject == "" {
 		return nil, fmt.Errorf("router: forward to engine %q: no NATS subject", engine.Name)
 	}
@@ -95,7 +97,7 @@ func (t *NATSTransport) Forward(ctx context.Context, engine Engine, req *Upstrea
 	if err != nil {
 		_ = sub.Unsubscribe()
 		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			err = errFirstReplyTimeout
+			err = ErrFirstReplyTimeout
 		}
 		return nil, fmt.Errorf("router: forward to engine %q on %s: %w", engine.Name, engine.Subject, err)
 	}
@@ -112,10 +114,10 @@ func (t *NATSTransport) Forward(ctx context.Context, engine Engine, req *Upstrea
 	} else {
 		hdr.Set("Content-Type", "application/json")
 	}
-	if e, _ := natsHeader(first.Header, messages.NATSHeaderEngine); e != "" {
+	if e, _ := Header(first.Header, messages.NATSHeaderEngine); e != "" {
 		hdr.Set(messages.HeaderEngine, e)
 	}
-	return &UpstreamResponse{Status: status, Header: hdr, Body: b}, nil
+	return &Response{Status: status, Header: hdr, Body: b}, nil
 }
 
 // replyStatus reads messages.HeaderStatus; a reply without a valid one is a 502.
@@ -125,6 +127,13 @@ func replyStatus(m *nats.Msg) int {
 		return http.StatusBadGateway
 	}
 	return s
+}
+
+// Replies is a response body that is a stream of reply messages (a NATS
+// engine's answer): a front that relays messages reads them one by one
+// rather than as bytes.
+type Replies interface {
+	NextReply() (data []byte, last bool, err error)
 }
 
 // natsBody relays reply messages as a response body.
@@ -157,7 +166,7 @@ func (b *natsBody) nextReply() (*nats.Msg, error) {
 				return nil, b.ctx.Err()
 			}
 			if errors.Is(err, context.DeadlineExceeded) {
-				return nil, fmt.Errorf("engine reply stream: %w", errFirstReplyTimeout)
+				return nil, fmt.Errorf("engine reply stream: %w", ErrFirstReplyTimeout)
 			}
 			return nil, fmt.Errorf("engine reply stream: %w", err)
 		}
@@ -167,6 +176,16 @@ func (b *natsBody) nextReply() (*nats.Msg, error) {
 		_ = b.sub.Unsubscribe()
 	}
 	return m, nil
+}
+
+// NextReply returns the data of the next reply message, whether it is the
+// last, or io.EOF after the last one (Replies).
+func (b *natsBody) NextReply() (data []byte, last bool, err error) {
+	m, err := b.nextReply()
+	if err != nil {
+		return nil, false, err
+	}
+	return m.Data, b.done, nil
 }
 
 // FirstInHand reports true: Forward returns only once the first reply
@@ -222,6 +241,10 @@ func (b *natsBody) Close() error {
 	return nil
 }
 
+// ErrFirstReplyTimeout is wrapped by transports when an engine does not
+// start answering in time.
+var ErrFirstReplyTimeout = errors.New("no reply from the engine within the first-reply timeout")
+
 // ErrNoTransport is returned (wrapped) by TransportPolicy.Forward for an
 // engine it knows no way to reach: no URL and no subject, from the table
 // or the engine's signals. It is the router's lack of an address, not the
@@ -241,14 +264,14 @@ type TransportPolicy struct {
 	// NATS forwards to engines with a subject (nil: never over NATS).
 	NATS Transport
 	// Endpoints resolves engines' live endpoints (optional).
-	Endpoints EndpointResolver
+	Endpoints control.EndpointResolver
 	// PreferNATS prefers NATS when an engine offers both.
 	PreferNATS bool
 }
 
 // Forward resolves engine's endpoints and forwards req on the chosen
 // transport.
-func (p *TransportPolicy) Forward(ctx context.Context, engine Engine, req *UpstreamRequest) (*UpstreamResponse, error) {
+func (p *TransportPolicy) Forward(ctx context.Context, engine selection.Engine, req *Request) (*Response, error) {
 	if p.Endpoints != nil {
 		if ep, ok := p.Endpoints.Endpoints(req.Model, engine.Name); ok {
 			if ep.URL != "" {
