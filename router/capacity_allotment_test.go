@@ -146,39 +146,3 @@ func TestCapacityAllotmentKeepsOngoingConversations(t *testing.T) {
 		}
 	})
 }
-
-// TestCapacityAllotmentServesFreeSlots: the capacity allotment rests on the
-// snapshot's rate for this cluster, which lags a rise in demand; while its
-// planned engines still have free batch slots by their signals, a request
-// over the allotment is served, not shed, and only once every slot is
-// taken does the allotment shed. Standard requests; the allotment is
-// max(MinInFlight 8, 10·(0.8+0.375)) = 11.75.
-func TestCapacityAllotmentServesFreeSlots(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
-		cases := []struct {
-			slots     int32 // per engine, of two
-			burst     int
-			held, shd int64
-		}{
-			{slots: 4, burst: 20, held: 11, shd: 9},   // 8 slots: the allotment binds
-			{slots: 10, burst: 30, held: 20, shd: 10}, // 20 slots: all of them fill first
-		}
-		for _, c := range cases {
-			figs := &guard.Figures{ShedFraction: 0.01, DemandRPS: 10 / 0.99, Latency: 100 * time.Second, Utilisation: 1}
-			f := newPFront(t, kind, []int32{modeHold, modeHold}, []float64{0.5, 0.5}, figs, Options{})
-			for _, e := range f.engines {
-				// 0.8 s a slot, as newCapacityFront's engines.
-				f.h.ObserveSignal(&messages.EngineSignal{Model: "m", Engine: e.name, MaxRunning: int(c.slots), CapacityRPS: float64(c.slots) / 0.8,
-					TBTMs: 1000, Time: time.Now().UnixMilli()})
-			}
-			b := &burster{f: f}
-			b.burst("standard", c.burst)
-			ok := poll(5*time.Second, func() bool { return b.held() == c.held && b.count("standard429") == c.shd })
-			held, shed := b.held(), b.count("standard429")
-			b.release()
-			if !ok {
-				t.Errorf("%d slots per engine, a burst of %d: held %d, shed %d; want %d and %d", c.slots, c.burst, held, shed, c.held, c.shd)
-			}
-		}
-	})
-}

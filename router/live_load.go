@@ -95,23 +95,6 @@ func (b *Bound) Load(i int) float64 {
 	return e.load.load(e.inflight.Load())
 }
 
-// SlotsForRouter returns the batch slots of the engines of positive weight
-// that are not skipped (Down) that other routers' requests do not take by
-// the engines' newest signals: how many requests this router may hold on
-// them before one waits for a slot. Engines whose batch size is unknown
-// count none.
-func (b *Bound) SlotsForRouter() float64 {
-	total := 0.0
-	for _, j := range b.table.Active() {
-		i := int(j)
-		l := &b.engines[i].load
-		if slots := math.Float64frombits(l.slots.Load()); slots > 0 && !b.Down(i) {
-			total += math.Max(0, slots-float64(l.others.Load()))
-		}
-	}
-	return total
-}
-
 // ObserveSignal folds an engine's signal into the live state of its model
 // (see LiveSet.ObserveSignal); the router service calls it for every signal
 // it accepts.

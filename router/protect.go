@@ -241,15 +241,9 @@ func (a *Admission) Admit(now time.Time, f *guard.Figures, bound *Bound, recent 
 	// step's queue, not Little's law on the snapshot's predicted latency,
 	// which its queue curve puts far above a batching engine's near
 	// capacity (see CapacityAllotment).
-	// It sheds only while the engines the snapshot plans for this cluster
-	// are full: its rate is the snapshot's, which lags demand and counts
-	// this cluster's share only, so while this router's requests fit in
-	// the batch slots others leave free (Bound.SlotsForRouter) a request
-	// is served rather than shed with capacity idle.
 	if lim := guard.CapacityAllotment(f, prot.Routers, slot, step, p, prot.MinInFlight); capacityBound && lim > 0 {
 		if float64(n) > lim && (p == protocol.PriorityCritical || !ongoing(src, key, recent) ||
-			float64(n) > guard.CapacityAllotmentSteps(f, prot.Routers, slot, step, guard.QueueSteps(p)+ongoingSteps, prot.MinInFlight)) &&
-			float64(n) > bound.SlotsForRouter() {
+			float64(n) > guard.CapacityAllotmentSteps(f, prot.Routers, slot, step, guard.QueueSteps(p)+ongoingSteps, prot.MinInFlight)) {
 			a.admitted.Add(-1)
 			return 0, guard.ShedAdmission, fmt.Sprintf("%d requests in flight at this router, capacity allotment %.0f", n-1, lim)
 		}

@@ -297,11 +297,7 @@ func TestCaseStudyOutcome(t *testing.T) {
 }
 
 // TestTargetUtilisation: the switchyard control loop plans engines up to the
-// target utilisation, so its snapshot sheds the demand beyond it, and none
-// at 1. The router serves a request the snapshot would shed while its
-// requests fit in the batch slots other routers leave free
-// (router.Bound.SlotsForRouter), so what is shed at 0.8 is more than at 1
-// but at most the demand beyond 80% of capacity.
+// target utilisation, so demand beyond it is shed, and none is at 1.
 func TestTargetUtilisation(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short")
@@ -338,8 +334,8 @@ policies:
 	if u := 100 / capacity; u < 0.85 || u > 0.97 {
 		t.Fatalf("offered load is %.2f of capacity; the test wants it between 0.85 and 0.97", u)
 	}
-	if most := 1 - 0.8*capacity/100; shed["0.8"] > most+0.02 || shed["0.8"] < shed["1"]+0.02 {
-		t.Errorf("target 0.8: shed %.3f, want more than at 1 (%.3f) and at most %.3f (demand beyond 80%% of capacity)", shed["0.8"], shed["1"], most)
+	if want := 1 - 0.8*capacity/100; math.Abs(shed["0.8"]-want) > 0.04 {
+		t.Errorf("target 0.8: shed %.3f, want about %.3f (demand beyond 80%% of capacity)", shed["0.8"], want)
 	}
 	if shed["1"] > 0.02 {
 		t.Errorf("target 1: shed %.3f, want (almost) none below capacity", shed["1"])
