@@ -1,6 +1,7 @@
 package workload
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -269,15 +270,7 @@ func Sessions(o SessionOptions) ([]Request, error) {
 			context += r.OutputTokens
 		}
 	}
-	slices.SortStableFunc(out, func(a, b Request) int {
-		switch {
-		case a.At < b.At:
-			return -1
-		case a.At > b.At:
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(out, func(a, b Request) int { return cmp.Compare(a.At, b.At) })
 	return out, nil
 }
 
@@ -300,7 +293,9 @@ func sessionBlocks(salt, tenant, session uint64, sys, n int) []uint64 {
 	return out
 }
 
-// mixID is the splitmix64 finaliser: a bijection that spreads ids.
+// mixID is the splitmix64 finaliser: a bijection that spreads ids (the
+// same function as router/selection.Mix64, which this package, importing
+// nothing of ours, cannot use).
 func mixID(x uint64) uint64 {
 	x ^= x >> 30
 	x *= 0xbf58476d1ce4e5b9
