@@ -167,9 +167,9 @@ func runSuite(ctx context.Context, e *env, paths []string, opts sim.Options, jso
 		so.Progress = func(k, n int, sc, policy string, x float64) {
 			mu.Lock()
 			defer mu.Unlock()
-			if bar == nil || bar.label != sc {
+			if label := fmt.Sprintf("%d/%d %s", k+1, n, sc); bar == nil || bar.label != label {
 				bar = newProgressBar(e.stderr, names)
-				bar.label = fmt.Sprintf("%d/%d %s", k+1, n, sc)
+				bar.label = label
 			}
 			bar.set(policy, x)
 		}
