@@ -22,6 +22,7 @@ import (
 	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/tenant"
 	"github.com/switchyard-dev/switchyard/router/upstream"
 )
 
@@ -80,6 +81,13 @@ type Options struct {
 	// heard (Signals.Settled), so that a snapshot stored by an earlier run
 	// is not routed on before the engines' addresses are known.
 	Settled <-chan struct{}
+	// Tenants, when set, is the front door both fronts apply: API keys,
+	// tenants' priority ceilings and rate limits (nil: open, every request
+	// at the priority it asks for, its Authorization forwarded).
+	Tenants *tenant.Gate
+	// NoMetrics leaves /metrics off the handler (404 there): the Service
+	// serves it on its own address (ServiceOptions.MetricsAddr).
+	NoMetrics bool
 }
 
 // Handler is the router's HTTP front: the OpenAI inference endpoints,
@@ -172,13 +180,18 @@ func NewHandler(opts Options) (*Handler, error) {
 	h.mux.HandleFunc("/v1/models/{id...}", h.serveModel)
 	h.mux.HandleFunc("/healthz", h.serveHealth)
 	h.mux.HandleFunc("/readyz", h.serveReady)
-	h.mux.Handle("/metrics", h.promHTTP)
+	if !opts.NoMetrics {
+		h.mux.Handle("/metrics", h.promHTTP)
+	}
 	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		protocol.WriteError(w, protocol.NewAPIError(http.StatusNotFound, protocol.ErrTypeNotFound, "not_found", "",
 			fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)))
 	})
 	return h, nil
 }
+
+// MetricsHandler returns the /metrics handler, for a server of its own.
+func (h *Handler) MetricsHandler() http.Handler { return h.promHTTP }
 
 // ServeHTTP routes a request.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
@@ -287,6 +300,9 @@ func (h *Handler) reject(w http.ResponseWriter, model string, e *protocol.APIErr
 const (
 	labelInvalid = "_invalid"
 	labelUnknown = "_unknown"
+	// labelTenant counts the front door's refusals: a missing or unknown
+	// API key (401), a tenant over its rate (429).
+	labelTenant = "_tenant"
 )
 
 // httpRequest is what the HTTP front reads of a client's request,
