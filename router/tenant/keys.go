@@ -236,7 +236,7 @@ func ParseHash(s string) (Hash, error) {
 		return h, fmt.Errorf("%.80q: want sha256:<64 hex digits>, the SHA-256 of the key, not the key", s)
 	}
 	if len(hx) != 2*len(h) {
-		return h, fmt.Errorf("%.80q: want 64 hex digits after sha256:", s)
+		return h, fmt.Errorf("%.80q: want 64 hex digits after the sha256: prefix", s)
 	}
 	if _, err := hex.Decode(h[:], []byte(hx)); err != nil {
 		return h, fmt.Errorf("%.80q: %w", s, err)
