@@ -267,19 +267,6 @@ func (h *Handler) bind(model string, t *selection.Table) *live.Bound {
 	return b
 }
 
-// validHeaderValue reports whether v is 1..max visible ASCII characters.
-func validHeaderValue(v string, max int) bool {
-	if v == "" || len(v) > max {
-		return false
-	}
-	for i := 0; i < len(v); i++ {
-		if v[i] <= ' ' || v[i] > '~' {
-			return false
-		}
-	}
-	return true
-}
-
 // mimeJSON is the media type of request bodies; a Content-Type that is
 // exactly it needs no parsing.
 const mimeJSON = "application/json"

@@ -62,12 +62,12 @@ func (h *Handler) begin(ctx context.Context, r protocol.ClientRequest, ep protoc
 	reqID, _ := r.RequestHeader(messages.HeaderRequestID)
 	if reqID == "" {
 		reqID = h.newRequestID()
-	} else if !validHeaderValue(reqID, maxRequestIDLen) {
+	} else if !protocol.ValidHeaderValue(reqID, maxRequestIDLen) {
 		return nil, h.rejected(labelInvalid, "", protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderRequestID,
 			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderRequestID, maxRequestIDLen)))
 	}
 	session, present := r.RequestHeader(messages.HeaderSessionID)
-	if present && !validHeaderValue(session, maxSessionIDLen) {
+	if present && !protocol.ValidHeaderValue(session, maxSessionIDLen) {
 		return nil, h.rejected(labelInvalid, reqID, protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderSessionID,
 			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderSessionID, maxSessionIDLen)))
 	}

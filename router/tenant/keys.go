@@ -277,14 +277,4 @@ func KeyFrom(get func(name string) (string, bool)) (key string, ok bool) {
 	return "", false
 }
 
-func validKey(k string) bool {
-	if k == "" || len(k) > MaxKeyLen {
-		return false
-	}
-	for i := 0; i < len(k); i++ {
-		if k[i] <= ' ' || k[i] > '~' {
-			return false
-		}
-	}
-	return true
-}
+func validKey(k string) bool { return protocol.ValidHeaderValue(k, MaxKeyLen) }
