@@ -142,7 +142,6 @@ func TestFrontDoorKeys(t *testing.T) {
 	})
 }
 
-
 // TestFrontDoorPriorityCeiling: under an overload that sheds every
 // standard and sheddable request and no critical one, a tenant whose
 // ceiling is standard asking critical is shed as standard, while a tenant
