@@ -265,20 +265,33 @@ func injectHTTP(ctx context.Context, adminURL, name string, body []byte, e *env)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return usagef("--admin %q is not a URL like http://127.0.0.1:9000", adminURL)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(adminURL, "/")+"/admin/failure", bytes.NewReader(body))
+	url := strings.TrimSuffix(adminURL, "/") + "/admin/failure"
+	// Ask whose listener it is first: an injection sent to the wrong
+	// engine would already be in force when its answer said so.
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return usageError{err}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("inject into %s at %s: %w", name, adminURL, err)
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	if got := resp.Header.Get(messages.NATSHeaderEngine); got != name {
+		return fmt.Errorf("%s is the admin listener of engine %q, not of %s", adminURL, got, name)
+	}
+	req, err = http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return usageError{err}
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err = http.DefaultClient.Do(req)
 	if err != nil {
 		return fmt.Errorf("inject into %s at %s: %w", name, adminURL, err)
 	}
 	defer resp.Body.Close()
 	reply, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if got := resp.Header.Get(messages.NATSHeaderEngine); got != "" && got != name {
-		return fmt.Errorf("%s is engine %s's admin listener, not %s's", adminURL, got, name)
-	}
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("engine %s refused the injection (status %d): %s", name, resp.StatusCode, bytes.TrimSpace(reply))
 	}
