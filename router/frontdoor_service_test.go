@@ -11,6 +11,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/router/tenant"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
@@ -47,7 +48,7 @@ func get(t *testing.T, url string) (int, string) {
 // the NATS front alike; a new version of the file takes effect without a
 // restart.
 func TestServiceFrontDoor(t *testing.T) {
-	for _, kind := range []router.ServerKind{router.ServerStd, router.ServerFast} {
+	for _, kind := range []httpfront.ServerKind{httpfront.ServerStd, httpfront.ServerFast} {
 		t.Run(string(kind), func(t *testing.T) {
 			env := testenv.StartNATS(t)
 			e1 := newHTTPEngine(t, "e1")
@@ -56,7 +57,7 @@ func TestServiceFrontDoor(t *testing.T) {
 			keys := filepath.Join(t.TempDir(), "keys.yaml")
 			writeKeys(t, keys, "sk-one")
 			svc := runService(t, router.ServiceOptions{Conn: env.Dial(t, "router"), Cluster: "A", Router: "r1",
-				Server: router.ServerOptions{Kind: kind}, MetricsAddr: "127.0.0.1:0", KeysFile: keys})
+				Server: httpfront.ServerOptions{Kind: kind}, MetricsAddr: "127.0.0.1:0", KeysFile: keys})
 			testenv.WaitFor(t, 5*time.Second, "routable", func() bool {
 				tb, _, ok := svc.Store().Table("m")
 				return ok && tb.Slots() > 0

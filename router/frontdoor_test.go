@@ -14,6 +14,7 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/guard"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/router/tenant"
 )
@@ -68,7 +69,7 @@ func errorCode(t *testing.T, body string) string {
 // api-key, is served and is not forwarded to the engine. Without keys the
 // front is open and forwards the client's Authorization as before.
 func TestFrontDoorKeys(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		var mu sync.Mutex
 		var seen []string // the engine's Authorization, api-key and x-api-key of each request
 		eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -87,7 +88,7 @@ func TestFrontDoorKeys(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			return serveFront(t, kind, h, ServerOptions{})
+			return serveFront(t, kind, h, httpfront.ServerOptions{})
 		}
 		client := testClient(t)
 		post := func(url string, hdr map[string]string) (int, string) {
@@ -147,7 +148,7 @@ func TestFrontDoorKeys(t *testing.T) {
 // ceiling is standard asking critical is shed as standard, while a tenant
 // allowed critical is served, with or without the header (its default).
 func TestFrontDoorPriorityCeiling(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		figs := &guard.Figures{ShedFraction: 0.5, HasShedByPriority: true, ShedByPriority: [3]float64{1, 1, 0}}
 		f := newPFront(t, kind, []int32{modeOK, modeOK}, []float64{0.5, 0.5}, figs, Options{Tenants: frontDoorKeys(t)})
 		open := newPFront(t, kind, []int32{modeOK}, []float64{1}, figs, Options{})
@@ -200,7 +201,7 @@ func TestFrontDoorPriorityCeiling(t *testing.T) {
 // bucket refills (on the handler's clock), while another tenant is not
 // held back.
 func TestFrontDoorRateLimit(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		c := &clock{}
 		f := newPFront(t, kind, []int32{modeOK}, []float64{1}, nil, Options{Tenants: frontDoorKeys(t), Now: c.now})
 		basic := map[string]string{"Authorization": "Bearer sk-basic"}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/router/natsfront"
 	"github.com/switchyard-dev/switchyard/router/selection"
@@ -55,7 +56,7 @@ type ServiceOptions struct {
 	// tenant.DefaultReloadInterval. Empty: the fronts are open.
 	KeysFile string
 	// Server tunes the HTTP server (its Addr is ignored).
-	Server ServerOptions
+	Server httpfront.ServerOptions
 	// NoNATSFront turns the NATS front (sy.req.<cluster>.<model>) off.
 	NoNATSFront bool
 	// PreferNATS forwards over NATS to engines that offer both transports.
@@ -121,7 +122,7 @@ type Service struct {
 	front    *natsfront.Front
 	httpT    *upstream.HTTPTransport
 	ln       net.Listener
-	srv      Server
+	srv      httpfront.Server
 	metLn    net.Listener
 	metSrv   *http.Server
 	keys     *tenant.Watcher
@@ -514,7 +515,7 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	s.log.Info().Str("http", s.Addr()).Str("http_server", string(s.opts.Server.withDefaults().Kind)).
+	s.log.Info().Str("http", s.Addr()).Str("http_server", string(s.opts.Server.WithDefaults().Kind)).
 		Bool("nats_front", s.front != nil).Str("metrics", s.MetricsAddr()).Str("keys_file", s.opts.KeysFile).Msg("router started")
 	<-ctx.Done()
 	if s.metSrv != nil {

@@ -15,8 +15,9 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/switchyard-dev/switchyard/messages"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/switchyard-dev/switchyard/messages"
 )
 
 // DefaultFile is the built-in stack: the case study of OpenAI's talk on
