@@ -305,3 +305,32 @@ func TestWatcherReload(t *testing.T) {
 		t.Fatalf("no path: %v", err)
 	}
 }
+
+// TestDocExample: the keys file of docs/deployment.md ("The front door")
+// parses, and its keys are the SHA-256 of the words it was made from.
+func TestDocExample(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/deployment.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, ok := strings.Cut(string(doc), "## The front door\n")
+	if !ok {
+		t.Fatal(`docs/deployment.md has no section "The front door"`)
+	}
+	_, block, ok := strings.Cut(sec, "```yaml\n")
+	block, _, ok2 := strings.Cut(block, "```")
+	if !ok || !ok2 {
+		t.Fatal("the front door section has no yaml block")
+	}
+	k, err := tenant.Parse([]byte(block))
+	if err != nil {
+		t.Fatalf("the documented keys file: %v", err)
+	}
+	acme, ok := k.Lookup("foo")
+	if !ok || acme.Name != "acme" || acme.Max != protocol.PriorityCritical || acme.RPS != 50 || acme.Burst != 100 {
+		t.Fatalf("acme: %+v %v", acme, ok)
+	}
+	if batch, ok := k.Lookup("bar"); !ok || batch.Max != protocol.PrioritySheddable || batch.Default != protocol.PrioritySheddable {
+		t.Fatalf("batch: %+v %v", batch, ok)
+	}
+}
