@@ -9,11 +9,16 @@ import (
 	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/router/natsfront"
 	"github.com/switchyard-dev/switchyard/router/protocol"
+	"github.com/switchyard-dev/switchyard/router/tenant"
 	"github.com/switchyard-dev/switchyard/router/upstream"
 )
 
@@ -60,12 +65,12 @@ func (h *Handler) begin(ctx context.Context, r protocol.ClientRequest, ep protoc
 	reqID, _ := r.RequestHeader(messages.HeaderRequestID)
 	if reqID == "" {
 		reqID = h.newRequestID()
-	} else if !validHeaderValue(reqID, maxRequestIDLen) {
+	} else if !protocol.ValidHeaderValue(reqID, maxRequestIDLen) {
 		return nil, h.rejected(labelInvalid, "", protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderRequestID,
 			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderRequestID, maxRequestIDLen)))
 	}
 	session, present := r.RequestHeader(messages.HeaderSessionID)
-	if present && !validHeaderValue(session, maxSessionIDLen) {
+	if present && !protocol.ValidHeaderValue(session, maxSessionIDLen) {
 		return nil, h.rejected(labelInvalid, reqID, protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderSessionID,
 			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderSessionID, maxSessionIDLen)))
 	}
@@ -75,6 +80,21 @@ func (h *Handler) begin(ctx context.Context, r protocol.ClientRequest, ep protoc
 				fmt.Sprintf("Content-Type %q is not application/json", ct)))
 		}
 	}
+	prioHeader, _ := r.RequestHeader(messages.HeaderPriority)
+	prio, ok := protocol.ParsePriority(prioHeader)
+	if !ok {
+		return nil, h.rejected(labelInvalid, reqID, protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderPriority,
+			fmt.Sprintf("header %s must be critical, standard or sheddable", messages.HeaderPriority)))
+	}
+	// The front door, before the body is read: the tenant's key, its
+	// priority ceiling and default, its rate.
+	door, apiErr, retryAfter := h.opts.Tenants.Admit(start, r.RequestHeader, prio, strings.TrimSpace(prioHeader) != "")
+	if apiErr != nil {
+		rej := h.rejected(labelTenant, reqID, apiErr)
+		rej.retryAfter = retryAfter
+		return nil, rej
+	}
+	prio = door.Priority
 	body, apiErr := r.RequestBody()
 	if apiErr != nil {
 		return nil, h.rejected(labelInvalid, reqID, apiErr)
@@ -92,12 +112,6 @@ func (h *Handler) begin(ctx context.Context, r protocol.ClientRequest, ep protoc
 	}
 	if apiErr := r.Check(req); apiErr != nil {
 		return nil, h.rejected(labelInvalid, reqID, apiErr)
-	}
-	prioHeader, _ := r.RequestHeader(messages.HeaderPriority)
-	prio, ok := protocol.ParsePriority(prioHeader)
-	if !ok {
-		return nil, h.rejected(labelInvalid, reqID, protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderPriority,
-			fmt.Sprintf("header %s must be critical, standard or sheddable", messages.HeaderPriority)))
 	}
 	rt, apiErr := h.route(ctx, req, session, prio)
 	if apiErr != nil {
@@ -119,10 +133,17 @@ func (h *Handler) begin(ctx context.Context, r protocol.ClientRequest, ep protoc
 	// One allocation for the answer, the request's logger and the request
 	// to the engine; the answer is returned only once the engine answered.
 	a := &answer{h: h, rt: rt, mm: mm, start: start, stream: req.Stream,
-		logv: reqLog{base: &h.log, model: req.Model, id: reqID, key: rt.src, prio: prio, front: front},
+		logv: reqLog{base: &h.log, model: req.Model, id: reqID, key: rt.src, prio: prio, front: front, tenant: door.Tenant},
 		up: upstream.Request{Endpoint: ep, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body,
 			Header: r.PassHeaders()}}
 	a.log = &a.logv
+	if h.opts.Tenants != nil {
+		// The tenant's key is the router's to check, never the engine's to
+		// see: an engine behind the router takes the router's word.
+		a.up.Header.Del(tenant.HeaderAuthorization)
+		a.up.Header.Del(tenant.HeaderAPIKey)
+		a.up.Header.Del(tenant.HeaderXAPIKey)
+	}
 	a.bp = h.bufs.Get().(*[]byte)
 	answered := false
 	defer func() {
@@ -235,3 +256,50 @@ func (a *answer) Record(ctx context.Context, n int64, first time.Time, err error
 
 // Release is release (natsfront.Answer).
 func (a *answer) Release() { a.release() }
+
+// Header returns the engine's answer header (httpfront.Answer).
+func (a *answer) Header() http.Header { return a.at.resp.Header }
+
+// httpPipeline is the Handler as the HTTP front's pipeline
+// (httpfront.Pipeline); the NATS front's is the Handler itself.
+type httpPipeline struct{ h *Handler }
+
+// ServeHTTP serves the Handler's mux.
+func (p httpPipeline) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.h.mux.ServeHTTP(w, r) }
+
+// Begin runs the request pipeline for the HTTP front: the path named the
+// endpoint, and the request's logs name no front.
+func (p httpPipeline) Begin(ctx context.Context, r protocol.ClientRequest, ep protocol.Endpoint) (httpfront.Answer, httpfront.Rejection) {
+	a, rej := p.h.begin(ctx, r, ep, "")
+	if a == nil {
+		return nil, httpfront.Rejection{Err: rej.err, RequestID: rej.reqID, RetryAfter: rej.retryAfter}
+	}
+	return a, httpfront.Rejection{}
+}
+
+// Reject counts an invalid request the front answered itself.
+func (p httpPipeline) Reject(e *protocol.APIError) {
+	p.h.metrics.requests.WithLabelValues(labelInvalid, strconv.Itoa(e.Status)).Inc()
+}
+
+// NewContext returns a root request context, to which each attempt's
+// context is attached without allocating (hookCtx).
+func (p httpPipeline) NewContext() httpfront.Context { return newRootCtx() }
+
+// MaxBodyBytes returns the request body limit (Options.MaxBodyBytes).
+func (p httpPipeline) MaxBodyBytes() int64 { return p.h.opts.MaxBodyBytes }
+
+// BodyReadTimeout returns Options.BodyReadTimeout.
+func (p httpPipeline) BodyReadTimeout() time.Duration { return p.h.opts.BodyReadTimeout }
+
+// Now reads the handler's clock (Options.Now).
+func (p httpPipeline) Now() time.Time { return p.h.opts.Now() }
+
+// Logger returns the handler's logger.
+func (p httpPipeline) Logger() zerolog.Logger { return p.h.log }
+
+// NewServer returns the HTTP server of kind opts.Kind for h
+// (httpfront.NewServer over h's pipeline).
+func NewServer(h *Handler, opts httpfront.ServerOptions) (httpfront.Server, error) {
+	return httpfront.NewServer(httpPipeline{h}, opts)
+}

@@ -19,6 +19,8 @@ import (
 	"github.com/switchyard-dev/switchyard/internal/procruntime"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
+	"github.com/switchyard-dev/switchyard/router/tenant"
 	"github.com/switchyard-dev/switchyard/stack"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/streams/natsembed"
@@ -35,13 +37,15 @@ func routerCommand() command {
 			fs.StringVar(&o.Cluster, "cluster", "", "frontend cluster this router serves (required)")
 			fs.StringVar(&o.Router, "name", "", "router name, unique in its cluster (default <cluster>-<random>)")
 			fs.StringVar(&o.HTTPAddr, "listen", "127.0.0.1:8081", "HTTP front listen `address` (empty: no HTTP front)")
+			fs.StringVar(&o.MetricsAddr, "metrics-addr", "127.0.0.1:9098", "serve /metrics on this `address`, off the inference port (which then answers 404 there); empty: on the inference port")
+			fs.StringVar(&o.KeysFile, "keys", "", "API keys `file` of the front door (docs/deployment.md, \"The front door\"): requests need a key of it, run within its tenant's priority ceiling and rate, and the key is not forwarded to engines; re-read every 2 s. Empty: open")
 			fs.BoolVar(&o.NoNATSFront, "no-nats-front", false, "do not take requests on sy.req.<cluster>.<model>")
 			fs.BoolVar(&o.PreferNATS, "prefer-nats", false, "forward over NATS to engines that offer both HTTP and NATS")
 			fs.DurationVar(&o.StaleAfter, "stale-after", control.DefaultStaleAfter, "snapshot age past which the local policy takes over")
 			fs.DurationVar(&o.ReportInterval, "report-interval", time.Second, "how often to publish reports")
 			fs.StringVar(&o.RTTProbe, "rtt-probe", control.DefaultRTTProbe, "how to measure the RTT to HTTP engines: tcp (time a TCP connect: the network round trip alone, for any engine) or http:/path (time a GET of that path, e.g. http:/health; also times the engine's request handling; a 404 or 405 there measures nothing)")
 			fs.IntVar(&o.Protection.Routers, "routers", 1, "routers serving this cluster: local admission control allots this router 1/N of the cluster's planned traffic")
-			httpServer := fs.String("http-server", string(router.DefaultServerKind), "HTTP front's server: fasthttp (github.com/valyala/fasthttp) or std (Go's net/http)")
+			httpServer := fs.String("http-server", string(httpfront.DefaultServerKind), "HTTP front's server: fasthttp (github.com/valyala/fasthttp) or std (Go's net/http)")
 			var rt procruntime.Options
 			fs.IntVar(&rt.GCPercent, "gogc", procruntime.DefaultGCPercent, "garbage collector target percentage, as GOGC (0: keep GOGC from the environment or Go's 100; negative: off up to --memlimit)")
 			memLimit := fs.String("memlimit", "", "soft memory limit, as GOMEMLIMIT, e.g. 512MiB (empty: keep GOMEMLIMIT from the environment, or none)")
@@ -60,11 +64,16 @@ func routerCommand() command {
 				if err := o.Validate(); err != nil {
 					return usageError{err}
 				}
+				if o.KeysFile != "" { // before a connection that may wait for NATS
+					if _, _, err := tenant.LoadFile(o.KeysFile); err != nil {
+						return usagef("--keys: %v", err)
+					}
+				}
 				log, err := mkLog()
 				if err != nil {
 					return err
 				}
-				if o.Server.Kind, err = router.ParseServerKind(*httpServer); err != nil {
+				if o.Server.Kind, err = httpfront.ParseServerKind(*httpServer); err != nil {
 					return usagef("--http-server: %v", err)
 				}
 				if *memLimit != "" {
