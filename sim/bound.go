@@ -208,7 +208,7 @@ func lowerBound(f *fleet, arrivals []scenario.Arrival, profiles []Profile) (Lowe
 	}
 	applied := 0
 	opt := optimizer.DefaultOptions()
-	opt.ProximalMs, opt.DeadBand = 0, 0
+	opt.ProximalMs, opt.DeadBand, opt.Congestion = 0, 0, -1
 	opt.Tolerance = 1e-6
 	opt.TimeBudget = -1 // offline: exact and reproducible rather than on time
 	solver := optimizer.NewSolver(opt)
