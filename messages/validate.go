@@ -75,9 +75,8 @@ func (c *checker) model(v string, optional bool) {
 	if optional && v == "" {
 		return
 	}
-	c.name("model", v, false)
-	if ValidName(v) && !ValidModelName(v) {
-		c.fail("model", "is %q, a reserved word (operator, penalty and rtt prefix other records in the KV buckets)", v)
+	if p := modelIDProblem(v); p != "" {
+		c.fail("model", "is %q, which %s (a model id: any printable characters but white space)", v, p)
 	}
 }
 
