@@ -78,12 +78,12 @@ func TestModelIDRefused(t *testing.T) {
 func TestModelFromTokenRefusesNonCanonical(t *testing.T) {
 	for _, tok := range []string{
 		"", "=", "=4", "=4G", "=4a", "a.b", "a b", "a*", ">",
-		"=61bc",      // "abc" escapes nothing
-		"=2F",        // "/" stands for itself
-		"operator",   // the reserved word is written "=6Fperator"
-		"rtt",        // likewise
-		"=20",        // a space: not a model id
-		"=C3",        // not UTF-8
+		"=61bc",    // "abc" escapes nothing
+		"=2F",      // "/" stands for itself
+		"operator", // the reserved word is written "=6Fperator"
+		"rtt",      // likewise
+		"=20",      // a space: not a model id
+		"=C3",      // not UTF-8
 		strings.Repeat("x", MaxModelIDLen+1),
 	} {
 		if id, ok := ModelFromToken(tok); ok {
