@@ -93,6 +93,10 @@ func (h *Handler) begin(ctx context.Context, r protocol.ClientRequest, ep protoc
 	if apiErr := r.Check(req); apiErr != nil {
 		return nil, h.rejected(labelInvalid, reqID, apiErr)
 	}
+	asked := req.Model // what the client named, maybe an alias
+	if m, ok := h.opts.Aliases[asked]; ok {
+		req.Model = m
+	}
 	prioHeader, _ := r.RequestHeader(messages.HeaderPriority)
 	prio, ok := protocol.ParsePriority(prioHeader)
 	if !ok {
@@ -114,6 +118,7 @@ func (h *Handler) begin(ctx context.Context, r protocol.ClientRequest, ep protoc
 		}
 		return nil, rej
 	}
+	rt.req, rt.asked = req, asked
 	mm := h.modelMetrics(rt.ms, req.Model)
 	mm.inFlight.Inc()
 	// One allocation for the answer, the request's logger and the request

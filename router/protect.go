@@ -148,6 +148,32 @@ type routed struct {
 	ep       protocol.Endpoint
 	spare    []string // the snapshot's engines of weight zero, nearest first (Figures.Spare)
 	fallback bool     // every engine was ejected: ejections are ignored
+	// req is the parsed request and asked the model name the client sent
+	// (an alias or model); renamed holds the body re-written for the name
+	// renamedTo, kept across attempts.
+	req       *protocol.Request
+	asked     string
+	renamed   []byte
+	renamedTo string
+}
+
+// bodyFor returns the request body to send eng: the client's as it is when
+// the engine serves the name the client asked for, else the body with its
+// model field re-written to the engine's served name (the model id when
+// the engine names none).
+func (rt *routed) bodyFor(eng selection.Engine) []byte {
+	want := eng.ServedModel
+	if want == "" {
+		want = rt.model
+	}
+	if want == rt.asked {
+		return rt.req.Body
+	}
+	if want != rt.renamedTo || rt.renamed == nil {
+		rt.renamed = rt.req.WithModel(rt.renamed[:0], want)
+		rt.renamedTo = want
+	}
+	return rt.renamed
 }
 
 // release ends the request's admission.
@@ -374,6 +400,9 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *upstream.Request,
 			}
 		}
 		eng := rt.table.Engine(idx)
+		if rt.req != nil {
+			up.Body = rt.bodyFor(eng)
+		}
 		tried = append(tried, idx)
 		rt.bound.Acquire(idx)
 		actx := newAttemptCtx(ctx, timeout) // ends with ctx, on cancel or after timeout

@@ -41,6 +41,9 @@ type ServiceOptions struct {
 	HTTPAddr string
 	// Server tunes the HTTP server (its Addr is ignored).
 	Server ServerOptions
+	// Aliases maps other public names of a model to its model id (see
+	// Options.Aliases and CheckAliases).
+	Aliases map[string]string
 	// NoNATSFront turns the NATS front (sy.req.<cluster>.<model>) off.
 	NoNATSFront bool
 	// PreferNATS forwards over NATS to engines that offer both transports.
@@ -157,6 +160,9 @@ func (o ServiceOptions) Validate() error {
 			return err
 		}
 	}
+	if err := CheckAliases(o.Aliases); err != nil {
+		return fmt.Errorf("ServiceOptions.Aliases: %w", err)
+	}
 	if o.RTTProbe != "" {
 		if err := control.CheckRTTProbe(o.RTTProbe); err != nil {
 			return fmt.Errorf("ServiceOptions.RTTProbe: %w", err)
@@ -262,6 +268,7 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		Regions:      s.signals,
 		Endpoints:    s.signals,
 		Settled:      s.settled,
+		Aliases:      opts.Aliases,
 	})
 	if err != nil {
 		return nil, err

@@ -160,7 +160,7 @@ func (o Options) Plan() (Plan, error) {
 	}
 	for _, e := range f.Engines {
 		eo := enginesim.Options{
-			Name: e.Name, Model: f.Model, Region: e.Region, Listen: e.Listen,
+			Name: e.Name, Model: f.Model, ServedModel: e.ServedModelName, Region: e.Region, Listen: e.Listen,
 			OutputTokens: f.Sim.OutputTokens, PromptTokens: f.Sim.PromptTokens, BaseTBTMs: f.Sim.BaseTBTMs,
 			TBTGrowthMs: f.Sim.TBTGrowthMs, PrefillMsPerToken: f.Sim.PrefillMsPerToken,
 			SignalInterval: o.SignalInterval,
@@ -179,7 +179,7 @@ func (o Options) Plan() (Plan, error) {
 			if o.RouterAddr != "" {
 				addr = o.RouterAddr
 			}
-			ro := router.ServiceOptions{Cluster: c.Name, Router: c.Name + "-1", HTTPAddr: addr}
+			ro := router.ServiceOptions{Cluster: c.Name, Router: c.Name + "-1", HTTPAddr: addr, Aliases: f.AliasMap()}
 			if o.EmulateNetwork {
 				ro.WrapTransport = netem.Wrap(f.DelayFrom(c.Name))
 			}
