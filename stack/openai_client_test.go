@@ -2,6 +2,7 @@ package stack_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"slices"
 	"testing"
@@ -62,7 +63,7 @@ func TestOpenAIClientRealModelNames(t *testing.T) {
 			model = "llama-8b"
 		}
 		var raw *http.Response
-		params := openai.ChatCompletionNewParams{Model: model, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hello")}}
+		params := openai.ChatCompletionNewParams{Model: model, Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(fmt.Sprintf("hello %d", i))}}
 		if i%4 < 2 {
 			resp, err := client.Chat.Completions.New(ctx, params, option.WithResponseInto(&raw))
 			if err != nil {
