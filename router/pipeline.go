@@ -93,9 +93,9 @@ func (h *Handler) begin(ctx context.Context, r protocol.ClientRequest, ep protoc
 	if apiErr := r.Check(req); apiErr != nil {
 		return nil, h.rejected(labelInvalid, reqID, apiErr)
 	}
-	asked := req.Model // what the client named, maybe an alias
-	if m, ok := h.opts.Aliases[asked]; ok {
-		req.Model = m
+	aliased := false
+	if m, ok := h.opts.Aliases[req.Model]; ok {
+		req.Model, aliased = m, true
 	}
 	prioHeader, _ := r.RequestHeader(messages.HeaderPriority)
 	prio, ok := protocol.ParsePriority(prioHeader)
@@ -118,7 +118,7 @@ func (h *Handler) begin(ctx context.Context, r protocol.ClientRequest, ep protoc
 		}
 		return nil, rej
 	}
-	rt.req, rt.asked = req, asked
+	rt.req, rt.aliased = req, aliased
 	mm := h.modelMetrics(rt.ms, req.Model)
 	mm.inFlight.Inc()
 	// One allocation for the answer, the request's logger and the request

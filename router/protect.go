@@ -148,36 +148,43 @@ type routed struct {
 	ep       protocol.Endpoint
 	spare    []string // the snapshot's engines of weight zero, nearest first (Figures.Spare)
 	fallback bool     // every engine was ejected: ejections are ignored
-	// req is the parsed request and asked the model name the client sent
-	// (an alias or model); renamed holds the body re-written for the name
-	// renamedTo, kept across attempts.
-	req       *protocol.Request
-	asked     string
-	renamed   []byte
-	renamedTo string
+	aliased  bool     // the client named the model by an alias
+	// req is the parsed request; ren holds its body re-written for an
+	// engine's served name, made on the first attempt that needs it.
+	req *protocol.Request
+	ren *renamedBody
 }
 
+// renamedBody is a request body with its model field re-written to name.
+type renamedBody struct {
+	name string
+	body []byte
+}
+
+// release ends the request's admission.
+func (rt *routed) release() { rt.ms.adm.Done() }
+
 // bodyFor returns the request body to send eng: the client's as it is when
-// the engine serves the name the client asked for, else the body with its
-// model field re-written to the engine's served name (the model id when
-// the engine names none).
+// the client named the model by its id and the engine serves it under that
+// id, else the body with its model field re-written to the engine's served
+// name (the model id when the engine names none).
 func (rt *routed) bodyFor(eng selection.Engine) []byte {
 	want := eng.ServedModel
 	if want == "" {
 		want = rt.model
 	}
-	if want == rt.asked {
+	if want == rt.model && !rt.aliased {
 		return rt.req.Body
 	}
-	if want != rt.renamedTo || rt.renamed == nil {
-		rt.renamed = rt.req.WithModel(rt.renamed[:0], want)
-		rt.renamedTo = want
+	if rt.ren == nil {
+		rt.ren = &renamedBody{}
 	}
-	return rt.renamed
+	if rt.ren.body == nil || rt.ren.name != want {
+		rt.ren.body = rt.req.WithModel(rt.ren.body[:0], want)
+		rt.ren.name = want
+	}
+	return rt.ren.body
 }
-
-// release ends the request's admission.
-func (rt *routed) release() { rt.ms.adm.Done() }
 
 // shedError is the answer to a shed request.
 func (h *Handler) shedError(model string, p protocol.Priority, reason guard.ShedReason, detail string) *protocol.APIError {
