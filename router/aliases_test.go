@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 )
@@ -20,7 +21,7 @@ const hfID = "meta-llama/Llama-3.1-8B-Instruct"
 // serveAliased serves hfID under the alias "llama-8b" on two simulated
 // engines: "plain" answers to hfID, "renamed" only to "llama" (as vLLM
 // started with --served-model-name llama), which its table entry says.
-func serveAliased(t *testing.T, kind ServerKind) string {
+func serveAliased(t *testing.T, kind httpfront.ServerKind) string {
 	t.Helper()
 	var engines []selection.Engine
 	for _, e := range []struct{ name, served string }{{"plain", ""}, {"renamed", "llama"}} {
@@ -44,7 +45,7 @@ func serveAliased(t *testing.T, kind ServerKind) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return serveFront(t, kind, h, ServerOptions{})
+	return serveFront(t, kind, h, httpfront.ServerOptions{})
 }
 
 // TestAliasesAndServedNames checks that requests under the model id and
@@ -53,7 +54,7 @@ func serveAliased(t *testing.T, kind ServerKind) string {
 // is the engine's, and that /v1/models lists the id and the alias as they
 // are, /v1/models/{id} taking the id's slash escaped or not.
 func TestAliasesAndServedNames(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		base := serveAliased(t, kind)
 		c := testClient(t)
 		seen := map[string]int{}

@@ -18,6 +18,8 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
+	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/router/natsfront"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/router/upstream"
@@ -40,7 +42,7 @@ type ServiceOptions struct {
 	// ":0" picks a free port (see Addr). Empty: no HTTP front.
 	HTTPAddr string
 	// Server tunes the HTTP server (its Addr is ignored).
-	Server ServerOptions
+	Server httpfront.ServerOptions
 	// Aliases maps other public names of a model to its model id (see
 	// Options.Aliases and CheckAliases).
 	Aliases map[string]string
@@ -77,7 +79,7 @@ type ServiceOptions struct {
 	NATSFirstReplyTimeout time.Duration
 	// Protection tunes ejection of failing engines, retries, the retry
 	// budget and load shedding.
-	Protection ProtectionOptions
+	Protection live.ProtectionOptions
 	// ShutdownTimeout bounds the wait for HTTP requests in progress when
 	// ctx ends (default 10 s); after it they are cut.
 	ShutdownTimeout time.Duration
@@ -109,7 +111,7 @@ type Service struct {
 	front    *natsfront.Front
 	httpT    *upstream.HTTPTransport
 	ln       net.Listener
-	srv      Server
+	srv      httpfront.Server
 	settled  chan struct{} // closed by settle: the handler routes from then on
 
 	mu      sync.Mutex
@@ -446,7 +448,7 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	s.log.Info().Str("http", s.Addr()).Str("http_server", string(s.opts.Server.withDefaults().Kind)).
+	s.log.Info().Str("http", s.Addr()).Str("http_server", string(s.opts.Server.WithDefaults().Kind)).
 		Bool("nats_front", s.front != nil).Msg("router started")
 	<-ctx.Done()
 	if s.srv != nil {
