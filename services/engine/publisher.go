@@ -37,12 +37,12 @@ type Options struct {
 	Names streams.Names
 	// Model (a model id, messages.ValidModelName) and Engine (a name) name
 	// the signal subject and identify the engine. Required.
-	Model  string
+	Model string
 	// ServedModel is the name the engine serves Model under when it is not
 	// Model (vLLM's --served-model-name), carried in every signal so that
 	// routers send it; empty means Model.
 	ServedModel string
-	Engine string
+	Engine      string
 	// Region is the engine's region (optional NATS token).
 	Region string
 	// Interval is the time between signals; zero means DefaultInterval.
