@@ -77,6 +77,12 @@ type Options struct {
 	// selectable (tables that carry addresses, or a Transport that needs
 	// none).
 	Endpoints control.EndpointResolver
+	// Aliases maps other public names of a model to the model id it is
+	// served and routed under (see CheckAliases): a request for an alias
+	// routes on the model's table, and the model field the engine gets is
+	// the name that engine serves (selection.Engine.ServedModel, else the
+	// model id). /v1/models lists the aliases of served models too.
+	Aliases map[string]string
 	// Settled, when set, holds requests until it is closed (each within its
 	// own context): the router's start-up, until the engines' signals were
 	// heard (Signals.Settled), so that a snapshot stored by an earlier run
@@ -126,6 +132,9 @@ type modelState struct {
 func NewHandler(opts Options) (*Handler, error) {
 	if opts.Tables == nil {
 		return nil, errors.New("router: new handler: Options.Tables is nil")
+	}
+	if err := CheckAliases(opts.Aliases); err != nil {
+		return nil, fmt.Errorf("router: new handler: Options.Aliases: %w", err)
 	}
 	if opts.Transport == nil {
 		opts.Transport = upstream.NewHTTPTransport(upstream.HTTPTransportOptions{})

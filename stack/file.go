@@ -13,11 +13,13 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router"
 )
 
 // DefaultFile is the built-in stack: the case study of OpenAI's talk on
@@ -52,6 +54,10 @@ type Engine struct {
 	CapacityRPS float64 `yaml:"capacity_rps"`
 	// Listen is the engine's HTTP address; empty means a free 127.0.0.1 port.
 	Listen string `yaml:"listen,omitempty"`
+	// ServedModelName is the name the engine serves the model under when
+	// it is not the stack's model id (vLLM's --served-model-name); routers
+	// write it into the requests they send the engine.
+	ServedModelName string `yaml:"served_model_name,omitempty"`
 }
 
 // Network gives the one-way network latency between regions, in ms.
@@ -77,8 +83,12 @@ type Sim struct {
 
 // File is a parsed stack file.
 type File struct {
-	// Model is the model every engine serves.
-	Model    string    `yaml:"model"`
+	// Model is the model id every engine serves, as clients name it
+	// (messages.ValidModelName: "meta-llama/Llama-3.1-8B-Instruct").
+	Model string `yaml:"model"`
+	// Aliases are other names clients may give the model: the routers
+	// route them on the model and list them in /v1/models.
+	Aliases  []string  `yaml:"aliases,omitempty"`
 	Network  Network   `yaml:"network"`
 	Sim      Sim       `yaml:"sim"`
 	Clusters []Cluster `yaml:"clusters"`
@@ -134,6 +144,14 @@ func (f *File) Validate() error {
 	if err := messages.CheckModelName(f.Model); err != nil {
 		return fmt.Errorf("model: %w", err)
 	}
+	if err := router.CheckAliases(f.AliasMap()); err != nil {
+		return fmt.Errorf("aliases: %w", err)
+	}
+	for i, a := range f.Aliases {
+		if slices.Index(f.Aliases, a) != i {
+			return fmt.Errorf("aliases[%d]: %q listed twice", i, a)
+		}
+	}
 	for field, v := range map[string]float64{"network.intra_region_ms": f.Network.IntraRegionMs, "network.inter_region_ms": f.Network.InterRegionMs} {
 		if math.IsNaN(v) || v < 0 || v > 10000 {
 			return fmt.Errorf("%s: %v, want 0..10000", field, v)
@@ -176,6 +194,11 @@ func (f *File) Validate() error {
 		if !messages.ValidName(e.Region) {
 			return fmt.Errorf("%s.region: %q is not a valid name", field, e.Region)
 		}
+		if e.ServedModelName != "" {
+			if err := messages.CheckModelName(e.ServedModelName); err != nil {
+				return fmt.Errorf("%s.served_model_name: %w", field, err)
+			}
+		}
 		if math.IsNaN(e.CapacityRPS) || e.CapacityRPS <= 0 || e.CapacityRPS > 1e5 {
 			return fmt.Errorf("%s.capacity_rps: %v, want 0 < capacity <= 1e5", field, e.CapacityRPS)
 		}
@@ -185,6 +208,19 @@ func (f *File) Validate() error {
 		seen["e"+e.Name] = field
 	}
 	return nil
+}
+
+// AliasMap returns the aliases as the routers take them (alias → model
+// id), nil when there are none.
+func (f *File) AliasMap() map[string]string {
+	if len(f.Aliases) == 0 {
+		return nil
+	}
+	m := make(map[string]string, len(f.Aliases))
+	for _, a := range f.Aliases {
+		m[a] = f.Model
+	}
+	return m
 }
 
 // NetworkMs returns the one-way latency from a cluster's region to an engine's region.

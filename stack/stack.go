@@ -164,7 +164,7 @@ func (o Options) Plan() (Plan, error) {
 	}
 	for _, e := range f.Engines {
 		eo := enginesim.Options{
-			Name: e.Name, Model: f.Model, Region: e.Region, Listen: e.Listen,
+			Name: e.Name, Model: f.Model, ServedModel: e.ServedModelName, Region: e.Region, Listen: e.Listen,
 			OutputTokens: f.Sim.OutputTokens, PromptTokens: f.Sim.PromptTokens, BaseTBTMs: f.Sim.BaseTBTMs,
 			TBTGrowthMs: f.Sim.TBTGrowthMs, PrefillMsPerToken: f.Sim.PrefillMsPerToken,
 			SignalInterval: o.SignalInterval,
@@ -185,7 +185,7 @@ func (o Options) Plan() (Plan, error) {
 			}
 			// The stack serves one /metrics for all of its components
 			// (Gatherer): a router's inference port serves none.
-			ro := router.ServiceOptions{Cluster: c.Name, Router: c.Name + "-1", HTTPAddr: addr, NoMetrics: true}
+			ro := router.ServiceOptions{Cluster: c.Name, Router: c.Name + "-1", HTTPAddr: addr, NoMetrics: true, Aliases: f.AliasMap()}
 			field := fmt.Sprintf("clusters[%d].keys_file", i)
 			if ro.KeysFile = c.KeysFile; o.KeysFile != "" {
 				ro.KeysFile, field = o.KeysFile, "KeysFile"

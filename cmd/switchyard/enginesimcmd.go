@@ -18,7 +18,8 @@ func engineSimCommand() command {
 		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 			var o enginesim.Options
 			fs.StringVar(&o.Name, "name", "", "engine name (letters, digits, - and _)")
-			fs.StringVar(&o.Model, "model", "llama", "model served")
+			fs.StringVar(&o.Model, "model", "llama", "model id served, as clients name it (slashes and dots allowed: meta-llama/Llama-3.1-8B-Instruct)")
+			fs.StringVar(&o.ServedModel, "served-model-name", "", "the name requests must give in their model field, as vLLM's --served-model-name (default: --model)")
 			fs.StringVar(&o.Region, "region", "", "region")
 			fs.StringVar(&o.Listen, "listen", "127.0.0.1:8000", "HTTP listen `address`")
 			fs.StringVar(&o.AdminListen, "admin-listen", "", "serve failure injection (/admin/failure, on no other port), /metrics and /healthz on this `address`")

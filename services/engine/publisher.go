@@ -35,9 +35,14 @@ type Options struct {
 	Conn *nats.Conn
 	// Names is the NATS layout; the zero value means streams.DefaultNames().
 	Names streams.Names
-	// Model and Engine name the signal subject and identify the engine (NATS tokens). Required.
-	Model  string
-	Engine string
+	// Model (a model id, messages.ValidModelName) and Engine (a name) name
+	// the signal subject and identify the engine. Required.
+	Model string
+	// ServedModel is the name the engine serves Model under when it is not
+	// Model (vLLM's --served-model-name), carried in every signal so that
+	// routers send it; empty means Model.
+	ServedModel string
+	Engine      string
 	// Region is the engine's region (optional NATS token).
 	Region string
 	// Interval is the time between signals; zero means DefaultInterval.
@@ -113,8 +118,13 @@ func (o Options) Validate() error {
 	if err := o.Names.Validate(); err != nil {
 		return fmt.Errorf("%w: Names: %v", ErrOptions, err)
 	}
-	if err := messages.CheckName("Model", o.Model); err != nil {
-		return fmt.Errorf("%w: %v", ErrOptions, err)
+	if err := messages.CheckModelName(o.Model); err != nil {
+		return fmt.Errorf("%w: Model: %v", ErrOptions, err)
+	}
+	if o.ServedModel != "" {
+		if err := messages.CheckModelName(o.ServedModel); err != nil {
+			return fmt.Errorf("%w: ServedModel: %v", ErrOptions, err)
+		}
 	}
 	if err := messages.CheckName("Engine", o.Engine); err != nil {
 		return fmt.Errorf("%w: %v", ErrOptions, err)
@@ -259,7 +269,7 @@ func (p *Publisher) publish(ctx context.Context, s messages.EngineSignal) error 
 	p.mu.Lock()
 	seq := p.seq + 1
 	p.mu.Unlock()
-	s.Model, s.Engine, s.Region = p.opts.Model, p.opts.Engine, p.opts.Region
+	s.Model, s.Engine, s.Region, s.ServedModel = p.opts.Model, p.opts.Engine, p.opts.Region, p.opts.ServedModel
 	s.Seq = seq
 	s.Time = time.Now().UnixMilli()
 	data, err := messages.Encode(&s)

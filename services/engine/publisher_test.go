@@ -320,7 +320,7 @@ func TestNewPublisherValidates(t *testing.T) {
 		want string
 	}{
 		{engine.Options{Model: "m", Engine: "e"}, "Conn"},
-		{engine.Options{Conn: env.Conn, Model: "m.x", Engine: "e"}, "Model"},
+		{engine.Options{Conn: env.Conn, Model: "m x", Engine: "e"}, "Model"},
 		{engine.Options{Conn: env.Conn, Model: "m", Engine: "e*"}, "Engine"},
 		{engine.Options{Conn: env.Conn, Model: "m", Engine: "e", Region: "r 1"}, "Region"},
 		{engine.Options{Conn: env.Conn, Model: "m", Engine: "e", Interval: -time.Second}, "Interval"},

@@ -52,7 +52,7 @@ func (s *Service) buildProblems() []built {
 		clusters[d.Model][d.Cluster] = d
 	}
 	network := func(c, engine string) (float64, bool) {
-		ms, ok := s.rtt[streams.JoinKey(c, engine)]
+		ms, ok := s.rtt[streams.JoinNames(c, engine)]
 		if cms, has := s.opts.NetworkMs[c][engine]; has && (!ok || s.opts.PreferConfiguredNetwork) {
 			ms, ok = cms, true
 		}
