@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/switchyard-dev/switchyard/internal/netem"
+	"github.com/switchyard-dev/switchyard/plan"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/services/agent"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
@@ -156,8 +157,15 @@ func (o Options) Plan() (Plan, error) {
 		oo.NetworkMs = f.NetworkTable()
 		oo.PreferConfiguredNetwork = true // one machine: every measured RTT is loopback
 		oo.Clusters = nil
+		oo.ClusterRegions = make(map[string]string, len(f.Clusters))
 		for _, c := range f.Clusters {
 			oo.Clusters = append(oo.Clusters, c.Name)
+			oo.ClusterRegions[c.Name] = c.Region
+		}
+		// An engine the stack file does not name (an agent started beside
+		// the stack) is planned at the file's own latencies by region.
+		if oo.Regions == (plan.RegionLatency{}) {
+			oo.Regions = plan.RegionLatency{SameRegionMs: f.Network.IntraRegionMs, OtherRegionMs: f.Network.InterRegionMs}
 		}
 		if oo.Instance == "" {
 			oo.Instance = "up"
