@@ -71,7 +71,9 @@ func (s *Service) buildProblems() []built {
 		in := plan.Input{Network: network.Latency, Targets: s.opts.targets(), MinDemandRPS: s.opts.MinDemandRPS}
 		for _, st := range engines[model] {
 			key := streams.JoinKey(model, st.Engine)
-			if st.Status == messages.StatusDown {
+			if st.Status == messages.StatusDown && !st.ServedOnOutcomes(now, s.opts.Penalties.EvidenceMaxAge) {
+				// A silent engine that routers still use successfully is
+				// planned on (its agent died, not the engine).
 				s.slowStart(key, st, 0, now)
 				continue
 			}
