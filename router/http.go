@@ -20,6 +20,7 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/guard"
+	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/router/upstream"
@@ -64,10 +65,10 @@ type Options struct {
 	Observer control.Observer
 	// Protection tunes ejection of failing engines, retries, the retry
 	// budget and load shedding (default: the defaults of each).
-	Protection ProtectionOptions
+	Protection live.ProtectionOptions
 	// Regions, when set, gives engines' regions: a retry goes to the
 	// failed engine's region first.
-	Regions RegionResolver
+	Regions live.RegionResolver
 	// Endpoints, when set, gives engines' live endpoints (the router's
 	// Signals): the handler then never picks an engine for which neither
 	// its table entry nor Endpoints has an address, and SetEngineEndpoints
@@ -93,17 +94,17 @@ type Handler struct {
 	seq      atomic.Uint64
 	bufs     sync.Pool
 	promHTTP http.Handler
-	prot     ProtectionOptions
+	prot     live.ProtectionOptions
 	budget   *guard.RetryBudget
 	amp      *guard.AmpWindow
 }
 
 // modelState is the router's live state for one model.
 type modelState struct {
-	live   *LiveSet
+	live   *live.LiveSet
 	recent *selection.RecentKeys // where this router sent each affinity key lately
-	bound  atomic.Pointer[Bound]
-	adm    *Admission
+	bound  atomic.Pointer[live.Bound]
+	adm    *live.Admission
 	// met holds the model's metric children, made on first use.
 	met atomic.Pointer[modelMetrics]
 	// created is when the router first saw the model (Unix seconds): the
@@ -146,7 +147,7 @@ func NewHandler(opts Options) (*Handler, error) {
 	if opts.Observer == nil {
 		opts.Observer = nopObserver{}
 	}
-	prot := opts.Protection.withDefaults()
+	prot := opts.Protection.WithDefaults()
 	budget := guard.NewRetryBudget(prot.Budget, opts.Now)
 	amp := guard.NewAmpWindow(opts.Now)
 	m, err := newMetrics(opts.Registry, opts.Tables, opts.Now, budget.Tokens, amp.Ratio)
@@ -191,7 +192,7 @@ func (h *Handler) Metrics() prometheus.Gatherer { return h.opts.Metrics }
 
 // Live returns the live engine state of model (in-flight counts, down
 // marks), creating it if needed; guards use it to mark engines down.
-func (h *Handler) Live(model string) *LiveSet { return h.model(model).live }
+func (h *Handler) Live(model string) *live.LiveSet { return h.model(model).live }
 
 // SetEngineDown marks an engine of model down (skipped at once) or up.
 func (h *Handler) SetEngineDown(model, engine string, down bool) {
@@ -202,6 +203,13 @@ func (h *Handler) SetEngineDown(model, engine string, down bool) {
 // now; with Options.Endpoints set, an engine is selectable only with one.
 func (h *Handler) SetEngineEndpoints(model, engine string, ep control.Endpoints) {
 	h.Live(model).SetEndpoints(engine, ep)
+}
+
+// ObserveSignal folds an engine's signal into the live state of its model
+// (see live.LiveSet.ObserveSignal); the router service calls it for every signal
+// it accepts.
+func (h *Handler) ObserveSignal(sig *messages.EngineSignal) {
+	h.Live(sig.Model).ObserveSignal(sig)
 }
 
 // settledOrWait returns at once when the router has settled (see
@@ -228,16 +236,15 @@ func (h *Handler) model(name string) *modelState {
 	if v, ok := h.models.Load(name); ok {
 		return v.(*modelState)
 	}
-	live := NewLiveSet(h.opts.Now)
-	live.resolve, live.model = h.opts.Endpoints, name
+	ls := live.NewLiveSetFor(name, h.opts.Endpoints, h.opts.Now)
 	recent, _ := selection.NewRecentKeys(selection.DefaultRecentKeys) // a valid size: never fails
-	v, _ := h.models.LoadOrStore(name, &modelState{live: live, recent: recent,
-		adm: &Admission{prot: h.prot}, created: h.opts.Now().Unix()})
+	v, _ := h.models.LoadOrStore(name, &modelState{live: ls, recent: recent,
+		adm: live.NewAdmission(h.prot), created: h.opts.Now().Unix()})
 	return v.(*modelState)
 }
 
 // bind returns the Guard of model bound to t, rebinding when t is new.
-func (h *Handler) bind(model string, t *selection.Table) *Bound {
+func (h *Handler) bind(model string, t *selection.Table) *live.Bound {
 	ms := h.model(model)
 	if b := ms.bound.Load(); b != nil && b.Table() == t {
 		return b

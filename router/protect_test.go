@@ -22,6 +22,7 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/guard"
+	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
@@ -258,7 +259,7 @@ func TestClientGoneBeforeFirstByte(t *testing.T) {
 	forEachServer(t, func(t *testing.T, kind ServerKind) {
 		for _, stream := range []bool{false, true} {
 			t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
-				f := newPFront(t, kind, []int32{modeHang}, []float64{1}, nil, Options{Protection: ProtectionOptions{
+				f := newPFront(t, kind, []int32{modeHang}, []float64{1}, nil, Options{Protection: live.ProtectionOptions{
 					FirstByteTimeout: time.Minute, WholeFirstByteTimeout: time.Minute}})
 				body := chatBody
 				if stream {
@@ -301,7 +302,7 @@ func TestHangingEngineDeadlineThenRetry(t *testing.T) {
 	forEachServer(t, func(t *testing.T, kind ServerKind) {
 		for _, stream := range []bool{true, false} {
 			t.Run(fmt.Sprint("stream=", stream), func(t *testing.T) {
-				f := newPFront(t, kind, []int32{modeHang, modeOK}, []float64{0.5, 0.5}, nil, Options{Protection: ProtectionOptions{
+				f := newPFront(t, kind, []int32{modeHang, modeOK}, []float64{0.5, 0.5}, nil, Options{Protection: live.ProtectionOptions{
 					FirstByteTimeout: 100 * time.Millisecond, WholeFirstByteTimeout: 150 * time.Millisecond}})
 				s := f.sessionFor(t, 0)
 				body := streamBody("x")
@@ -326,7 +327,7 @@ func TestHangingEngineDeadlineThenRetry(t *testing.T) {
 func TestAttemptsCapped(t *testing.T) {
 	forEachServer(t, func(t *testing.T, kind ServerKind) {
 		f := newPFront(t, kind, []int32{mode500, mode500, mode500, mode500, mode500}, []float64{0.2, 0.2, 0.2, 0.2, 0.2}, nil,
-			Options{Protection: ProtectionOptions{Eject: EjectOptions{After: -1}, Budget: guard.BudgetOptions{Ratio: 5, MaxTokens: 100}}})
+			Options{Protection: live.ProtectionOptions{Eject: live.EjectOptions{After: -1}, Budget: guard.BudgetOptions{Ratio: 5, MaxTokens: 100}}})
 		for i := 0; i < 10; i++ {
 			r := f.do(streamBody(fmt.Sprint(i)), nil)
 			if r.status != 500 {
@@ -346,7 +347,7 @@ func TestAttemptsCapped(t *testing.T) {
 func TestBudgetStopsRetries(t *testing.T) {
 	forEachServer(t, func(t *testing.T, kind ServerKind) {
 		f := newPFront(t, kind, []int32{mode500, mode500, mode500}, []float64{0.3, 0.3, 0.3}, nil,
-			Options{Protection: ProtectionOptions{Eject: EjectOptions{After: -1}, Budget: guard.BudgetOptions{Ratio: 0.001, MaxTokens: 2}}})
+			Options{Protection: live.ProtectionOptions{Eject: live.EjectOptions{After: -1}, Budget: guard.BudgetOptions{Ratio: 0.001, MaxTokens: 2}}})
 		start := time.Now()
 		const n = 200
 		for i := 0; i < n; i++ {
@@ -403,7 +404,7 @@ func TestEjectionAndHalfOpenRecovery(t *testing.T) {
 	forEachServer(t, func(t *testing.T, kind ServerKind) {
 		var clk clock
 		f := newPFront(t, kind, []int32{mode500, modeOK}, []float64{0.5, 0.5}, nil,
-			Options{Now: clk.now, Protection: ProtectionOptions{MaxAttempts: 1}})
+			Options{Now: clk.now, Protection: live.ProtectionOptions{MaxAttempts: 1}})
 		s := f.sessionFor(t, 0)
 		hdr := map[string]string{messages.HeaderSessionID: s}
 		gauge := func() float64 { return metricValue(f.h.metrics.ejected.WithLabelValues("m", "e0")) }
@@ -455,36 +456,6 @@ func TestEjectionAndHalfOpenRecovery(t *testing.T) {
 		}
 		waitFor(t, 2*time.Second, func() bool { return gauge() == 1 })
 	})
-}
-
-func TestEjectStateSingleProbe(t *testing.T) {
-	var e ejectState
-	o := EjectOptions{}.withDefaults()
-	now := time.Unix(1000, 0)
-	for i := 0; i < 3; i++ {
-		e.report(false, false, now, o)
-	}
-	if ok, _ := e.claim(now); ok {
-		t.Fatal("claim while ejected")
-	}
-	later := now.Add(o.Backoff)
-	ok1, p1 := e.claim(later)
-	ok2, _ := e.claim(later)
-	if !ok1 || !p1 || ok2 {
-		t.Fatalf("half-open claims: %v %v %v; want one probe", ok1, p1, ok2)
-	}
-	// Backoff doubles on failed probes up to the cap.
-	var ds []time.Duration
-	for i := 0; i < 7; i++ {
-		at := later.Add(time.Duration(i) * time.Minute)
-		_, _ = e.claim(at)
-		_, d, _ := e.report(false, true, at, o)
-		ds = append(ds, d)
-	}
-	want := []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 30 * time.Second, 30 * time.Second, 30 * time.Second}
-	if fmt.Sprint(ds) != fmt.Sprint(want) {
-		t.Fatalf("backoffs %v, want %v", ds, want)
-	}
 }
 
 func TestShedConsistentPerKey(t *testing.T) {
@@ -749,7 +720,7 @@ func TestRetryLeavesFailedRegionForSpare(t *testing.T) {
 		}
 		f := newPFront(t, kind, []int32{mode500, mode500, modeOK, modeOK}, []float64{0.5, 0.5, 0, 0}, figs,
 			Options{Regions: mapRegions{"e0": "r2", "e1": "r2", "e2": "r3", "e3": "r1"},
-				Protection: ProtectionOptions{Eject: EjectOptions{After: 2}, Budget: guard.BudgetOptions{Ratio: 5, MaxTokens: 100}}})
+				Protection: live.ProtectionOptions{Eject: live.EjectOptions{After: 2}, Budget: guard.BudgetOptions{Ratio: 5, MaxTokens: 100}}})
 		r := f.do(streamBody("x"), nil)
 		if r.status != 200 || r.header.Get(messages.HeaderEngine) != "e3" {
 			t.Fatalf("first request: got %d from %q: %q", r.status, r.header.Get(messages.HeaderEngine), r.body)

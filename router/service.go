@@ -18,6 +18,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/router/natsfront"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/router/upstream"
@@ -74,7 +75,7 @@ type ServiceOptions struct {
 	NATSFirstReplyTimeout time.Duration
 	// Protection tunes ejection of failing engines, retries, the retry
 	// budget and load shedding.
-	Protection ProtectionOptions
+	Protection live.ProtectionOptions
 	// ShutdownTimeout bounds the wait for HTTP requests in progress when
 	// ctx ends (default 10 s); after it they are cut.
 	ShutdownTimeout time.Duration
