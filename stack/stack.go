@@ -42,7 +42,9 @@ type Options struct {
 	Optimizer optimizersvc.Options
 	// NoOptimizer leaves the optimizer service out.
 	NoOptimizer bool
-	// SignalInterval is the engines' signal period; zero means the SDK default.
+	// SignalInterval is the engines' signal period, the simulated engines' and
+	// the agent's (between two scrapes of an engine by URL); zero means each
+	// one's default.
 	SignalInterval time.Duration
 	// RouterAddr, when set, overrides every cluster's router address (for
 	// tests: "127.0.0.1:0" picks free ports); with several clusters its port

@@ -31,7 +31,7 @@ func upCommand() command {
 			dataDir := fs.String("data-dir", defaultDataDir("up"), "`directory` for the embedded NATS server's JetStream store")
 			host := fs.String("nats-host", "127.0.0.1", "embedded NATS server's client address")
 			port := fs.Int("nats-port", 4222, "embedded NATS server's client port")
-			signalEvery := fs.Duration("signal-interval", 200*time.Millisecond, "how often each simulated engine publishes a signal")
+			signalEvery := fs.Duration("signal-interval", 200*time.Millisecond, "how often each simulated engine publishes a signal, and the agent scrapes each engine by URL")
 			metricsAddr := fs.String("metrics-addr", "127.0.0.1:9090", "serve the dashboard (/) and /metrics on this `address` (empty: off)")
 			emulate := fs.Bool("emulate-network", true, "routers add the stack file's network latency to each request (one machine has no real network)")
 			load := fs.Bool("load", false, "send each cluster's demand through its router, and print a summary every 10 s")
