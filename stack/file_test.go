@@ -101,6 +101,9 @@ func TestParseEnginesByURL(t *testing.T) {
 	if len(p.Engines) != 0 || p.Agent == nil || len(p.Agent.Engines) != 2 {
 		t.Fatalf("plan: %d simulated engines, agent %+v; want none simulated and an agent of 2", len(p.Engines), p.Agent)
 	}
+	if p.Optimizer == nil || p.Optimizer.ClusterRegions["A"] != "r1" {
+		t.Fatalf("optimizer options: %+v; want cluster A's region r1, for the region default of engines the file does not name", p.Optimizer)
+	}
 	e := p.Agent.Engines[0]
 	if e.Name != "v1" || e.URL != "http://127.0.0.1:18101" || e.Known.CapacityRPS != 40 || e.Known.MaxRunning != 8 || e.Region != "r1" || e.Model != "llama" {
 		t.Fatalf("agent engine: %+v", e)
