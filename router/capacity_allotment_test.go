@@ -8,6 +8,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/guard"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
 )
 
 // TestCapacityAllotmentShedsBurst: while the snapshot sheds, a burst is
@@ -16,7 +17,7 @@ import (
 // is shed at once with reason "admission": sheddable requests first,
 // critical ones last.
 func TestCapacityAllotmentShedsBurst(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		// λ = 10 req/s (a shed of 1% relaxes to none, so no key is shed by
 		// the snapshot); each engine 4 slots at 5 req/s, 0.8 s a slot, and
 		// 1 s steps: sheddable 10·0.8 = 8, standard 10·(0.8+0.375) =
@@ -50,7 +51,7 @@ func TestCapacityAllotmentShedsBurst(t *testing.T) {
 // slot) and 1 s decode steps: capacity allotments of 10·0.8 = 8
 // sheddable, 10·(0.8+0.375) = 11.75 standard and 10·(0.8+20) = 208 critical
 // requests, where the latency allotment would allow 3,100.
-func newCapacityFront(t *testing.T, kind ServerKind) *pfront {
+func newCapacityFront(t *testing.T, kind httpfront.ServerKind) *pfront {
 	t.Helper()
 	figs := &guard.Figures{ShedFraction: 0.01, DemandRPS: 10 / 0.99, Latency: 100 * time.Second, Utilisation: 1}
 	f := newPFront(t, kind, []int32{modeHold, modeHold}, []float64{0.5, 0.5}, figs, Options{})
@@ -66,7 +67,7 @@ func newCapacityFront(t *testing.T, kind ServerKind) *pfront {
 // routed before gets another step of queue (up to 10·(0.8+1.375) = 21.75 in
 // flight), so a new conversation is shed while an ongoing one goes on.
 func TestCapacityAllotmentKeepsOngoingConversations(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newCapacityFront(t, kind)
 		b := &burster{f: f}
 		var wg sync.WaitGroup

@@ -13,6 +13,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
@@ -86,7 +87,7 @@ func (o *outcomeRecorder) results(engine string) []control.Result {
 // another engine, recorded as client errors, and neither eject the engine
 // nor reset or add to its failure count; 408 and 5xx still do.
 func TestClientErrorsNotBlamed(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		for _, status := range []int{400, 404, 413, 422} {
 			t.Run(fmt.Sprint(status), func(t *testing.T) {
 				bad := newStatusEngine(t, "e0", status)
@@ -101,7 +102,7 @@ func TestClientErrorsNotBlamed(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					url := serveFront(t, kind, h, ServerOptions{})
+					url := serveFront(t, kind, h, httpfront.ServerOptions{})
 					return &pfront{h: h, url: url, tables: tables, table: table, client: testClient(t)}, rec
 				}
 				f, rec := front(live.ProtectionOptions{})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/router/live"
 )
 
@@ -68,7 +69,7 @@ func TestHandlerSharedRegistry(t *testing.T) {
 		t.Fatal("NewHandler with a wrapped Registry and no Metrics succeeded")
 	}
 	for i, h := range hs {
-		url := serveFront(t, ServerStd, h, ServerOptions{})
+		url := serveFront(t, httpfront.ServerStd, h, httpfront.ServerOptions{})
 		resp, err := testClient(t).Get(url + "/metrics")
 		if err != nil {
 			t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/guard"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
@@ -131,7 +132,7 @@ type pfront struct {
 	client  *http.Client
 }
 
-func newPFront(t *testing.T, kind ServerKind, modes []int32, weights []float64, figs *guard.Figures, opts Options) *pfront {
+func newPFront(t *testing.T, kind httpfront.ServerKind, modes []int32, weights []float64, figs *guard.Figures, opts Options) *pfront {
 	t.Helper()
 	f := &pfront{tables: NewStaticTables()}
 	var es []selection.Engine
@@ -149,7 +150,7 @@ func newPFront(t *testing.T, kind ServerKind, modes []int32, weights []float64, 
 		t.Fatal(err)
 	}
 	f.h = h
-	f.url = serveFront(t, kind, h, ServerOptions{})
+	f.url = serveFront(t, kind, h, httpfront.ServerOptions{})
 	f.client = testClient(t)
 	return f
 }
@@ -202,7 +203,7 @@ func (f *pfront) retries(reason string) int {
 }
 
 func TestRetryToAnotherEngine(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		for _, tc := range []struct {
 			name   string
 			mode   int32
@@ -234,7 +235,7 @@ func TestRetryToAnotherEngine(t *testing.T) {
 // key there — the engine that served it holds its newest prefix — so the
 // key's next request goes there too, even once the first engine is healthy.
 func TestRetryMovesKey(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newPFront(t, kind, []int32{mode500, modeOK, modeOK}, []float64{0.5, 0.25, 0.25}, nil, Options{})
 		s := f.sessionFor(t, 0)
 		r := f.do(streamBody("x"), map[string]string{messages.HeaderSessionID: s})
@@ -256,7 +257,7 @@ func TestRetryMovesKey(t *testing.T) {
 // waits for the engine's first byte — streamed or not — cancels the
 // engine's request at once, not when the per-attempt deadline fires.
 func TestClientGoneBeforeFirstByte(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		for _, stream := range []bool{false, true} {
 			t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
 				f := newPFront(t, kind, []int32{modeHang}, []float64{1}, nil, Options{Protection: live.ProtectionOptions{
@@ -285,7 +286,7 @@ func TestClientGoneBeforeFirstByte(t *testing.T) {
 }
 
 func TestNoRetryAfterFirstByte(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newPFront(t, kind, []int32{modeDieMidway, modeOK, modeOK}, []float64{0.5, 0.25, 0.25}, nil, Options{})
 		s := f.sessionFor(t, 0)
 		r := f.do(streamBody("x"), map[string]string{messages.HeaderSessionID: s})
@@ -299,7 +300,7 @@ func TestNoRetryAfterFirstByte(t *testing.T) {
 }
 
 func TestHangingEngineDeadlineThenRetry(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		for _, stream := range []bool{true, false} {
 			t.Run(fmt.Sprint("stream=", stream), func(t *testing.T) {
 				f := newPFront(t, kind, []int32{modeHang, modeOK}, []float64{0.5, 0.5}, nil, Options{Protection: live.ProtectionOptions{
@@ -325,7 +326,7 @@ func TestHangingEngineDeadlineThenRetry(t *testing.T) {
 }
 
 func TestAttemptsCapped(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newPFront(t, kind, []int32{mode500, mode500, mode500, mode500, mode500}, []float64{0.2, 0.2, 0.2, 0.2, 0.2}, nil,
 			Options{Protection: live.ProtectionOptions{Eject: live.EjectOptions{After: -1}, Budget: guard.BudgetOptions{Ratio: 5, MaxTokens: 100}}})
 		for i := 0; i < 10; i++ {
@@ -345,7 +346,7 @@ func TestAttemptsCapped(t *testing.T) {
 }
 
 func TestBudgetStopsRetries(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newPFront(t, kind, []int32{mode500, mode500, mode500}, []float64{0.3, 0.3, 0.3}, nil,
 			Options{Protection: live.ProtectionOptions{Eject: live.EjectOptions{After: -1}, Budget: guard.BudgetOptions{Ratio: 0.001, MaxTokens: 2}}})
 		start := time.Now()
@@ -367,7 +368,7 @@ func TestBudgetStopsRetries(t *testing.T) {
 }
 
 func TestAmplificationHalfFailingHighUtilisation(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		modes := []int32{mode500, modeOK, mode500, modeOK, mode500, modeOK}
 		w := []float64{1.0 / 6, 1.0 / 6, 1.0 / 6, 1.0 / 6, 1.0 / 6, 1.0 / 6}
 		figs := &guard.Figures{Utilisation: 0.9, DemandRPS: 1000, Latency: time.Second}
@@ -401,7 +402,7 @@ func TestAmplificationHalfFailingHighUtilisation(t *testing.T) {
 }
 
 func TestEjectionAndHalfOpenRecovery(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		var clk clock
 		f := newPFront(t, kind, []int32{mode500, modeOK}, []float64{0.5, 0.5}, nil,
 			Options{Now: clk.now, Protection: live.ProtectionOptions{MaxAttempts: 1}})
@@ -459,7 +460,7 @@ func TestEjectionAndHalfOpenRecovery(t *testing.T) {
 }
 
 func TestShedConsistentPerKey(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newPFront(t, kind, []int32{modeOK, modeOK}, []float64{0.35, 0.35}, &guard.Figures{ShedFraction: 0.3}, Options{})
 		shedSessions := 0
 		const sessions = 300
@@ -482,7 +483,7 @@ func TestShedConsistentPerKey(t *testing.T) {
 }
 
 func TestShedByPriorityOrder(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		for _, figs := range []*guard.Figures{
 			{ShedFraction: 1.0 / 3},
 			{ShedFraction: 1.0 / 3, HasShedByPriority: true, ShedByPriority: [3]float64{1, 0.27, 0}},
@@ -527,7 +528,7 @@ func TestShedByPriorityOrder(t *testing.T) {
 }
 
 func TestShedAnswerFast(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newPFront(t, kind, []int32{modeOK}, []float64{0.5}, &guard.Figures{ShedFraction: 1}, Options{})
 		var durs []time.Duration
 		for i := 0; i < 400; i++ {
@@ -622,7 +623,7 @@ func (b *burster) release() {
 }
 
 func TestAdmissionShedsBurst(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		// Allotment: m = 4 req/s × 1 s in flight on average; max(8, 1.5·m + 4·√m)
 		// = 14; sheddable requests get 80% of it (11), critical ones 125% (17).
 		figs := &guard.Figures{DemandRPS: 4, Latency: time.Second, Utilisation: 0.95} // near its limit: admission applies
@@ -650,7 +651,7 @@ func TestAdmissionShedsBurst(t *testing.T) {
 // TestFirstByteSplitRelay checks that bytes read before committing are
 // relayed once, in order, ahead of the rest.
 func TestFirstByteSplitRelay(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "text/event-stream")
 			for i := 0; i < 5; i++ {
@@ -711,7 +712,7 @@ func (m mapRegions) Region(_, engine string) string { return m[engine] }
 // once both planned engines are ejected requests go to that spare engine
 // at once, before any new snapshot.
 func TestRetryLeavesFailedRegionForSpare(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		snap := &messages.WeightSnapshot{Weights: map[string]float64{"e0": 0.5, "e1": 0.5, "e2": 0, "e3": 0},
 			LatencyMs: map[string]float64{"e0": 150, "e1": 150, "e2": 180, "e3": 160}, DemandRPS: 10}
 		figs := guard.FiguresOf(snap)

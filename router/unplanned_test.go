@@ -6,6 +6,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/guard"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
 )
 
 // TestUnplannedShedSaysSo: a snapshot that names no engine for the cluster
@@ -19,7 +20,7 @@ func TestUnplannedShedSaysSo(t *testing.T) {
 	if guard.FiguresOf(&messages.WeightSnapshot{ShedFraction: 1, Weights: map[string]float64{"e0": 0}}).Unplanned {
 		t.Fatal("a snapshot naming an engine (of weight 0) is Unplanned")
 	}
-	f := newPFront(t, ServerStd, []int32{modeOK}, []float64{1}, figs, Options{Cluster: "A"})
+	f := newPFront(t, httpfront.ServerStd, []int32{modeOK}, []float64{1}, figs, Options{Cluster: "A"})
 	r := f.do(streamBody("x"), nil)
 	if r.status != 429 || !strings.Contains(r.body, `"no_engine_planned"`) || !strings.Contains(r.body, `cluster \"A\"`) ||
 		strings.Contains(r.body, "overloaded") {
