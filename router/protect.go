@@ -87,6 +87,11 @@ func (h *Handler) shedError(model string, p protocol.Priority, reason guard.Shed
 	if g, ok := h.opts.Observer.(GuardObserver); ok {
 		g.Shed(model, p, reason)
 	}
+	if reason == guard.ShedUnplanned {
+		// Not an overload: the plan has no engine for this cluster.
+		return protocol.NewAPIError(http.StatusTooManyRequests, protocol.ErrTypeUnavailable, "no_engine_planned", "",
+			fmt.Sprintf("no engine of model %q is planned for cluster %q (%s); %s request shed; retry later", model, h.opts.Cluster, detail, p))
+	}
 	return protocol.NewAPIError(http.StatusTooManyRequests, protocol.ErrTypeUnavailable, "overloaded", "",
 		fmt.Sprintf("model %q is overloaded; %s request shed (%s); retry later", model, p, detail))
 }

@@ -14,8 +14,10 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/switchyard-dev/switchyard/internal/netem"
+	"github.com/switchyard-dev/switchyard/plan"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/tenant"
+	"github.com/switchyard-dev/switchyard/services/agent"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
@@ -41,7 +43,9 @@ type Options struct {
 	Optimizer optimizersvc.Options
 	// NoOptimizer leaves the optimizer service out.
 	NoOptimizer bool
-	// SignalInterval is the engines' signal period; zero means the SDK default.
+	// SignalInterval is the engines' signal period, the simulated engines' and
+	// the agent's (between two scrapes of an engine by URL); zero means each
+	// one's default.
 	SignalInterval time.Duration
 	// RouterAddr, when set, overrides every cluster's router address (for
 	// tests: "127.0.0.1:0" picks free ports); with several clusters its port
@@ -73,6 +77,11 @@ type Stack struct {
 	routers []*router.Service
 	// optimizer is the optimizer service, nil with NoOptimizer.
 	optimizer *optimizersvc.Service
+	// agentOpts is the agent's options for the engines by URL (nil: none);
+	// agentMu guards the running agent.
+	agentOpts *agent.Options
+	agentMu   sync.Mutex
+	agent     *runningAgent
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 	errs      chan error
@@ -112,6 +121,9 @@ type Plan struct {
 	Optimizer *optimizersvc.Options
 	// Engines are the simulated engines' options, in stack file order.
 	Engines []enginesim.Options
+	// Agent is the engine agent's options for the engines given by URL
+	// (Conn, Logger set by Start); nil when every engine is simulated.
+	Agent *agent.Options
 	// Routers are the routers' options, one per frontend cluster in stack
 	// file order; none with NoRouters.
 	Routers []router.ServiceOptions
@@ -151,8 +163,15 @@ func (o Options) Plan() (Plan, error) {
 		oo.NetworkMs = f.NetworkTable()
 		oo.PreferConfiguredNetwork = true // one machine: every measured RTT is loopback
 		oo.Clusters = nil
+		oo.ClusterRegions = make(map[string]string, len(f.Clusters))
 		for _, c := range f.Clusters {
 			oo.Clusters = append(oo.Clusters, c.Name)
+			oo.ClusterRegions[c.Name] = c.Region
+		}
+		// An engine the stack file does not name (an agent started beside
+		// the stack) is planned at the file's own latencies by region.
+		if oo.Regions == (plan.RegionLatency{}) {
+			oo.Regions = plan.RegionLatency{SameRegionMs: f.Network.IntraRegionMs, OtherRegionMs: f.Network.InterRegionMs}
 		}
 		if oo.Instance == "" {
 			oo.Instance = "up"
@@ -163,6 +182,17 @@ func (o Options) Plan() (Plan, error) {
 		p.Optimizer = &oo
 	}
 	for _, e := range f.Engines {
+		if e.ByURL() {
+			if p.Agent == nil {
+				p.Agent = &agent.Options{Interval: o.SignalInterval}
+			}
+			format, _ := agent.ParseFormat(e.Metrics) // checked by File.Validate
+			p.Agent.Engines = append(p.Agent.Engines, agent.EngineConfig{
+				Name: e.Name, Model: f.Model, ServedModel: e.ServedModelName, Region: e.Region, URL: e.URL, Format: format, KVEvents: e.KVEvents,
+				Known: agent.Known{CapacityRPS: e.CapacityRPS, MaxRunning: e.MaxRunning},
+			})
+			continue
+		}
 		eo := enginesim.Options{
 			Name: e.Name, Model: f.Model, ServedModel: e.ServedModelName, Region: e.Region, Listen: e.Listen,
 			OutputTokens: f.Sim.OutputTokens, PromptTokens: f.Sim.PromptTokens, BaseTBTMs: f.Sim.BaseTBTMs,
@@ -176,6 +206,13 @@ func (o Options) Plan() (Plan, error) {
 			return Plan{}, fmt.Errorf("%w: engine %s: %w", ErrOptions, e.Name, err)
 		}
 		p.Engines = append(p.Engines, eo)
+	}
+	if p.Agent != nil {
+		ao, err := checked(*p.Agent)
+		if err != nil {
+			return Plan{}, fmt.Errorf("%w: Agent: %w", ErrOptions, err)
+		}
+		p.Agent = &ao
 	}
 	if !o.NoRouters {
 		for i, c := range f.Clusters {
@@ -217,7 +254,8 @@ func checked[T options[T]](o T) (T, error) {
 }
 
 // Start starts the embedded NATS server, provisions the layout, and starts the
-// aggregator and the simulated engines. On error everything started is stopped.
+// aggregator, the optimizer, the simulated engines, the agent of the engines
+// by URL and the routers. On error everything started is stopped.
 func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	opts = opts.WithDefaults()
 	plan, err := opts.Plan()
@@ -284,6 +322,14 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		}
 		s.engines = append(s.engines, eng)
 	}
+	if plan.Agent != nil {
+		ao := *plan.Agent
+		ao.Conn, ao.Logger = s.conn, log
+		s.agentOpts = &ao
+		if err := s.StartAgent(); err != nil {
+			return nil, err
+		}
+	}
 	for _, ro := range plan.Routers {
 		ro.Conn, ro.Logger = s.conn, log // the router adds component, cluster and router to its lines
 		rs, err := router.NewService(ro)
@@ -317,7 +363,8 @@ func (s *Stack) NATSURL() string { return s.nats.ClientURL() }
 // Conn returns the stack's own NATS connection.
 func (s *Stack) Conn() *nats.Conn { return s.conn }
 
-// Engines returns the simulated engines, in stack file order.
+// Engines returns the simulated engines, in stack file order (engines by
+// URL are not among them).
 func (s *Stack) Engines() []*enginesim.Engine { return s.engines }
 
 // Routers returns the routers, one per frontend cluster in stack file order.
@@ -326,9 +373,66 @@ func (s *Stack) Routers() []*router.Service { return s.routers }
 // Optimizer returns the optimizer service, or nil when left out.
 func (s *Stack) Optimizer() *optimizersvc.Service { return s.optimizer }
 
+// runningAgent is one run of the engine agent.
+type runningAgent struct {
+	a      *agent.Agent
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// StartAgent starts a new engine agent for the engines given by URL, as a
+// restarted agent process would: its estimates and signal sequence start
+// from zero, and its metrics are in its own registry (see Gatherer). It
+// does nothing when the agent runs or the stack has no engine by URL.
+func (s *Stack) StartAgent() error {
+	s.agentMu.Lock()
+	defer s.agentMu.Unlock()
+	if s.agentOpts == nil || s.agent != nil {
+		return nil
+	}
+	a, err := agent.New(*s.agentOpts)
+	if err != nil {
+		return fmt.Errorf("stack: agent: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ra := &runningAgent{a: a, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(ra.done)
+		_ = a.Run(ctx)
+	}()
+	s.agent = ra
+	return nil
+}
+
+// StopAgent stops the engine agent and waits for it, as if its process
+// died: the engines by URL go on serving, but nothing publishes their
+// signals until StartAgent.
+func (s *Stack) StopAgent() {
+	s.agentMu.Lock()
+	ra := s.agent
+	s.agent = nil
+	s.agentMu.Unlock()
+	if ra != nil {
+		ra.cancel()
+		<-ra.done
+	}
+}
+
+// Agent returns the running engine agent, or nil when it is stopped or the
+// stack has no engine by URL.
+func (s *Stack) Agent() *agent.Agent {
+	s.agentMu.Lock()
+	defer s.agentMu.Unlock()
+	if s.agent == nil {
+		return nil
+	}
+	return s.agent.a
+}
+
 // Close stops every component, then the NATS server, and waits for them.
 func (s *Stack) Close() {
 	s.cancel()
+	s.StopAgent()
 	s.wg.Wait()
 	for _, r := range s.routers {
 		_ = r.Close()

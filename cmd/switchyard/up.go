@@ -23,7 +23,7 @@ import (
 func upCommand() command {
 	return command{
 		name:         "up",
-		summary:      "run the whole stack on one machine: embedded NATS, aggregator and simulated engines",
+		summary:      "run the whole stack on one machine: embedded NATS, aggregator, optimizer, routers, and simulated engines or an agent for engines by URL",
 		usage:        "[--stack FILE]",
 		printsConfig: true,
 		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
@@ -31,7 +31,7 @@ func upCommand() command {
 			dataDir := fs.String("data-dir", defaultDataDir("up"), "`directory` for the embedded NATS server's JetStream store")
 			host := fs.String("nats-host", "127.0.0.1", "embedded NATS server's client address")
 			port := fs.Int("nats-port", 4222, "embedded NATS server's client port")
-			signalEvery := fs.Duration("signal-interval", 200*time.Millisecond, "how often each simulated engine publishes a signal")
+			signalEvery := fs.Duration("signal-interval", 200*time.Millisecond, "how often each simulated engine publishes a signal, and the agent scrapes each engine by URL")
 			metricsAddr := fs.String("metrics-addr", "127.0.0.1:9090", "serve the dashboard (/) and /metrics on this `address` (empty: off)")
 			emulate := fs.Bool("emulate-network", true, "routers add the stack file's network latency to each request (one machine has no real network)")
 			load := fs.Bool("load", false, "send each cluster's demand through its router, and print a summary every 10 s")
@@ -51,6 +51,9 @@ func upCommand() command {
 					if f, err = stack.Load(*stackFile); err != nil {
 						return usageError{err}
 					}
+				}
+				if *load && !slices.ContainsFunc(f.Clusters, func(c stack.Cluster) bool { return c.DemandRPS > 0 }) {
+					return usagef("--load: no cluster of the stack file has a demand_rps to send")
 				}
 				so := stack.Options{File: f, DataDir: *dataDir, NATSHost: *host, NATSPort: *port,
 					SignalInterval: *signalEvery, RouterAddr: *routerAddr, KeysFile: *keys, EmulateNetwork: *emulate, Logger: log}
@@ -121,8 +124,18 @@ func printUp(w io.Writer, s *stack.Stack, dataDir, metricsAddr string) {
 	if metricsAddr != "" {
 		fmt.Fprintf(tw, "  dashboard\thttp://%s/\tlive weights, engine load and health (metrics at /metrics)\n", metricsAddr)
 	}
-	for i, e := range s.Engines() {
-		se := f.Engines[i]
+	sims := s.Engines()
+	for _, se := range f.Engines {
+		if se.ByURL() {
+			capacity := "capacity learned"
+			if se.CapacityRPS > 0 {
+				capacity = fmt.Sprintf("%.0f req/s", se.CapacityRPS)
+			}
+			fmt.Fprintf(tw, "  %s\t%s\tregion %s, %s, signals from its %s metrics by the agent\n", se.Name, se.URL, se.Region, capacity, se.Metrics)
+			continue
+		}
+		e := sims[0]
+		sims = sims[1:]
 		fmt.Fprintf(tw, "  %s\t%s\tregion %s, %.0f req/s, NATS %s\n", e.Name(), e.URL(), se.Region, e.Capacity(), e.InferSubject())
 	}
 	routers := s.Routers()
@@ -168,6 +181,10 @@ func startLoad(ctx context.Context, s *stack.Stack, w io.Writer) func() {
 			break
 		}
 	}
+	shape := f.Sim
+	if f.Simulated() == 0 && shape.PromptTokens == 0 {
+		shape = stack.Default().Sim // engines by URL only: the built-in stack's request shape
+	}
 	fmt.Fprintf(w, "\nSending each cluster's demand through its router; a summary per cluster every 10 s.\n")
 	for i, r := range s.Routers() {
 		c := f.Clusters[i]
@@ -179,7 +196,7 @@ func startLoad(ctx context.Context, s *stack.Stack, w io.Writer) func() {
 			defer wg.Done()
 			for round := uint64(1); ctx.Err() == nil; round++ {
 				reqs := workload.Poisson(workload.PoissonOptions{Rate: c.DemandRPS, Duration: 10 * time.Second,
-					PromptTokens: f.Sim.PromptTokens, OutputTokens: f.Sim.OutputTokens, Sessions: 200, Seed: round*1000 + uint64(i)})
+					PromptTokens: shape.PromptTokens, OutputTokens: shape.OutputTokens, Sessions: 200, Seed: round*1000 + uint64(i)})
 				sum, err := loadgen.Run(ctx, loadgen.Options{URL: "http://" + r.Addr(), Model: f.Model, Requests: reqs, StreamFraction: 0.5, Seed: round})
 				if err != nil || ctx.Err() != nil {
 					return
