@@ -94,6 +94,10 @@ func (n Names) RequestSubject(cluster, model string) (string, error) {
 	return join(n.Prefix+".req", cluster, model)
 }
 
+// RequestQueue is the queue group the routers of a frontend cluster share
+// on its request subjects, so that each request reaches one of them.
+func RequestQueue(cluster string) string { return "sy-router-" + cluster }
+
 // InferSubject is the subject an engine takes inference requests on over NATS:
 // <prefix>.infer.<model>.<engine>.
 func (n Names) InferSubject(model, engine string) (string, error) {
