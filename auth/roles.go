@@ -167,7 +167,7 @@ func durableDeny(n streams.Names, durablePrefix string) []string {
 // repairLayout is what re-creating a deleted stream or bucket of the
 // layout needs (streams.Keeper), and the advisories that report deletions.
 func repairLayout() []string {
-	return []string{jsAPI + "STREAM.CREATE.*", jsAPI + "STREAM.UPDATE.*", jsAPI + "STREAM.INFO.*"}
+	return []string{jsAPI + "STREAM.CREATE.*", jsAPI + "STREAM.UPDATE.*", jsAPI + "STREAM.INFO.*", jsAPI + "STREAM.NAMES"}
 }
 
 // kvWrite is publishing (put, update, delete, purge) keys of bucket.

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"os/user"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,6 +22,7 @@ import (
 	"github.com/switchyard-dev/switchyard/internal/enginestate"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
+	"github.com/switchyard-dev/switchyard/stack"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
@@ -84,7 +86,14 @@ engine simulator over NATS (subject <prefix>.ctl.engine.NAME).`,
 				}
 				ctx, cancel := context.WithTimeout(ctx, *timeout)
 				defer cancel()
-				nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{*url}, Name: "switchyard-engine", Logger: zerolog.Nop()})
+				co := url.options("switchyard-engine", zerolog.Nop())
+				if co.Creds == "" {
+					// The operator of `switchyard up` on this machine: its admin identity.
+					if p := filepath.Join(defaultDataDir("up"), "auth", stack.AdminIdentity+".creds"); fileExists(p) {
+						co.Creds = p
+					}
+				}
+				nc, err := streams.Connect(ctx, co)
 				if err != nil {
 					return err
 				}
@@ -348,4 +357,9 @@ func listEngines(ctx context.Context, kv jetstream.KeyValue, model string, e *en
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%.1f\t%s\t%s\t%s\t%s\n", st.Model, st.Engine, v.State, st.Health, st.CapacityRPS, errs, pen, opText, why)
 	}
 	return tw.Flush()
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }

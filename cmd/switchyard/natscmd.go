@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/streams/natsembed"
 )

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
