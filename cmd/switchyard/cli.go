@@ -83,6 +83,7 @@ func commands() []command {
 	return []command{
 		upCommand(),
 		natsCommand(),
+		authCommand(),
 		aggregatorCommand(),
 		optimizeCommand(),
 		optimizerCommand(),
