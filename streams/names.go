@@ -1,6 +1,8 @@
 package streams
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"strings"
 
@@ -244,4 +246,17 @@ func (n Names) ParseSubject(subject, kind string, want int) ([]string, bool) {
 		}
 	}
 	return toks, true
+}
+
+// MsgIDPrefix returns "<name>-<random>-", the start of the Nats-Msg-Ids
+// of one publisher, followed by its sequence number. JetStream
+// de-duplicates across the whole stream, not per subject: with a random
+// part no other identity that may publish into the same stream can guess
+// and pre-send the publisher's next ids to have its real messages
+// discarded as duplicates (an identity that could read them is the
+// aggregator or an operator, which may not publish there).
+func MsgIDPrefix(name string) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read does not fail
+	return name + "-" + hex.EncodeToString(b[:]) + "-"
 }
