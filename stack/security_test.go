@@ -102,6 +102,23 @@ func TestSecureStack(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+	// engine-b may publish only its own subject; a signal there that
+	// claims to be engine-a is rejected and counted by reason "subject" by
+	// the aggregator and by every router.
+	t.Run("names disagree with the subject", func(t *testing.T) {
+		var sig messages.EngineSignal
+		h.capture("sy.signal.llama.engine-a", &sig)
+		sig.Seq++
+		sig.Time = time.Now().UnixMilli()
+		agg := metricRef{"switchyard_aggregator_bad_messages_total", map[string]string{"stream": "signals", "reason": "subject"}}
+		rt := metricRef{"switchyard_router_signals_rejected_total", map[string]string{"reason": "subject"}}
+		aggBefore, rtBefore := h.sum([]metricRef{agg}), h.sum([]metricRef{rt})
+		if err := engB.nc.Publish("sy.signal.llama.engine-b", mustEncode(t, &sig)); err != nil {
+			t.Fatal(err)
+		}
+		h.requireRise("a signal for engine-a on engine-b's subject", []metricRef{agg}, aggBefore, 1, 5*time.Second)
+		h.requireRise("a signal for engine-a on engine-b's subject", []metricRef{rt}, rtBefore, float64(len(h.s.Routers())), 5*time.Second)
+	})
 	h.requireStaysHealthy("after the attacks", 2*time.Second)
 	h.requireHealthy("after the attacks")
 	if v := h.log.violationLines(); len(v) == 0 {
@@ -183,4 +200,13 @@ func sub(subject, queue string) func(*nats.Conn) error {
 		_, err := nc.SubscribeSync(subject)
 		return err
 	}
+}
+
+func mustEncode(t *testing.T, m messages.Message) []byte {
+	t.Helper()
+	b, err := messages.Encode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
