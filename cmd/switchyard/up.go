@@ -39,7 +39,6 @@ func upCommand() command {
 			emulate := fs.Bool("emulate-network", true, "routers add the stack file's network latency to each request (one machine has no real network)")
 			load := fs.Bool("load", false, "send each cluster's demand through its router, and print a summary every 10 s")
 			routerAddr := fs.String("router-addr", "", "listen `address` for every router, overriding the stack file (127.0.0.1:0 picks free ports)")
-			insecure := fs.Bool("insecure", false, "run NATS without identities or TLS, open to anonymous clients (a developer's shortcut; every other run refuses them)")
 			mutual := fs.Bool("mutual-tls", false, "require client certificates (the material's tls/client.pem) on the NATS client port too")
 			tlsOn := fs.String("tls", "auto", "TLS on the NATS client port: on, off, or auto (on unless --nats-host is a loopback address, whose traffic never leaves the machine)")
 			mkLog := logFlags(fs, e)
@@ -63,7 +62,7 @@ func upCommand() command {
 				if err != nil {
 					return usageError{err}
 				}
-				if !*insecure && !e.printOnly {
+				if !e.printOnly {
 					// Keys and the CA under <data-dir>/auth are reused on
 					// restart; credentials are issued afresh for the stack file.
 					if so.Auth, err = auth.Generate(auth.Options{Dir: filepath.Join(*dataDir, "auth"), Identities: stack.Identities(f), Hosts: []string{*host}}); err != nil {
@@ -152,7 +151,7 @@ func printUp(w io.Writer, s *stack.Stack, dataDir, metricsAddr string, useTLS bo
 	fmt.Fprintf(tw, "Switchyard is up (model %q).\n\n", f.Model)
 	fmt.Fprintf(tw, "  NATS\t%s\tJetStream store in %s\n", s.NATSURL(), dataDir)
 	creds := ""
-	if m := s.Auth(); m != nil {
+	if m := s.Auth(); m != nil { // always with up: it refuses anonymous clients
 		how := "anonymous clients refused"
 		if useTLS {
 			how += "; TLS, CA " + m.Path(auth.CAFile)
@@ -162,8 +161,6 @@ func printUp(w io.Writer, s *stack.Stack, dataDir, metricsAddr string, useTLS bo
 		if useTLS {
 			creds += " --tlsca " + m.Path(auth.CAFile)
 		}
-	} else {
-		fmt.Fprintf(tw, "  identities\tnone\t--insecure: any client may read and write everything\n")
 	}
 	fmt.Fprintf(tw, "  aggregator\tin process\tsignals and reports -> KV sy_engines, sy_demand\n")
 	if s.Optimizer() != nil {
