@@ -77,7 +77,7 @@ wait_healthy() {
 		for id in $ids; do
 			state=$(docker inspect -f '{{.Name}} {{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}}' "$id")
 			case "$state" in
-			*" running healthy" | *" running none" | *-auth-1" exited none") ;;
+			*" running healthy" | *" running none" | *[-_]auth[-_]1" exited none") ;;
 			*) bad="$bad ${state%% *}(${state#* })" ;;
 			esac
 		done
@@ -92,7 +92,7 @@ log "every service is healthy"
 # The stack refuses anonymous clients: the nats CLI uses the admin identity
 # and the CA that the auth service wrote to the auth volume.
 authdir=$(mktemp -d)
-"${compose[@]}" cp nats-1:/auth "$authdir/" >/dev/null 2>&1 || fail "copy the auth material out of nats-1"
+docker cp "$("${compose[@]}" ps -q nats-1)":/auth "$authdir/" >/dev/null 2>&1 || fail "copy the auth material out of nats-1"
 natsc=(nats -s "$servers" --creds "$authdir/auth/admin.creds" --tlsca "$authdir/auth/tls/ca.pem")
 if nats -s "$servers" --tlsca "$authdir/auth/tls/ca.pem" kv ls sy_weights >/dev/null 2>&1; then
 	fail "an anonymous client read sy_weights"
