@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/switchyard-dev/switchyard/auth"
 	"github.com/switchyard-dev/switchyard/internal/netem"
 	"github.com/switchyard-dev/switchyard/plan"
 	"github.com/switchyard-dev/switchyard/router"
@@ -65,14 +66,68 @@ type Options struct {
 	Logger zerolog.Logger
 	// Registerer receives every component's metrics; nil means none.
 	Registerer prometheus.Registerer
+	// Auth, when set, runs the embedded server in operator mode with TLS on
+	// its client listener, refusing anonymous clients, and connects every
+	// component with its own identity (Identities); its material must hold
+	// credentials for them (auth.Generate with Identities(File)). Nil runs
+	// one anonymous connection for all, as tests that test no security do.
+	Auth *auth.Material
+	// MutualTLS makes the embedded server require client certificates too.
+	MutualTLS bool
+	// NoTLS leaves TLS off the client listener with Auth (a server on
+	// loopback, whose traffic never leaves the machine).
+	NoTLS bool
 }
+
+// Identity names of the stack's components.
+const (
+	AdminIdentity      = "admin"
+	ReaderIdentity     = "reader"
+	AggregatorIdentity = "aggregator"
+	// AgentIdentity is the in-process agent's, for the engines by URL.
+	AgentIdentity     = "agent"
+	OptimizerIdentity = "optimizer"
+)
+
+// RouterIdentity is the identity of cluster's router.
+func RouterIdentity(cluster string) string { return "router-" + cluster }
+
+// Identities returns the identities of every component of f: admin,
+// reader, aggregator, optimizer, one per engine (named after it) and one
+// router per cluster.
+func Identities(f *File) []auth.Identity {
+	ids := []auth.Identity{
+		{Name: AdminIdentity, Role: auth.RoleAdmin}, {Name: ReaderIdentity, Role: auth.RoleReader},
+		{Name: AggregatorIdentity, Role: auth.RoleAggregator}, {Name: OptimizerIdentity, Role: auth.RoleOptimizer},
+	}
+	var byURL []string
+	for _, e := range f.Engines {
+		if e.ByURL() {
+			byURL = append(byURL, e.Name)
+			continue
+		}
+		ids = append(ids, auth.Identity{Name: e.Name, Role: auth.RoleEngine, Model: f.Model})
+	}
+	if len(byURL) > 0 {
+		// One agent publishes for every engine given by URL.
+		ids = append(ids, auth.Identity{Name: AgentIdentity, Role: auth.RoleAgent, Model: f.Model, Engines: byURL})
+	}
+	for _, c := range f.Clusters {
+		ids = append(ids, auth.Identity{Name: RouterIdentity(c.Name), Role: auth.RoleRouter, Cluster: c.Name, Router: routerName(c.Name)})
+	}
+	return ids
+}
+
+func routerName(cluster string) string { return cluster + "-1" }
 
 // Stack is a running in-process deployment: start it with Start, stop it with Close.
 type Stack struct {
-	opts    Options
-	file    *File
-	nats    *natsembed.Server
-	conn    *nats.Conn
+	opts Options
+	file *File
+	nats *natsembed.Server
+	conn *nats.Conn
+	// conns are the components' own connections (with Auth).
+	conns   []*nats.Conn
 	engines []*enginesim.Engine
 	routers []*router.Service
 	// optimizer is the optimizer service, nil with NoOptimizer.
@@ -148,7 +203,14 @@ func (o Options) Plan() (Plan, error) {
 	}
 	var p Plan
 	var err error
-	if p.NATS, err = checked(natsembed.Options{DataDir: o.DataDir, Host: o.NATSHost, Port: o.NATSPort, ServerName: "switchyard-up"}); err != nil {
+	no := natsembed.Options{DataDir: o.DataDir, Host: o.NATSHost, Port: o.NATSPort, ServerName: "switchyard-up"}
+	if o.Auth != nil {
+		no.Auth = o.Auth.ServerAuth()
+		if !o.NoTLS {
+			no.TLS = o.Auth.ServerTLS(o.MutualTLS)
+		}
+	}
+	if p.NATS, err = checked(no); err != nil {
 		return Plan{}, fmt.Errorf("%w: NATS: %w", ErrOptions, err)
 	}
 	if p.Provision, err = checked(streams.ProvisionOptions{}); err != nil {
@@ -222,7 +284,7 @@ func (o Options) Plan() (Plan, error) {
 			}
 			// The stack serves one /metrics for all of its components
 			// (Gatherer): a router's inference port serves none.
-			ro := router.ServiceOptions{Cluster: c.Name, Router: c.Name + "-1", HTTPAddr: addr, NoMetrics: true, Aliases: f.AliasMap()}
+			ro := router.ServiceOptions{Cluster: c.Name, Router: routerName(c.Name), HTTPAddr: addr, NoMetrics: true, Aliases: f.AliasMap()}
 			field := fmt.Sprintf("clusters[%d].keys_file", i)
 			if ro.KeysFile = c.KeysFile; o.KeysFile != "" {
 				ro.KeysFile, field = o.KeysFile, "KeysFile"
@@ -276,9 +338,20 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 			s.Close()
 		}
 	}()
-	s.conn, err = streams.Connect(ctx, streams.ConnectOptions{InProcess: srv.Server(), Name: "switchyard-up", Logger: log})
-	if err != nil {
+	if s.conn, err = s.Connect(ctx, AdminIdentity); err != nil {
 		return nil, err
+	}
+	// own is the connection of one component: its own identity with Auth,
+	// the stack's connection without.
+	own := func(identity string) (*nats.Conn, error) {
+		if opts.Auth == nil {
+			return s.conn, nil
+		}
+		nc, err := s.Connect(ctx, identity)
+		if err == nil {
+			s.conns = append(s.conns, nc)
+		}
+		return nc, err
 	}
 	js, err := jetstream.New(s.conn)
 	if err != nil {
@@ -294,7 +367,10 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	}
 
 	ao := plan.Aggregator
-	ao.Conn, ao.Logger, ao.Registerer = s.conn, log, opts.Registerer
+	if ao.Conn, err = own(AggregatorIdentity); err != nil {
+		return nil, err
+	}
+	ao.Logger, ao.Registerer = log, opts.Registerer
 	agg, err := aggregator.New(ao)
 	if err != nil {
 		return nil, err
@@ -303,7 +379,10 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 
 	if plan.Optimizer != nil {
 		oo := *plan.Optimizer
-		oo.Conn, oo.Logger, oo.Registerer = s.conn, log, opts.Registerer
+		if oo.Conn, err = own(OptimizerIdentity); err != nil {
+			return nil, err
+		}
+		oo.Logger, oo.Registerer = log, opts.Registerer
 		opt, err := optimizersvc.New(oo)
 		if err != nil {
 			return nil, fmt.Errorf("stack: optimizer service: %w", err)
@@ -312,7 +391,10 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		s.goRun("optimizer", func() error { return opt.Run(runCtx) })
 	}
 	for _, eo := range plan.Engines {
-		eo.Conn, eo.Logger = s.conn, log
+		if eo.Conn, err = own(eo.Name); err != nil {
+			return nil, err
+		}
+		eo.Logger = log
 		eng, err := enginesim.New(eo)
 		if err != nil {
 			return nil, fmt.Errorf("stack: engine %s: %w", eo.Name, err)
@@ -324,14 +406,20 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	}
 	if plan.Agent != nil {
 		ao := *plan.Agent
-		ao.Conn, ao.Logger = s.conn, log
+		if ao.Conn, err = own(AgentIdentity); err != nil {
+			return nil, err
+		}
+		ao.Logger = log
 		s.agentOpts = &ao
 		if err := s.StartAgent(); err != nil {
 			return nil, err
 		}
 	}
 	for _, ro := range plan.Routers {
-		ro.Conn, ro.Logger = s.conn, log // the router adds component, cluster and router to its lines
+		if ro.Conn, err = own(RouterIdentity(ro.Cluster)); err != nil {
+			return nil, err
+		}
+		ro.Logger = log // the router adds component, cluster and router to its lines
 		rs, err := router.NewService(ro)
 		if err != nil {
 			return nil, fmt.Errorf("stack: router of cluster %s: %w", ro.Cluster, err)
@@ -341,6 +429,20 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	}
 	return s, nil
 }
+
+// Connect opens a new in-process connection to the stack's server as
+// identity (with Auth; without, anonymously); the caller closes it.
+func (s *Stack) Connect(ctx context.Context, identity string) (*nats.Conn, error) {
+	o := streams.ConnectOptions{InProcess: s.nats.Server(), Name: "switchyard-up-" + identity, Logger: s.opts.Logger}
+	if s.opts.Auth != nil {
+		o = s.opts.Auth.Connect(identity, s.opts.MutualTLS, o)
+	}
+	return streams.Connect(ctx, o)
+}
+
+// Auth returns the stack's auth material, nil without.
+func (s *Stack) Auth() *auth.Material { return s.opts.Auth }
+
 func (s *Stack) goRun(name string, fn func() error) {
 	s.wg.Add(1)
 	go func() {
@@ -360,7 +462,7 @@ func (s *Stack) File() *File { return s.file }
 // NATSURL returns the embedded server's client URL ("" with no client listener).
 func (s *Stack) NATSURL() string { return s.nats.ClientURL() }
 
-// Conn returns the stack's own NATS connection.
+// Conn returns the stack's own NATS connection (the admin identity's with Auth).
 func (s *Stack) Conn() *nats.Conn { return s.conn }
 
 // Engines returns the simulated engines, in stack file order (engines by
@@ -439,6 +541,9 @@ func (s *Stack) Close() {
 	}
 	for _, e := range s.engines {
 		_ = e.Close()
+	}
+	for _, nc := range s.conns {
+		nc.Close()
 	}
 	if s.conn != nil {
 		s.conn.Close()

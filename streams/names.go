@@ -1,6 +1,8 @@
 package streams
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"strings"
 
@@ -107,6 +109,10 @@ func (n Names) ReportFilter() string { return n.Prefix + ".report.>" }
 func (n Names) RequestSubject(cluster, model string) (string, error) {
 	return subject(n.Prefix+".req", 1, cluster, model)
 }
+
+// RequestQueue is the queue group the routers of a frontend cluster share
+// on its request subjects, so that each request reaches one of them.
+func RequestQueue(cluster string) string { return "sy-router-" + cluster }
 
 // InferSubject is the subject an engine takes inference requests on over NATS:
 // <prefix>.infer.<model>.<engine>.
@@ -286,4 +292,17 @@ func (n Names) ParseSubject(subject, kind string, want int) ([]string, bool) {
 		}
 	}
 	return toks, true
+}
+
+// MsgIDPrefix returns "<name>-<random>-", the start of the Nats-Msg-Ids
+// of one publisher, followed by its sequence number. JetStream
+// de-duplicates across the whole stream, not per subject: with a random
+// part no other identity that may publish into the same stream can guess
+// and pre-send the publisher's next ids to have its real messages
+// discarded as duplicates (an identity that could read them is the
+// aggregator or an operator, which may not publish there).
+func MsgIDPrefix(name string) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read does not fail
+	return name + "-" + hex.EncodeToString(b[:]) + "-"
 }

@@ -9,12 +9,13 @@ import (
 	"strings"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/switchyard-dev/switchyard/dashboard"
 	"github.com/switchyard-dev/switchyard/plan"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/stack"
 	"github.com/switchyard-dev/switchyard/streams"
-	"go.yaml.in/yaml/v3"
 )
 
 func optimizerCommand() command {
@@ -120,7 +121,7 @@ func optimizerCommand() command {
 				if e.printOnly {
 					return e.printConfig(section{"optimizer", o}, section{"dashboard", dash})
 				}
-				nc, err := connectService(ctx, *url, "switchyard-optimizer", log, *replicas, streams.ProvisionOptions{LeaseTTL: o.LeaseTTL})
+				nc, err := connectService(ctx, url, "switchyard-optimizer", log, *replicas, streams.ProvisionOptions{LeaseTTL: o.LeaseTTL})
 				if err != nil {
 					return err
 				}

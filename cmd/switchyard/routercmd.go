@@ -144,7 +144,7 @@ func routerCommand() command {
 						}
 					}
 					// Routers never wait on the control plane: start even if NATS is not up yet.
-					if nc, err = streams.Connect(ctx, streams.ConnectOptions{URLs: []string{*url}, Name: "switchyard-router-" + o.Cluster, Logger: log, WaitForServer: true}); err != nil {
+					if nc, err = streams.Connect(ctx, withWait(url.options("switchyard-router-"+o.Cluster, log))); err != nil {
 						return err
 					}
 				}

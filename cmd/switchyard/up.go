@@ -5,7 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/switchyard-dev/switchyard/auth"
 	"github.com/switchyard-dev/switchyard/dashboard"
 	"github.com/switchyard-dev/switchyard/services/loadgen"
 	"github.com/switchyard-dev/switchyard/stack"
@@ -36,6 +39,8 @@ func upCommand() command {
 			emulate := fs.Bool("emulate-network", true, "routers add the stack file's network latency to each request (one machine has no real network)")
 			load := fs.Bool("load", false, "send each cluster's demand through its router, and print a summary every 10 s")
 			routerAddr := fs.String("router-addr", "", "listen `address` for every router, overriding the stack file (127.0.0.1:0 picks free ports)")
+			mutual := fs.Bool("mutual-tls", false, "require client certificates (the material's tls/client.pem) on the NATS client port too")
+			tlsOn := fs.String("tls", "auto", "TLS on the NATS client port: on, off, or auto (on unless --nats-host is a loopback address, whose traffic never leaves the machine)")
 			keys := fs.String("keys", "", "API keys `file` of every router's front door, overriding the stack file's keys_file (docs/deployment.md, \"The front door\"; empty: open, as the quick start is)")
 			mkLog := logFlags(fs, e)
 			return func(ctx context.Context, args []string) error {
@@ -56,7 +61,19 @@ func upCommand() command {
 					return usagef("--load: no cluster of the stack file has a demand_rps to send")
 				}
 				so := stack.Options{File: f, DataDir: *dataDir, NATSHost: *host, NATSPort: *port,
-					SignalInterval: *signalEvery, RouterAddr: *routerAddr, KeysFile: *keys, EmulateNetwork: *emulate, Logger: log}
+					SignalInterval: *signalEvery, RouterAddr: *routerAddr, KeysFile: *keys, EmulateNetwork: *emulate, Logger: log, MutualTLS: *mutual}
+				useTLS, err := tlsWanted(*tlsOn, *host)
+				if err != nil {
+					return usageError{err}
+				}
+				if !e.printOnly {
+					// Keys and the CA under <data-dir>/auth are reused on
+					// restart; credentials are issued afresh for the stack file.
+					if so.Auth, err = auth.Generate(auth.Options{Dir: filepath.Join(*dataDir, "auth"), Identities: stack.Identities(f), Hosts: []string{*host}}); err != nil {
+						return err
+					}
+					so.NoTLS = !useTLS
+				}
 				plan, err := so.Plan()
 				if err != nil {
 					return usageError{err}
@@ -75,7 +92,13 @@ func upCommand() command {
 					return err
 				}
 				defer s.Close()
-				dash.Conn, dash.Logger, dash.Routers, dash.Registerer = s.Conn(), log, dashboard.RouterStatuses(s.Routers), reg
+				// The dashboard only reads: the read-only operator's identity.
+				dashConn, err := s.Connect(ctx, stack.ReaderIdentity)
+				if err != nil {
+					return err
+				}
+				defer dashConn.Close()
+				dash.Conn, dash.Logger, dash.Routers, dash.Registerer = dashConn, log, dashboard.RouterStatuses(s.Routers), reg
 				dashHandler, stopDash, err := startDashboard(ctx, dash)
 				if err != nil {
 					return err
@@ -86,7 +109,7 @@ func upCommand() command {
 					return err
 				}
 				defer stopMetrics()
-				printUp(e.stdout, s, *dataDir, *metricsAddr)
+				printUp(e.stdout, s, *dataDir, *metricsAddr, useTLS)
 				if *load {
 					stopLoad := startLoad(ctx, s, e.stdout)
 					defer stopLoad()
@@ -112,11 +135,37 @@ func selfCommand() string {
 	return "switchyard"
 }
 
-func printUp(w io.Writer, s *stack.Stack, dataDir, metricsAddr string) {
+// tlsWanted reads --tls for a server on host.
+func tlsWanted(flag, host string) (bool, error) {
+	switch flag {
+	case "on":
+		return true, nil
+	case "off":
+		return false, nil
+	case "auto":
+		ip := net.ParseIP(host)
+		return !(host == "localhost" || ip != nil && ip.IsLoopback()), nil
+	}
+	return false, fmt.Errorf("--tls %q: want on, off or auto", flag)
+}
+
+func printUp(w io.Writer, s *stack.Stack, dataDir, metricsAddr string, useTLS bool) {
 	f := s.File()
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "Switchyard is up (model %q).\n\n", f.Model)
 	fmt.Fprintf(tw, "  NATS\t%s\tJetStream store in %s\n", s.NATSURL(), dataDir)
+	creds := ""
+	if m := s.Auth(); m != nil { // always with up: it refuses anonymous clients
+		how := "anonymous clients refused"
+		if useTLS {
+			how += "; TLS, CA " + m.Path(auth.CAFile)
+		}
+		fmt.Fprintf(tw, "  identities\t%s\t%s (one <identity>.creds each: admin, reader, aggregator, optimizer, engines, router-<cluster>)\n", m.Dir, how)
+		creds = " --creds " + m.CredsFile(stack.AdminIdentity)
+		if useTLS {
+			creds += " --tlsca " + m.Path(auth.CAFile)
+		}
+	}
 	fmt.Fprintf(tw, "  aggregator\tin process\tsignals and reports -> KV sy_engines, sy_demand\n")
 	if s.Optimizer() != nil {
 		fmt.Fprintf(tw, "  optimizer\tin process\tsy_engines, sy_demand -> weight snapshots in KV sy_weights\n")
@@ -153,10 +202,10 @@ func printUp(w io.Writer, s *stack.Stack, dataDir, metricsAddr string) {
 		server = " -s " + u
 	}
 	fmt.Fprintf(w, "\nLook inside with the nats CLI (go install github.com/nats-io/natscli/nats@v0.5.0):\n")
-	fmt.Fprintf(w, "  nats%s kv ls sy_engines\n", server)
-	fmt.Fprintf(w, "  nats%s kv get sy_engines %s.%s --raw | %s decode\n", server, f.Model, f.Engines[min(1, len(f.Engines)-1)].Name, self)
-	fmt.Fprintf(w, "  nats%s kv get sy_weights %s.%s --raw | %s decode\n", server, f.Model, f.Clusters[min(1, len(f.Clusters)-1)].Name, self)
-	fmt.Fprintf(w, "  nats%s sub 'sy.signal.>' --translate '%s decode --compact'\n", server, self)
+	fmt.Fprintf(w, "  nats%s%s kv ls sy_engines\n", server, creds)
+	fmt.Fprintf(w, "  nats%s%s kv get sy_engines %s.%s --raw | %s decode\n", server, creds, f.Model, f.Engines[min(1, len(f.Engines)-1)].Name, self)
+	fmt.Fprintf(w, "  nats%s%s kv get sy_weights %s.%s --raw | %s decode\n", server, creds, f.Model, f.Clusters[min(1, len(f.Clusters)-1)].Name, self)
+	fmt.Fprintf(w, "  nats%s%s sub 'sy.signal.>' --translate '%s decode --compact'\n", server, creds, self)
 	fmt.Fprintf(w, "\nCtrl-C stops everything.\n")
 }
 

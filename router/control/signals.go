@@ -144,7 +144,7 @@ type Signals struct {
 }
 
 // rejectSubject counts a valid signal published on another engine's subject.
-const rejectSubject = "subject"
+const rejectSubject = poison.ReasonSubject
 
 // NewSignals returns a Signals for opts; Run starts it.
 func NewSignals(opts SignalOptions) (*Signals, error) {

@@ -20,7 +20,7 @@ import (
 // Headers and defaults of the engine-side SDK (the request path's header
 // names are messages.HeaderLast, messages.HeaderStatus, NATSHeaderEngine, ...).
 const (
-	// HeaderMsgID is the JetStream de-duplication header every signal carries ("<engine>-<seq>").
+	// HeaderMsgID is the JetStream de-duplication header every signal carries ("<engine>-<random>-<seq>").
 	HeaderMsgID = jetstream.MsgIDHeader
 	// DefaultInterval is the signal interval when Options.Interval is zero.
 	DefaultInterval = 200 * time.Millisecond
@@ -82,10 +82,12 @@ type Publisher struct {
 	js      jetstream.JetStream
 	log     zerolog.Logger
 
-	mu       sync.Mutex // guards latest, have, seq and lastWarn
-	latest   messages.EngineSignal
-	have     bool
-	seq      uint64
+	mu     sync.Mutex // guards latest, have, seq and lastWarn
+	latest messages.EngineSignal
+	have   bool
+	seq    uint64
+	// msgID starts every signal's Nats-Msg-Id (streams.MsgIDPrefix).
+	msgID    string
 	pubMu    sync.Mutex // serialises publishes so seq order is publish order
 	lastWarn time.Time
 
@@ -165,6 +167,7 @@ func NewPublisher(opts Options) (*Publisher, error) {
 		opts.FirstSeq = uint64(time.Now().UnixMicro())
 	}
 	return &Publisher{
+		msgID:   streams.MsgIDPrefix(opts.Engine),
 		seq:     opts.FirstSeq - 1,
 		opts:    opts,
 		subject: subject,
@@ -287,7 +290,7 @@ func (p *Publisher) publish(ctx context.Context, s messages.EngineSignal) error 
 	pctx, cancel := context.WithTimeout(ctx, p.opts.PublishTimeout)
 	defer cancel()
 	ack, err := p.js.Publish(pctx, p.subject, data,
-		jetstream.WithMsgID(p.opts.Engine+"-"+strconv.FormatUint(seq, 10)),
+		jetstream.WithMsgID(p.msgID+strconv.FormatUint(seq, 10)),
 		jetstream.WithRetryAttempts(0))
 	if err != nil {
 		p.failed.Add(1)
