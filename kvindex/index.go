@@ -205,7 +205,9 @@ func (x *Index) SetCapacity(engine string, blocks int) error {
 }
 
 // Store records that engine holds the blocks keys.
-func (x *Index) Store(engine string, keys []uint64) error { return x.StoreAt(engine, keys, time.Time{}) }
+func (x *Index) Store(engine string, keys []uint64) error {
+	return x.StoreAt(engine, keys, time.Time{})
+}
 
 // StoreAt records that engine holds the blocks keys as of now, and forgets
 // blocks of engine (and of one other engine, in turn) not stored again
