@@ -83,8 +83,8 @@ type holding struct {
 
 // A block's entry in Index.blocks is its first holding packed in one word
 // (most blocks are held by one engine): the engine in the low 16 bits, the
-// stamp in the next 32, and moreBit when Index.more holds the block's other
-// holdings, sorted by engine. One word a block keeps the index near 30
+// stamp in the next 32, moreBit when Index.more holds the block's other
+// holdings, sorted by engine. One word a block keeps the index near 50
 // bytes a block with its eviction ring.
 const moreBit = 1 << 63
 
@@ -268,6 +268,7 @@ func (x *Index) evictUpTo(id uint16, upTo uint64) {
 	}
 }
 
+// store records that engine id holds k.
 func (x *Index) store(id uint16, k uint64) {
 	e := &x.engines[id]
 	capacity := uint64(e.capacity)
@@ -342,7 +343,8 @@ func (x *Index) drop(id uint16, k uint64, stamp uint32, exact bool) {
 	x.setMore(k, slices.Delete(more, at, at+1), v&^moreBit)
 }
 
-// setMore stores k's first holding (packed, without moreBit) and others.
+// setMore stores k's first holding (packed, without moreBit) and the
+// others.
 func (x *Index) setMore(k uint64, more []holding, first uint64) {
 	if len(more) == 0 {
 		delete(x.more, k)

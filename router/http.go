@@ -20,6 +20,7 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/guard"
+	"github.com/switchyard-dev/switchyard/router/prefix"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/router/upstream"
@@ -102,6 +103,7 @@ type Handler struct {
 type modelState struct {
 	live   *LiveSet
 	recent *selection.RecentKeys // where this router sent each affinity key lately
+	prefix *prefix.Index         // which engine holds which blocks of the prompts this router routed
 	bound  atomic.Pointer[Bound]
 	adm    *Admission
 	// met holds the model's metric children, made on first use.
@@ -231,7 +233,8 @@ func (h *Handler) model(name string) *modelState {
 	live := NewLiveSet(h.opts.Now)
 	live.resolve, live.model = h.opts.Endpoints, name
 	recent, _ := selection.NewRecentKeys(selection.DefaultRecentKeys) // a valid size: never fails
-	v, _ := h.models.LoadOrStore(name, &modelState{live: live, recent: recent,
+	px, _ := prefix.New(prefix.Options{})                             // the defaults: never fails
+	v, _ := h.models.LoadOrStore(name, &modelState{live: live, recent: recent, prefix: px,
 		adm: &Admission{prot: h.prot}, created: h.opts.Now().Unix()})
 	return v.(*modelState)
 }
@@ -404,9 +407,19 @@ func (h *Handler) route(ctx context.Context, req *protocol.Request, session stri
 		rt.spare = info.Figures.Spare
 	}
 	var idx int
-	if src == protocol.KeyNone {
+	var kbuf [protocol.MaxPrefixKeys]uint64
+	var keys []uint64
+	switch src {
+	case protocol.KeyNone:
 		idx, ok = table.PickTwo(key, bound)
-	} else {
+	case protocol.KeyPrefix:
+		var tokens bool
+		keys, tokens = protocol.PrefixKeys(kbuf[:0], req)
+		idx, ok = ms.prefix.Pick(table, bound, key, keys, tokens)
+		if ok {
+			ms.recent.RememberName(key, table.Engine(idx).Name) // for admission's ongoing conversations
+		}
+	default:
 		idx, ok = table.PickRecent(key, bound, ms.recent)
 	}
 	if !ok {
@@ -418,6 +431,9 @@ func (h *Handler) route(ctx context.Context, req *protocol.Request, session stri
 			fmt.Sprintf("no engine is available for model %q", req.Model))
 	}
 	rt.idx = idx
+	if !rt.fallback { // a fallback pick is a moment's, not where the prefix will live
+		ms.prefix.Routed(table.Engine(idx).Name, keys, h.opts.Now())
+	}
 	h.budget.Earn(u)
 	h.amp.Add(1, 0)
 	return rt, nil
