@@ -6,6 +6,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/guard"
+	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
@@ -18,7 +19,7 @@ import (
 func TestAdmissionWithoutHandler(t *testing.T) {
 	now := time.Unix(1000, 0)
 	clock := func() time.Time { return now }
-	set := NewLiveSet(clock)
+	set := live.NewLiveSet(clock)
 	b := set.Bind(mustTable(t, []selection.Engine{{Name: "a", Weight: 1}}, selection.TableOptions{}))
 	for _, tc := range []struct {
 		name  string
@@ -35,7 +36,7 @@ func TestAdmissionWithoutHandler(t *testing.T) {
 		{"burst over the allotment", &guard.Figures{DemandRPS: 10, Utilisation: 0.95, Latency: time.Second}, 30, 1, guard.ShedAdmission, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a := NewAdmission(ProtectionOptions{})
+			a := live.NewAdmission(live.ProtectionOptions{})
 			for range tc.n {
 				if _, r, _ := a.Admit(now, nil, b, nil, 7, protocol.KeyNone, protocol.PriorityStandard); r != "" {
 					t.Fatalf("setup request shed: %s", r)
@@ -55,21 +56,21 @@ func TestAdmissionWithoutHandler(t *testing.T) {
 			}
 		})
 	}
-	live := b.Live(0)
-	for k := range DefaultEjectAfter {
-		if ch, _, _ := live.Report(control.Result5xx, false, now, EjectOptions{}); (ch == EjectStart) != (k == DefaultEjectAfter-1) {
+	el := b.Live(0)
+	for k := range live.DefaultEjectAfter {
+		if ch, _, _ := el.Report(control.Result5xx, false, now, live.EjectOptions{}); (ch == live.EjectStart) != (k == live.DefaultEjectAfter-1) {
 			t.Fatalf("after %d failures the ejection change is %v", k+1, ch)
 		}
 	}
 	if !b.Down(0) {
 		t.Fatal("an ejected engine is not skipped")
 	}
-	now = now.Add(DefaultEjectBackoff)
-	ok, probe := live.Claim(now)
+	now = now.Add(live.DefaultEjectBackoff)
+	ok, probe := el.Claim(now)
 	if !ok || !probe || !b.Down(0) {
 		t.Fatalf("after the backoff: Claim = %v, %v, skipped %v; want the probe, others skipped", ok, probe, b.Down(0))
 	}
-	if ch, _, _ := live.Report(control.ResultOK, probe, now, EjectOptions{}); ch != EjectRestored || b.Down(0) {
+	if ch, _, _ := el.Report(control.ResultOK, probe, now, live.EjectOptions{}); ch != live.EjectRestored || b.Down(0) {
 		t.Fatal("a successful probe did not restore the engine")
 	}
 }
@@ -79,15 +80,15 @@ func TestAdmissionWithoutHandler(t *testing.T) {
 // ejected engine rather than nowhere; an engine marked down never.
 func TestPickFallback(t *testing.T) {
 	now := time.Unix(1000, 0)
-	set := NewLiveSet(func() time.Time { return now })
+	set := live.NewLiveSet(func() time.Time { return now })
 	b := set.Bind(mustTable(t, []selection.Engine{{Name: "a", Weight: 1}, {Name: "b"}}, selection.TableOptions{}))
 	ia, _ := b.Table().Index("a")
 	ib, okb := b.Table().Index("b")
 	if !okb {
 		t.Fatal("the engine of weight zero is not in the table")
 	}
-	for range DefaultEjectAfter {
-		b.Live(ia).Report(control.ResultConnect, false, now, EjectOptions{})
+	for range live.DefaultEjectAfter {
+		b.Live(ia).Report(control.ResultConnect, false, now, live.EjectOptions{})
 	}
 	for _, tc := range []struct {
 		name         string

@@ -1,7 +1,6 @@
 package router
 
 import (
-	"math"
 	"net/http"
 	"sync"
 	"testing"
@@ -9,45 +8,8 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/guard"
-	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
 )
-
-// TestBoundSlotTimes checks the weight-averaged slot time and step of a
-// bound's engines, that engines without a signal saying them are left out
-// unless they carry half the weight, and that an answer is reused for
-// slotTimesEvery.
-func TestBoundSlotTimes(t *testing.T) {
-	now := time.Unix(1000, 0)
-	set := NewLiveSet(func() time.Time { return now })
-	table := mustTable(t, []selection.Engine{{Name: "a", Weight: 0.5}, {Name: "b", Weight: 0.3}, {Name: "c", Weight: 0.2}, {Name: "d"}}, selection.TableOptions{})
-	b := set.Bind(table)
-	if _, _, ok := b.SlotTimes(); ok {
-		t.Fatal("slot times known before any signal")
-	}
-	// Only c has told (weight 0.2 of 1): not enough.
-	set.ObserveSignal(&messages.EngineSignal{Model: "m", Engine: "c", MaxRunning: 10, CapacityRPS: 5, TBTMs: 40})
-	now = now.Add(slotTimesEvery)
-	if _, _, ok := b.SlotTimes(); ok {
-		t.Fatal("slot times known from a fifth of the weight")
-	}
-	// a: 20 slots at 10 req/s = 2 s, 50 ms steps; b: MaxRunning unknown, so
-	// capacity × idle latency = 4 slots at 8 req/s = 0.5 s, no step; d has
-	// no weight and does not count.
-	set.ObserveSignal(&messages.EngineSignal{Model: "m", Engine: "a", MaxRunning: 20, CapacityRPS: 10, TBTMs: 50})
-	set.ObserveSignal(&messages.EngineSignal{Model: "m", Engine: "b", CapacityRPS: 8, BaseLatencyMs: 500})
-	set.ObserveSignal(&messages.EngineSignal{Model: "m", Engine: "d", MaxRunning: 100, CapacityRPS: 1, TBTMs: 900})
-	// Within slotTimesEvery of the last answer: reused.
-	if _, _, ok := b.SlotTimes(); ok {
-		t.Fatal("answer not reused within slotTimesEvery")
-	}
-	now = now.Add(slotTimesEvery)
-	slot, step, ok := b.SlotTimes()
-	wantSlot := (0.5*2 + 0.3*0.5 + 0.2*2) / 1.0
-	wantStep := (0.5*0.05 + 0.2*0.04) / 0.7
-	if !ok || math.Abs(slot-wantSlot) > 1e-9 || math.Abs(step-wantStep) > 1e-9 {
-		t.Fatalf("SlotTimes = %v, %v, %v; want %v, %v, true", slot, step, ok, wantSlot, wantStep)
-	}
-}
 
 // TestCapacityAllotmentShedsBurst: while the snapshot sheds, a burst is
 // admitted up to the engines' batch slots plus each class's queue steps
@@ -55,7 +17,7 @@ func TestBoundSlotTimes(t *testing.T) {
 // is shed at once with reason "admission": sheddable requests first,
 // critical ones last.
 func TestCapacityAllotmentShedsBurst(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		// λ = 10 req/s (a shed of 1% relaxes to none, so no key is shed by
 		// the snapshot); each engine 4 slots at 5 req/s, 0.8 s a slot, and
 		// 1 s steps: sheddable 10·0.8 = 8, standard 10·(0.8+0.375) =
@@ -89,7 +51,7 @@ func TestCapacityAllotmentShedsBurst(t *testing.T) {
 // slot) and 1 s decode steps: capacity allotments of 10·0.8 = 8
 // sheddable, 10·(0.8+0.375) = 11.75 standard and 10·(0.8+20) = 208 critical
 // requests, where the latency allotment would allow 3,100.
-func newCapacityFront(t *testing.T, kind ServerKind) *pfront {
+func newCapacityFront(t *testing.T, kind httpfront.ServerKind) *pfront {
 	t.Helper()
 	figs := &guard.Figures{ShedFraction: 0.01, DemandRPS: 10 / 0.99, Latency: 100 * time.Second, Utilisation: 1}
 	f := newPFront(t, kind, []int32{modeHold, modeHold}, []float64{0.5, 0.5}, figs, Options{})
@@ -105,7 +67,7 @@ func newCapacityFront(t *testing.T, kind ServerKind) *pfront {
 // routed before gets another step of queue (up to 10·(0.8+1.375) = 21.75 in
 // flight), so a new conversation is shed while an ongoing one goes on.
 func TestCapacityAllotmentKeepsOngoingConversations(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newCapacityFront(t, kind)
 		b := &burster{f: f}
 		var wg sync.WaitGroup

@@ -13,6 +13,8 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
+	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
@@ -85,12 +87,12 @@ func (o *outcomeRecorder) results(engine string) []control.Result {
 // another engine, recorded as client errors, and neither eject the engine
 // nor reset or add to its failure count; 408 and 5xx still do.
 func TestClientErrorsNotBlamed(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		for _, status := range []int{400, 404, 413, 422} {
 			t.Run(fmt.Sprint(status), func(t *testing.T) {
 				bad := newStatusEngine(t, "e0", status)
 				good := newStatusEngine(t, "e1", http.StatusOK)
-				front := func(prot ProtectionOptions) (*pfront, *outcomeRecorder) {
+				front := func(prot live.ProtectionOptions) (*pfront, *outcomeRecorder) {
 					tables := NewStaticTables()
 					table := mustTable(t, []selection.Engine{{Name: "e0", URL: bad.srv.URL, Weight: 0.5},
 						{Name: "e1", URL: good.srv.URL, Weight: 0.5}}, selection.TableOptions{})
@@ -100,10 +102,10 @@ func TestClientErrorsNotBlamed(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					url := serveFront(t, kind, h, ServerOptions{})
+					url := serveFront(t, kind, h, httpfront.ServerOptions{})
 					return &pfront{h: h, url: url, tables: tables, table: table, client: testClient(t)}, rec
 				}
-				f, rec := front(ProtectionOptions{})
+				f, rec := front(live.ProtectionOptions{})
 				h := f.h
 				hdr := map[string]string{messages.HeaderSessionID: f.sessionFor(t, 0)}
 				for i := 0; i < 10; i++ {
@@ -135,7 +137,7 @@ func TestClientErrorsNotBlamed(t *testing.T) {
 				}
 				// Client errors are neutral, not successes: two failures
 				// before one and one after still eject (After = 3).
-				f, _ = front(ProtectionOptions{MaxAttempts: 1})
+				f, _ = front(live.ProtectionOptions{MaxAttempts: 1})
 				for _, st := range []int{500, 502, status, 408} {
 					bad.status.Store(int32(st))
 					if r := f.do(streamBody("x"), hdr); r.status != st {

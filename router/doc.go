@@ -5,11 +5,13 @@
 // The pure pieces are packages of their own: the selection table
 // (router/selection: weighted, consistent, bounded-load engine selection),
 // OpenAI request parsing, affinity keys and error rendering
-// (router/protocol) and the guards' rules (router/guard). The HTTP front
-// (Handler) and the NATS front (router/natsfront, through the narrow
-// natsfront.Pipeline that Handler implements) share one request pipeline
-// (Handler.begin) and plug into the rest through the control.Tables,
-// upstream.Transport and control.Observer interfaces.
+// (router/protocol), the guards' rules (router/guard) and the live guard
+// (router/live). The HTTP front (router/httpfront, through the narrow
+// httpfront.Pipeline that NewServer makes of a Handler) and the NATS front
+// (router/natsfront, through the natsfront.Pipeline that Handler
+// implements) share one request pipeline (Handler.begin) and plug into the
+// rest through the control.Tables, upstream.Transport and control.Observer
+// interfaces.
 //
 // A Service wires one router together:
 //

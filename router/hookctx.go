@@ -113,6 +113,9 @@ func (c *hookCtx) Value(key any) any {
 // cancel ends the context with context.Canceled; further calls do nothing.
 func (c *hookCtx) cancel() { c.cancelWith(context.Canceled, false) }
 
+// Cancel is cancel (httpfront.Context).
+func (c *hookCtx) Cancel() { c.cancel() }
+
 // fire is the first-byte timer's end of the context.
 func (c *hookCtx) fire() { c.cancelWith(context.Canceled, true) }
 

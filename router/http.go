@@ -8,7 +8,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +19,8 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/guard"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
+	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/router/prefix"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
@@ -65,10 +66,10 @@ type Options struct {
 	Observer control.Observer
 	// Protection tunes ejection of failing engines, retries, the retry
 	// budget and load shedding (default: the defaults of each).
-	Protection ProtectionOptions
+	Protection live.ProtectionOptions
 	// Regions, when set, gives engines' regions: a retry goes to the
 	// failed engine's region first.
-	Regions RegionResolver
+	Regions live.RegionResolver
 	// Endpoints, when set, gives engines' live endpoints (the router's
 	// Signals): the handler then never picks an engine for which neither
 	// its table entry nor Endpoints has an address, and SetEngineEndpoints
@@ -83,8 +84,9 @@ type Options struct {
 	Settled <-chan struct{}
 }
 
-// Handler is the router's HTTP front: the OpenAI inference endpoints,
-// /v1/models, /healthz, /readyz and /metrics.
+// Handler is the router's request pipeline, which both fronts run, and its
+// net/http mux: the OpenAI inference endpoints (served through
+// router/httpfront), /v1/models, /healthz, /readyz and /metrics.
 type Handler struct {
 	opts     Options
 	log      zerolog.Logger
@@ -94,18 +96,18 @@ type Handler struct {
 	seq      atomic.Uint64
 	bufs     sync.Pool
 	promHTTP http.Handler
-	prot     ProtectionOptions
+	prot     live.ProtectionOptions
 	budget   *guard.RetryBudget
 	amp      *guard.AmpWindow
 }
 
 // modelState is the router's live state for one model.
 type modelState struct {
-	live   *LiveSet
+	live   *live.LiveSet
 	recent *selection.RecentKeys // where this router sent each affinity key lately
 	prefix *prefix.Index         // which engine holds which blocks of the prompts this router routed
-	bound  atomic.Pointer[Bound]
-	adm    *Admission
+	bound  atomic.Pointer[live.Bound]
+	adm    *live.Admission
 	// met holds the model's metric children, made on first use.
 	met atomic.Pointer[modelMetrics]
 	// created is when the router first saw the model (Unix seconds): the
@@ -148,7 +150,7 @@ func NewHandler(opts Options) (*Handler, error) {
 	if opts.Observer == nil {
 		opts.Observer = nopObserver{}
 	}
-	prot := opts.Protection.withDefaults()
+	prot := opts.Protection.WithDefaults()
 	budget := guard.NewRetryBudget(prot.Budget, opts.Now)
 	amp := guard.NewAmpWindow(opts.Now)
 	m, err := newMetrics(opts.Registry, opts.Tables, opts.Now, budget.Tokens, amp.Ratio)
@@ -168,7 +170,7 @@ func NewHandler(opts Options) (*Handler, error) {
 	h.promHTTP = promhttp.HandlerFor(opts.Metrics, promhttp.HandlerOpts{Registry: opts.Registry})
 	for _, ep := range [...]protocol.Endpoint{protocol.EndpointChat, protocol.EndpointCompletions,
 		protocol.EndpointResponses, protocol.EndpointEmbeddings} {
-		h.mux.HandleFunc(ep.Path(), func(w http.ResponseWriter, r *http.Request) { h.serveStd(w, r, ep) })
+		h.mux.Handle(ep.Path(), httpfront.InferenceHandler(httpPipeline{h}, ep))
 	}
 	h.mux.HandleFunc("/v1/models", h.serveModels)
 	h.mux.HandleFunc("/v1/models/{id...}", h.serveModel)
@@ -193,7 +195,7 @@ func (h *Handler) Metrics() prometheus.Gatherer { return h.opts.Metrics }
 
 // Live returns the live engine state of model (in-flight counts, down
 // marks), creating it if needed; guards use it to mark engines down.
-func (h *Handler) Live(model string) *LiveSet { return h.model(model).live }
+func (h *Handler) Live(model string) *live.LiveSet { return h.model(model).live }
 
 // SetEngineDown marks an engine of model down (skipped at once) or up.
 func (h *Handler) SetEngineDown(model, engine string, down bool) {
@@ -204,6 +206,13 @@ func (h *Handler) SetEngineDown(model, engine string, down bool) {
 // now; with Options.Endpoints set, an engine is selectable only with one.
 func (h *Handler) SetEngineEndpoints(model, engine string, ep control.Endpoints) {
 	h.Live(model).SetEndpoints(engine, ep)
+}
+
+// ObserveSignal folds an engine's signal into the live state of its model
+// (see live.LiveSet.ObserveSignal); the router service calls it for every signal
+// it accepts.
+func (h *Handler) ObserveSignal(sig *messages.EngineSignal) {
+	h.Live(sig.Model).ObserveSignal(sig)
 }
 
 // settledOrWait returns at once when the router has settled (see
@@ -230,17 +239,16 @@ func (h *Handler) model(name string) *modelState {
 	if v, ok := h.models.Load(name); ok {
 		return v.(*modelState)
 	}
-	live := NewLiveSet(h.opts.Now)
-	live.resolve, live.model = h.opts.Endpoints, name
+	ls := live.NewLiveSetFor(name, h.opts.Endpoints, h.opts.Now)
 	recent, _ := selection.NewRecentKeys(selection.DefaultRecentKeys) // a valid size: never fails
 	px, _ := prefix.New(prefix.Options{})                             // the defaults: never fails
-	v, _ := h.models.LoadOrStore(name, &modelState{live: live, recent: recent, prefix: px,
-		adm: &Admission{prot: h.prot}, created: h.opts.Now().Unix()})
+	v, _ := h.models.LoadOrStore(name, &modelState{live: ls, recent: recent, prefix: px,
+		adm: live.NewAdmission(h.prot), created: h.opts.Now().Unix()})
 	return v.(*modelState)
 }
 
 // bind returns the Guard of model bound to t, rebinding when t is new.
-func (h *Handler) bind(model string, t *selection.Table) *Bound {
+func (h *Handler) bind(model string, t *selection.Table) *live.Bound {
 	ms := h.model(model)
 	if b := ms.bound.Load(); b != nil && b.Table() == t {
 		return b
@@ -280,85 +288,17 @@ func (h *Handler) newRequestID() string {
 	return string(id[:])
 }
 
-// reject answers e and counts it under model.
-func (h *Handler) reject(w http.ResponseWriter, model string, e *protocol.APIError) {
-	h.metrics.requests.WithLabelValues(model, strconv.Itoa(e.Status)).Inc()
-	protocol.WriteError(w, e)
-}
-
 // Metric model labels for requests rejected before a served model is known.
 const (
 	labelInvalid = "_invalid"
 	labelUnknown = "_unknown"
 )
 
-// httpRequest is what the HTTP front reads of a client's request,
-// whichever HTTP server parsed it (net/http or fasthttp): the pipeline's
-// protocol.ClientRequest and the method.
-type httpRequest interface {
-	protocol.ClientRequest
-	// method is the request method.
-	method() string
-}
-
-// headWriter is a response writer that writes an engine's answer head
-// without a header map: the headers set so far, then the engine's headers
-// but the hop-by-hop ones (each replacing any of its name set before),
-// then X-Switchyard-Engine and X-Request-Id, and the status — what
-// copyResponseHeaders, two Sets and WriteHeader do on an http.Header.
-type headWriter interface {
-	writeHead(status int, engine http.Header, engineName, requestID string)
-}
-
-// serveInference is the HTTP front's request path up to the response
-// head: it checks the method, runs the pipeline (Handler.begin) and either
-// answers its rejection (returning nil) or writes the engine's status and
-// headers and returns the answer whose body the caller relays with
-// answer.relay. ctx ends when the client goes away, if the server can tell.
-func (h *Handler) serveInference(ctx context.Context, w http.ResponseWriter, r httpRequest, ep protocol.Endpoint) *answer {
-	if m := r.method(); m != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		h.reject(w, labelInvalid, protocol.NewAPIError(http.StatusMethodNotAllowed, protocol.ErrTypeInvalidRequest, "method_not_allowed", "",
-			fmt.Sprintf("method %s not allowed on %s; use POST", m, ep.Path())))
-		return nil
-	}
-	a, rej := h.begin(ctx, r, ep, "")
-	if a == nil {
-		hdr := w.Header()
-		if rej.reqID != "" {
-			hdr.Set(messages.HeaderRequestID, rej.reqID)
-		}
-		if rej.retryAfter != "" {
-			hdr.Set("Retry-After", rej.retryAfter)
-		}
-		protocol.WriteError(w, rej.err)
-		return nil
-	}
-	written := false
-	defer func() {
-		if !written { // a panic writing the head
-			a.release()
-		}
-	}()
-	resp := a.at.resp
-	if hw, ok := w.(headWriter); ok {
-		hw.writeHead(resp.Status, resp.Header, a.at.engine.Name, a.logv.id)
-	} else {
-		hdr := w.Header()
-		copyResponseHeaders(hdr, resp.Header)
-		hdr.Set(messages.HeaderEngine, a.at.engine.Name)
-		hdr.Set(messages.HeaderRequestID, a.logv.id)
-		w.WriteHeader(resp.Status)
-	}
-	written = true
-	return a
-}
-
-// relay copies the engine's body to w (flushing after every read), records
-// the outcome and releases everything the request held. ctx is the one
-// serveInference was given, or any context that has ended when the client
-// is known to have gone away.
-func (a *answer) relay(ctx context.Context, w http.ResponseWriter) {
+// Relay copies the engine's body to w (flushing after every read), records
+// the outcome and releases everything the request held
+// (httpfront.Answer). ctx is the one the pipeline began with, or any
+// context that has ended when the client is known to have gone away.
+func (a *answer) Relay(ctx context.Context, w http.ResponseWriter) {
 	defer a.release()
 	n, first, err := a.h.relay(ctx, w, a.at.first, a.at.resp.Body, *a.bp)
 	a.record(ctx, n, first, err)
@@ -482,30 +422,6 @@ func (h *Handler) relay(ctx context.Context, w http.ResponseWriter, pending []by
 				return n, first, fmt.Errorf("client went away: %w", ctx.Err())
 			}
 			return n, first, fmt.Errorf("read from engine: %w: %w", errEngineBroke, rerr)
-		}
-	}
-}
-
-// passedHeaders names the client headers forwarded to engines, in
-// canonical form.
-func passedHeaders() [5]string {
-	return [5]string{"Authorization", "Accept", messages.HeaderSessionID, "Openai-Organization", "Openai-Project"}
-}
-
-// isHopHeader reports whether k is a connection-level header, never relayed.
-func isHopHeader(k string) bool {
-	switch k {
-	case "Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Te", "Trailer", "Upgrade",
-		"Proxy-Authenticate", "Proxy-Authorization":
-		return true
-	}
-	return false
-}
-
-func copyResponseHeaders(dst, src http.Header) {
-	for k, vs := range src {
-		if !isHopHeader(k) {
-			dst[k] = vs
 		}
 	}
 }

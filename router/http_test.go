@@ -19,6 +19,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/router/upstream"
@@ -90,10 +91,12 @@ func (e *fakeEngine) requestID() string {
 
 // serverKinds lists the HTTP server implementations every front test runs
 // against.
-func serverKinds() []ServerKind { return []ServerKind{ServerStd, ServerFast} }
+func serverKinds() []httpfront.ServerKind {
+	return []httpfront.ServerKind{httpfront.ServerStd, httpfront.ServerFast}
+}
 
 // forEachServer runs test as a subtest for each server kind.
-func forEachServer(t *testing.T, test func(t *testing.T, kind ServerKind)) {
+func forEachServer(t *testing.T, test func(t *testing.T, kind httpfront.ServerKind)) {
 	t.Helper()
 	for _, kind := range serverKinds() {
 		t.Run(string(kind), func(t *testing.T) { test(t, kind) })
@@ -102,7 +105,7 @@ func forEachServer(t *testing.T, test func(t *testing.T, kind ServerKind)) {
 
 // serveOneEngine serves a default handler on a front of kind whose only
 // model, "m", has one engine, "e" at engineURL, and returns the front's URL.
-func serveOneEngine(t testing.TB, kind ServerKind, engineURL string) string {
+func serveOneEngine(t testing.TB, kind httpfront.ServerKind, engineURL string) string {
 	t.Helper()
 	tables := NewStaticTables()
 	tables.Set("m", mustTable(t, []selection.Engine{{Name: "e", URL: engineURL, Weight: 1}}, selection.TableOptions{}), control.Info{Mode: control.ModeSnapshot})
@@ -110,12 +113,12 @@ func serveOneEngine(t testing.TB, kind ServerKind, engineURL string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return serveFront(t, kind, h, ServerOptions{})
+	return serveFront(t, kind, h, httpfront.ServerOptions{})
 }
 
 // serveFront serves h with a server of kind (and opts) on a loopback port
 // until the test ends, and returns its base URL.
-func serveFront(t testing.TB, kind ServerKind, h *Handler, opts ServerOptions) string {
+func serveFront(t testing.TB, kind httpfront.ServerKind, h *Handler, opts httpfront.ServerOptions) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -154,7 +157,7 @@ type front struct {
 	engines []*fakeEngine
 }
 
-func newFront(t *testing.T, kind ServerKind, weights []float64, chunks int, delay time.Duration, opts Options) *front {
+func newFront(t *testing.T, kind httpfront.ServerKind, weights []float64, chunks int, delay time.Duration, opts Options) *front {
 	f := &front{tables: NewStaticTables()}
 	var es []selection.Engine
 	for i, w := range weights {
@@ -170,7 +173,7 @@ func newFront(t *testing.T, kind ServerKind, weights []float64, chunks int, dela
 		t.Fatalf("NewHandler: %v", err)
 	}
 	f.h = h
-	f.url = serveFront(t, kind, h, ServerOptions{})
+	f.url = serveFront(t, kind, h, httpfront.ServerOptions{})
 	f.client = testClient(t)
 	return f
 }
@@ -199,7 +202,7 @@ const keylessBody = `{"model":"m","messages":[{"role":"user","content":""}]}`
 const chatStreamBody = `{"model":"m","stream":true,"messages":[{"role":"user","content":"hello"}]}`
 
 func TestStreamRelayedEventByEvent(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		const chunks, delay = 6, 100 * time.Millisecond
 		f := newFront(t, kind, []float64{1}, chunks, delay, Options{})
 		start := time.Now()
@@ -232,7 +235,7 @@ func TestStreamRelayedEventByEvent(t *testing.T) {
 }
 
 func TestClientDisconnectCancelsEngine(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newFront(t, kind, []float64{1}, 1000, 20*time.Millisecond, Options{})
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -253,7 +256,7 @@ func TestClientDisconnectCancelsEngine(t *testing.T) {
 }
 
 func TestShareFollowsWeights(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		weights := []float64{0.5, 0.3, 0.2}
 		for _, keyed := range []bool{true, false} {
 			t.Run(fmt.Sprintf("session=%v", keyed), func(t *testing.T) {
@@ -305,7 +308,7 @@ func TestShareFollowsWeights(t *testing.T) {
 }
 
 func TestSessionSticksToEngine(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newFront(t, kind, []float64{0.25, 0.25, 0.25, 0.25}, 1, 0, Options{})
 		for s := 0; s < 20; s++ {
 			want := ""
@@ -324,7 +327,7 @@ func TestSessionSticksToEngine(t *testing.T) {
 }
 
 func TestRequestIDPropagated(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newFront(t, kind, []float64{1}, 1, 0, Options{})
 		resp := f.post(t, "/v1/chat/completions", chatBody, map[string]string{messages.HeaderRequestID: "abc-123"})
 		resp.Body.Close()
@@ -340,7 +343,7 @@ func TestRequestIDPropagated(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newFront(t, kind, []float64{1}, 1, 0, Options{MaxBodyBytes: 1024})
 		// A model whose only engine is down, and one whose engine does not listen.
 		dead, err := net.Listen("tcp", "127.0.0.1:0")
@@ -405,13 +408,13 @@ func TestBadInput(t *testing.T) {
 // TestSlowHeaders: a client that never finishes its headers is disconnected
 // after ReadHeaderTimeout.
 func TestSlowHeaders(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newFront(t, kind, []float64{1}, 1, 0, Options{})
 		// The server's header deadline starts when it accepts the connection,
 		// so the clock starts before the dial (not after it: on a busy machine
 		// this goroutine may run again only long after the server accepted).
 		start := time.Now()
-		addr := strings.TrimPrefix(serveFront(t, kind, f.h, ServerOptions{ReadHeaderTimeout: 200 * time.Millisecond}), "http://")
+		addr := strings.TrimPrefix(serveFront(t, kind, f.h, httpfront.ServerOptions{ReadHeaderTimeout: 200 * time.Millisecond}), "http://")
 		conn, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatalf("dial: %v", err)
@@ -437,7 +440,7 @@ func TestSlowHeaders(t *testing.T) {
 // TestSlowBody: a client that sends its header but not its body within
 // BodyReadTimeout gets a 400 in the OpenAI shape.
 func TestSlowBody(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newFront(t, kind, []float64{1}, 1, 0, Options{BodyReadTimeout: 200 * time.Millisecond})
 		conn, err := net.Dial("tcp", strings.TrimPrefix(f.url, "http://"))
 		if err != nil {
@@ -469,9 +472,9 @@ func TestSlowBody(t *testing.T) {
 // TestIdleTimeout: the server closes a keep-alive connection idle for
 // IdleTimeout.
 func TestIdleTimeout(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newFront(t, kind, []float64{1}, 1, 0, Options{})
-		addr := strings.TrimPrefix(serveFront(t, kind, f.h, ServerOptions{IdleTimeout: 200 * time.Millisecond}), "http://")
+		addr := strings.TrimPrefix(serveFront(t, kind, f.h, httpfront.ServerOptions{IdleTimeout: 200 * time.Millisecond}), "http://")
 		conn, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatalf("dial: %v", err)
@@ -506,7 +509,7 @@ func TestIdleTimeout(t *testing.T) {
 // with a 400 before anything is forwarded (by net/http itself, or by
 // fasthttp or the handler's header check).
 func TestRawInvalidHeaderValue(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newFront(t, kind, []float64{1}, 1, 0, Options{})
 		conn, err := net.Dial("tcp", strings.TrimPrefix(f.url, "http://"))
 		if err != nil {
@@ -530,7 +533,7 @@ func TestRawInvalidHeaderValue(t *testing.T) {
 }
 
 func TestStatusEndpoints(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newFront(t, kind, []float64{0.6, 0.3}, 1, 0, Options{})
 		resp := f.post(t, "/v1/chat/completions", chatBody, nil)
 		resp.Body.Close()
@@ -611,7 +614,7 @@ func (panicTransport) Forward(context.Context, selection.Engine, *upstream.Reque
 // process without the front's recover). The engine's in-flight count taken
 // by forward before the panic is not released, on either front.
 func TestPanicInRequestKeepsServing(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newFront(t, kind, []float64{1}, 1, 0, Options{Transport: panicTransport{}})
 		for i := 0; i < 2; i++ {
 			resp, err := f.client.Post(f.url+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))

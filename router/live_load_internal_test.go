@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
@@ -21,7 +22,7 @@ func TestBatchSlots(t *testing.T) {
 		{messages.EngineSignal{}, 0},
 	}
 	for _, c := range cases {
-		if got := BatchSlots(&c.sig); got != c.want {
+		if got := live.BatchSlots(&c.sig); got != c.want {
 			t.Errorf("BatchSlots(mrun %d, cap %v, base %v ms) = %v, want %v",
 				c.sig.MaxRunning, c.sig.CapacityRPS, c.sig.BaseLatencyMs, got, c.want)
 		}
@@ -30,7 +31,7 @@ func TestBatchSlots(t *testing.T) {
 
 func TestBoundLoad(t *testing.T) {
 	tbl := mustTable(t, []selection.Engine{{Name: "a", Weight: 0.5}, {Name: "b", Weight: 0.5}}, selection.TableOptions{})
-	set := NewLiveSet(nil)
+	set := live.NewLiveSet(nil)
 	b := set.Bind(tbl)
 	a, _ := tbl.Index("a")
 	bi, _ := tbl.Index("b")
@@ -84,7 +85,7 @@ func TestBoundLoad(t *testing.T) {
 // real Bound (PickTwo and PickRecent with Bound.Load) do not allocate.
 func TestLivePicksAllocFree(t *testing.T) {
 	tbl := mustTable(t, engineSet(randomWeights(rand.New(rand.NewPCG(3, 1)), 100, 0.95)), selection.TableOptions{})
-	set := NewLiveSet(nil)
+	set := live.NewLiveSet(nil)
 	for i := 0; i < tbl.Len(); i++ {
 		set.ObserveSignal(&messages.EngineSignal{Engine: tbl.Engine(i).Name, Queue: i % 7, Running: i % 5, MaxRunning: 8})
 	}
@@ -103,7 +104,7 @@ func TestLivePicksAllocFree(t *testing.T) {
 			}
 		})
 		if allocs != 0 {
-			t.Fatalf("%s through a Bound allocates %.1f times per call", name, allocs)
+			t.Fatalf("%s through a live.Bound allocates %.1f times per call", name, allocs)
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
@@ -88,7 +89,7 @@ func TestParseRequestParams(t *testing.T) {
 // TestParamErrorsOnTheWire: a bad parameter is answered by the router
 // itself in the OpenAI error shape, on both servers, and reaches no engine.
 func TestParamErrorsOnTheWire(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		e := newStatusEngine(t, "e0", http.StatusOK)
 		tables := NewStaticTables()
 		tables.Set("m", mustTable(t, []selection.Engine{{Name: "e0", URL: e.srv.URL, Weight: 1}}, selection.TableOptions{}), control.Info{Generation: 1, Mode: control.ModeSnapshot})
@@ -96,7 +97,7 @@ func TestParamErrorsOnTheWire(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f := &pfront{h: h, url: serveFront(t, kind, h, ServerOptions{}), client: testClient(t)}
+		f := &pfront{h: h, url: serveFront(t, kind, h, httpfront.ServerOptions{}), client: testClient(t)}
 		for _, p := range []string{`"max_tokens":0`, `"n":1000`, `"temperature":3`, `"top_p":0`, `"max_completion_tokens":-1`} {
 			r := f.do(`{"model":"m",`+p+`,"messages":[{"role":"user","content":"hi"}]}`, nil)
 			var got struct {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 )
@@ -23,7 +24,7 @@ const surfaceModel = "m1"
 
 // serveSimEngines serves a front of kind whose model surfaceModel has two
 // enginesim engines, "a" and "b", on loopback sockets.
-func serveSimEngines(t *testing.T, kind ServerKind) string {
+func serveSimEngines(t *testing.T, kind httpfront.ServerKind) string {
 	t.Helper()
 	var engines []selection.Engine
 	for _, name := range []string{"a", "b"} {
@@ -47,7 +48,7 @@ func serveSimEngines(t *testing.T, kind ServerKind) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return serveFront(t, kind, h, ServerOptions{})
+	return serveFront(t, kind, h, httpfront.ServerOptions{})
 }
 
 // call sends method path with body (none when empty) and returns the
@@ -84,7 +85,7 @@ func call(t *testing.T, c *http.Client, method, url, body string, hdr ...string)
 // reference (and vLLM's) for /v1/responses and /v1/embeddings through the
 // router to enginesim engines, and checks the answers' shapes.
 func TestOpenAISurfaceRoutes(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		base := serveSimEngines(t, kind)
 		c := testClient(t)
 		cases := []struct {
@@ -124,7 +125,7 @@ func TestOpenAISurfaceRoutes(t *testing.T) {
 // are answered by the router in the OpenAI error shape, naming the
 // parameter.
 func TestOpenAISurfaceRejects(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		base := serveSimEngines(t, kind)
 		c := testClient(t)
 		cases := []struct {
@@ -162,7 +163,7 @@ func TestOpenAISurfaceRejects(t *testing.T) {
 // engine while its input changes, and that embeddings, which reuse no
 // cache, are spread over both engines.
 func TestOpenAISurfaceAffinity(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		base := serveSimEngines(t, kind)
 		c := testClient(t)
 		cases := []struct {
@@ -231,7 +232,7 @@ func TestOpenAISurfaceAffinity(t *testing.T) {
 // the engine that made it, which keeps it: 8 chains of 5 turns, each turn
 // naming the previous turn's id, streamed and not, over two engines.
 func TestOpenAISurfaceResponseChains(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		base := serveSimEngines(t, kind)
 		c := testClient(t)
 		idOf := regexp.MustCompile(`"id":"(resp_[^"]+)"`)
@@ -271,7 +272,7 @@ func TestOpenAISurfaceResponseChains(t *testing.T) {
 // created time of the models list, and the OpenAI-shaped 404 of every
 // other path.
 func TestOpenAISurfaceModelsAndNotFound(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		base := serveSimEngines(t, kind)
 		c := testClient(t)
 		before := time.Now().Unix()

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"reflect"
 	"strings"
 	"testing"
 
@@ -12,6 +11,8 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
+	"github.com/switchyard-dev/switchyard/router/live"
 )
 
 func TestServiceOptionsValidate(t *testing.T) {
@@ -28,9 +29,9 @@ func TestServiceOptionsValidate(t *testing.T) {
 		{"dotted cluster", ServiceOptions{Cluster: "a.b"}, "ServiceOptions.Cluster", messages.ErrInvalid},
 		{"bad router name", ServiceOptions{Cluster: "A", Router: "r 1"}, "ServiceOptions.Router", messages.ErrInvalid},
 		{"bad RTT probe", ServiceOptions{Cluster: "A", RTTProbe: "icmp"}, "ServiceOptions.RTTProbe", control.ErrBadRTTProbe},
-		{"negative routers", ServiceOptions{Cluster: "A", Protection: ProtectionOptions{Routers: -2}}, "ServiceOptions.Protection.Routers", ErrBadOption},
-		{"negative slot headroom", ServiceOptions{Cluster: "A", Protection: ProtectionOptions{SlotHeadroom: -0.5}}, "ServiceOptions.Protection.SlotHeadroom", ErrBadOption},
-		{"no slot headroom", ServiceOptions{Cluster: "A", Protection: ProtectionOptions{NoSlotHeadroom: true}}, "", nil},
+		{"negative routers", ServiceOptions{Cluster: "A", Protection: live.ProtectionOptions{Routers: -2}}, "ServiceOptions.Protection.Routers", ErrBadOption},
+		{"negative slot headroom", ServiceOptions{Cluster: "A", Protection: live.ProtectionOptions{SlotHeadroom: -0.5}}, "ServiceOptions.Protection.SlotHeadroom", ErrBadOption},
+		{"no slot headroom", ServiceOptions{Cluster: "A", Protection: live.ProtectionOptions{NoSlotHeadroom: true}}, "", nil},
 		{"wrapped registerer without metrics", ServiceOptions{Cluster: "A", Registry: wrapped}, "ServiceOptions.Metrics", ErrBadOption},
 		{"wrapped registerer with metrics", ServiceOptions{Cluster: "A", Registry: wrapped, Metrics: reg}, "", nil},
 	} {
@@ -68,7 +69,7 @@ func TestHandlerSharedRegistry(t *testing.T) {
 		t.Fatal("NewHandler with a wrapped Registry and no Metrics succeeded")
 	}
 	for i, h := range hs {
-		url := serveFront(t, ServerStd, h, ServerOptions{})
+		url := serveFront(t, httpfront.ServerStd, h, httpfront.ServerOptions{})
 		resp, err := testClient(t).Get(url + "/metrics")
 		if err != nil {
 			t.Fatal(err)
@@ -83,20 +84,5 @@ func TestHandlerSharedRegistry(t *testing.T) {
 				t.Errorf("handler %d: /metrics lacks cluster %s's series", i, c)
 			}
 		}
-	}
-}
-
-// TestProtectionDefaultsIdempotent: filling the defaults twice gives what
-// filling them once gives, so options defaulted by one layer can be handed
-// to another (the Handler's admission, the simulator's).
-func TestProtectionDefaultsIdempotent(t *testing.T) {
-	for _, o := range []ProtectionOptions{{}, {NoSlotHeadroom: true}, {SlotHeadroom: 0.5}, {SlotHeadroom: -1}, {Routers: 3, MaxAttempts: 2}} {
-		once := o.withDefaults()
-		if twice := once.withDefaults(); !reflect.DeepEqual(once, twice) {
-			t.Errorf("%+v: defaults once %+v, twice %+v", o, once, twice)
-		}
-	}
-	if h := (ProtectionOptions{NoSlotHeadroom: true}).withDefaults().SlotHeadroom; h != 0 {
-		t.Errorf("NoSlotHeadroom: SlotHeadroom %v after defaults, want 0", h)
 	}
 }

@@ -11,7 +11,10 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/router/natsfront"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/upstream"
@@ -235,3 +238,50 @@ func (a *answer) Record(ctx context.Context, n int64, first time.Time, err error
 
 // Release is release (natsfront.Answer).
 func (a *answer) Release() { a.release() }
+
+// Header returns the engine's answer header (httpfront.Answer).
+func (a *answer) Header() http.Header { return a.at.resp.Header }
+
+// httpPipeline is the Handler as the HTTP front's pipeline
+// (httpfront.Pipeline); the NATS front's is the Handler itself.
+type httpPipeline struct{ h *Handler }
+
+// ServeHTTP serves the Handler's mux.
+func (p httpPipeline) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.h.mux.ServeHTTP(w, r) }
+
+// Begin runs the request pipeline for the HTTP front: the path named the
+// endpoint, and the request's logs name no front.
+func (p httpPipeline) Begin(ctx context.Context, r protocol.ClientRequest, ep protocol.Endpoint) (httpfront.Answer, httpfront.Rejection) {
+	a, rej := p.h.begin(ctx, r, ep, "")
+	if a == nil {
+		return nil, httpfront.Rejection{Err: rej.err, RequestID: rej.reqID, RetryAfter: rej.retryAfter}
+	}
+	return a, httpfront.Rejection{}
+}
+
+// Reject counts an invalid request the front answered itself.
+func (p httpPipeline) Reject(e *protocol.APIError) {
+	p.h.metrics.requests.WithLabelValues(labelInvalid, strconv.Itoa(e.Status)).Inc()
+}
+
+// NewContext returns a root request context, to which each attempt's
+// context is attached without allocating (hookCtx).
+func (p httpPipeline) NewContext() httpfront.Context { return newRootCtx() }
+
+// MaxBodyBytes returns the request body limit (Options.MaxBodyBytes).
+func (p httpPipeline) MaxBodyBytes() int64 { return p.h.opts.MaxBodyBytes }
+
+// BodyReadTimeout returns Options.BodyReadTimeout.
+func (p httpPipeline) BodyReadTimeout() time.Duration { return p.h.opts.BodyReadTimeout }
+
+// Now reads the handler's clock (Options.Now).
+func (p httpPipeline) Now() time.Time { return p.h.opts.Now() }
+
+// Logger returns the handler's logger.
+func (p httpPipeline) Logger() zerolog.Logger { return p.h.log }
+
+// NewServer returns the HTTP server of kind opts.Kind for h
+// (httpfront.NewServer over h's pipeline).
+func NewServer(h *Handler, opts httpfront.ServerOptions) (httpfront.Server, error) {
+	return httpfront.NewServer(httpPipeline{h}, opts)
+}

@@ -22,6 +22,8 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/guard"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
+	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
@@ -130,7 +132,7 @@ type pfront struct {
 	client  *http.Client
 }
 
-func newPFront(t *testing.T, kind ServerKind, modes []int32, weights []float64, figs *guard.Figures, opts Options) *pfront {
+func newPFront(t *testing.T, kind httpfront.ServerKind, modes []int32, weights []float64, figs *guard.Figures, opts Options) *pfront {
 	t.Helper()
 	f := &pfront{tables: NewStaticTables()}
 	var es []selection.Engine
@@ -148,7 +150,7 @@ func newPFront(t *testing.T, kind ServerKind, modes []int32, weights []float64, 
 		t.Fatal(err)
 	}
 	f.h = h
-	f.url = serveFront(t, kind, h, ServerOptions{})
+	f.url = serveFront(t, kind, h, httpfront.ServerOptions{})
 	f.client = testClient(t)
 	return f
 }
@@ -201,7 +203,7 @@ func (f *pfront) retries(reason string) int {
 }
 
 func TestRetryToAnotherEngine(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		for _, tc := range []struct {
 			name   string
 			mode   int32
@@ -233,7 +235,7 @@ func TestRetryToAnotherEngine(t *testing.T) {
 // key there — the engine that served it holds its newest prefix — so the
 // key's next request goes there too, even once the first engine is healthy.
 func TestRetryMovesKey(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newPFront(t, kind, []int32{mode500, modeOK, modeOK}, []float64{0.5, 0.25, 0.25}, nil, Options{})
 		s := f.sessionFor(t, 0)
 		r := f.do(streamBody("x"), map[string]string{messages.HeaderSessionID: s})
@@ -255,10 +257,10 @@ func TestRetryMovesKey(t *testing.T) {
 // waits for the engine's first byte — streamed or not — cancels the
 // engine's request at once, not when the per-attempt deadline fires.
 func TestClientGoneBeforeFirstByte(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		for _, stream := range []bool{false, true} {
 			t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
-				f := newPFront(t, kind, []int32{modeHang}, []float64{1}, nil, Options{Protection: ProtectionOptions{
+				f := newPFront(t, kind, []int32{modeHang}, []float64{1}, nil, Options{Protection: live.ProtectionOptions{
 					FirstByteTimeout: time.Minute, WholeFirstByteTimeout: time.Minute}})
 				body := chatBody
 				if stream {
@@ -284,7 +286,7 @@ func TestClientGoneBeforeFirstByte(t *testing.T) {
 }
 
 func TestNoRetryAfterFirstByte(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newPFront(t, kind, []int32{modeDieMidway, modeOK, modeOK}, []float64{0.5, 0.25, 0.25}, nil, Options{})
 		s := f.sessionFor(t, 0)
 		r := f.do(streamBody("x"), map[string]string{messages.HeaderSessionID: s})
@@ -298,10 +300,10 @@ func TestNoRetryAfterFirstByte(t *testing.T) {
 }
 
 func TestHangingEngineDeadlineThenRetry(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		for _, stream := range []bool{true, false} {
 			t.Run(fmt.Sprint("stream=", stream), func(t *testing.T) {
-				f := newPFront(t, kind, []int32{modeHang, modeOK}, []float64{0.5, 0.5}, nil, Options{Protection: ProtectionOptions{
+				f := newPFront(t, kind, []int32{modeHang, modeOK}, []float64{0.5, 0.5}, nil, Options{Protection: live.ProtectionOptions{
 					FirstByteTimeout: 100 * time.Millisecond, WholeFirstByteTimeout: 150 * time.Millisecond}})
 				s := f.sessionFor(t, 0)
 				body := streamBody("x")
@@ -324,9 +326,9 @@ func TestHangingEngineDeadlineThenRetry(t *testing.T) {
 }
 
 func TestAttemptsCapped(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newPFront(t, kind, []int32{mode500, mode500, mode500, mode500, mode500}, []float64{0.2, 0.2, 0.2, 0.2, 0.2}, nil,
-			Options{Protection: ProtectionOptions{Eject: EjectOptions{After: -1}, Budget: guard.BudgetOptions{Ratio: 5, MaxTokens: 100}}})
+			Options{Protection: live.ProtectionOptions{Eject: live.EjectOptions{After: -1}, Budget: guard.BudgetOptions{Ratio: 5, MaxTokens: 100}}})
 		for i := 0; i < 10; i++ {
 			r := f.do(streamBody(fmt.Sprint(i)), nil)
 			if r.status != 500 {
@@ -344,9 +346,9 @@ func TestAttemptsCapped(t *testing.T) {
 }
 
 func TestBudgetStopsRetries(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newPFront(t, kind, []int32{mode500, mode500, mode500}, []float64{0.3, 0.3, 0.3}, nil,
-			Options{Protection: ProtectionOptions{Eject: EjectOptions{After: -1}, Budget: guard.BudgetOptions{Ratio: 0.001, MaxTokens: 2}}})
+			Options{Protection: live.ProtectionOptions{Eject: live.EjectOptions{After: -1}, Budget: guard.BudgetOptions{Ratio: 0.001, MaxTokens: 2}}})
 		start := time.Now()
 		const n = 200
 		for i := 0; i < n; i++ {
@@ -366,7 +368,7 @@ func TestBudgetStopsRetries(t *testing.T) {
 }
 
 func TestAmplificationHalfFailingHighUtilisation(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		modes := []int32{mode500, modeOK, mode500, modeOK, mode500, modeOK}
 		w := []float64{1.0 / 6, 1.0 / 6, 1.0 / 6, 1.0 / 6, 1.0 / 6, 1.0 / 6}
 		figs := &guard.Figures{Utilisation: 0.9, DemandRPS: 1000, Latency: time.Second}
@@ -400,10 +402,10 @@ func TestAmplificationHalfFailingHighUtilisation(t *testing.T) {
 }
 
 func TestEjectionAndHalfOpenRecovery(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		var clk clock
 		f := newPFront(t, kind, []int32{mode500, modeOK}, []float64{0.5, 0.5}, nil,
-			Options{Now: clk.now, Protection: ProtectionOptions{MaxAttempts: 1}})
+			Options{Now: clk.now, Protection: live.ProtectionOptions{MaxAttempts: 1}})
 		s := f.sessionFor(t, 0)
 		hdr := map[string]string{messages.HeaderSessionID: s}
 		gauge := func() float64 { return metricValue(f.h.metrics.ejected.WithLabelValues("m", "e0")) }
@@ -457,38 +459,8 @@ func TestEjectionAndHalfOpenRecovery(t *testing.T) {
 	})
 }
 
-func TestEjectStateSingleProbe(t *testing.T) {
-	var e ejectState
-	o := EjectOptions{}.withDefaults()
-	now := time.Unix(1000, 0)
-	for i := 0; i < 3; i++ {
-		e.report(false, false, now, o)
-	}
-	if ok, _ := e.claim(now); ok {
-		t.Fatal("claim while ejected")
-	}
-	later := now.Add(o.Backoff)
-	ok1, p1 := e.claim(later)
-	ok2, _ := e.claim(later)
-	if !ok1 || !p1 || ok2 {
-		t.Fatalf("half-open claims: %v %v %v; want one probe", ok1, p1, ok2)
-	}
-	// Backoff doubles on failed probes up to the cap.
-	var ds []time.Duration
-	for i := 0; i < 7; i++ {
-		at := later.Add(time.Duration(i) * time.Minute)
-		_, _ = e.claim(at)
-		_, d, _ := e.report(false, true, at, o)
-		ds = append(ds, d)
-	}
-	want := []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 30 * time.Second, 30 * time.Second, 30 * time.Second}
-	if fmt.Sprint(ds) != fmt.Sprint(want) {
-		t.Fatalf("backoffs %v, want %v", ds, want)
-	}
-}
-
 func TestShedConsistentPerKey(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newPFront(t, kind, []int32{modeOK, modeOK}, []float64{0.35, 0.35}, &guard.Figures{ShedFraction: 0.3}, Options{})
 		shedSessions := 0
 		const sessions = 300
@@ -511,7 +483,7 @@ func TestShedConsistentPerKey(t *testing.T) {
 }
 
 func TestShedByPriorityOrder(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		for _, figs := range []*guard.Figures{
 			{ShedFraction: 1.0 / 3},
 			{ShedFraction: 1.0 / 3, HasShedByPriority: true, ShedByPriority: [3]float64{1, 0.27, 0}},
@@ -556,7 +528,7 @@ func TestShedByPriorityOrder(t *testing.T) {
 }
 
 func TestShedAnswerFast(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newPFront(t, kind, []int32{modeOK}, []float64{0.5}, &guard.Figures{ShedFraction: 1}, Options{})
 		var durs []time.Duration
 		for i := 0; i < 400; i++ {
@@ -651,7 +623,7 @@ func (b *burster) release() {
 }
 
 func TestAdmissionShedsBurst(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		// Allotment: m = 4 req/s × 1 s in flight on average; max(8, 1.5·m + 4·√m)
 		// = 14; sheddable requests get 80% of it (11), critical ones 125% (17).
 		figs := &guard.Figures{DemandRPS: 4, Latency: time.Second, Utilisation: 0.95} // near its limit: admission applies
@@ -679,7 +651,7 @@ func TestAdmissionShedsBurst(t *testing.T) {
 // TestFirstByteSplitRelay checks that bytes read before committing are
 // relayed once, in order, ahead of the rest.
 func TestFirstByteSplitRelay(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "text/event-stream")
 			for i := 0; i < 5; i++ {
@@ -740,7 +712,7 @@ func (m mapRegions) Region(_, engine string) string { return m[engine] }
 // once both planned engines are ejected requests go to that spare engine
 // at once, before any new snapshot.
 func TestRetryLeavesFailedRegionForSpare(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		snap := &messages.WeightSnapshot{Weights: map[string]float64{"e0": 0.5, "e1": 0.5, "e2": 0, "e3": 0},
 			LatencyMs: map[string]float64{"e0": 150, "e1": 150, "e2": 180, "e3": 160}, DemandRPS: 10}
 		figs := guard.FiguresOf(snap)
@@ -749,7 +721,7 @@ func TestRetryLeavesFailedRegionForSpare(t *testing.T) {
 		}
 		f := newPFront(t, kind, []int32{mode500, mode500, modeOK, modeOK}, []float64{0.5, 0.5, 0, 0}, figs,
 			Options{Regions: mapRegions{"e0": "r2", "e1": "r2", "e2": "r3", "e3": "r1"},
-				Protection: ProtectionOptions{Eject: EjectOptions{After: 2}, Budget: guard.BudgetOptions{Ratio: 5, MaxTokens: 100}}})
+				Protection: live.ProtectionOptions{Eject: live.EjectOptions{After: 2}, Budget: guard.BudgetOptions{Ratio: 5, MaxTokens: 100}}})
 		r := f.do(streamBody("x"), nil)
 		if r.status != 200 || r.header.Get(messages.HeaderEngine) != "e3" {
 			t.Fatalf("first request: got %d from %q: %q", r.status, r.header.Get(messages.HeaderEngine), r.body)

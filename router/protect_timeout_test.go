@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/router/upstream"
 )
@@ -23,7 +24,7 @@ func (dialTimeoutTransport) Forward(ctx context.Context, e selection.Engine, req
 // deadline (here, connecting) is answered 504 with the underlying error, not
 // with "sent nothing within" the per-attempt deadline, which did not pass.
 func TestTimeoutBelowDeadlineSaysWhy(t *testing.T) {
-	forEachServer(t, func(t *testing.T, kind ServerKind) {
+	forEachServer(t, func(t *testing.T, kind httpfront.ServerKind) {
 		f := newPFront(t, kind, []int32{modeOK}, []float64{1}, nil, Options{Transport: dialTimeoutTransport{}})
 		r := f.do(streamBody("x"), nil)
 		if r.status != 504 {

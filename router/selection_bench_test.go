@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
@@ -18,7 +19,7 @@ func BenchmarkPick(b *testing.B) {
 		b.Run(fmt.Sprintf("engines=%d", n), func(b *testing.B) {
 			r := rand.New(rand.NewPCG(uint64(n), 1))
 			tbl := mustTable(b, engineSet(randomWeights(r, n, 0.95)), selection.TableOptions{})
-			g := NewLiveSet(nil).Bind(tbl)
+			g := live.NewLiveSet(nil).Bind(tbl)
 			keys := keyHashes(4096)
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -39,7 +40,7 @@ func BenchmarkPickSlots(b *testing.B) {
 			r := rand.New(rand.NewPCG(uint64(n), 1))
 			es := engineSet(randomWeights(r, n, 0.95))
 			tbl := slotTable(b, es)
-			g := NewLiveSet(nil).Bind(tbl)
+			g := live.NewLiveSet(nil).Bind(tbl)
 			keys := keyHashes(4096)
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -60,7 +61,7 @@ func BenchmarkPickLive(b *testing.B) {
 	for _, n := range benchSizes {
 		r := rand.New(rand.NewPCG(uint64(n), 1))
 		tbl := mustTable(b, engineSet(randomWeights(r, n, 0.95)), selection.TableOptions{})
-		set := NewLiveSet(nil)
+		set := live.NewLiveSet(nil)
 		for i := 0; i < n; i++ {
 			set.ObserveSignal(&messages.EngineSignal{Engine: tbl.Engine(i).Name, Queue: r.IntN(8), Running: r.IntN(16), MaxRunning: 16})
 		}

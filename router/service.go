@@ -18,6 +18,8 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
+	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/router/natsfront"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/router/upstream"
@@ -40,7 +42,7 @@ type ServiceOptions struct {
 	// ":0" picks a free port (see Addr). Empty: no HTTP front.
 	HTTPAddr string
 	// Server tunes the HTTP server (its Addr is ignored).
-	Server ServerOptions
+	Server httpfront.ServerOptions
 	// NoNATSFront turns the NATS front (sy.req.<cluster>.<model>) off.
 	NoNATSFront bool
 	// PreferNATS forwards over NATS to engines that offer both transports.
@@ -74,7 +76,7 @@ type ServiceOptions struct {
 	NATSFirstReplyTimeout time.Duration
 	// Protection tunes ejection of failing engines, retries, the retry
 	// budget and load shedding.
-	Protection ProtectionOptions
+	Protection live.ProtectionOptions
 	// ShutdownTimeout bounds the wait for HTTP requests in progress when
 	// ctx ends (default 10 s); after it they are cut.
 	ShutdownTimeout time.Duration
@@ -106,7 +108,7 @@ type Service struct {
 	front    *natsfront.Front
 	httpT    *upstream.HTTPTransport
 	ln       net.Listener
-	srv      Server
+	srv      httpfront.Server
 	settled  chan struct{} // closed by settle: the handler routes from then on
 
 	mu      sync.Mutex
@@ -439,7 +441,7 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	s.log.Info().Str("http", s.Addr()).Str("http_server", string(s.opts.Server.withDefaults().Kind)).
+	s.log.Info().Str("http", s.Addr()).Str("http_server", string(s.opts.Server.WithDefaults().Kind)).
 		Bool("nats_front", s.front != nil).Msg("router started")
 	<-ctx.Done()
 	if s.srv != nil {

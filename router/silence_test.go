@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
@@ -18,7 +19,7 @@ func (p *signalPublisher) drop(model, engine string) {
 // TestSilentEngineServesOnOwnSuccesses: an engine whose signals stop is
 // silent, not down. While this router's requests to it succeed it keeps its
 // share of traffic; left without requests for longer than
-// router.SilentServe it is skipped; signalling again, it is back.
+// live.SilentServe it is skipped; signalling again, it is back.
 func TestSilentEngineServesOnOwnSuccesses(t *testing.T) {
 	env := testenv.StartNATS(t)
 	e1, e2 := newHTTPEngine(t, "e1"), newHTTPEngine(t, "e2")
@@ -67,11 +68,11 @@ func TestSilentEngineServesOnOwnSuccesses(t *testing.T) {
 	}
 
 	// Without requests for longer than SilentServe, nothing vouches for it.
-	time.Sleep(router.SilentServe + 500*time.Millisecond)
+	time.Sleep(live.SilentServe + 500*time.Millisecond)
 	before = e2.requests.Load()
 	send(30)
 	if got := e2.requests.Load() - before; got != 0 {
-		t.Fatalf("e2, silent and without a success for %s, served %d requests", router.SilentServe, got)
+		t.Fatalf("e2, silent and without a success for %s, served %d requests", live.SilentServe, got)
 	}
 
 	// Signalling again, it is back.

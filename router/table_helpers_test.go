@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
@@ -108,7 +109,7 @@ func TestPickLiveAllocs(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tbl := c.build(t, c.es)
-			b := NewLiveSet(nil).Bind(tbl)
+			b := live.NewLiveSet(nil).Bind(tbl)
 			if c.empty {
 				if _, ok := tbl.Pick(1, b); ok {
 					t.Fatalf("guarded Pick on table %v succeeded, want none", c.es)

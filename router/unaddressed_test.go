@@ -9,6 +9,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/router/upstream"
 )
@@ -71,7 +72,7 @@ func unaddressedFront(t *testing.T, opts Options) (*Handler, *progEngine, string
 	if err != nil {
 		t.Fatal(err)
 	}
-	return h, live, serveFront(t, ServerStd, h, ServerOptions{}), obs
+	return h, live, serveFront(t, httpfront.ServerStd, h, httpfront.ServerOptions{}), obs
 }
 
 // noTransportBlamed fails t when anything counted against engine.

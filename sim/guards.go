@@ -4,9 +4,9 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
-	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/guard"
+	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/router/prefix"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
@@ -29,10 +29,10 @@ func (r *run) clock() time.Time {
 
 // routerGuards is one cluster's router: its guards over the installed table.
 type routerGuards struct {
-	live    *router.LiveSet
-	bound   *router.Bound  // bound to the installed table
+	live    *live.LiveSet
+	bound   *live.Bound    // bound to the installed table
 	figures *guard.Figures // the installed snapshot's
-	adm     *router.Admission
+	adm     *live.Admission
 	budget  *guard.RetryBudget
 	recent  *selection.RecentKeys
 	prefix  *prefix.Index // the router's prefix index, learned from what it routed
@@ -43,9 +43,9 @@ type routerGuards struct {
 // attempt is a request's current attempt at its router.
 type attempt struct {
 	g     *routerGuards
-	bound *router.Bound // the bound it was picked under, released on
-	idx   int           // its engine's index in bound's table
-	probe bool          // the engine's half-open probe (router.EngineLive.Claim)
+	bound *live.Bound // the bound it was picked under, released on
+	idx   int         // its engine's index in bound's table
+	probe bool        // the engine's half-open probe (live.EngineLive.Claim)
 	key   uint64
 	tried []int // table indexes of the engines refused, in bound's table
 }
@@ -86,8 +86,8 @@ func (gs *guards) setup(r *run) {
 			}
 		}
 		gs.routers[c] = routerGuards{
-			live:   router.NewLiveSet(clock),
-			adm:    router.NewAdmission(router.ProtectionOptions{}),
+			live:   live.NewLiveSet(clock),
+			adm:    live.NewAdmission(live.ProtectionOptions{}),
 			budget: guard.NewRetryBudget(guard.BudgetOptions{}, clock),
 			recent: rk,
 			prefix: px,
@@ -212,7 +212,7 @@ func attemptResult(outcome uint8) control.Result {
 // attemptEnded ends request q's attempt at its router: it releases the
 // engine's in-flight count, records the result for the engine's ejection,
 // and for a refusal decides the retry as the router does (within
-// router.DefaultMaxAttempts and the retry budget, on the key's next
+// live.DefaultMaxAttempts and the retry budget, on the key's next
 // candidate); a request that is not retried ends its admission.
 func (gs *guards) attemptEnded(r *run, q int32, outcome uint8) bool {
 	at := &gs.att[q]
@@ -221,11 +221,11 @@ func (gs *guards) attemptEnded(r *run, q int32, outcome uint8) bool {
 	}
 	at.bound.Release(at.idx)
 	now := r.clock()
-	at.bound.Live(at.idx).Report(attemptResult(outcome), at.probe, now, router.EjectOptions{})
+	at.bound.Live(at.idx).Report(attemptResult(outcome), at.probe, now, live.EjectOptions{})
 	if outcome == attemptRefused {
 		at.tried = append(at.tried, at.idx)
-		if len(at.tried) < router.DefaultMaxAttempts {
-			cands := router.RetryCandidates{Model: simModel, Table: at.bound.Table(), Guard: at.bound, Key: at.key,
+		if len(at.tried) < live.DefaultMaxAttempts {
+			cands := live.RetryCandidates{Model: simModel, Table: at.bound.Table(), Guard: at.bound, Key: at.key,
 				Spare: at.g.figures.Spare, Regions: gs.regions}
 			if next, ok := cands.Next(at.tried, at.idx); ok && at.g.budget.Take() {
 				at.idx = next

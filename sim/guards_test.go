@@ -6,7 +6,7 @@ import "testing"
 // engine failure and checks that the router's own guards did the routing:
 // the failed engine's refusals ejected it at the routers that sent to it,
 // refused requests were retried elsewhere rather than failed, and the
-// routers' in-flight counts (router.Bound) track the simulator's own
+// routers' in-flight counts (live.Bound) track the simulator's own
 // through every retry and failure.
 func TestSwitchyardRunsRouterGuards(t *testing.T) {
 	sc := mustParse(t, smallYAML)

@@ -14,8 +14,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/switchyard-dev/switchyard/messages"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/switchyard-dev/switchyard/messages"
 )
 
 // DefaultFile is the built-in stack: the case study of OpenAI's talk on

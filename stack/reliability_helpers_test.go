@@ -24,6 +24,7 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/guard"
+	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/stack"
@@ -106,7 +107,7 @@ func relStart(t *testing.T, ctx context.Context, f *stack.File, opt optimizersvc
 // relRouter runs cluster A's router on the stack's NATS connection
 // with the given protection options, which stack.Options does not expose;
 // it stops when the test ends.
-func relRouter(t *testing.T, ctx context.Context, s *stack.Stack, prot router.ProtectionOptions) *router.Service {
+func relRouter(t *testing.T, ctx context.Context, s *stack.Stack, prot live.ProtectionOptions) *router.Service {
 	t.Helper()
 	rt, err := router.NewService(router.ServiceOptions{Conn: s.Conn(), Cluster: "A", Router: "A-1", HTTPAddr: "127.0.0.1:0", Protection: prot})
 	if err != nil {
@@ -574,7 +575,7 @@ func relLogRouter(t *testing.T, r *router.Service) {
 		testenv.MetricSum(t, reg, "switchyard_router_retry_amplification", nil))
 	f := guard.FiguresOf(&snap)
 	t.Logf("router %s: predicted latency %v, utilisation %.2f, latency allotment (while the snapshot sheds nothing) %.1f in flight; latency by engine %v; utilisation by engine %v",
-		r.Name(), f.Latency, f.Utilisation, guard.Allotment(f, 1, router.DefaultAdmissionSlack, router.DefaultMinInFlight),
+		r.Name(), f.Latency, f.Utilisation, guard.Allotment(f, 1, live.DefaultAdmissionSlack, live.DefaultMinInFlight),
 		relFmtWeights(snap.LatencyMs), relFmtWeights(snap.Utilisation))
 }
 

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/stack"
@@ -287,7 +288,7 @@ func TestReliabilityOverload(t *testing.T) {
 	// capacity allotment (router.CapacityAllotment) holds the admitted TTFT
 	// p99 to 1.5-1.8x the unloaded p99 with served throughput over a point
 	// above its row.
-	rt := relRouter(t, ctx, s, router.ProtectionOptions{})
+	rt := relRouter(t, ctx, s, live.ProtectionOptions{})
 	relWaitReady(t, s, []*router.Service{rt})
 	capacity := relCapacity(s)
 	url := "http://" + rt.Addr()
@@ -404,7 +405,7 @@ func TestReliabilityHangingEngine(t *testing.T) {
 	f := relFile([]stack.Cluster{{Name: "A", Region: "r1"}}, relEngines(3, "r1", 30))
 	s := relStart(t, ctx, f, optimizersvc.Options{}, true)
 	const deadline = 500 * time.Millisecond
-	rt := relRouter(t, ctx, s, router.ProtectionOptions{FirstByteTimeout: deadline})
+	rt := relRouter(t, ctx, s, live.ProtectionOptions{FirstByteTimeout: deadline})
 	relWaitReady(t, s, []*router.Service{rt})
 
 	capacity := relCapacity(s)

@@ -32,6 +32,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/router/selection"
 )
 
@@ -69,7 +70,7 @@ func main() {
 	timeout := flag.Duration("timeout", 5*time.Minute, "bound on the whole run")
 	flag.Parse()
 	if *serve != "" {
-		if err := runFront(router.ServerKind(*serve)); err != nil {
+		if err := runFront(httpfront.ServerKind(*serve)); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -94,7 +95,7 @@ func main() {
 }
 
 // runFront serves a router front on 127.0.0.1 and prints its address.
-func runFront(kind router.ServerKind) error {
+func runFront(kind httpfront.ServerKind) error {
 	tables := router.NewStaticTables()
 	t, err := selection.NewTable([]selection.Engine{{Name: "e1", URL: "http://127.0.0.1:1", Weight: 1}}, selection.TableOptions{})
 	if err != nil {
@@ -105,7 +106,7 @@ func runFront(kind router.ServerKind) error {
 	if err != nil {
 		return err
 	}
-	srv, err := router.NewServer(h, router.ServerOptions{Kind: kind})
+	srv, err := router.NewServer(h, httpfront.ServerOptions{Kind: kind})
 	if err != nil {
 		return err
 	}

@@ -35,7 +35,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
 )
 
 type config struct {
@@ -641,7 +641,7 @@ func runtimeArgs(spec string) ([]string, error) {
 		}
 		k, v, ok := strings.Cut(f, "=")
 		if ok && k == "server" {
-			if _, err := router.ParseServerKind(v); err != nil {
+			if _, err := httpfront.ParseServerKind(v); err != nil {
 				return nil, fmt.Errorf("router setting %q: %w", f, err)
 			}
 			args = append(args, "-http-server="+v)

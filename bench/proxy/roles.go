@@ -26,6 +26,7 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/router/natsfront"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/router/upstream"
@@ -77,7 +78,7 @@ func runRole(role string, args []string) error {
 	fs.StringVar(&rf.cluster, "cluster", benchCluster, "router: frontend cluster (the NATS front's subject and queue group)")
 	fs.IntVar(&rf.writeBuf, "natswbuf", 0, "router-nats: nats.WriteBufferSize of the router's connection, the size at which a publish flushes in the publisher's goroutine (0: the nats.go default)")
 	fs.IntVar(&rf.runtime.MaxProcs, "gomaxprocs", 0, "router: GOMAXPROCS (0: the runtime's default)")
-	fs.StringVar(&rf.httpServer, "http-server", string(router.DefaultServerKind), "router-http: the HTTP server, fasthttp or std (net/http), as the router command's --http-server")
+	fs.StringVar(&rf.httpServer, "http-server", string(httpfront.DefaultServerKind), "router-http: the HTTP server, fasthttp or std (net/http), as the router command's --http-server")
 	fs.IntVar(&rf.runtime.GCPercent, "gogc", procruntime.DefaultGCPercent, "router: GOGC, as the router command's --gogc (0: the runtime's default)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -264,13 +265,13 @@ func roleRevProxy(ctx context.Context, rf roleFlags) error {
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
 	}
-	// The limits of the router's std server (router.ServerOptions' defaults).
+	// The limits of the router's std server (httpfront.ServerOptions' defaults).
 	return serveHTTP(ctx, &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 120 * time.Second,
 		MaxHeaderBytes: 64 << 10})
 }
 
 // serveHTTP serves srv on a free loopback port until ctx ends.
-func serveHTTP(ctx context.Context, srv router.Server) error {
+func serveHTTP(ctx context.Context, srv httpfront.Server) error {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -326,11 +327,11 @@ func roleRouterHTTP(ctx context.Context, rf roleFlags) error {
 	if err != nil {
 		return err
 	}
-	kind, err := router.ParseServerKind(rf.httpServer)
+	kind, err := httpfront.ParseServerKind(rf.httpServer)
 	if err != nil {
 		return err
 	}
-	srv, err := router.NewServer(h, router.ServerOptions{Kind: kind})
+	srv, err := router.NewServer(h, httpfront.ServerOptions{Kind: kind})
 	if err != nil {
 		return err
 	}

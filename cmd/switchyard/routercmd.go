@@ -19,6 +19,7 @@ import (
 	"github.com/switchyard-dev/switchyard/internal/procruntime"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/stack"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/streams/natsembed"
@@ -41,7 +42,7 @@ func routerCommand() command {
 			fs.DurationVar(&o.ReportInterval, "report-interval", time.Second, "how often to publish reports")
 			fs.StringVar(&o.RTTProbe, "rtt-probe", control.DefaultRTTProbe, "how to measure the RTT to HTTP engines: tcp (time a TCP connect: the network round trip alone, for any engine) or http:/path (time a GET of that path, e.g. http:/health; also times the engine's request handling; a 404 or 405 there measures nothing)")
 			fs.IntVar(&o.Protection.Routers, "routers", 1, "routers serving this cluster: local admission control allots this router 1/N of the cluster's planned traffic")
-			httpServer := fs.String("http-server", string(router.DefaultServerKind), "HTTP front's server: fasthttp (github.com/valyala/fasthttp) or std (Go's net/http)")
+			httpServer := fs.String("http-server", string(httpfront.DefaultServerKind), "HTTP front's server: fasthttp (github.com/valyala/fasthttp) or std (Go's net/http)")
 			var rt procruntime.Options
 			fs.IntVar(&rt.GCPercent, "gogc", procruntime.DefaultGCPercent, "garbage collector target percentage, as GOGC (0: keep GOGC from the environment or Go's 100; negative: off up to --memlimit)")
 			memLimit := fs.String("memlimit", "", "soft memory limit, as GOMEMLIMIT, e.g. 512MiB (empty: keep GOMEMLIMIT from the environment, or none)")
@@ -64,7 +65,7 @@ func routerCommand() command {
 				if err != nil {
 					return err
 				}
-				if o.Server.Kind, err = router.ParseServerKind(*httpServer); err != nil {
+				if o.Server.Kind, err = httpfront.ParseServerKind(*httpServer); err != nil {
 					return usagef("--http-server: %v", err)
 				}
 				if *memLimit != "" {

@@ -1,6 +1,6 @@
 //go:build !unix
 
-package router
+package httpfront
 
 // peekGone cannot tell on this platform; a client that goes away is noticed
 // when the answer is written to it.

@@ -1,4 +1,4 @@
-package router
+package httpfront
 
 import (
 	"net"
@@ -26,8 +26,9 @@ type goneWatcher struct {
 	stop   sync.Once
 }
 
-// canceler ends a request's work (a *hookCtx: no closure to allocate).
-type canceler interface{ cancel() }
+// canceler ends a request's work (a request's Context: no closure to
+// allocate).
+type canceler interface{ Cancel() }
 
 // goneEntry is one request in flight on conn.
 type goneEntry struct {
@@ -119,7 +120,7 @@ func (w *goneWatcher) run() {
 				}
 				w.mu.Unlock()
 				if still {
-					d.entry.cancel.cancel()
+					d.entry.cancel.Cancel()
 				}
 			}
 			clear(due)

@@ -1,4 +1,4 @@
-package router
+package live
 
 import (
 	"sync"
@@ -107,6 +107,11 @@ const (
 // reports whether the attempt may go (false: ejected, or half-open with its
 // probe taken) and whether it is the half-open probe.
 func (e *EngineLive) Claim(now time.Time) (ok, probe bool) { return e.eject.claim(now) }
+
+// ReleaseProbe gives back the half-open probe Claim granted to an attempt
+// that never reached the engine (no transport to it), so that the next
+// attempt may probe it.
+func (e *EngineLive) ReleaseProbe() { e.eject.probing.Store(false) }
 
 // Report folds the result res of an attempt (the half-open probe when
 // probe) into the engine's ejection state at now, under o (zero fields:

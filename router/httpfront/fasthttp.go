@@ -1,4 +1,4 @@
-package router
+package httpfront
 
 import (
 	"bufio"
@@ -20,10 +20,10 @@ import (
 	"github.com/switchyard-dev/switchyard/router/upstream"
 )
 
-// fastServer serves a Handler with fasthttp. The inference endpoints run
+// fastServer serves a Pipeline with fasthttp. The inference endpoints run
 // natively on fasthttp's request (no per-request goroutine, context or
 // net/http request); every other route goes through fasthttpadaptor to
-// the Handler's net/http mux.
+// the pipeline's net/http mux (Pipeline.ServeHTTP).
 //
 // A streamed answer is relayed from fasthttp's body stream writer, which
 // flushes each event as one chunk; a failed write to the client cancels the
@@ -33,7 +33,8 @@ import (
 // answer, or between events — is noticed by the goneWatcher, which cancels
 // the request.
 type fastServer struct {
-	h      *Handler
+	p      Pipeline
+	log    zerolog.Logger
 	srv    *fasthttp.Server
 	other  fasthttp.RequestHandler
 	xs     sync.Pool // *fastExchange
@@ -48,11 +49,11 @@ type fastServer struct {
 	inBody map[*fasthttp.RequestHeader]struct{}
 }
 
-func newFastServer(h *Handler, opts ServerOptions) *fastServer {
-	s := &fastServer{h: h, other: fasthttpadaptor.NewFastHTTPHandler(h), conns: map[net.Conn]struct{}{},
+func newFastServer(p Pipeline, opts ServerOptions) *fastServer {
+	s := &fastServer{p: p, log: p.Logger(), other: fasthttpadaptor.NewFastHTTPHandler(p), conns: map[net.Conn]struct{}{},
 		inBody: map[*fasthttp.RequestHeader]struct{}{}, gone: newGoneWatcher(goneWatchPeriod)}
 	s.xs.New = func() any { return &fastExchange{hdr: make(http.Header, 8)} }
-	bodyTimeout := h.opts.BodyReadTimeout
+	bodyTimeout := p.BodyReadTimeout()
 	s.srv = &fasthttp.Server{
 		Handler:      s.serve,
 		ErrorHandler: s.serveError,
@@ -69,18 +70,18 @@ func newFastServer(h *Handler, opts ServerOptions) *fastServer {
 		IdleTimeout: opts.IdleTimeout,
 		// The read buffer bounds the header's size.
 		ReadBufferSize:               opts.MaxHeaderBytes,
-		MaxRequestBodySize:           int(h.opts.MaxBodyBytes),
+		MaxRequestBodySize:           int(p.MaxBodyBytes()),
 		NoDefaultServerHeader:        true,
 		NoDefaultContentType:         true,
 		DisablePreParseMultipartForm: true,
 		CloseOnShutdown:              true,
 		ConnState:                    s.connState,
-		Logger:                       fastLogger{h.log},
+		Logger:                       fastLogger{s.log},
 	}
 	return s
 }
 
-// fastLogger passes fasthttp's own messages to the handler's log.
+// fastLogger passes fasthttp's own messages to the pipeline's log.
 type fastLogger struct{ log zerolog.Logger }
 
 // Printf logs a fasthttp message at debug level: they are about single
@@ -153,7 +154,7 @@ func (s *fastServer) bodyRead(rh *fasthttp.RequestHeader) bool {
 // fasthttp does not: a panic would end the process): the panic is logged
 // with its stack and the connection is closed without an answer.
 func (s *fastServer) recovered(ctx *fasthttp.RequestCtx, p any) {
-	s.h.log.Error().Str("server", string(ServerFast)).Interface("panic", p).Bytes("stack", debug.Stack()).
+	s.log.Error().Str("server", string(ServerFast)).Interface("panic", p).Bytes("stack", debug.Stack()).
 		Msg("panic serving a request; connection closed")
 	if c := ctx.Conn(); c != nil {
 		_ = c.Close()
@@ -173,19 +174,19 @@ func (s *fastServer) serve(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	x := s.xs.Get().(*fastExchange)
-	x.h, x.ctx = s.h, ctx
+	x.ctx = ctx
 	// The request's work ends when the client goes away (see goneWatcher),
 	// as r.Context() makes it end on the std front.
-	rctx := newRootCtx()
+	rctx := s.p.NewContext()
 	watched := &x.watch
 	s.gone.watch(watched, ctx.Conn(), rctx)
-	a := s.h.serveInference(rctx, x, x, ep)
-	if a == nil || !a.stream {
+	a := serveInference(rctx, s.p, x, x, ep)
+	if a == nil || !a.Streamed() {
 		if a != nil {
-			a.relay(rctx, x)
+			a.Relay(rctx, x)
 		}
 		s.gone.unwatch(watched)
-		rctx.cancel()
+		rctx.Cancel()
 		s.put(x)
 		return
 	}
@@ -194,22 +195,22 @@ func (s *fastServer) serve(ctx *fasthttp.RequestCtx) {
 	// until its end (and ends with the connection if it never starts).
 	conn := ctx.Conn()
 	ctx.SetBodyStreamWriter(func(bw *bufio.Writer) {
-		defer rctx.cancel()
+		defer rctx.Cancel()
 		defer s.gone.unwatch(watched)
 		defer func() {
 			if p := recover(); p != nil {
-				s.h.log.Error().Str("server", string(ServerFast)).Interface("panic", p).Bytes("stack", debug.Stack()).
+				s.log.Error().Str("server", string(ServerFast)).Interface("panic", p).Bytes("stack", debug.Stack()).
 					Msg("panic relaying a stream; connection closed")
 				_ = conn.Close()
 			}
 		}()
-		a.relay(rctx, &fastStream{bw: bw, gone: rctx.cancel})
+		a.Relay(rctx, &fastStream{bw: bw, gone: rctx.Cancel})
 	})
 }
 
 func (s *fastServer) put(x *fastExchange) {
 	clear(x.hdr)
-	x.h, x.ctx, x.wrote, x.watch = nil, nil, false, goneEntry{}
+	x.ctx, x.wrote, x.watch = nil, false, goneEntry{}
 	s.xs.Put(x)
 }
 
@@ -221,20 +222,20 @@ func (s *fastServer) put(x *fastExchange) {
 func (s *fastServer) serveError(ctx *fasthttp.RequestCtx, err error) {
 	inBody := s.bodyRead(&ctx.Request.Header)
 	x := s.xs.Get().(*fastExchange)
-	x.h, x.ctx = s.h, ctx
+	x.ctx = ctx
 	defer s.put(x)
 	var ne net.Error
 	var small *fasthttp.ErrSmallBuffer
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		s.h.reject(x, labelInvalid, protocol.BodyTooLarge(s.h.opts.MaxBodyBytes))
+		reject(s.p, x, protocol.BodyTooLarge(s.p.MaxBodyBytes()))
 	case errors.As(err, &small):
 		protocol.WriteError(x, protocol.NewAPIError(http.StatusRequestHeaderFieldsTooLarge, protocol.ErrTypeInvalidRequest, "headers_too_large", "",
 			fmt.Sprintf("request headers are larger than the limit of %d bytes", s.srv.ReadBufferSize)))
 	case errors.As(err, &ne) && ne.Timeout() && inBody:
 		// The header is in, the body was not within BodyReadTimeout: as the
 		// net/http front answers it.
-		s.h.reject(x, labelInvalid, protocol.InvalidRequest("", fmt.Sprintf("reading request body: %v", err)))
+		reject(s.p, x, protocol.InvalidRequest("", fmt.Sprintf("reading request body: %v", err)))
 	case errors.As(err, &ne) && ne.Timeout():
 		protocol.WriteError(x, protocol.NewAPIError(http.StatusRequestTimeout, protocol.ErrTypeInvalidRequest, "request_timeout", "",
 			fmt.Sprintf("request headers not received in time: %v", err)))
@@ -248,7 +249,6 @@ func (s *fastServer) serveError(ctx *fasthttp.RequestCtx, err error) {
 // WriteHeader are copied into fasthttp's response there, and the body is
 // buffered in it.
 type fastExchange struct {
-	h     *Handler
 	ctx   *fasthttp.RequestCtx
 	hdr   http.Header
 	wrote bool

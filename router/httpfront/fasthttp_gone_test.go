@@ -1,12 +1,14 @@
 //go:build unix
 
-package router
+package httpfront
 
 import (
 	"io"
 	"net"
 	"testing"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/testenv"
 )
 
 // TestPeerClosed: an open connection is not gone; one whose peer sent bytes
@@ -43,5 +45,5 @@ func TestPeerClosed(t *testing.T) {
 		t.Fatalf("after a peek the connection reads %q, %v; want the bytes sent, unconsumed", buf, err)
 	}
 	_ = client.Close()
-	waitFor(t, 2*time.Second, func() bool { return peerClosed(server) })
+	testenv.WaitFor(t, 2*time.Second, "a connection whose peer closed reads as gone", func() bool { return peerClosed(server) })
 }

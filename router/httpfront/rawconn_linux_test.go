@@ -1,6 +1,6 @@
 //go:build linux
 
-package router
+package httpfront_test
 
 import (
 	"fmt"
@@ -11,7 +11,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/router/upstream"
 )
@@ -28,17 +30,20 @@ func TestRawSocketsInUse(t *testing.T) {
 	t.Cleanup(engine.Close)
 	engineURL := engine.URL
 
-	tables := NewStaticTables()
-	tables.Set("m", mustTable(t, []selection.Engine{{Name: "e", URL: engineURL, Weight: 1}}, selection.TableOptions{}), control.Info{Mode: control.ModeSnapshot})
-	h, err := NewHandler(Options{Tables: tables, Transport: upstream.NewHTTPTransport(upstream.HTTPTransportOptions{})})
+	table, err := selection.NewTable([]selection.Engine{{Name: "e", URL: engineURL, Weight: 1}}, selection.TableOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := NewServer(h, ServerOptions{Kind: ServerFast})
+	tables := router.NewStaticTables()
+	tables.Set("m", table, control.Info{Mode: control.ModeSnapshot})
+	h, err := router.NewHandler(router.Options{Tables: tables, Transport: upstream.NewHTTPTransport(upstream.HTTPTransportOptions{})})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs := srv.(*fastServer)
+	srv, err := router.NewServer(h, httpfront.ServerOptions{Kind: httpfront.ServerFast})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +55,10 @@ func TestRawSocketsInUse(t *testing.T) {
 		<-done
 	})
 
-	resp, err := testClient(t).Post("http://"+ln.Addr().String()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody))
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(client.CloseIdleConnections)
+	resp, err := client.Post("http://"+ln.Addr().String()+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hello"}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,15 +68,13 @@ func TestRawSocketsInUse(t *testing.T) {
 		t.Fatalf("through the router: %d %q, want 200 and the engine's answer", resp.StatusCode, body)
 	}
 
-	fs.mu.Lock()
-	n := len(fs.conns)
-	for c := range fs.conns {
+	conns := httpfront.OpenConns(srv)
+	for _, c := range conns {
 		if typ := fmt.Sprintf("%T", c); typ != "*upstream.rawConn" {
 			t.Errorf("the fasthttp front serves a client over a %s, want upstream's rawConn", typ)
 		}
 	}
-	fs.mu.Unlock()
-	if n == 0 {
+	if len(conns) == 0 {
 		t.Error("the fasthttp front has no client connection open after a keep-alive request")
 	}
 }

@@ -1,11 +1,11 @@
-package router_test
+package live_test
 
 import (
 	"testing"
 	"time"
 
-	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/control"
+	"github.com/switchyard-dev/switchyard/router/live"
 )
 
 // TestEjectionOnSimulatedClock runs the ejection rule as a simulator does,
@@ -15,28 +15,28 @@ import (
 // is neutral.
 func TestEjectionOnSimulatedClock(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
-	set := router.NewLiveSet(func() time.Time { return now })
+	set := live.NewLiveSet(func() time.Time { return now })
 	e := set.Engine("e1")
-	var o router.EjectOptions // the defaults
+	var o live.EjectOptions // the defaults
 	type step struct {
 		advance time.Duration
 		claim   bool // expected Claim ok
 		probe   bool // expected Claim probe
 		res     control.Result
-		change  router.EjectChange
+		change  live.EjectChange
 	}
 	var steps []step
-	for i := 1; i < router.DefaultEjectAfter; i++ {
-		steps = append(steps, step{claim: true, res: control.Result5xx, change: router.EjectNone})
+	for i := 1; i < live.DefaultEjectAfter; i++ {
+		steps = append(steps, step{claim: true, res: control.Result5xx, change: live.EjectNone})
 	}
 	steps = append(steps,
-		step{claim: true, res: control.ResultClient, change: router.EjectNone}, // neutral: no failure counted
-		step{claim: true, res: control.Result5xx, change: router.EjectStart},
-		step{advance: router.DefaultEjectBackoff / 2, claim: false},
-		step{advance: router.DefaultEjectBackoff, claim: true, probe: true, res: control.Result5xx, change: router.EjectAgain},
-		step{advance: router.DefaultEjectBackoff + time.Millisecond, claim: false}, // doubled
-		step{advance: router.DefaultEjectBackoff, claim: true, probe: true, res: control.ResultOK, change: router.EjectRestored},
-		step{claim: true, res: control.ResultOK, change: router.EjectNone},
+		step{claim: true, res: control.ResultClient, change: live.EjectNone}, // neutral: no failure counted
+		step{claim: true, res: control.Result5xx, change: live.EjectStart},
+		step{advance: live.DefaultEjectBackoff / 2, claim: false},
+		step{advance: live.DefaultEjectBackoff, claim: true, probe: true, res: control.Result5xx, change: live.EjectAgain},
+		step{advance: live.DefaultEjectBackoff + time.Millisecond, claim: false}, // doubled
+		step{advance: live.DefaultEjectBackoff, claim: true, probe: true, res: control.ResultOK, change: live.EjectRestored},
+		step{claim: true, res: control.ResultOK, change: live.EjectNone},
 	)
 	for i, s := range steps {
 		now = now.Add(s.advance)
@@ -50,7 +50,7 @@ func TestEjectionOnSimulatedClock(t *testing.T) {
 		if ch, _, _ := e.Report(s.res, probe, now, o); ch != s.change {
 			t.Fatalf("step %d: Report(%v) = change %d, want %d", i, s.res, ch, s.change)
 		}
-		if got, want := e.Ejected(), s.change == router.EjectStart || s.change == router.EjectAgain; s.change != router.EjectNone && got != want {
+		if got, want := e.Ejected(), s.change == live.EjectStart || s.change == live.EjectAgain; s.change != live.EjectNone && got != want {
 			t.Fatalf("step %d: Ejected = %v, want %v", i, got, want)
 		}
 	}

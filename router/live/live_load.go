@@ -1,4 +1,4 @@
-package router
+package live
 
 import (
 	"math"
@@ -93,13 +93,6 @@ func (s *LiveSet) ObserveSignal(sig *messages.EngineSignal) {
 func (b *Bound) Load(i int) float64 {
 	e := b.engines[i]
 	return e.load.load(e.inflight.Load())
-}
-
-// ObserveSignal folds an engine's signal into the live state of its model
-// (see LiveSet.ObserveSignal); the router service calls it for every signal
-// it accepts.
-func (h *Handler) ObserveSignal(sig *messages.EngineSignal) {
-	h.Live(sig.Model).ObserveSignal(sig)
 }
 
 // slotTimes is Bound.SlotTimes' answer at a time.

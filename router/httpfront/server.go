@@ -1,4 +1,4 @@
-package router
+package httpfront
 
 import (
 	"context"
@@ -54,7 +54,8 @@ type ServerOptions struct {
 	MaxHeaderBytes int
 }
 
-func (o ServerOptions) withDefaults() ServerOptions {
+// WithDefaults returns o with every zero field set to its default.
+func (o ServerOptions) WithDefaults() ServerOptions {
 	if o.Kind == "" {
 		o.Kind = DefaultServerKind
 	}
@@ -82,38 +83,44 @@ type Server interface {
 	Close() error
 }
 
-// NewServer returns the HTTP server of kind opts.Kind for h with the
+// NewServer returns the HTTP server of kind opts.Kind for p with the
 // router's limits. Neither kind has a write timeout, which would cut long
-// streamed responses: the body read is bounded by Options.BodyReadTimeout
-// and the body size by Options.MaxBodyBytes. It fails on an unknown kind.
-func NewServer(h *Handler, opts ServerOptions) (Server, error) {
-	opts = opts.withDefaults()
+// streamed responses: the body read is bounded by Pipeline.BodyReadTimeout
+// and the body size by Pipeline.MaxBodyBytes. It fails on an unknown kind.
+func NewServer(p Pipeline, opts ServerOptions) (Server, error) {
+	opts = opts.WithDefaults()
 	switch opts.Kind {
 	case ServerStd:
 		return &http.Server{
 			Addr:              opts.Addr,
-			Handler:           h,
+			Handler:           p,
 			ReadHeaderTimeout: opts.ReadHeaderTimeout,
 			IdleTimeout:       opts.IdleTimeout,
 			MaxHeaderBytes:    opts.MaxHeaderBytes,
 		}, nil
 	case ServerFast:
-		return newFastServer(h, opts), nil
+		return newFastServer(p, opts), nil
 	}
 	return nil, fmt.Errorf("router: new server: unknown kind %q (want %q or %q)", opts.Kind, ServerStd, ServerFast)
 }
 
+// InferenceHandler returns the net/http handler of inference endpoint ep
+// through p, for p's own mux.
+func InferenceHandler(p Pipeline, ep protocol.Endpoint) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { serveStd(p, w, r, ep) })
+}
+
 // serveStd serves an inference endpoint on net/http.
-func (h *Handler) serveStd(w http.ResponseWriter, r *http.Request, ep protocol.Endpoint) {
-	in := stdRequest{h: h, w: w, r: r}
-	if a := h.serveInference(r.Context(), w, &in, ep); a != nil {
-		a.relay(r.Context(), w)
+func serveStd(p Pipeline, w http.ResponseWriter, r *http.Request, ep protocol.Endpoint) {
+	in := stdRequest{p: p, w: w, r: r}
+	if a := serveInference(r.Context(), p, w, &in, ep); a != nil {
+		a.Relay(r.Context(), w)
 	}
 }
 
 // stdRequest is a net/http request as an httpRequest.
 type stdRequest struct {
-	h *Handler
+	p Pipeline
 	w http.ResponseWriter
 	r *http.Request
 }
@@ -143,12 +150,12 @@ func (s *stdRequest) PassHeaders() http.Header {
 
 // body reads the request body within the size and time limits.
 func (s *stdRequest) RequestBody() ([]byte, *protocol.APIError) {
-	limit := s.h.opts.MaxBodyBytes
+	limit := s.p.MaxBodyBytes()
 	if s.r.ContentLength > limit {
 		return nil, protocol.BodyTooLarge(limit)
 	}
 	rc := http.NewResponseController(s.w)
-	_ = rc.SetReadDeadline(s.h.opts.Now().Add(s.h.opts.BodyReadTimeout)) // unsupported writers: no deadline
+	_ = rc.SetReadDeadline(s.p.Now().Add(s.p.BodyReadTimeout())) // unsupported writers: no deadline
 	body, err := readBody(http.MaxBytesReader(s.w, s.r.Body, limit), s.r.ContentLength)
 	if err != nil {
 		// The deadline stays: net/http, before it writes the answer, would

@@ -1,4 +1,4 @@
-package router
+package live
 
 import (
 	"sync"
@@ -77,6 +77,16 @@ func NewLiveSet(now func() time.Time) *LiveSet {
 		now = time.Now
 	}
 	return &LiveSet{byName: make(map[string]*EngineLive), now: now}
+}
+
+// NewLiveSetFor returns an empty live set of model whose engines are
+// selectable only with an address, from their table entry or from
+// resolve's endpoints (see SetEndpoints); nil resolve: every engine of a
+// table is, as in NewLiveSet's. now is the clock, as for NewLiveSet.
+func NewLiveSetFor(model string, resolve control.EndpointResolver, now func() time.Time) *LiveSet {
+	s := NewLiveSet(now)
+	s.resolve, s.model = resolve, model
+	return s
 }
 
 // Engine returns the live state of the named engine, creating it if needed.
