@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/testenv"
 )
 
 // ingestBudget is the Done-when row: 100,000 block events/s on one core is
@@ -120,7 +122,7 @@ func BenchmarkLongest(b *testing.B) {
 	}
 	// The budget is checked on CPU time, 100,000 lookups on one thread.
 	const rounds = 100_000
-	cpu := threadCPU(func() {
+	cpu := testenv.ThreadCPU(func() {
 		for range rounds {
 			dst = x.Longest(dst[:0], req)
 		}

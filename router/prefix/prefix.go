@@ -34,7 +34,7 @@ const (
 	// MatchLimit is how many engines a pick compares by prefix: the
 	// deepest holders of the request's blocks. A prefix held by more
 	// engines than that is a shared one, placed by the weights.
-	MatchLimit = 8
+	MatchLimit = 4
 )
 
 // ErrOptions wraps every Options validation error.

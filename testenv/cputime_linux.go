@@ -1,4 +1,4 @@
-package kvindex
+package testenv
 
 import (
 	"runtime"
@@ -6,10 +6,10 @@ import (
 	"time"
 )
 
-// threadCPU runs f on one locked OS thread and returns the CPU time that
+// ThreadCPU runs f on one locked OS thread and returns the CPU time that
 // thread spent in it, so that a budget check measures the work and not the
 // time other processes of a shared machine held the core.
-func threadCPU(f func()) time.Duration {
+func ThreadCPU(f func()) time.Duration {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var a, b syscall.Rusage
