@@ -353,9 +353,8 @@ func (h *Handler) route(ctx context.Context, req *protocol.Request, session stri
 	case protocol.KeyNone:
 		idx, ok = table.PickTwo(key, bound)
 	case protocol.KeyPrefix:
-		var tokens bool
-		keys, tokens = protocol.PrefixKeys(kbuf[:0], req)
-		idx, ok = ms.prefix.Pick(table, bound, key, keys, tokens)
+		keys, _ = protocol.PrefixKeys(kbuf[:0], req)
+		idx, ok = ms.prefix.Pick(table, bound, key, keys)
 		if ok {
 			ms.recent.RememberName(key, table.Engine(idx).Name) // for admission's ongoing conversations
 		}

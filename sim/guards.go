@@ -160,7 +160,7 @@ func (gs *guards) admitAndPick(r *run, c int, q int32, a *scenario.Arrival) int 
 		// The trace's block ids are chained (an id names its whole
 		// prefix), as the router's PrefixKeys are.
 		keys = a.Blocks[:min(len(a.Blocks), protocol.MaxPrefixKeys)]
-		i, ok = g.prefix.Pick(t, g.bound, key, keys, false)
+		i, ok = g.prefix.Pick(t, g.bound, key, keys)
 		if ok {
 			g.recent.RememberName(key, t.Engine(i).Name)
 		}

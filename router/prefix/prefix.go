@@ -1,7 +1,7 @@
 // Package prefix is a router's prefix index and the pick it feeds: which
 // engine is believed to hold which chained blocks of prompt content
-// (kvindex, learned from what the router routed, and engine-exact from KV
-// events when a feed gives them), and the engine choice that weighs the
+// (kvindex, learned from what the router routed), and the engine choice
+// that weighs the
 // longest cached prefix against the plan's weights and live load
 // (selection.Table.PickPrefix). The router's request path and the
 // simulator's switchyard policy both run it. Pure: no I/O, the caller's
@@ -75,9 +75,6 @@ func (o Options) Validate() error {
 // concurrent use.
 type Index struct {
 	learned *kvindex.Index
-	// exact, when set, is an engine-exact index (kvfeed's) of the same
-	// model, consulted for token keys.
-	exact func() *kvindex.Index
 }
 
 // New validates opts and returns an empty Index.
@@ -93,35 +90,22 @@ func New(opts Options) (*Index, error) {
 	return &Index{learned: x}, nil
 }
 
-// SetExact makes token keys consult the engine-exact index exact returns
-// (nil while none exists) besides what the router learned.
-func (x *Index) SetExact(exact func() *kvindex.Index) { x.exact = exact }
-
 // SetCapacity sets how many blocks engine may hold (its KV size in the
 // index's blocks).
 func (x *Index) SetCapacity(engine string, blocks int) error {
 	return x.learned.SetCapacity(engine, blocks)
 }
 
-// Learned returns the index of what the router routed.
-func (x *Index) Learned() *kvindex.Index { return x.learned }
-
 // Pick picks the engine of t for a request with block keys (its
-// PrefixKeys; tokens when they are token keys) and affinity key, under g:
-// Table.PickPrefix over the deepest holders of its keys. It does not
-// allocate.
-func (x *Index) Pick(t *selection.Table, g selection.LoadGuard, key uint64, keys []uint64, tokens bool) (int, bool) {
+// protocol.PrefixKeys) and affinity key, under g: Table.PickPrefix over
+// the deepest holders of its keys. It does not allocate.
+func (x *Index) Pick(t *selection.Table, g selection.LoadGuard, key uint64, keys []uint64) (int, bool) {
 	if len(keys) == 0 {
 		return t.PickRecent(key, g, nil)
 	}
 	var mbuf [2 * MatchLimit]kvindex.Match
 	matches := x.learned.Deepest(mbuf[:0], keys, MatchLimit)
 	shared := 0
-	if tokens && x.exact != nil {
-		if ex := x.exact(); ex != nil {
-			matches = ex.Deepest(matches, keys, MatchLimit)
-		}
-	}
 	if len(matches) >= MatchLimit && matches[MatchLimit-1].Blocks == matches[0].Blocks {
 		// As many engines as are compared hold the deepest prefix: it is a
 		// shared one, and the weights place the request.

@@ -64,7 +64,7 @@ func TestPickKeepsConversations(t *testing.T) {
 	for conv := range 40 {
 		for turn := 1; turn <= 3; turn++ {
 			keys := keysOf(conv, turn)
-			i, ok := x.Pick(tbl, g, selection.SpreadKey(uint64(conv*10+turn)), keys, false)
+			i, ok := x.Pick(tbl, g, selection.SpreadKey(uint64(conv*10+turn)), keys)
 			if !ok {
 				t.Fatal("no pick")
 			}
@@ -105,7 +105,7 @@ func BenchmarkPick(b *testing.B) {
 	b.ReportAllocs()
 	var i int
 	for b.Loop() {
-		i, _ = x.Pick(tbl, g, key, keys, false)
+		i, _ = x.Pick(tbl, g, key, keys)
 	}
 	per := b.Elapsed() / time.Duration(b.N)
 	b.StopTimer()
@@ -114,14 +114,14 @@ func BenchmarkPick(b *testing.B) {
 	const rounds = 200_000
 	cpu := testenv.ThreadCPU(func() {
 		for range rounds {
-			i, _ = x.Pick(tbl, g, key, keys, false)
+			i, _ = x.Pick(tbl, g, key, keys)
 		}
 	}) / rounds
 	b.ReportMetric(float64(cpu.Nanoseconds()), "cpu-ns/pick")
 	if i != 4321 {
 		b.Fatalf("picked %d, want the conversation's 4321", i)
 	}
-	if a := testing.AllocsPerRun(100, func() { x.Pick(tbl, g, key, keys, false) }); a != 0 {
+	if a := testing.AllocsPerRun(100, func() { x.Pick(tbl, g, key, keys) }); a != 0 {
 		b.Fatalf("Pick allocates %v times", a)
 	}
 	if cpu > 500*time.Nanosecond {
