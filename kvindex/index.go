@@ -412,10 +412,9 @@ func (x *Index) Longest(dst []Match, keys []uint64) []Match {
 // limit, those left out hold no more of it than the last one reported.
 // With dst of enough capacity it does not allocate.
 //
-// It searches rather than reading every key: an engine's depth is where
-// its holdings of the request's keys end, found from the end of the
-// request in about 2·log2(distance from the end) map reads per distinct
-// depth. That is exact while what an engine holds of a
+// It bisects rather than reading every key: an engine's depth is where its
+// holdings of the request's keys end, found in about log2(len(keys)) map
+// reads per distinct depth. That is exact while what an engine holds of a
 // request is a prefix of it — always for blocks a router stored from what
 // it routed, and for an engine's events as long as it evicts a sequence's
 // blocks from the tail, as vLLM's free queue does (a request's blocks are
@@ -465,19 +464,8 @@ func (x *Index) Deepest(dst []Match, keys []uint64, limit int) []Match {
 		root.more = x.more[keys[0]]
 	}
 	for hi := len(keys); hi > 0 && n < limit && fresh(0); {
-		// Gallop back from the end, then bisect: a request most often
-		// extends a cached one by a block or two (a conversation's new
-		// turn), so its depth is near its end.
-		lo, r := 0, hi-1 // fresh(lo) holds; find the last j <= r where fresh(j) does
-		for step := 1; r > lo; step *= 2 {
-			j := max(lo, r-step+1)
-			if fresh(j) {
-				lo = j
-				break
-			}
-			r = j - 1
-		}
-		for lo < r {
+		lo := 0 // fresh(lo) holds; find the last j < hi where fresh(j) does
+		for r := hi - 1; lo < r; {
 			mid := (lo + r + 1) / 2
 			if fresh(mid) {
 				lo = mid
