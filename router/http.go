@@ -21,6 +21,7 @@ import (
 	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/router/live"
+	"github.com/switchyard-dev/switchyard/router/prefix"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/router/tenant"
@@ -118,6 +119,7 @@ type Handler struct {
 type modelState struct {
 	live   *live.LiveSet
 	recent *selection.RecentKeys // where this router sent each affinity key lately
+	prefix *prefix.Index         // which engine holds which blocks of the prompts this router routed
 	bound  atomic.Pointer[live.Bound]
 	adm    *live.Admission
 	// met holds the model's metric children, made on first use.
@@ -261,7 +263,8 @@ func (h *Handler) model(name string) *modelState {
 	}
 	ls := live.NewLiveSetFor(name, h.opts.Endpoints, h.opts.Now)
 	recent, _ := selection.NewRecentKeys(selection.DefaultRecentKeys) // a valid size: never fails
-	v, _ := h.models.LoadOrStore(name, &modelState{live: ls, recent: recent,
+	px, _ := prefix.New(prefix.Options{})                             // the defaults: never fails
+	v, _ := h.models.LoadOrStore(name, &modelState{live: ls, recent: recent, prefix: px,
 		adm: live.NewAdmission(h.prot), created: h.opts.Now().Unix()})
 	return v.(*modelState)
 }
@@ -356,9 +359,18 @@ func (h *Handler) route(ctx context.Context, req *protocol.Request, session stri
 		rt.spare = info.Figures.Spare
 	}
 	var idx int
-	if src == protocol.KeyNone {
+	var kbuf [protocol.MaxPrefixKeys]uint64
+	var keys []uint64
+	switch src {
+	case protocol.KeyNone:
 		idx, ok = table.PickTwo(key, bound)
-	} else {
+	case protocol.KeyPrefix:
+		keys, _ = protocol.PrefixKeys(kbuf[:0], req)
+		idx, ok = ms.prefix.Pick(table, bound, key, keys)
+		if ok {
+			ms.recent.RememberName(key, table.Engine(idx).Name) // for admission's ongoing conversations
+		}
+	default:
 		idx, ok = table.PickRecent(key, bound, ms.recent)
 	}
 	if !ok {
@@ -370,6 +382,9 @@ func (h *Handler) route(ctx context.Context, req *protocol.Request, session stri
 			fmt.Sprintf("no engine is available for model %q", req.Model))
 	}
 	rt.idx = idx
+	if !rt.fallback { // a fallback pick is a moment's, not where the prefix will live
+		ms.prefix.Routed(table.Engine(idx).Name, keys, h.opts.Now())
+	}
 	h.budget.Earn(u)
 	h.amp.Add(1, 0)
 	return rt, nil

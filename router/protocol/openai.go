@@ -112,6 +112,12 @@ type Request struct {
 	// ModelAt and ModelEnd delimit the model's JSON string (quotes
 	// included) in Body, for WithModel.
 	ModelAt, ModelEnd int
+	// Context is the raw JSON of the request's whole prompt content, in
+	// order, as PrefixKeys reads it: the messages array (chat), the input
+	// array (responses), or the prompt (completions; the first prompt of an
+	// array); Instructions is the responses instructions string. Both alias
+	// Body.
+	Context, Instructions json.RawMessage
 
 	kept [2]Message // Messages' backing array: no allocation of its own
 }
@@ -273,7 +279,7 @@ func ParseRequest(endpoint Endpoint, body []byte) (*Request, error) {
 		if err != nil {
 			return nil, err
 		}
-		req.Messages = msgs
+		req.Messages, req.Context = msgs, raw.Messages
 	case EndpointCompletions:
 		if !isAbsent(raw.Messages) {
 			return nil, InvalidRequest("messages", "'messages' is not a completions parameter; use 'prompt'")
@@ -281,6 +287,7 @@ func ParseRequest(endpoint Endpoint, body []byte) (*Request, error) {
 		if err := parsePrompt(raw.Prompt, req); err != nil {
 			return nil, err
 		}
+		req.Context = raw.Prompt
 	case EndpointResponses:
 		if err := parseResponses(&raw, req); err != nil {
 			return nil, err
