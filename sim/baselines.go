@@ -211,7 +211,7 @@ func (p *llmdWeighted) pick(r *run, c int, a *scenario.Arrival) int {
 		if qmax > qmin {
 			queue = float64(qmax-e.batch.Queued()) / float64(qmax-qmin)
 		}
-		kv := 1 - math.Min(1, float64(e.kv.used-e.kv.lruLen)/float64(e.kv.capacity))
+		kv := 1 - math.Min(1, e.kv.Utilisation())
 		s := llmdPrefixWeight*prefix + llmdQueueWeight*queue + llmdKVWeight*kv
 		switch {
 		case s > bestScore:

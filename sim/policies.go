@@ -240,7 +240,7 @@ func (prefixAffinity) pick(r *run, c int, a *scenario.Arrival) int {
 		}
 		hit := 0
 		if len(a.Blocks) > 0 {
-			hit = r.engines[j].kv.prefix(a.Blocks)
+			hit = r.engines[j].kv.Prefix(a.Blocks)
 		}
 		score := float64(hit) - lw*r.viewLoad(c, j)
 		if score > bestScore {

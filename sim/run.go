@@ -7,6 +7,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/batching"
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/sim/kvcache"
 	"github.com/switchyard-dev/switchyard/sim/scenario"
 )
 
@@ -107,7 +108,7 @@ type engine struct {
 	// batch is the engine's queue and running batch (arrival indexes).
 	batch *batching.Batch[int32]
 	gen   uint32
-	kv    *kvCache
+	kv    *kvcache.Cache
 	// admit, first and done are the batch's callbacks for this engine.
 	admit       func(q int32, alone bool) (batching.Admission, bool)
 	first, done func(q int32)
@@ -197,7 +198,7 @@ func newRun(f *fleet, arrivals []scenario.Arrival, pol policy, seed uint64) *run
 	r.engines = make([]engine, len(f.engines))
 	for j := range r.engines {
 		d := &f.engines[j]
-		r.engines[j] = engine{d: d, speed: 1, up: true, kv: newKVCache(d.typ.KVBlocks),
+		r.engines[j] = engine{d: d, speed: 1, up: true, kv: kvcache.New(d.typ.KVBlocks),
 			batch: batching.New[int32](engineCost(d.typ), d.typ.MaxBatch)}
 		r.bindEngine(j)
 	}
@@ -427,7 +428,7 @@ func (r *run) bindEngine(j int) {
 	e := &r.engines[j]
 	e.admit = func(q int32, alone bool) (batching.Admission, bool) {
 		a := &r.arrivals[q]
-		hit, ok := e.kv.acquire(a.Blocks, anonBlocks(a), alone)
+		hit, ok := e.kv.Acquire(a.Blocks, anonBlocks(a), alone)
 		if !ok {
 			return batching.Admission{}, false
 		}
@@ -467,7 +468,7 @@ func (r *run) finish(j int, q int32) {
 	e := &r.engines[j]
 	a := &r.arrivals[q]
 	rq := &r.reqs[q]
-	e.kv.release(a.Blocks, anonBlocks(a))
+	e.kv.Release(a.Blocks, anonBlocks(a))
 	rq.state = rsDone
 	r.active--
 	r.release(q, attemptOK)
@@ -557,7 +558,7 @@ func (r *run) timed(te *timedEvent) {
 					r.bounce(q) // no token yet: the router may retry it
 				}
 			})
-			e.kv.reset()
+			e.kv.Reset()
 		case tRecover:
 			e.up = true
 		case tCapacity:

@@ -1,10 +1,14 @@
-package sim
+// Package kvcache is the simulator's model of an engine's KV cache: a
+// fixed number of blocks, named prompt blocks kept after their request and
+// evicted least-recently-used, anonymous blocks held while their request
+// runs. A pure data structure, no clock.
+package kvcache
 
-// kvCache is an engine's KV cache of fixed size in blocks. Named blocks (a
+// Cache is an engine's KV cache of fixed size in blocks. Named blocks (a
 // prompt's hash ids) stay resident after their request finishes and are
 // evicted least-recently-used; anonymous blocks (output space, prompts
 // without names) are held only while their request runs.
-type kvCache struct {
+type Cache struct {
 	capacity int
 	used     int // resident named blocks + anonymous blocks
 	index    map[uint64]int32
@@ -23,12 +27,26 @@ type kvNode struct {
 
 const nilNode = -1
 
-func newKVCache(capacity int) *kvCache {
-	return &kvCache{capacity: capacity, index: map[uint64]int32{}, head: nilNode, tail: nilNode}
+// New returns an empty cache of capacity blocks.
+func New(capacity int) *Cache {
+	return &Cache{capacity: capacity, index: map[uint64]int32{}, head: nilNode, tail: nilNode}
 }
 
-// reset empties the cache (an engine restart).
-func (c *kvCache) reset() {
+// Used returns the blocks in use: resident named blocks and anonymous ones.
+func (c *Cache) Used() int { return c.used }
+
+// Utilisation returns the fraction of the capacity pinned by running
+// requests (used blocks less the evictable resident ones), as an engine's
+// KV-use gauge reports it.
+func (c *Cache) Utilisation() float64 {
+	if c.capacity <= 0 {
+		return 1
+	}
+	return float64(c.used-c.lruLen) / float64(c.capacity)
+}
+
+// Reset empties the cache (an engine restart).
+func (c *Cache) Reset() {
 	clear(c.index)
 	c.nodes = c.nodes[:0]
 	c.free = c.free[:0]
@@ -36,8 +54,8 @@ func (c *kvCache) reset() {
 	c.used, c.lruLen = 0, 0
 }
 
-// prefix returns how many leading blocks are resident.
-func (c *kvCache) prefix(blocks []uint64) int {
+// Prefix returns how many leading blocks are resident.
+func (c *Cache) Prefix(blocks []uint64) int {
 	for k, id := range blocks {
 		if _, ok := c.index[id]; !ok {
 			return k
@@ -46,7 +64,7 @@ func (c *kvCache) prefix(blocks []uint64) int {
 	return len(blocks)
 }
 
-func (c *kvCache) unlink(n int32) {
+func (c *Cache) unlink(n int32) {
 	nd := &c.nodes[n]
 	if nd.prev != nilNode {
 		c.nodes[nd.prev].next = nd.next
@@ -62,7 +80,7 @@ func (c *kvCache) unlink(n int32) {
 	c.lruLen--
 }
 
-func (c *kvCache) pushTail(n int32) {
+func (c *Cache) pushTail(n int32) {
 	nd := &c.nodes[n]
 	nd.prev, nd.next = c.tail, nilNode
 	if c.tail != nilNode {
@@ -74,14 +92,14 @@ func (c *kvCache) pushTail(n int32) {
 	c.lruLen++
 }
 
-// acquire pins blocks and reserves anon anonymous blocks, evicting unpinned
+// Acquire pins blocks and reserves anon anonymous blocks, evicting unpinned
 // blocks as needed. It returns the number of leading blocks that were
 // already resident (the prefix hit) and false, changing nothing, when the
 // cache cannot make room. force admits the request even then (for a request
 // larger than the whole cache on an idle engine): the cache overflows until
 // it is released.
-func (c *kvCache) acquire(blocks []uint64, anon int, force bool) (int, bool) {
-	hit := c.prefix(blocks)
+func (c *Cache) Acquire(blocks []uint64, anon int, force bool) (int, bool) {
+	hit := c.Prefix(blocks)
 	need := anon
 	pinnable := 0 // resident unpinned blocks of this request: not evictable for it
 	for _, id := range blocks {
@@ -132,8 +150,8 @@ func (c *kvCache) acquire(blocks []uint64, anon int, force bool) (int, bool) {
 	return hit, true
 }
 
-// release unpins blocks (which stay cached) and frees anon anonymous blocks.
-func (c *kvCache) release(blocks []uint64, anon int) {
+// Release unpins blocks (which stay cached) and frees anon anonymous blocks.
+func (c *Cache) Release(blocks []uint64, anon int) {
 	c.used -= anon
 	for _, id := range blocks {
 		n, ok := c.index[id]
