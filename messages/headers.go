@@ -16,6 +16,14 @@ const (
 	// HeaderPriority carries a request's priority class: critical, standard
 	// (the default) or sheddable.
 	HeaderPriority = "X-Switchyard-Priority"
+	// HeaderAuthorization carries a client's API key as "Bearer <key>", as
+	// OpenAI's clients send it; with keys configured the router checks it
+	// and does not forward it (router/tenant).
+	HeaderAuthorization = "Authorization"
+	// HeaderAPIKey carries a client's API key as Azure OpenAI's clients send it.
+	HeaderAPIKey = "Api-Key"
+	// HeaderXAPIKey carries a client's API key as some gateways send it.
+	HeaderXAPIKey = "X-Api-Key"
 
 	// NATSHeaderEngine is HeaderEngine as written on NATS messages.
 	NATSHeaderEngine = "x-switchyard-engine"
@@ -25,6 +33,12 @@ const (
 	NATSHeaderSessionID = "x-session-id"
 	// NATSHeaderPriority is HeaderPriority as written on NATS messages.
 	NATSHeaderPriority = "x-switchyard-priority"
+	// NATSHeaderAuthorization is HeaderAuthorization as written on NATS messages.
+	NATSHeaderAuthorization = "authorization"
+	// NATSHeaderAPIKey is HeaderAPIKey as written on NATS messages.
+	NATSHeaderAPIKey = "api-key"
+	// NATSHeaderXAPIKey is HeaderXAPIKey as written on NATS messages.
+	NATSHeaderXAPIKey = "x-api-key"
 
 	// HeaderLast marks the last reply message of a NATS inference request,
 	// with the value "true".

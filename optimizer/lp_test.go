@@ -168,7 +168,8 @@ func TestLPCrossCheck(t *testing.T) {
 	worst, uncertified := 0.0, 0
 	for n := 0; n < instances; n++ {
 		p := randomPointsProblem(r)
-		opt := Options{MaxSweeps: 2000}
+		// The LP is of the latency objective alone: no congestion term.
+		opt := Options{MaxSweeps: 2000, Congestion: -1}
 		opt.ShedPriceMs = [NumPriorities]float64{Critical: 20000, Standard: 6000, Sheddable: 1500 + 1000*r.Float64()}
 		sol, err := NewSolver(opt).Solve(p, nil)
 		if err != nil {

@@ -30,11 +30,13 @@ func PolicyByName(name string, opt Options) (Policy, error) {
 		return &optimalPolicy{s: NewSolver(opt)}, nil
 	case "least-latency":
 		o := opt
-		o.ProximalMs, o.DeadBand = 0, 0
+		o.ProximalMs, o.DeadBand, o.Congestion = 0, 0, -1
 		s := NewSolver(o)
 		s.st.Equilibrium = true
 		return &optimalPolicy{s: s, name: name}, nil
 	case "nearest", "waterfall", "proportional":
+		// The baselines are evaluated at the latency they cause, without the term.
+		opt.Congestion = -1
 		return &baseline{name: name, s: NewSolver(opt)}, nil
 	}
 	return nil, fmt.Errorf("optimizer: policy %q: %w (want one of %v)", name, ErrUnknownPolicy, PolicyNames())

@@ -57,7 +57,9 @@ func (q QueueProfile) Curve(capacity, health float64) Curve {
 	return &queueCurve{b: q.BaseMs, c: c, cap: c * QueueCapFraction}
 }
 
-type queueCurve struct{ b, c, cap float64 }
+// queueCurve is the queue profile bound to an engine, with the congestion term a·x²/2 added
+// to its cost x·L(x) (a = 0: none; see congested).
+type queueCurve struct{ b, c, cap, a float64 }
 
 func (q *queueCurve) Capacity() float64 { return q.cap }
 
@@ -68,7 +70,7 @@ func (q *queueCurve) Latency(x float64) float64 {
 	if x >= q.c {
 		return math.Inf(1)
 	}
-	return q.b / (1 - x/q.c)
+	return q.b/(1-x/q.c) + 0.5*q.a*x
 }
 
 func (q *queueCurve) Marginal(x float64) float64 {
@@ -79,7 +81,7 @@ func (q *queueCurve) Marginal(x float64) float64 {
 		return math.Inf(1)
 	}
 	r := 1 - x/q.c
-	return q.b / (r * r)
+	return q.b/(r*r) + q.a*x
 }
 
 func (q *queueCurve) InverseMarginal(m float64) (float64, float64) {
@@ -88,13 +90,43 @@ func (q *queueCurve) InverseMarginal(m float64) (float64, float64) {
 	}
 	s := math.Sqrt(q.b / m)
 	x := q.c * (1 - s)
-	if x >= q.cap {
-		return q.cap, 0
+	if q.a <= 0 {
+		if x >= q.cap {
+			return q.cap, 0
+		}
+		return x, 0.5 * q.c * s / m
 	}
-	return x, 0.5 * q.c * s / m
+	// With the congestion term, g(x) = b/r² + a·x − m is convex and increasing; the root
+	// without the term and the root of g's tangent at 0, b + (2b/c + a)·x = m, both lie above
+	// its root, so Newton from the lower of them falls monotonically onto it. Newton's
+	// convergence is quadratic: once a step is below 1e-7 of the load, the error after it is
+	// of the order of 1e-14.
+	x = math.Min(math.Min(x, q.cap), (m-q.b)/(2*q.b/q.c+q.a))
+	invc := 1 / q.c
+	if ir := 1 / (1 - x*invc); x >= q.cap && q.b*ir*ir+q.a*x <= m {
+		return q.cap, 0 // the root is at or beyond the hard limit
+	}
+	d := 0.0
+	for range 50 {
+		ir := 1 / (1 - x*invc)
+		bm := q.b * ir * ir
+		d = 2*bm*ir*invc + q.a
+		step := (bm + q.a*x - m) / d
+		x -= step
+		if x <= 0 {
+			return 0, 0
+		}
+		if step <= 1e-7*x {
+			break
+		}
+	}
+	return x, 1 / d
 }
 
 func (q *queueCurve) InverseLatency(l float64) (float64, float64) {
+	if q.a > 0 {
+		return inverseLatency(q, l)
+	}
 	if q.c <= 0 || l <= q.b {
 		return 0, 0
 	}
@@ -237,10 +269,13 @@ func (p *PointsProfile) Curve(capacity, health float64) Curve {
 	return &pointsCurve{p: p, h: health, cap: capacity * health}
 }
 
+// pointsCurve is a points profile bound to an engine, with the congestion term a·x²/2 added
+// to its cost x·L(x) (a = 0: none; see congested).
 type pointsCurve struct {
 	p   *PointsProfile
 	h   float64
 	cap float64
+	a   float64
 }
 
 func (c *pointsCurve) Capacity() float64 { return c.cap }
@@ -273,7 +308,7 @@ func (c *pointsCurve) Latency(x float64) float64 {
 	}
 	k := c.seg(u)
 	pt := c.p.Points[k]
-	return pt[1] + c.p.slope[k]*(u-pt[0])
+	return pt[1] + c.p.slope[k]*(u-pt[0]) + 0.5*c.a*x
 }
 
 func (c *pointsCurve) Marginal(x float64) float64 {
@@ -284,7 +319,7 @@ func (c *pointsCurve) Marginal(x float64) float64 {
 	k := c.seg(u)
 	pt := c.p.Points[k]
 	s := c.p.slope[k]
-	return pt[1] + s*(u-pt[0]) + u*s
+	return pt[1] + s*(u-pt[0]) + u*s + c.a*x
 }
 
 func (c *pointsCurve) clamp(u, slope float64) (float64, float64) {
@@ -300,24 +335,30 @@ func (c *pointsCurve) InverseMarginal(m float64) (float64, float64) {
 		return 0, 0
 	}
 	pts, sl := c.p.Points, c.p.slope
-	// Marginal at the start of segment k is pts[k][1] + sl[k]*pts[k][0]; it increases with k.
-	k := sort.Search(len(pts), func(k int) bool { return pts[k][1]+sl[k]*pts[k][0] > m }) - 1
+	// On the profile's axis u = x/h the marginal cost is pts[k][1] + sl[k]·(2u − pts[k][0])
+	// plus the congestion term's a·h·u; at the start of segment k it is
+	// pts[k][1] + (sl[k] + a·h)·pts[k][0], which increases with k.
+	ah := c.a * c.h
+	k := sort.Search(len(pts), func(k int) bool { return pts[k][1]+(sl[k]+ah)*pts[k][0] > m }) - 1
 	if k < 0 {
 		return 0, 0
 	}
-	s := math.Max(sl[k], minSlope)
+	s := math.Max(2*sl[k]+ah, minSlope)
 	a := pts[k][1] - sl[k]*pts[k][0]
-	u := (m - a) / (2 * s)
+	u := (m - a) / s
 	if k+1 < len(pts) && u >= pts[k+1][0] {
 		return c.clamp(pts[k+1][0], 0)
 	}
 	if u < pts[k][0] {
 		u = pts[k][0]
 	}
-	return c.clamp(u, 1/(2*s))
+	return c.clamp(u, 1/s)
 }
 
 func (c *pointsCurve) InverseLatency(l float64) (float64, float64) {
+	if c.a > 0 {
+		return inverseLatency(c, l)
+	}
 	if c.cap <= 0 {
 		return 0, 0
 	}
@@ -332,4 +373,76 @@ func (c *pointsCurve) InverseLatency(l float64) (float64, float64) {
 		return c.clamp(pts[k+1][0], 0)
 	}
 	return c.clamp(u, 1/s)
+}
+
+// congested returns c with the congestion term a·x²/2 added to its cost x·L(x): the latency
+// gains a·x/2 and the marginal cost a·x, so that the cost is strictly convex in the load even
+// where the profile is flat (Options.Congestion). A curve of another Profile is wrapped.
+func congested(c Curve, a float64) Curve {
+	if !(a > 0) || math.IsInf(a, 0) {
+		return c
+	}
+	switch v := c.(type) {
+	case *queueCurve:
+		q := *v
+		q.a = a
+		return &q
+	case *pointsCurve:
+		p := *v
+		p.a = a
+		return &p
+	}
+	return &congestedCurve{c: c, a: a}
+}
+
+// congestedCurve adds the congestion term to a curve of a Profile outside this package; its
+// inverses bisect.
+type congestedCurve struct {
+	c Curve
+	a float64
+}
+
+func (w *congestedCurve) Capacity() float64          { return w.c.Capacity() }
+func (w *congestedCurve) Latency(x float64) float64  { return w.c.Latency(x) + 0.5*w.a*x }
+func (w *congestedCurve) Marginal(x float64) float64 { return w.c.Marginal(x) + w.a*x }
+func (w *congestedCurve) InverseMarginal(m float64) (float64, float64) {
+	return invert(w, w.Marginal, m)
+}
+func (w *congestedCurve) InverseLatency(l float64) (float64, float64) {
+	return inverseLatency(w, l)
+}
+
+// inverseLatency inverts c's Latency by bisection (InverseLatency serves only the
+// least-latency policy, which solves without the congestion term).
+func inverseLatency(c Curve, l float64) (float64, float64) {
+	return invert(c, c.Latency, l)
+}
+
+// invert returns the largest load x in [0, c.Capacity()] with f(x) ≤ v for an increasing f,
+// by bisection, and dx/dv there from a finite difference (0 when clamped).
+func invert(c Curve, f func(float64) float64, v float64) (float64, float64) {
+	hi := c.Capacity()
+	if !(hi > 0) || f(0) >= v {
+		return 0, 0
+	}
+	if f(hi) <= v {
+		return hi, 0
+	}
+	lo := 0.0
+	for range 100 {
+		mid := 0.5 * (lo + hi)
+		if mid <= lo || mid >= hi {
+			break
+		}
+		if f(mid) <= v {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	h := math.Max(1e-9*lo, 1e-12)
+	if df := f(lo+h) - f(lo); df > 0 {
+		return lo, h / df
+	}
+	return lo, 0
 }

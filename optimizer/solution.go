@@ -170,7 +170,9 @@ func (s *Solver) newSolution(p *Problem, policy string) *Solution {
 		case s.st.Load[j] > 0:
 			e.Utilisation = math.Inf(1)
 		}
-		e.LatencyMs = s.st.Curves[j].Latency(s.st.Load[j])
+		// The engine-side latency without the congestion term, which is a cost of the
+		// objective, not a latency an engine's requests see.
+		e.LatencyMs = s.st.Curves[j].Latency(s.st.Load[j]) - 0.5*s.cong[j]*s.st.Load[j]
 		e.PriceMs = s.st.Lam[j]
 	}
 	s.served = flow.GrowRaw(s.served, nc)

@@ -36,13 +36,29 @@ type Options struct {
 	// and a note saying so. A large overloaded problem can otherwise take minutes (see
 	// docs/optimizer.md).
 	TimeBudget time.Duration
+	// Congestion weighs the congestion term that makes the objective strictly convex in each
+	// engine's load even where its latency profile is flat: engine j's cost gains
+	// a_j·X_j²/2 with a_j = Congestion·L_j(0)/(C_j·ρ), where C_j is its hard limit and ρ the
+	// problem's utilisation (total demand over total capacity, at least MinCongestionLoad).
+	// At the fleet's mean utilisation the term adds Congestion times the engine's idle latency
+	// to its marginal cost, so ties are broken in proportion to capacity and a cluster's split
+	// moves by about ΔL/(Congestion·L) when an engine's latency moves by ΔL, at every load
+	// (docs/optimizer.md). 0 means DefaultCongestion; a negative value disables the term.
+	Congestion float64
 }
+
+// DefaultCongestion is the congestion weight of a solve when Options.Congestion is 0.
+const DefaultCongestion = 0.1
+
+// MinCongestionLoad is the least utilisation the congestion term is scaled by, so that a
+// problem of no demand keeps a finite term.
+const MinCongestionLoad = 1e-3
 
 // DefaultTimeBudget is the time budget of a solve when Options.TimeBudget is 0.
 const DefaultTimeBudget = 2 * time.Second
 
 // DefaultOptions returns the recommended options: tolerance 1e-4, a proximal price of 1 ms per
-// req/s moved and a dead band of 0.01.
+// req/s moved, a dead band of 0.01 and the default congestion weight.
 func DefaultOptions() Options {
 	return Options{
 		Tolerance:   1e-4,
@@ -51,6 +67,7 @@ func DefaultOptions() Options {
 		ProximalMs:  1,
 		DeadBand:    0.01,
 		TimeBudget:  DefaultTimeBudget,
+		Congestion:  DefaultCongestion,
 	}
 }
 
@@ -76,6 +93,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.TimeBudget == 0 {
 		o.TimeBudget = DefaultTimeBudget
+	}
+	switch {
+	case o.Congestion == 0:
+		o.Congestion = DefaultCongestion
+	case !(o.Congestion > 0) || math.IsInf(o.Congestion, 0):
+		o.Congestion = -1
 	}
 	return o
 }
@@ -107,6 +130,8 @@ type Solver struct {
 	out           *Solution
 	writeRow      func(i int)
 	served, costs []float64
+	// cong is each engine's congestion coefficient a_j of the current problem (0: none).
+	cong []float64
 }
 
 // NewSolver returns a solver with the given options (zero fields take their defaults as
@@ -318,11 +343,33 @@ func (s *Solver) setup(p *Problem) {
 	s.st.Lat = flow.Grow(s.st.Lat, ne)
 	s.st.CapMarg = flow.Grow(s.st.CapMarg, ne)
 	s.st.Bidv = flow.Grow(s.st.Bidv, ne)
+	s.cong = flow.Grow(s.cong, ne)
 	for j := range p.Engines {
 		e := &p.Engines[j]
-		c := e.Profile.Curve(e.CapacityRPS, e.Health)
-		s.st.Curves[j] = c
-		s.st.Cap[j] = math.Max(0, c.Capacity())
+		s.st.Curves[j] = e.Profile.Curve(e.CapacityRPS, e.Health)
+		s.st.Cap[j] = math.Max(0, s.st.Curves[j].Capacity())
+	}
+	if s.opt.Congestion > 0 && !s.st.Equilibrium {
+		// The congestion term's scale: the problem's utilisation.
+		demand, capacity := 0.0, 0.0
+		for i := range s.st.Demand {
+			demand += s.st.Demand[i]
+		}
+		for j := range s.st.Cap {
+			capacity += s.st.Cap[j]
+		}
+		rho := MinCongestionLoad
+		if capacity > 0 {
+			rho = math.Max(rho, demand/capacity)
+		}
+		for j, c := range s.st.Curves {
+			if s.st.Cap[j] > 0 {
+				s.cong[j] = s.opt.Congestion * c.Latency(0) / (s.st.Cap[j] * rho)
+				s.st.Curves[j] = congested(c, s.cong[j])
+			}
+		}
+	}
+	for j := range p.Engines {
 		s.st.CapMarg[j] = s.st.Cost(j, s.st.Cap[j])
 	}
 }

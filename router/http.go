@@ -23,6 +23,7 @@ import (
 	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/tenant"
 	"github.com/switchyard-dev/switchyard/router/upstream"
 )
 
@@ -81,6 +82,13 @@ type Options struct {
 	// heard (Signals.Settled), so that a snapshot stored by an earlier run
 	// is not routed on before the engines' addresses are known.
 	Settled <-chan struct{}
+	// Tenants, when set, is the front door both fronts apply: API keys,
+	// tenants' priority ceilings and rate limits (nil: open, every request
+	// at the priority it asks for, its Authorization forwarded).
+	Tenants *tenant.Gate
+	// NoMetrics leaves /metrics off the handler (404 there): the Service
+	// serves it on its own address (ServiceOptions.MetricsAddr).
+	NoMetrics bool
 }
 
 // Handler is the router's request pipeline, which both fronts run, and its
@@ -174,13 +182,18 @@ func NewHandler(opts Options) (*Handler, error) {
 	h.mux.HandleFunc("/v1/models/{id...}", h.serveModel)
 	h.mux.HandleFunc("/healthz", h.serveHealth)
 	h.mux.HandleFunc("/readyz", h.serveReady)
-	h.mux.Handle("/metrics", h.promHTTP)
+	if !opts.NoMetrics {
+		h.mux.Handle("/metrics", h.promHTTP)
+	}
 	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		protocol.WriteError(w, protocol.NewAPIError(http.StatusNotFound, protocol.ErrTypeNotFound, "not_found", "",
 			fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path)))
 	})
 	return h, nil
 }
+
+// MetricsHandler returns the /metrics handler, for a server of its own.
+func (h *Handler) MetricsHandler() http.Handler { return h.promHTTP }
 
 // ServeHTTP routes a request.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
@@ -255,19 +268,6 @@ func (h *Handler) bind(model string, t *selection.Table) *live.Bound {
 	return b
 }
 
-// validHeaderValue reports whether v is 1..max visible ASCII characters.
-func validHeaderValue(v string, max int) bool {
-	if v == "" || len(v) > max {
-		return false
-	}
-	for i := 0; i < len(v); i++ {
-		if v[i] <= ' ' || v[i] > '~' {
-			return false
-		}
-	}
-	return true
-}
-
 // mimeJSON is the media type of request bodies; a Content-Type that is
 // exactly it needs no parsing.
 const mimeJSON = "application/json"
@@ -289,6 +289,9 @@ func (h *Handler) newRequestID() string {
 const (
 	labelInvalid = "_invalid"
 	labelUnknown = "_unknown"
+	// labelTenant counts the front door's refusals: a missing or unknown
+	// API key (401), a tenant over its rate (429).
+	labelTenant = "_tenant"
 )
 
 // Relay copies the engine's body to w (flushing after every read), records

@@ -9,6 +9,7 @@ import (
 	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -17,6 +18,7 @@ import (
 	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/router/natsfront"
 	"github.com/switchyard-dev/switchyard/router/protocol"
+	"github.com/switchyard-dev/switchyard/router/tenant"
 	"github.com/switchyard-dev/switchyard/router/upstream"
 )
 
@@ -63,12 +65,12 @@ func (h *Handler) begin(ctx context.Context, r protocol.ClientRequest, ep protoc
 	reqID, _ := r.RequestHeader(messages.HeaderRequestID)
 	if reqID == "" {
 		reqID = h.newRequestID()
-	} else if !validHeaderValue(reqID, maxRequestIDLen) {
+	} else if !protocol.ValidHeaderValue(reqID, maxRequestIDLen) {
 		return nil, h.rejected(labelInvalid, "", protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderRequestID,
 			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderRequestID, maxRequestIDLen)))
 	}
 	session, present := r.RequestHeader(messages.HeaderSessionID)
-	if present && !validHeaderValue(session, maxSessionIDLen) {
+	if present && !protocol.ValidHeaderValue(session, maxSessionIDLen) {
 		return nil, h.rejected(labelInvalid, reqID, protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderSessionID,
 			fmt.Sprintf("header %s must be 1 to %d visible ASCII characters", messages.HeaderSessionID, maxSessionIDLen)))
 	}
@@ -78,6 +80,21 @@ func (h *Handler) begin(ctx context.Context, r protocol.ClientRequest, ep protoc
 				fmt.Sprintf("Content-Type %q is not application/json", ct)))
 		}
 	}
+	prioHeader, _ := r.RequestHeader(messages.HeaderPriority)
+	prio, ok := protocol.ParsePriority(prioHeader)
+	if !ok {
+		return nil, h.rejected(labelInvalid, reqID, protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderPriority,
+			fmt.Sprintf("header %s must be critical, standard or sheddable", messages.HeaderPriority)))
+	}
+	// The front door, before the body is read: the tenant's key, its
+	// priority ceiling and default, its rate.
+	door, apiErr, retryAfter := h.opts.Tenants.Admit(start, r.RequestHeader, prio, strings.TrimSpace(prioHeader) != "")
+	if apiErr != nil {
+		rej := h.rejected(labelTenant, reqID, apiErr)
+		rej.retryAfter = retryAfter
+		return nil, rej
+	}
+	prio = door.Priority
 	body, apiErr := r.RequestBody()
 	if apiErr != nil {
 		return nil, h.rejected(labelInvalid, reqID, apiErr)
@@ -95,12 +112,6 @@ func (h *Handler) begin(ctx context.Context, r protocol.ClientRequest, ep protoc
 	}
 	if apiErr := r.Check(req); apiErr != nil {
 		return nil, h.rejected(labelInvalid, reqID, apiErr)
-	}
-	prioHeader, _ := r.RequestHeader(messages.HeaderPriority)
-	prio, ok := protocol.ParsePriority(prioHeader)
-	if !ok {
-		return nil, h.rejected(labelInvalid, reqID, protocol.NewAPIError(http.StatusBadRequest, protocol.ErrTypeInvalidRequest, "invalid_header", messages.HeaderPriority,
-			fmt.Sprintf("header %s must be critical, standard or sheddable", messages.HeaderPriority)))
 	}
 	rt, apiErr := h.route(ctx, req, session, prio)
 	if apiErr != nil {
@@ -122,10 +133,17 @@ func (h *Handler) begin(ctx context.Context, r protocol.ClientRequest, ep protoc
 	// One allocation for the answer, the request's logger and the request
 	// to the engine; the answer is returned only once the engine answered.
 	a := &answer{h: h, rt: rt, mm: mm, start: start, stream: req.Stream,
-		logv: reqLog{base: &h.log, model: req.Model, id: reqID, key: rt.src, prio: prio, front: front},
+		logv: reqLog{base: &h.log, model: req.Model, id: reqID, key: rt.src, prio: prio, front: front, tenant: door.Tenant},
 		up: upstream.Request{Endpoint: ep, Model: req.Model, Stream: req.Stream, RequestID: reqID, Body: body,
 			Header: r.PassHeaders()}}
 	a.log = &a.logv
+	if h.opts.Tenants != nil {
+		// The tenant's key is the router's to check, never the engine's to
+		// see: an engine behind the router takes the router's word.
+		a.up.Header.Del(tenant.HeaderAuthorization)
+		a.up.Header.Del(tenant.HeaderAPIKey)
+		a.up.Header.Del(tenant.HeaderXAPIKey)
+	}
 	a.bp = h.bufs.Get().(*[]byte)
 	answered := false
 	defer func() {

@@ -12,13 +12,14 @@ import (
 // encoding of its fields. A nil *zerolog.Event (a level that is off) is a
 // no-op in zerolog, as it is from a Logger.
 type reqLog struct {
-	base  *zerolog.Logger
-	model string
-	id    string
-	key   protocol.KeySource
-	prio  protocol.Priority
-	front string // "" for HTTP
-	built *zerolog.Logger
+	base   *zerolog.Logger
+	model  string
+	id     string
+	key    protocol.KeySource
+	prio   protocol.Priority
+	front  string // "" for HTTP
+	tenant string // "" without keys
+	built  *zerolog.Logger
 }
 
 // logger returns the request's logger, building it on first use.
@@ -28,6 +29,9 @@ func (r *reqLog) logger() *zerolog.Logger {
 			Str("priority", r.prio.String())
 		if r.front != "" {
 			c = c.Str("front", r.front)
+		}
+		if r.tenant != "" {
+			c = c.Str("tenant", r.tenant)
 		}
 		l := c.Logger()
 		r.built = &l

@@ -22,6 +22,7 @@ import (
 	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/router/natsfront"
 	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/router/tenant"
 	"github.com/switchyard-dev/switchyard/router/upstream"
 	"github.com/switchyard-dev/switchyard/streams"
 )
@@ -41,6 +42,19 @@ type ServiceOptions struct {
 	// HTTPAddr is the HTTP front's listen address, e.g. "127.0.0.1:8081";
 	// ":0" picks a free port (see Addr). Empty: no HTTP front.
 	HTTPAddr string
+	// MetricsAddr, when set, serves /metrics on a listener of its own
+	// (":0" picks a free port, see MetricsAddr), and the HTTP front
+	// answers 404 there. Empty: /metrics is served on the HTTP front.
+	MetricsAddr string
+	// NoMetrics serves /metrics nowhere (a process that serves its
+	// registry itself, as `switchyard up` does); it excludes MetricsAddr.
+	NoMetrics bool
+	// KeysFile, when set, is the front door's API keys file
+	// (router/tenant): every request needs a key of it, runs at most at
+	// its tenant's priority ceiling and within its rate, and its key is not
+	// forwarded to engines. The file is re-read every
+	// tenant.DefaultReloadInterval. Empty: the fronts are open.
+	KeysFile string
 	// Server tunes the HTTP server (its Addr is ignored).
 	Server httpfront.ServerOptions
 	// NoNATSFront turns the NATS front (sy.req.<cluster>.<model>) off.
@@ -109,6 +123,9 @@ type Service struct {
 	httpT    *upstream.HTTPTransport
 	ln       net.Listener
 	srv      httpfront.Server
+	metLn    net.Listener
+	metSrv   *http.Server
+	keys     *tenant.Watcher
 	settled  chan struct{} // closed by settle: the handler routes from then on
 
 	mu      sync.Mutex
@@ -174,6 +191,9 @@ func (o ServiceOptions) Validate() error {
 	}
 	if h := o.Protection.SlotHeadroom; h < 0 || math.IsNaN(h) || math.IsInf(h, 0) {
 		return fmt.Errorf("%w: ServiceOptions.Protection.SlotHeadroom is %v: want 0 (the default) or more; Protection.NoSlotHeadroom turns it off", ErrBadOption, h)
+	}
+	if o.NoMetrics && o.MetricsAddr != "" {
+		return fmt.Errorf("%w: ServiceOptions.MetricsAddr is %q with NoMetrics: want one of them", ErrBadOption, o.MetricsAddr)
 	}
 	if o.Registry != nil && o.Metrics == nil {
 		if _, ok := o.Registry.(prometheus.Gatherer); !ok {
@@ -249,6 +269,19 @@ func NewService(opts ServiceOptions) (*Service, error) {
 	if opts.WrapTransport != nil {
 		transport = opts.WrapTransport(transport)
 	}
+	var gate *tenant.Gate
+	if opts.KeysFile != "" {
+		keys, data, err := tenant.LoadFile(opts.KeysFile)
+		if err != nil {
+			return nil, fmt.Errorf("router: new service: ServiceOptions.KeysFile: %w", err)
+		}
+		if gate, err = tenant.NewGate(keys, opts.Registry); err != nil {
+			return nil, err
+		}
+		if s.keys, err = tenant.NewWatcher(tenant.WatcherOptions{Path: opts.KeysFile, Gate: gate, Logger: logger}, data); err != nil {
+			return nil, err
+		}
+	}
 	s.handler, err = NewHandler(Options{
 		Tables:       s.store,
 		Transport:    transport,
@@ -264,6 +297,8 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		Regions:      s.signals,
 		Endpoints:    s.signals,
 		Settled:      s.settled,
+		Tenants:      gate,
+		NoMetrics:    opts.MetricsAddr != "" || opts.NoMetrics,
 	})
 	if err != nil {
 		return nil, err
@@ -286,6 +321,17 @@ func NewService(opts ServiceOptions) (*Service, error) {
 			_ = s.ln.Close()
 			return nil, err
 		}
+	}
+	if opts.MetricsAddr != "" {
+		if s.metLn, err = net.Listen("tcp", opts.MetricsAddr); err != nil {
+			if s.ln != nil {
+				_ = s.ln.Close()
+			}
+			return nil, fmt.Errorf("router: listen for /metrics on %s: %w", opts.MetricsAddr, err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", s.handler.MetricsHandler())
+		s.metSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	}
 	return s, nil
 }
@@ -370,6 +416,15 @@ func (s *Service) Addr() string {
 	return s.ln.Addr().String()
 }
 
+// MetricsAddr returns the /metrics listener's address ("" without
+// ServiceOptions.MetricsAddr).
+func (s *Service) MetricsAddr() string {
+	if s.metLn == nil {
+		return ""
+	}
+	return s.metLn.Addr().String()
+}
+
 // Name returns the router's name.
 func (s *Service) Name() string { return s.opts.Router }
 
@@ -386,11 +441,17 @@ func (s *Service) Signals() *control.Signals { return s.signals }
 func (s *Service) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.started || s.ln == nil {
+	if s.started {
 		return nil
 	}
 	s.started = true
-	return s.ln.Close()
+	var errs []error
+	for _, ln := range []net.Listener{s.ln, s.metLn} {
+		if ln != nil {
+			errs = append(errs, ln.Close())
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Run runs the router until ctx ends or a part fails, then stops every
@@ -408,7 +469,7 @@ func (s *Service) Run(ctx context.Context) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 6)
+	errc := make(chan error, 8)
 	var wg sync.WaitGroup
 	start := func(name string, run func(context.Context) error) {
 		wg.Add(1)
@@ -431,6 +492,19 @@ func (s *Service) Run(ctx context.Context) error {
 	if s.front != nil {
 		start("NATS front", s.front.Run)
 	}
+	if s.keys != nil {
+		start("keys file", s.keys.Run)
+	}
+	if s.metSrv != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.metSrv.Serve(s.metLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("metrics: %w", err)
+				cancel()
+			}
+		}()
+	}
 	if s.srv != nil {
 		wg.Add(1)
 		go func() {
@@ -442,8 +516,11 @@ func (s *Service) Run(ctx context.Context) error {
 		}()
 	}
 	s.log.Info().Str("http", s.Addr()).Str("http_server", string(s.opts.Server.WithDefaults().Kind)).
-		Bool("nats_front", s.front != nil).Msg("router started")
+		Bool("nats_front", s.front != nil).Str("metrics", s.MetricsAddr()).Str("keys_file", s.opts.KeysFile).Msg("router started")
 	<-ctx.Done()
+	if s.metSrv != nil {
+		_ = s.metSrv.Close() // scrapes are short: nothing to drain
+	}
 	if s.srv != nil {
 		sctx, scancel := context.WithTimeout(context.Background(), s.opts.ShutdownTimeout)
 		if err := s.srv.Shutdown(sctx); err != nil {

@@ -41,8 +41,35 @@ type fixedPolicy struct{ noControl }
 
 func (fixedPolicy) pick(*run, int, *scenario.Arrival) int { return 0 }
 
-// calibrate measures engine type t on the request shapes of mix.
-func calibrate(sc *scenario.Scenario, ti int, mix []scenario.Arrival, seed uint64, n int) (Profile, error) {
+// perfectHits returns, for each arrival, the prompt tokens a perfect cache
+// would hold when it arrives: the leading blocks that some earlier arrival
+// already carried (so that some engine computed them), whatever engine it
+// went to and however long ago. That is the prefill no routing can avoid
+// subtracted from the prompt; nil when no arrival names its blocks.
+func perfectHits(arrivals []scenario.Arrival) []int32 {
+	out, named := make([]int32, len(arrivals)), false
+	seen := map[uint64]bool{}
+	for i := range arrivals {
+		a := &arrivals[i]
+		k := 0
+		for k < len(a.Blocks) && seen[a.Blocks[k]] {
+			k++
+		}
+		out[i] = int32(max(0, min(k*512, int(a.Prompt)-1)))
+		for _, id := range a.Blocks {
+			seen[id], named = true, true
+		}
+	}
+	if !named {
+		return nil
+	}
+	return out
+}
+
+// calibrate measures engine type t on the request shapes of mix. With
+// floor, request k of the mix has at least floor[k] prompt tokens cached
+// whatever the engine's cache holds (the bound's perfect cache).
+func calibrate(sc *scenario.Scenario, ti int, mix []scenario.Arrival, floor []int32, seed uint64, n int) (Profile, error) {
 	if n <= 0 {
 		n = calibRequests
 	}
@@ -84,6 +111,12 @@ func calibrate(sc *scenario.Scenario, ti int, mix []scenario.Arrival, seed uint6
 		f.measureTo = math.Inf(1)
 		f.horizon = math.Inf(1)
 		r := newRun(f, arr, fixedPolicy{}, seed)
+		if floor != nil {
+			r.hitFloor = make([]int32, len(arr))
+			for k := range arr {
+				r.hitFloor[k] = floor[k%len(mix)]
+			}
+		}
 		return r
 	}
 	// Saturation: everything at once; throughput between the 20th and 80th percentile completions.
@@ -130,7 +163,11 @@ func (p *Profile) scaled(f float64) [][2]float64 {
 
 // LowerBound is the fluid lower bound over the measured period: per phase
 // between timed events, the optimizer's mean latency with the true profiles
-// and the phase's mean demand, weighted by the requests served.
+// and the phase's mean demand, weighted by the requests served. On a
+// workload with prefix information the profiles are measured with a perfect
+// cache (see perfectHits): every request computes only the prefill that no
+// routing could have avoided, so that KV reuse cannot take a policy below
+// the bound.
 type LowerBound struct {
 	// E2EMeanMs is the bound on the mean end-to-end latency, ms.
 	E2EMeanMs float64 `json:"e2e_mean_ms"`
@@ -171,7 +208,7 @@ func lowerBound(f *fleet, arrivals []scenario.Arrival, profiles []Profile) (Lowe
 	}
 	applied := 0
 	opt := optimizer.DefaultOptions()
-	opt.ProximalMs, opt.DeadBand = 0, 0
+	opt.ProximalMs, opt.DeadBand, opt.Congestion = 0, 0, -1
 	opt.Tolerance = 1e-6
 	opt.TimeBudget = -1 // offline: exact and reproducible rather than on time
 	solver := optimizer.NewSolver(opt)

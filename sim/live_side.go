@@ -61,7 +61,7 @@ func RunLiveSide(ctx context.Context, sc *scenario.Scenario, arrivals []scenario
 		e := &f.engines[j]
 		p, ok := profiles[e.typeIdx]
 		if !ok {
-			if p, err = calibrate(sc, e.typeIdx, mix, seed, calib); err != nil {
+			if p, err = calibrate(sc, e.typeIdx, mix, nil, seed, calib); err != nil {
 				return nil, err
 			}
 			profiles[e.typeIdx] = p

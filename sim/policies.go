@@ -19,7 +19,7 @@ type policy interface {
 
 // PolicyNames lists the policies in their report order.
 func PolicyNames() []string {
-	return []string{"round-robin", "random", "nearest", "proportional", "p2c", "prefix-affinity", "feedback-loop", "switchyard"}
+	return []string{"round-robin", "random", "nearest", "proportional", "p2c", "prefix-affinity", "sglang-cache-aware", "llmd-weighted", "feedback-loop", "switchyard"}
 }
 
 // ParsePolicies parses a comma-separated list of policy names ("" or "all": every policy).
@@ -58,6 +58,10 @@ func newPolicy(name string, sc *scenario.Scenario) (policy, error) {
 		return &p2c{}, nil
 	case "prefix-affinity":
 		return &prefixAffinity{}, nil
+	case "sglang-cache-aware":
+		return &sglangCacheAware{}, nil
+	case "llmd-weighted":
+		return &llmdWeighted{}, nil
 	case "feedback-loop":
 		return &feedbackLoop{}, nil
 	case "switchyard":

@@ -161,6 +161,7 @@ type run struct {
 	progress func(float64)
 	onFinish func(t float64) // calibration hook
 	onSignal func(r *run)    // test hook, after each signal
+	hitFloor []int32         // [arrival] cached prompt tokens at least (the bound's perfect cache)
 	ctx      context.Context
 
 	// router views
@@ -433,6 +434,9 @@ func (r *run) bindEngine(j int) {
 		rq := &r.reqs[q]
 		rq.state = rsRunning
 		cached := max(0, min(hit*512, int(a.Prompt)-1))
+		if r.hitFloor != nil {
+			cached = max(cached, int(r.hitFloor[q]))
+		}
 		rq.hitTok = int32(cached)
 		return batching.Admission{Prefill: int(a.Prompt) - cached, Prompt: int(a.Prompt), Output: int(a.Output)}, true
 	}

@@ -58,6 +58,10 @@ type Report struct {
 	Engines []EngineInfo `json:"engines"`
 	// Profiles are the engine types' calibrated true profiles.
 	Profiles []Profile `json:"profiles"`
+	// BoundProfiles are the profiles the lower bound uses: measured with a
+	// perfect cache when the arrivals name their prompt blocks, else
+	// Profiles.
+	BoundProfiles []Profile `json:"bound_profiles"`
 	// LowerBoundE2EMeanMs is the fluid lower bound on the mean end-to-end latency.
 	LowerBoundE2EMeanMs float64    `json:"lower_bound_e2e_mean_ms"`
 	LowerBound          LowerBound `json:"lower_bound"`
@@ -111,12 +115,25 @@ func RunArrivals(sc *scenario.Scenario, arrivals []scenario.Arrival, names []str
 			profiles[ti] = Profile{Type: sc.EngineTypes[ti].Name}
 			continue
 		}
-		if profiles[ti], err = calibrate(sc, ti, mix, seed, opts.CalibrationRequests); err != nil {
+		if profiles[ti], err = calibrate(sc, ti, mix, nil, seed, opts.CalibrationRequests); err != nil {
 			return nil, err
 		}
 	}
+	boundProfiles := profiles
+	if hits := perfectHits(arrivals); hits != nil {
+		boundProfiles = make([]Profile, len(profiles))
+		for ti := range sc.EngineTypes {
+			if !used[ti] {
+				boundProfiles[ti] = profiles[ti]
+				continue
+			}
+			if boundProfiles[ti], err = calibrate(sc, ti, mix, hits[:len(mix)], seed, opts.CalibrationRequests); err != nil {
+				return nil, err
+			}
+		}
+	}
 	rep := &Report{Scenario: sc.Name, Seed: seed, Arrivals: len(arrivals), MeasuredFromS: f.measureFrom / 1000,
-		MeasuredToS: f.measureTo / 1000, Profiles: profiles, Order: names, Policies: map[string]Result{}}
+		MeasuredToS: f.measureTo / 1000, Profiles: profiles, BoundProfiles: boundProfiles, Order: names, Policies: map[string]Result{}}
 	totalCap := 0.0
 	for j := range f.engines {
 		e := &f.engines[j]
@@ -135,7 +152,7 @@ func RunArrivals(sc *scenario.Scenario, arrivals []scenario.Arrival, names []str
 		rep.OfferedRPS = float64(measured) / span
 		rep.OfferedUtilisation = rep.OfferedRPS / totalCap
 	}
-	if rep.LowerBound, err = lowerBound(f, arrivals, profiles); err != nil {
+	if rep.LowerBound, err = lowerBound(f, arrivals, boundProfiles); err != nil {
 		return nil, err
 	}
 	rep.LowerBoundE2EMeanMs = rep.LowerBound.E2EMeanMs

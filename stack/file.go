@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -36,6 +37,10 @@ type Cluster struct {
 	DemandRPS float64 `yaml:"demand_rps"`
 	// Router is the listen address of the cluster's router, host:port.
 	Router string `yaml:"router"`
+	// KeysFile, when set, is the router's API keys file (router/tenant):
+	// the cluster's front door takes only its keys. A relative path is the
+	// stack file's directory's (Load resolves it).
+	KeysFile string `yaml:"keys_file,omitempty"`
 }
 
 // Engine is one simulated engine of a stack.
@@ -98,7 +103,16 @@ func Load(path string) (*File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrStack, err)
 	}
-	return Parse(path, data)
+	f, err := Parse(path, data)
+	if err != nil {
+		return nil, err
+	}
+	for i, c := range f.Clusters {
+		if c.KeysFile != "" && !filepath.IsAbs(c.KeysFile) {
+			f.Clusters[i].KeysFile = filepath.Join(filepath.Dir(path), c.KeysFile)
+		}
+	}
+	return f, nil
 }
 
 // Parse parses and validates a stack file; name is used in errors.

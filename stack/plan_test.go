@@ -2,10 +2,13 @@ package stack_test
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/switchyard-dev/switchyard/router/tenant"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/stack"
@@ -66,5 +69,54 @@ func TestPlan(t *testing.T) {
 				t.Errorf("Start = %v, want %v", err, c.is)
 			}
 		})
+	}
+}
+
+// TestPlanKeysFile: a cluster's keys_file (relative to the stack file)
+// and Options.KeysFile reach the routers, which serve no /metrics of their
+// own; a keys file that does not load is refused naming its field.
+func TestPlanKeysFile(t *testing.T) {
+	dir := t.TempDir()
+	good := "tenants:\n  - name: t\n    keys: [\"" + tenant.FormatHash(tenant.HashKey("k")) + "\"]\n"
+	if err := os.WriteFile(filepath.Join(dir, "keys.yaml"), []byte(good), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bad.yaml"), []byte("tenants: [{name: t, keys: [plain-key]}]"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Replace(string(stack.DefaultFileBytes()), `router: "127.0.0.1:8082"}`, `router: "127.0.0.1:8082", keys_file: keys.yaml}`, 1)
+	if !strings.Contains(text, "keys_file") {
+		t.Fatal("the default stack file has no cluster on 127.0.0.1:8082 to give a keys file")
+	}
+	if err := os.WriteFile(filepath.Join(dir, "stack.yaml"), []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := stack.Load(filepath.Join(dir, "stack.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := stack.Options{File: f, DataDir: dir, RouterAddr: "127.0.0.1:0"}.Plan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range p.Routers {
+		want := ""
+		if i == 1 {
+			want = filepath.Join(dir, "keys.yaml")
+		}
+		if r.KeysFile != want || !r.NoMetrics {
+			t.Errorf("router %d: keys file %q, no metrics %v; want %q, true", i, r.KeysFile, r.NoMetrics, want)
+		}
+	}
+	p, err = stack.Options{File: f, DataDir: dir, RouterAddr: "127.0.0.1:0", KeysFile: filepath.Join(dir, "keys.yaml")}.Plan()
+	if err != nil || p.Routers[0].KeysFile != filepath.Join(dir, "keys.yaml") {
+		t.Fatalf("Options.KeysFile: %v, %+v", err, p.Routers)
+	}
+	f.Clusters[1].KeysFile = filepath.Join(dir, "bad.yaml")
+	if _, err := (stack.Options{File: f, DataDir: dir, RouterAddr: "127.0.0.1:0"}).Plan(); !errors.Is(err, stack.ErrOptions) || !strings.Contains(err.Error(), "clusters[1].keys_file") {
+		t.Fatalf("a bad keys_file: %v", err)
+	}
+	if _, err := (stack.Options{File: f, DataDir: dir, RouterAddr: "127.0.0.1:0", KeysFile: filepath.Join(dir, "none.yaml")}).Plan(); !errors.Is(err, stack.ErrOptions) || !strings.Contains(err.Error(), "KeysFile") {
+		t.Fatalf("a missing KeysFile: %v", err)
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/internal/netem"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/tenant"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
@@ -46,6 +47,9 @@ type Options struct {
 	// tests: "127.0.0.1:0" picks free ports); with several clusters its port
 	// must be 0. Empty uses the stack file's.
 	RouterAddr string
+	// KeysFile, when set, is every router's API keys file, overriding the
+	// stack file's keys_file (`switchyard up --keys`).
+	KeysFile string
 	// NoRouters leaves the routers out.
 	NoRouters bool
 	// EmulateNetwork makes each router wait the stack file's one-way network
@@ -174,12 +178,23 @@ func (o Options) Plan() (Plan, error) {
 		p.Engines = append(p.Engines, eo)
 	}
 	if !o.NoRouters {
-		for _, c := range f.Clusters {
+		for i, c := range f.Clusters {
 			addr := c.Router
 			if o.RouterAddr != "" {
 				addr = o.RouterAddr
 			}
-			ro := router.ServiceOptions{Cluster: c.Name, Router: c.Name + "-1", HTTPAddr: addr}
+			// The stack serves one /metrics for all of its components
+			// (Gatherer): a router's inference port serves none.
+			ro := router.ServiceOptions{Cluster: c.Name, Router: c.Name + "-1", HTTPAddr: addr, NoMetrics: true}
+			field := fmt.Sprintf("clusters[%d].keys_file", i)
+			if ro.KeysFile = c.KeysFile; o.KeysFile != "" {
+				ro.KeysFile, field = o.KeysFile, "KeysFile"
+			}
+			if ro.KeysFile != "" {
+				if _, _, err := tenant.LoadFile(ro.KeysFile); err != nil {
+					return Plan{}, fmt.Errorf("%w: router of cluster %s: %s: %w", ErrOptions, c.Name, field, err)
+				}
+			}
 			if o.EmulateNetwork {
 				ro.WrapTransport = netem.Wrap(f.DelayFrom(c.Name))
 			}

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"math"
+	"net/http"
+	neturl "net/url"
 	"os"
 	"os/user"
 	"sort"
@@ -34,7 +38,7 @@ func engineCommand() command {
 		usage: `drain|cordon|restore NAME [--model M] [--reason TEXT]
        switchyard engine health NAME --health X [--model M] [--reason TEXT]
        switchyard engine list [--model M]
-       switchyard engine inject NAME (--error-rate P | --hang | --slow K | --crash | --capacity-factor F | --clear)
+       switchyard engine inject NAME (--error-rate P | --hang | --slow K | --crash | --capacity-factor F | --clear) [--admin URL]
 
 drain and cordon write an operator record (sy_engines key operator.NAME) that
 the optimizer obeys: the engine gets weight 0 in the next snapshots, requests
@@ -42,7 +46,9 @@ in flight finish. health pins the engine's health multiplier (0..1) in place
 of any penalty. restore removes the record. Routers obey through the
 snapshots; a router routing by its local policy (no snapshot, or a stale one)
 does not see operator records. inject sends a failure injection to a running
-engine simulator over NATS (subject <prefix>.ctl.engine.NAME).`,
+engine simulator over NATS (subject <prefix>.ctl.engine.NAME), or with
+--admin to its admin listener (enginesim --admin-listen; injection is on no
+inference port).`,
 		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 			url := natsFlags(fs)
 			model := fs.String("model", "", "limit to this model (default: every model)")
@@ -55,6 +61,7 @@ engine simulator over NATS (subject <prefix>.ctl.engine.NAME).`,
 			crash := fs.Bool("crash", false, "inject: crash the engine (listener and subscription gone)")
 			capFactor := fs.Float64("capacity-factor", 0, "inject: scale the engine's speed and capacity (0 < f <= 10)")
 			clearAll := fs.Bool("clear", false, "inject: clear every injected failure")
+			adminURL := fs.String("admin", "", "inject: POST to this engine simulator's admin `URL` (its --admin-listen, e.g. http://127.0.0.1:9000) instead of over NATS")
 			timeout := fs.Duration("timeout", 5*time.Second, "how long to wait for NATS")
 			return func(ctx context.Context, args []string) error {
 				if len(args) == 0 {
@@ -84,6 +91,16 @@ engine simulator over NATS (subject <prefix>.ctl.engine.NAME).`,
 				}
 				ctx, cancel := context.WithTimeout(ctx, *timeout)
 				defer cancel()
+				if *adminURL != "" {
+					if action != "inject" {
+						return usagef("--admin is inject's: %s goes through NATS", action)
+					}
+					body, err := injection(fs, *errRate, *hang, *slow, *crash, *capFactor, *clearAll)
+					if err != nil {
+						return err
+					}
+					return injectHTTP(ctx, *adminURL, name, body, e)
+				}
 				nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{*url}, Name: "switchyard-engine", Logger: zerolog.Nop()})
 				if err != nil {
 					return err
@@ -238,6 +255,47 @@ func inject(ctx context.Context, nc *nats.Conn, names streams.Names, name string
 		return fmt.Errorf("engine %s refused the injection (status %s): %s", name, st, m.Data)
 	}
 	fmt.Fprintf(e.stdout, "engine %s failure injection now: %s\n", name, m.Data)
+	return nil
+}
+
+// injectHTTP posts a failure injection to a simulated engine's admin
+// listener and prints its reply.
+func injectHTTP(ctx context.Context, adminURL, name string, body []byte, e *env) error {
+	u, err := neturl.Parse(adminURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return usagef("--admin %q is not a URL like http://127.0.0.1:9000", adminURL)
+	}
+	url := strings.TrimSuffix(adminURL, "/") + "/admin/failure"
+	// Ask whose listener it is first: an injection sent to the wrong
+	// engine would already be in force when its answer said so.
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return usageError{err}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("inject into %s at %s: %w", name, adminURL, err)
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	if got := resp.Header.Get(messages.NATSHeaderEngine); got != name {
+		return fmt.Errorf("%s is the admin listener of engine %q, not of %s", adminURL, got, name)
+	}
+	req, err = http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return usageError{err}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("inject into %s at %s: %w", name, adminURL, err)
+	}
+	defer resp.Body.Close()
+	reply, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("engine %s refused the injection (status %d): %s", name, resp.StatusCode, bytes.TrimSpace(reply))
+	}
+	fmt.Fprintf(e.stdout, "engine %s failure injection now: %s\n", name, bytes.TrimSpace(reply))
 	return nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
@@ -136,5 +137,40 @@ func TestEngineListStates(t *testing.T) {
 	}
 	if _, ok := rows["engine-nothing"]; ok {
 		t.Errorf("an operator record without an engine state is listed as an engine")
+	}
+}
+
+// TestEngineInjectAdmin: inject --admin posts to the engine simulator's
+// admin listener (no NATS needed), and names a listener of another engine.
+func TestEngineInjectAdmin(t *testing.T) {
+	e, err := enginesim.New(enginesim.Options{Name: "e1", Model: "m", Region: "r1", MaxBatch: 2, OutputTokens: 4, PromptTokens: 10,
+		BaseTBTMs: 1, PrefillMsPerToken: 0.01, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := e.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"engine", "inject", "e1", "--error-rate", "0.5", "--admin", e.AdminURL()}, exitOK, `"error_rate":0.5`},
+		{[]string{"engine", "inject", "e2", "--clear", "--admin", e.AdminURL()}, exitError, `admin listener of engine "e1", not of e2`},
+		{[]string{"engine", "drain", "e1", "--admin", e.AdminURL()}, exitUsage, "--admin is inject's"},
+		{[]string{"engine", "inject", "e1", "--clear", "--admin", "127.0.0.1:1"}, exitUsage, "not a URL"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(ctx, c.args, strings.NewReader(""), &stdout, &stderr)
+		if code != c.code || !strings.Contains(stdout.String()+stderr.String(), c.want) {
+			t.Errorf("%v: exit %d, output %q %q; want %d and %q", c.args, code, stdout.String(), stderr.String(), c.code, c.want)
+		}
+	}
+	if f := e.Failure(); f.ErrorRate != 0.5 {
+		t.Fatalf("failure in force %+v, want error_rate 0.5", f)
 	}
 }

@@ -21,7 +21,7 @@ func engineSimCommand() command {
 			fs.StringVar(&o.Model, "model", "llama", "model served")
 			fs.StringVar(&o.Region, "region", "", "region")
 			fs.StringVar(&o.Listen, "listen", "127.0.0.1:8000", "HTTP listen `address`")
-			fs.StringVar(&o.AdminListen, "admin-listen", "", "also serve /metrics, /healthz and /admin/failure on this `address`")
+			fs.StringVar(&o.AdminListen, "admin-listen", "", "serve failure injection (/admin/failure, on no other port), /metrics and /healthz on this `address`")
 			url := fs.String("nats-url", "", "NATS server `URLs`; empty: HTTP only, no signals")
 			capacity := fs.Float64("capacity", 0, "target capacity in req/s; sets --max-batch (0: use --max-batch)")
 			fs.IntVar(&o.MaxBatch, "max-batch", enginesim.DefaultMaxBatch, "largest running batch")

@@ -20,6 +20,7 @@ import (
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/httpfront"
+	"github.com/switchyard-dev/switchyard/router/tenant"
 	"github.com/switchyard-dev/switchyard/stack"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/streams/natsembed"
@@ -36,6 +37,8 @@ func routerCommand() command {
 			fs.StringVar(&o.Cluster, "cluster", "", "frontend cluster this router serves (required)")
 			fs.StringVar(&o.Router, "name", "", "router name, unique in its cluster (default <cluster>-<random>)")
 			fs.StringVar(&o.HTTPAddr, "listen", "127.0.0.1:8081", "HTTP front listen `address` (empty: no HTTP front)")
+			fs.StringVar(&o.MetricsAddr, "metrics-addr", "127.0.0.1:9098", "serve /metrics on this `address`, off the inference port (which then answers 404 there); empty: on the inference port")
+			fs.StringVar(&o.KeysFile, "keys", "", "API keys `file` of the front door (docs/deployment.md, \"The front door\"): requests need a key of it, run within its tenant's priority ceiling and rate, and the key is not forwarded to engines; re-read every 2 s. Empty: open")
 			fs.BoolVar(&o.NoNATSFront, "no-nats-front", false, "do not take requests on sy.req.<cluster>.<model>")
 			fs.BoolVar(&o.PreferNATS, "prefer-nats", false, "forward over NATS to engines that offer both HTTP and NATS")
 			fs.DurationVar(&o.StaleAfter, "stale-after", control.DefaultStaleAfter, "snapshot age past which the local policy takes over")
@@ -60,6 +63,11 @@ func routerCommand() command {
 				}
 				if err := o.Validate(); err != nil {
 					return usageError{err}
+				}
+				if o.KeysFile != "" { // before a connection that may wait for NATS
+					if _, _, err := tenant.LoadFile(o.KeysFile); err != nil {
+						return usagef("--keys: %v", err)
+					}
 				}
 				log, err := mkLog()
 				if err != nil {

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -16,13 +18,14 @@ import (
 	"github.com/switchyard-dev/switchyard/sim/livecheck"
 	"github.com/switchyard-dev/switchyard/sim/scenario"
 	"github.com/switchyard-dev/switchyard/sim/simplot"
+	"github.com/switchyard-dev/switchyard/sim/suite"
 )
 
 func simCommand() command {
 	return command{
 		name:    "sim",
 		summary: "simulate routing policies on a scenario (deterministic, discrete-event) and compare them",
-		usage:   "--scenario FILE [--trace FILE] [--policies a,b,...] [--seed N] [--json OUT] [--plots DIR] | --live [--scenario FILE] [--seed N] [--json OUT]",
+		usage:   "--scenario FILE [--trace FILE] [--policies a,b,...] [--seed N] [--json OUT] [--plots DIR] | --suite DIR|FILE,... [--policies a,b,...] [--seed N] [--json OUT] | --live [--scenario FILE] [--seed N] [--json OUT]",
 		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 			scenarioPath := fs.String("scenario", "", "scenario YAML `file` (see examples/sim/)")
 			trace := fs.String("trace", "", "replace the scenario's trace with this `file` (same format: Azure CSV or Mooncake JSONL)")
@@ -32,6 +35,8 @@ func simCommand() command {
 			plots := fs.String("plots", "", "write PNG plots to this `directory`")
 			parallel := fs.Int("parallel", runtime.GOMAXPROCS(0), "policies simulated at once")
 			quiet := fs.Bool("quiet", false, "no progress bar")
+			suitePaths := fs.String("suite", "", "run every scenario of these comma-separated `directories or files` (a directory: its *.yaml) with every policy, "+
+				"one run per scenario, and print one table of the suite with the switchyard policy's criteria per scenario")
 			live := fs.Bool("live", false, "live check: run the scenario (default: a built-in small case study) through the real services "+
 				"in this process and through the simulator, compare, and fail when they disagree beyond the stated tolerances")
 			return func(ctx context.Context, args []string) error {
@@ -56,15 +61,33 @@ func simCommand() command {
 					})
 					return runLiveCheck(ctx, e, *scenarioPath, *jsonOut, *quiet, opts)
 				}
-				if *scenarioPath == "" {
-					return usagef("--scenario is required")
-				}
 				if *parallel < 1 || *parallel > 64 {
 					return usagef("--parallel %d: want 1..64", *parallel)
 				}
 				names, err := sim.ParsePolicies(*policies)
 				if err != nil {
 					return usagef("--policies: %v", err)
+				}
+				if *suitePaths != "" {
+					var bad []string
+					fs.Visit(func(f *flag.Flag) {
+						if f.Name == "scenario" || f.Name == "trace" || f.Name == "plots" {
+							bad = append(bad, "--"+f.Name)
+						}
+					})
+					if len(bad) > 0 {
+						return usagef("--suite takes --policies, --seed, --parallel, --json and --quiet, not %s", strings.Join(bad, ", "))
+					}
+					opts := sim.Options{Policies: names, Parallel: *parallel}
+					fs.Visit(func(f *flag.Flag) {
+						if f.Name == "seed" {
+							opts.Seed, opts.SeedSet = *seed, true
+						}
+					})
+					return runSuite(ctx, e, strings.Split(*suitePaths, ","), opts, *jsonOut, *quiet)
+				}
+				if *scenarioPath == "" {
+					return usagef("--scenario or --suite is required")
 				}
 				sc, err := scenario.LoadScenario(*scenarioPath)
 				if err != nil {
@@ -99,7 +122,7 @@ func simCommand() command {
 					return err
 				}
 				fmt.Fprintf(e.stderr, "simulated %d policies in %s\n", len(names), time.Since(start).Round(time.Millisecond))
-				if err := rep.WriteTable(e.stdout); err != nil {
+				if err := suite.WriteReport(e.stdout, rep); err != nil {
 					return err
 				}
 				if *jsonOut != "" {
@@ -118,6 +141,87 @@ func simCommand() command {
 			}
 		},
 	}
+}
+
+// runSuite runs `switchyard sim --suite`: every scenario of paths, one
+// after another, with a progress line per scenario, then the suite's table.
+func runSuite(ctx context.Context, e *env, paths []string, opts sim.Options, jsonOut string, quiet bool) error {
+	files, err := suite.Files(paths)
+	if err != nil {
+		return usageError{err}
+	}
+	scs := make([]*scenario.Scenario, len(files))
+	for k, f := range files {
+		if scs[k], err = scenario.LoadScenario(f); err != nil {
+			return usageError{err}
+		}
+	}
+	names := opts.Policies
+	var (
+		mu  sync.Mutex // Progress runs on the policies' goroutines
+		bar *progressBar
+	)
+	so := suite.Options{Sim: opts}
+	start := time.Now()
+	if !quiet {
+		so.Progress = func(k, n int, sc, policy string, x float64) {
+			mu.Lock()
+			defer mu.Unlock()
+			if label := fmt.Sprintf("%d/%d %s", k+1, n, sc); bar == nil || bar.label != label {
+				bar = newProgressBar(e.stderr, names)
+				bar.label = label
+			}
+			bar.set(policy, x)
+		}
+	}
+	so.Done = func(k, n int, o *suite.Outcome) {
+		mu.Lock()
+		defer mu.Unlock()
+		if bar != nil {
+			bar.finish()
+			bar = nil
+		}
+		verdict := "FAIL"
+		if suite.Passed(o.Verdicts) {
+			verdict = "PASS"
+		}
+		fmt.Fprintf(e.stderr, "%d/%d %s: %s (%s)\n", k+1, n, o.Report.Scenario, verdict, time.Since(start).Round(time.Second))
+	}
+	outs, err := suite.Run(ctx, scs, so)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stderr, "simulated %d scenarios with %d policies in %s\n", len(outs), len(names), time.Since(start).Round(time.Millisecond))
+	if err := suite.WriteSuite(e.stdout, outs); err != nil {
+		return err
+	}
+	if jsonOut != "" {
+		return writeJSON(jsonOut, e.stdout, func(w io.Writer) error {
+			if _, err := io.WriteString(w, "[\n"); err != nil {
+				return err
+			}
+			for k := range outs {
+				var rep bytes.Buffer
+				if err := outs[k].Report.WriteJSON(&rep); err != nil {
+					return err
+				}
+				vs, err := json.Marshal(outs[k].Verdicts)
+				if err != nil {
+					return err
+				}
+				sep := ",\n"
+				if k == len(outs)-1 {
+					sep = "\n"
+				}
+				if _, err := fmt.Fprintf(w, "{\"report\": %s, \"verdicts\": %s}%s", bytes.TrimSpace(rep.Bytes()), vs, sep); err != nil {
+					return err
+				}
+			}
+			_, err := io.WriteString(w, "]\n")
+			return err
+		})
+	}
+	return nil
 }
 
 // runLiveCheck runs `switchyard sim --live`.
@@ -167,14 +271,19 @@ func runLiveCheck(ctx context.Context, e *env, scenarioPath, jsonOut string, qui
 }
 
 func writeJSONReport(path string, stdout io.Writer, rep *sim.Report) error {
+	return writeJSON(path, stdout, rep.WriteJSON)
+}
+
+// writeJSON runs write on the --json file (- for stdout).
+func writeJSON(path string, stdout io.Writer, write func(io.Writer) error) error {
 	if path == "-" {
-		return rep.WriteJSON(stdout)
+		return write(stdout)
 	}
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("--json: %w", err)
 	}
-	if err := rep.WriteJSON(f); err != nil {
+	if err := write(f); err != nil {
 		f.Close()
 		return fmt.Errorf("--json %s: %w", path, err)
 	}
@@ -186,6 +295,7 @@ func writeJSONReport(path string, stdout io.Writer, rep *sim.Report) error {
 
 // progressBar draws the overall progress of the policy runs on one line.
 type progressBar struct {
+	label string // shown before the bar
 	mu    sync.Mutex
 	w     io.Writer
 	names []string
@@ -221,7 +331,14 @@ func (b *progressBar) draw() {
 	total /= float64(len(b.names))
 	const width = 30
 	fill := int(total * width)
-	fmt.Fprintf(b.w, "\r[%s%s] %3.0f%% %-40s", strings.Repeat("#", fill), strings.Repeat(".", width-fill), 100*total, strings.Join(running, ","))
+	fmt.Fprintf(b.w, "\r%s[%s%s] %3.0f%% %-40s", b.prefix(), strings.Repeat("#", fill), strings.Repeat(".", width-fill), 100*total, strings.Join(running, ","))
+}
+
+func (b *progressBar) prefix() string {
+	if b.label == "" {
+		return ""
+	}
+	return b.label + " "
 }
 
 func (b *progressBar) finish() {

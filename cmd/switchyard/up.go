@@ -36,6 +36,7 @@ func upCommand() command {
 			emulate := fs.Bool("emulate-network", true, "routers add the stack file's network latency to each request (one machine has no real network)")
 			load := fs.Bool("load", false, "send each cluster's demand through its router, and print a summary every 10 s")
 			routerAddr := fs.String("router-addr", "", "listen `address` for every router, overriding the stack file (127.0.0.1:0 picks free ports)")
+			keys := fs.String("keys", "", "API keys `file` of every router's front door, overriding the stack file's keys_file (docs/deployment.md, \"The front door\"; empty: open, as the quick start is)")
 			mkLog := logFlags(fs, e)
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
@@ -52,7 +53,7 @@ func upCommand() command {
 					}
 				}
 				so := stack.Options{File: f, DataDir: *dataDir, NATSHost: *host, NATSPort: *port,
-					SignalInterval: *signalEvery, RouterAddr: *routerAddr, EmulateNetwork: *emulate, Logger: log}
+					SignalInterval: *signalEvery, RouterAddr: *routerAddr, KeysFile: *keys, EmulateNetwork: *emulate, Logger: log}
 				plan, err := so.Plan()
 				if err != nil {
 					return usageError{err}

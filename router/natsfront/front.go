@@ -217,7 +217,8 @@ func (f *Front) publish(subject string, hdr nats.Header, status int, last bool, 
 }
 
 // natsRequest is a NATS request message as the pipeline's protocol.ClientRequest:
-// its headers (x-request-id, x-session-id, x-priority; no others are
+// its headers (x-request-id, x-session-id, x-switchyard-priority and the
+// API key headers authorization, api-key, x-api-key; no others are
 // read), no header forwarded but the session, and the body within the
 // handler's limit once its subject is checked.
 type natsRequest struct {
@@ -235,6 +236,12 @@ func (r *natsRequest) RequestHeader(name string) (string, bool) {
 		return upstream.Header(r.m.Header, messages.NATSHeaderSessionID)
 	case messages.HeaderPriority:
 		return upstream.Header(r.m.Header, messages.NATSHeaderPriority)
+	case messages.HeaderAuthorization: // the front door's API key (router/tenant)
+		return upstream.Header(r.m.Header, messages.NATSHeaderAuthorization)
+	case messages.HeaderAPIKey:
+		return upstream.Header(r.m.Header, messages.NATSHeaderAPIKey)
+	case messages.HeaderXAPIKey:
+		return upstream.Header(r.m.Header, messages.NATSHeaderXAPIKey)
 	}
 	return "", false
 }

@@ -26,3 +26,17 @@ func BodyTooLarge(limit int64) *APIError {
 	return NewAPIError(http.StatusRequestEntityTooLarge, ErrTypeInvalidRequest, "request_too_large", "",
 		fmt.Sprintf("request body is larger than the limit of %d bytes", limit))
 }
+
+// ValidHeaderValue reports whether v is 1..max visible ASCII characters:
+// what the router accepts of a client's id, session or API key header.
+func ValidHeaderValue(v string, max int) bool {
+	if v == "" || len(v) > max {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] <= ' ' || v[i] > '~' {
+			return false
+		}
+	}
+	return true
+}

@@ -45,7 +45,8 @@
 //
 // HTTP: POST /v1/chat/completions and /v1/completions (streaming SSE and
 // not), GET /v1/models, GET /healthz, GET /metrics (Prometheus, a registry per
-// engine) and GET/POST /admin/failure. Every response carries the header
+// engine); GET/POST /admin/failure only on the admin listener
+// (Options.AdminListen), with health and metrics. Every response carries the header
 // x-switchyard-engine. NATS: a core subscription on <prefix>.infer.<model>.<engine>
 // answering with the headers messages.HeaderStatus and messages.HeaderLast.
 //

@@ -307,15 +307,24 @@ func (e *Engine) routes() http.Handler {
 	mux.HandleFunc("POST /v1/responses", e.inferHTTP(responsesEndpoint))
 	mux.HandleFunc("POST /v1/embeddings", e.inferHTTP(embeddingsEndpoint))
 	mux.HandleFunc("GET /v1/models", e.models)
-	mux.Handle("/", e.adminRoutes())
+	e.observeRoutes(mux)
 	return e.tag(mux)
 }
 
-func (e *Engine) adminRoutes() http.Handler {
-	mux := http.NewServeMux()
+// observeRoutes adds what a real engine serves beside inference, and an
+// agent scrapes there: health and metrics.
+func (e *Engine) observeRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /healthz", e.healthz)
 	mux.HandleFunc("GET /health", e.healthz) // the path vLLM, SGLang, TGI and llama.cpp serve
 	mux.Handle("GET /metrics", promhttp.HandlerFor(e.metrics.reg, promhttp.HandlerOpts{}))
+}
+
+// adminRoutes is the admin listener's (Options.AdminListen): health,
+// metrics and failure injection. Injection is never on the inference
+// port, where any client of the engine could reach it.
+func (e *Engine) adminRoutes() http.Handler {
+	mux := http.NewServeMux()
+	e.observeRoutes(mux)
 	mux.HandleFunc("GET /admin/failure", e.getFailure)
 	mux.HandleFunc("POST /admin/failure", e.postFailure)
 	return e.tag(mux)

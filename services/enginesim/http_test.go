@@ -189,7 +189,7 @@ func TestNonStreamingAndEndpoints(t *testing.T) {
 	}
 
 	for path, want := range map[string]string{"/v1/models": `"id":"llama"`, "/healthz": `"status":"ok"`,
-		"/metrics": "switchyard_enginesim_ttft_seconds_count", "/admin/failure": `"error_rate":0`} {
+		"/metrics": "switchyard_enginesim_ttft_seconds_count"} {
 		resp, err := http.Get(e.URL() + path)
 		if err != nil {
 			t.Fatal(err)
@@ -444,10 +444,29 @@ func adminAddr(t *testing.T, e *enginesim.Engine) string {
 }
 
 func TestAdminFailureEndpoint(t *testing.T) {
-	e := startEngine(t, fastOpts("e-admin"))
+	opts := fastOpts("e-admin")
+	opts.AdminListen = "127.0.0.1:0"
+	e := startEngine(t, opts)
+	admin := "http://" + adminAddr(t, e)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	resp, err := post(ctx, http.DefaultClient, e.URL()+"/admin/failure", []byte(`{"error_rate":1,"capacity_factor":0.5}`))
+	// Failure injection is the admin listener's alone: on the inference
+	// port, any client of the engine could switch it off.
+	for _, m := range []string{http.MethodGet, http.MethodPost} {
+		req, _ := http.NewRequestWithContext(ctx, m, e.URL()+"/admin/failure", strings.NewReader(`{"error_rate":1}`))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound {
+			t.Fatalf("%s /admin/failure on the inference port: %d, want 404", m, resp.StatusCode)
+		}
+	}
+	if f := e.Failure(); f.ErrorRate != 0 {
+		t.Fatalf("the inference port's POST injected %+v", f)
+	}
+	resp, err := post(ctx, http.DefaultClient, admin+"/admin/failure", []byte(`{"error_rate":1,"capacity_factor":0.5}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -469,7 +488,7 @@ func TestAdminFailureEndpoint(t *testing.T) {
 		t.Fatalf("status %d with error_rate 1", resp.StatusCode)
 	}
 	// A partial update keeps the other fields.
-	resp, err = post(ctx, http.DefaultClient, e.URL()+"/admin/failure", []byte(`{"error_rate":0}`))
+	resp, err = post(ctx, http.DefaultClient, admin+"/admin/failure", []byte(`{"error_rate":0}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -478,7 +497,7 @@ func TestAdminFailureEndpoint(t *testing.T) {
 		t.Fatalf("after a partial update: %+v", f)
 	}
 	for _, bad := range []string{`{"error_rate":2}`, `{"nonsense":1}`, `[`} {
-		resp, err := post(ctx, http.DefaultClient, e.URL()+"/admin/failure", []byte(bad))
+		resp, err := post(ctx, http.DefaultClient, admin+"/admin/failure", []byte(bad))
 		if err != nil {
 			t.Fatal(err)
 		}

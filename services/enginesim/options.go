@@ -55,7 +55,8 @@ type Options struct {
 
 	// Listen is the HTTP listen address.
 	Listen string
-	// AdminListen, when set, also serves /metrics, /healthz and /admin/failure on a
+	// AdminListen, when set, serves /metrics, /healthz and /admin/failure (failure
+	// injection, on no other HTTP listener) on a
 	// second listener that stays up when the engine is crashed.
 	AdminListen string
 

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"time"
 
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/workload"
@@ -97,6 +98,16 @@ func (s *Scenario) Arrivals(seed uint64) ([]Arrival, error) {
 				}
 				return rate * f, math.Min(next, edge)
 			})
+		case cs.Generator != nil:
+			o, err := cs.Generator.Options(time.Duration(s.DurationS*float64(time.Second)), seed^mixSeed(uint64(c)))
+			if err != nil {
+				return nil, fmt.Errorf("sim: clusters[%d].generator: %w", c, err)
+			}
+			reqs, err := workload.Sessions(o)
+			if err != nil {
+				return nil, fmt.Errorf("sim: clusters[%d].generator: %w", c, err)
+			}
+			got = s.generated(evs, c, rng, reqs)
 		default:
 			path := s.ResolvePath(cs.Trace.File)
 			reqs, ok := traces[path]
@@ -195,6 +206,32 @@ func (s *Scenario) generate(c int, rng *rand.Rand, rate rateFn) []Arrival {
 		}
 		out = append(out, a)
 	}
+}
+
+// mixSeed derives a cluster's generator seed, so that clusters with the
+// same generator draw different sessions.
+func mixSeed(c uint64) uint64 { return selection.Mix64(c + 0x6e0e_0001) }
+
+// generated turns generated requests into arrivals of cluster c, thinned or
+// duplicated by demand steps as a replayed trace is.
+func (s *Scenario) generated(evs []Event, c int, rng *rand.Rand, reqs []workload.Request) []Arrival {
+	out := make([]Arrival, 0, len(reqs))
+	for _, r := range reqs {
+		t := float64(r.At) / 1e6
+		f, _ := s.demandFactor(evs, c, t)
+		copies := int(f)
+		if rng.Float64() < f-float64(copies) {
+			copies++
+		}
+		for k := 0; k < copies; k++ {
+			a := Arrival{AtMs: t, Cluster: int32(c), Prompt: int32(r.PromptTokens), Output: int32(max(1, r.OutputTokens)), Session: r.Session, Blocks: r.Blocks}
+			if k > 0 {
+				a.AtMs += rng.Float64() * 50
+			}
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // replay turns a trace into arrivals of cluster c: rotated by the source's

@@ -9,8 +9,11 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/switchyard-dev/switchyard/workload"
 )
 
 // ErrScenario is wrapped by every scenario parsing and validation error.
@@ -105,7 +108,7 @@ type EngineSpec struct {
 }
 
 // ClusterSpec is a frontend cluster: its region and its arrivals, from
-// exactly one of Poisson, Bursts and Trace.
+// exactly one of Poisson, Bursts, Trace and Generator.
 type ClusterSpec struct {
 	// Name names the cluster.
 	Name string `yaml:"name"`
@@ -117,6 +120,8 @@ type ClusterSpec struct {
 	Bursts *BurstSource `yaml:"bursts"`
 	// Trace replays a trace file.
 	Trace *TraceSource `yaml:"trace"`
+	// Generator generates sessions of a workload family (package workload).
+	Generator *GeneratorSource `yaml:"generator"`
 	// PromptTokens and OutputTokens are the lengths of generated requests
 	// (Poisson and bursts); 0 means 256 and 64.
 	PromptTokens int `yaml:"prompt_tokens"`
@@ -158,6 +163,76 @@ type TraceSource struct {
 	// Offset, 0..1, starts the replay at this fraction of the trace's span,
 	// wrapping around, so that clusters replaying one trace are not in step.
 	Offset float64 `yaml:"offset"`
+}
+
+// GeneratorSource generates a session workload with workload.Sessions:
+// Family picks the preset (workload.GeneratorDefaults), and every non-zero
+// field below replaces the preset's value. Demand events scale its rate.
+type GeneratorSource struct {
+	// Family is one of workload.Families().
+	Family string `yaml:"family"`
+	// Rate is the mean request rate, req/s.
+	Rate float64 `yaml:"rate"`
+	// Tenants, TenantSkew, SystemTokens, FirstTokens, TurnTokens,
+	// OutputTokens, Turns, ThinkS and MaxContextTokens override the
+	// preset's (see workload.SessionOptions).
+	Tenants          int     `yaml:"tenants"`
+	TenantSkew       float64 `yaml:"tenant_skew"`
+	SystemTokens     int     `yaml:"system_tokens"`
+	FirstTokens      int     `yaml:"first_tokens"`
+	TurnTokens       int     `yaml:"turn_tokens"`
+	OutputTokens     int     `yaml:"output_tokens"`
+	Turns            float64 `yaml:"turns"`
+	ThinkS           float64 `yaml:"think_s"`
+	MaxContextTokens int     `yaml:"max_context_tokens"`
+	// SessionIDs sends each request with its session's id (default: none,
+	// as most clients send them).
+	SessionIDs bool `yaml:"session_ids"`
+	// Diurnal swings the rate sinusoidally: period_s and amplitude (0..1).
+	Diurnal struct {
+		PeriodS   float64 `yaml:"period_s"`
+		Amplitude float64 `yaml:"amplitude"`
+	} `yaml:"diurnal"`
+	// Flash multiplies the rate by factor for burst_s every every_s seconds,
+	// the first burst at start_s.
+	Flash struct {
+		EveryS float64 `yaml:"every_s"`
+		BurstS float64 `yaml:"burst_s"`
+		StartS float64 `yaml:"start_s"`
+		Factor float64 `yaml:"factor"`
+	} `yaml:"flash"`
+}
+
+// Options returns the workload options of the source for a run of
+// duration d and seed.
+func (g *GeneratorSource) Options(d time.Duration, seed uint64) (workload.SessionOptions, error) {
+	o, err := workload.GeneratorDefaults(g.Family)
+	if err != nil {
+		return o, err
+	}
+	o.Rate, o.Duration, o.Seed, o.SessionIDs = g.Rate, d, seed, g.SessionIDs
+	setI := func(p *int, v int) {
+		if v != 0 {
+			*p = v
+		}
+	}
+	setF := func(p *float64, v float64) {
+		if v != 0 {
+			*p = v
+		}
+	}
+	setI(&o.Tenants, g.Tenants)
+	setF(&o.TenantSkew, g.TenantSkew)
+	setI(&o.SystemTokens, g.SystemTokens)
+	setI(&o.FirstTokens, g.FirstTokens)
+	setI(&o.TurnTokens, g.TurnTokens)
+	setI(&o.OutputTokens, g.OutputTokens)
+	setF(&o.Turns, g.Turns)
+	setF(&o.ThinkS, g.ThinkS)
+	setI(&o.MaxContextTokens, g.MaxContextTokens)
+	o.Diurnal = workload.Diurnal{PeriodS: g.Diurnal.PeriodS, Amplitude: g.Diurnal.Amplitude}
+	o.Bursts = workload.Bursts{EveryS: g.Flash.EveryS, BurstS: g.Flash.BurstS, StartS: g.Flash.StartS, Factor: g.Flash.Factor}
+	return o, o.Validate()
 }
 
 // Network gives the one-way latency from a cluster's region to an engine's region.
@@ -448,8 +523,16 @@ func (s *Scenario) Validate() error {
 				return fieldf(f+".trace.offset", t.Offset, "want 0 ≤ offset < 1")
 			}
 		}
+		if g := c.Generator; g != nil {
+			n++
+			if s.DurationS > 0 {
+				if _, err := g.Options(time.Duration(s.DurationS*float64(time.Second)), 0); err != nil {
+					return fieldf(f+".generator", g.Family, "%v", err)
+				}
+			}
+		}
 		if n != 1 {
-			return fieldf(f, c.Name, "want exactly one of poisson, bursts and trace, got %d", n)
+			return fieldf(f, c.Name, "want exactly one of poisson, bursts, trace and generator, got %d", n)
 		}
 		if c.Trace == nil && s.DurationS == 0 {
 			return fieldf("duration_s", 0, "want a duration for cluster %s's generated arrivals", c.Name)

@@ -48,3 +48,43 @@ clusters:
 		t.Errorf("bad event target: %v", err)
 	}
 }
+
+// TestGeneratorSource checks the generator source: its errors name the
+// field, its preset fields can be overridden, and its arrivals carry the
+// family's shared prompt blocks without session ids.
+func TestGeneratorSource(t *testing.T) {
+	base := `
+name: g
+duration_s: 30
+engine_types:
+  - {name: t, max_batch: 4, tbt_base_ms: 10, kv_blocks: 100}
+engines:
+  - {name: e, region: r, type: t}
+clusters:
+  - {name: c, region: r, generator: {family: chat, rate: 5, system_tokens: 2048}}
+`
+	for edit, want := range map[string]string{
+		"family: chat": "clusters[0].generator: nope", "rate: 5": "clusters[0].generator: chat: workload: bad generator: Rate -1",
+	} {
+		repl := map[string]string{"family: chat": "family: nope", "rate: 5": "rate: -1"}[edit]
+		if _, err := ParseScenario("bad.yaml", []byte(strings.Replace(base, edit, repl, 1))); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("edit %q: error %v, want it to mention %q", edit, err, want)
+		}
+	}
+	sc, err := ParseScenario("ok.yaml", []byte(base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	arr, err := sc.Arrivals(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(arr) < 50 {
+		t.Fatalf("%d arrivals at 5 req/s over 30 s", len(arr))
+	}
+	for _, a := range arr {
+		if a.Session != 0 || len(a.Blocks) < 5 || a.Blocks[0] != arr[0].Blocks[0] || a.Blocks[3] != arr[0].Blocks[3] || a.Key == 0 {
+			t.Fatalf("arrival %+v: want no session, the 4-block shared prompt first, an affinity key", a)
+		}
+	}
+}
