@@ -168,6 +168,9 @@ type Sample struct {
 
 // effectiveCapacity is the capacity the optimizer plans with for st.
 func effectiveCapacity(st *messages.EngineState) float64 {
+	if st.ServedOnOutcomes(time.Now(), messages.OutcomeEvidenceAge) {
+		return st.CapacityRPS * st.Health // silent, but served on routers' outcomes
+	}
 	switch st.Status {
 	case messages.StatusDown:
 		return 0

@@ -77,7 +77,7 @@ wait_healthy() {
 		for id in $ids; do
 			state=$(docker inspect -f '{{.Name}} {{.State.Status}} {{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}}' "$id")
 			case "$state" in
-			*" running healthy" | *" running none") ;;
+			*" running healthy" | *" running none" | *[-_]auth[-_]1" exited none") ;;
 			*) bad="$bad ${state%% *}(${state#* })" ;;
 			esac
 		done
@@ -88,6 +88,19 @@ wait_healthy() {
 }
 wait_healthy 180
 log "every service is healthy"
+
+# The stack refuses anonymous clients: the nats CLI uses the admin identity
+# and the CA that the auth service wrote to the auth volume.
+authdir=$(mktemp -d)
+docker cp "$("${compose[@]}" ps -q nats-1)":/auth "$authdir/" >/dev/null 2>&1 || fail "copy the auth material out of nats-1"
+natsc=(nats -s "$servers" --creds "$authdir/auth/admin.creds" --tlsca "$authdir/auth/tls/ca.pem")
+if nats -s "$servers" --tlsca "$authdir/auth/tls/ca.pem" kv ls sy_weights >/dev/null 2>&1; then
+	fail "an anonymous client read sy_weights"
+fi
+if nats -s "$servers" --tlsca "$authdir/auth/tls/ca.pem" --creds "$authdir/auth/router-A.creds" --inbox-prefix _INBOX_router-A kv put sy_weights llama.A forged >/dev/null 2>&1; then
+	fail "router-A wrote sy_weights"
+fi
+log "anonymous clients refused; router-A cannot write sy_weights"
 
 # traffic sends a few seconds of load through each router and requires
 # answers and no errors.
@@ -110,7 +123,7 @@ snapshot() {
 	local deadline=$(($(date +%s) + 10)) raw err
 	raw=$(mktemp) err=$(mktemp)
 	while :; do
-		if nats -s "$servers" kv get sy_weights "$1" --raw >"$raw" 2>"$err" && [ -s "$raw" ] &&
+		if "${natsc[@]}" kv get sy_weights "$1" --raw >"$raw" 2>"$err" && [ -s "$raw" ] &&
 			"$sy" decode --compact <"$raw" 2>>"$err"; then
 			rm -f "$raw" "$err"
 			return 0
@@ -141,11 +154,11 @@ for c in A B C; do
 	g=$(generation "llama.$c" || true)
 	[ -n "$g" ] || fail "no weight snapshot for llama.$c"
 	gen[$c]=$g
-	nats -s "$servers" stream get KV_sy_weights --last-for "\$KV.sy_weights.llama.$c" --translate "$sy decode --compact" 2>/dev/null | grep '"generation"' || fail "nats stream get --translate failed for llama.$c"
+	"${natsc[@]}" stream get KV_sy_weights --last-for "\$KV.sy_weights.llama.$c" --translate "$sy decode --compact" 2>/dev/null | grep '"generation"' || fail "nats stream get --translate failed for llama.$c"
 done
 
-leader=$(nats -s "$servers" kv get sy_leases optimizer --raw 2>/dev/null)
-natsleader=$(nats -s "$servers" stream info KV_sy_weights --json 2>/dev/null | sed -n 's/^ *"leader": "\([^"]*\)".*/\1/p' | head -1)
+leader=$("${natsc[@]}" kv get sy_leases optimizer --raw 2>/dev/null)
+natsleader=$("${natsc[@]}" stream info KV_sy_weights --json 2>/dev/null | sed -n 's/^ *"leader": "\([^"]*\)".*/\1/p' | head -1)
 case "$leader" in optimizer-1 | optimizer-2) ;; *) fail "optimizer lease held by '$leader'" ;; esac
 case "$natsleader" in nats-1 | nats-2 | nats-3) ;; *) fail "KV_sy_weights leader is '$natsleader'" ;; esac
 

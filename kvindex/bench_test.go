@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/switchyard-dev/switchyard/testenv"
 )
 
 // ingestBudget is the Done-when row: 100,000 block events/s on one core is
@@ -66,10 +68,23 @@ func BenchmarkIngest(b *testing.B) {
 	}
 }
 
+// Longest's budgets, the Done-when row of the prefix index: 2 µs a lookup
+// with a million blocks over 1,000 engines, no allocation, 64 heap bytes a
+// block.
+const (
+	longestBudget   = 2 * time.Microsecond
+	bytesPerBlockAt = 64
+)
+
 // BenchmarkLongest asks for a 64-block request's longest prefix with one
-// million blocks indexed over 1,000 engines, three of which hold the prefix.
+// million blocks indexed over 1,000 engines, three of which hold the prefix
+// (64, 40 and 10 blocks deep). It fails over the time, allocation or
+// memory budget.
 func BenchmarkLongest(b *testing.B) {
 	const engines, blocks = 1000, 1_000_000
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
 	x, _ := New(Options{})
 	keys := make([]uint64, 1)
 	for i := range blocks {
@@ -87,15 +102,34 @@ func BenchmarkLongest(b *testing.B) {
 	var ms runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&ms)
-	perBlock := float64(ms.HeapInuse) / float64(x.Blocks())
+	perBlock := float64(ms.HeapInuse-before.HeapInuse) / float64(x.Blocks())
 	dst := make([]Match, 0, 16)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {
 		dst = x.Longest(dst[:0], req)
 	}
+	per := b.Elapsed() / time.Duration(b.N)
 	b.ReportMetric(perBlock, "heap-bytes/block")
-	if len(dst) != 3 {
-		b.Fatalf("%d engines match, want 3", len(dst))
+	if len(dst) != 3 || dst[0].Blocks != 64 || dst[1].Blocks != 40 || dst[2].Blocks != 10 {
+		b.Fatalf("matches %v, want depths 64, 40, 10", dst)
 	}
+	if a := testing.AllocsPerRun(100, func() { dst = x.Longest(dst[:0], req) }); a != 0 {
+		b.Fatalf("Longest allocates %v times a call, want 0", a)
+	}
+	if perBlock > bytesPerBlockAt {
+		b.Fatalf("%.1f heap bytes a block, over the budget of %d", perBlock, bytesPerBlockAt)
+	}
+	// The budget is checked on CPU time, 100,000 lookups on one thread.
+	const rounds = 100_000
+	cpu := testenv.ThreadCPU(func() {
+		for range rounds {
+			dst = x.Longest(dst[:0], req)
+		}
+	}) / rounds
+	b.ReportMetric(float64(cpu.Nanoseconds()), "cpu-ns/lookup")
+	if cpu > longestBudget {
+		b.Fatalf("%s CPU a lookup (%s wall), over the %s budget", cpu, per, longestBudget)
+	}
+	runtime.KeepAlive(x)
 }

@@ -3,7 +3,9 @@ package kvindex
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
+	"time"
 )
 
 // Defaults applied to zero-valued Options fields.
@@ -11,11 +13,20 @@ const (
 	// DefaultMaxBlocksPerEngine bounds what one engine can make the index
 	// hold. vLLM on an 80 GB GPU holds some tens of thousands of 16-token
 	// blocks (its num_gpu_blocks); a million leaves room for CPU offload
-	// tiers while keeping a hostile or broken publisher to some 60 MB.
+	// tiers while keeping a hostile or broken publisher to some 40 MB.
 	DefaultMaxBlocksPerEngine = 1 << 20
 	// DefaultMaxEngines bounds the engines of one index; engine ids are 16 bits.
 	DefaultMaxEngines = 1 << 16
 )
+
+// MaxMatches is the most engines Longest reports for one request: the
+// deepest first. A block held by more engines than that says little about
+// where a request should go, and bounding the answer bounds the lookup.
+const MaxMatches = 256
+
+// MaxKeys is the most leading keys of a request Longest reads; later keys
+// are ignored (a prefix that long is matched as if it ended there).
+const MaxKeys = 256
 
 // ErrOptions wraps every Options validation error.
 var ErrOptions = errors.New("kvindex: invalid options")
@@ -26,14 +37,19 @@ var ErrTooManyEngines = errors.New("kvindex: too many engines")
 // Options configures an Index.
 type Options struct {
 	// MaxBlocksPerEngine caps the blocks indexed per engine; past it the
-	// engine's oldest stored blocks are forgotten first. Zero means
-	// DefaultMaxBlocksPerEngine.
+	// engine's least recently stored blocks are forgotten first. Zero means
+	// DefaultMaxBlocksPerEngine. SetCapacity overrides it per engine.
 	MaxBlocksPerEngine int
 	// MaxEngines caps the engines of the index. Zero means DefaultMaxEngines.
 	MaxEngines int
+	// TTL, when positive, forgets a block that was not stored again for
+	// that long (StoreAt's clock). Zero keeps blocks until capacity or an
+	// event evicts them, as an engine-exact index fed by events should.
+	TTL time.Duration
 }
 
-func (o Options) withDefaults() Options {
+// WithDefaults returns o with its zero fields set to the defaults.
+func (o Options) WithDefaults() Options {
 	if o.MaxBlocksPerEngine == 0 {
 		o.MaxBlocksPerEngine = DefaultMaxBlocksPerEngine
 	}
@@ -45,12 +61,14 @@ func (o Options) withDefaults() Options {
 
 // Validate names the first field of o (after defaults) that is not usable.
 func (o Options) Validate() error {
-	o = o.withDefaults()
+	o = o.WithDefaults()
 	switch {
 	case o.MaxBlocksPerEngine < 1 || o.MaxBlocksPerEngine > 1<<30:
 		return fmt.Errorf("%w: MaxBlocksPerEngine is %d, want 1..%d", ErrOptions, o.MaxBlocksPerEngine, 1<<30)
 	case o.MaxEngines < 1 || o.MaxEngines > DefaultMaxEngines:
 		return fmt.Errorf("%w: MaxEngines is %d, want 1..%d", ErrOptions, o.MaxEngines, DefaultMaxEngines)
+	case o.TTL < 0:
+		return fmt.Errorf("%w: TTL is %s, want >= 0", ErrOptions, o.TTL)
 	}
 	return nil
 }
@@ -63,22 +81,38 @@ type holding struct {
 	stamp  uint32
 }
 
-// entry is the engines holding one block: the first inline (most blocks are
-// held by one engine), the others in more.
-type entry struct {
-	first holding
-	more  []holding
+// A block's entry in Index.blocks is its first holding packed in one word
+// (most blocks are held by one engine): the engine in the low 16 bits, the
+// stamp in the next 32, moreBit when Index.more holds the block's other
+// holdings, sorted by engine. One word a block keeps the index near 50
+// bytes a block with its eviction ring.
+const moreBit = 1 << 63
+
+func pack(h holding) uint64 { return uint64(h.stamp)<<16 | uint64(h.engine) }
+
+func unpack(v uint64) holding { return holding{engine: uint16(v), stamp: uint32(v >> 16)} }
+
+// mark is a stretch of an engine's store history for TTL expiry: its
+// stores from stored (to the next mark's) were made from at to last (Unix
+// ms). A new mark starts when a store comes an eighth of the TTL after the
+// current one began, so expiry is that precise and the marks are few.
+type mark struct {
+	stored   uint64
+	at, last int64
 }
 
-// engineState is one engine's eviction ring: the keys of its last
-// MaxBlocksPerEngine stores, oldest at head. A key removed since stays in
-// the ring as a stale slot, recognised by its stamp.
+// engineState is one engine's eviction ring: the keys of its stores from
+// oldest to stored, at slot store % capacity. A key removed or stored again
+// since stays in the ring as a stale slot, recognised by its stamp.
 type engineState struct {
-	name   string
-	ring   []uint64
-	stored uint64 // stores so far; the next store's stamp is its low 32 bits
-	blocks int    // blocks held now
-	used   bool
+	name     string
+	ring     []uint64
+	capacity int
+	stored   uint64 // stores so far; the next store's stamp is its low 32 bits
+	oldest   uint64 // the oldest store still in the ring
+	blocks   int    // blocks held now
+	marks    []mark // TTL history, oldest first
+	used     bool
 }
 
 // Match is one engine's longest cached prefix for a request: Blocks leading
@@ -90,15 +124,21 @@ type Match struct {
 	Blocks int
 }
 
-// Index is the prefix index of one model. It is safe for concurrent use:
-// Apply and the other writers take a write lock, Longest a read lock.
+// Index is the prefix index of one model: which engine holds which block,
+// by chained block keys. It serves both of a router's sources alike: blocks
+// learned from what the router routed (StoreAt on the chosen engine, with a
+// TTL, since the engine evicts without saying so) and blocks an engine's
+// KV events report (Store, Remove, Clear). It is safe for concurrent use:
+// writers take a write lock, Longest a read lock.
 type Index struct {
 	opts    Options
 	mu      sync.RWMutex
-	blocks  map[uint64]entry
+	blocks  map[uint64]uint64    // key → packed first holding
+	more    map[uint64][]holding // key → the other holdings, by engine
 	engines []engineState
 	ids     map[string]uint16
 	free    []uint16
+	sweep   int // the next engine StoreAt expires besides the one it stores for
 }
 
 // New validates opts and returns an empty Index.
@@ -106,7 +146,7 @@ func New(opts Options) (*Index, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	return &Index{opts: opts.withDefaults(), blocks: map[uint64]entry{}, ids: map[string]uint16{}}, nil
+	return &Index{opts: opts.WithDefaults(), blocks: map[uint64]uint64{}, more: map[uint64][]holding{}, ids: map[string]uint16{}}, nil
 }
 
 // Blocks returns how many distinct blocks the index holds.
@@ -141,108 +181,178 @@ func (x *Index) id(engine string) (uint16, error) {
 	default:
 		return 0, fmt.Errorf("%w: engine %q would be number %d (MaxEngines %d)", ErrTooManyEngines, engine, len(x.engines)+1, x.opts.MaxEngines)
 	}
-	x.engines[id] = engineState{name: engine, used: true}
+	x.engines[id] = engineState{name: engine, used: true, capacity: x.opts.MaxBlocksPerEngine}
 	x.ids[engine] = id
 	return id, nil
 }
 
-// Store records that engine holds the blocks keys.
-func (x *Index) Store(engine string, keys []uint64) error {
+// SetCapacity sets how many blocks engine may hold (its KV cache size in
+// the index's blocks, when known), within 1..Options.MaxBlocksPerEngine;
+// a change forgets the engine's blocks, as its ring is rebuilt.
+func (x *Index) SetCapacity(engine string, blocks int) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	id, err := x.id(engine)
 	if err != nil {
 		return err
 	}
-	for _, k := range keys {
-		x.store(id, k)
+	blocks = max(1, min(blocks, x.opts.MaxBlocksPerEngine))
+	if e := &x.engines[id]; e.capacity != blocks {
+		x.clear(id)
+		e.capacity = blocks
 	}
 	return nil
 }
 
+// Store records that engine holds the blocks keys.
+func (x *Index) Store(engine string, keys []uint64) error {
+	return x.StoreAt(engine, keys, time.Time{})
+}
+
+// StoreAt records that engine holds the blocks keys as of now, and forgets
+// blocks of engine (and of one other engine, in turn) not stored again
+// within Options.TTL. A zero now, or no TTL, expires nothing.
+func (x *Index) StoreAt(engine string, keys []uint64, now time.Time) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	id, err := x.id(engine)
+	if err != nil {
+		return err
+	}
+	if x.opts.TTL > 0 && !now.IsZero() {
+		ms := now.UnixMilli()
+		x.expire(id, ms)
+		if len(x.engines) > 1 {
+			x.sweep = (x.sweep + 1) % len(x.engines)
+			if x.engines[x.sweep].used {
+				x.expire(uint16(x.sweep), ms)
+			}
+		}
+		e := &x.engines[id]
+		if n := len(e.marks); n == 0 || ms-e.marks[n-1].at >= x.opts.TTL.Milliseconds()/8 {
+			e.marks = append(e.marks, mark{stored: e.stored, at: ms, last: ms})
+		} else {
+			e.marks[n-1].last = max(e.marks[n-1].last, ms)
+		}
+	}
+	// Deepest first, so that the ring, which evicts the oldest stores
+	// first, drops a sequence's blocks from its tail, keeping what an
+	// engine holds of it a prefix.
+	for i := len(keys) - 1; i >= 0; i-- {
+		x.store(id, keys[i])
+	}
+	return nil
+}
+
+// expire forgets engine id's stores made more than the TTL before now (ms),
+// stretch by stretch of its marks.
+func (x *Index) expire(id uint16, now int64) {
+	e := &x.engines[id]
+	cut := now - x.opts.TTL.Milliseconds()
+	for len(e.marks) > 0 && e.marks[0].last <= cut {
+		upTo := e.stored
+		if len(e.marks) > 1 {
+			upTo = e.marks[1].stored
+		}
+		x.evictUpTo(id, upTo)
+		e.marks = e.marks[1:]
+	}
+}
+
+// evictUpTo drops engine id's live stores older than store upTo.
+func (x *Index) evictUpTo(id uint16, upTo uint64) {
+	e := &x.engines[id]
+	capacity := uint64(e.capacity)
+	for ; e.oldest < upTo && e.oldest < e.stored; e.oldest++ {
+		x.drop(id, e.ring[e.oldest%capacity], uint32(e.oldest), true)
+	}
+}
+
+// store records that engine id holds k.
 func (x *Index) store(id uint16, k uint64) {
 	e := &x.engines[id]
-	capacity := x.opts.MaxBlocksPerEngine
+	capacity := uint64(e.capacity)
 	if e.ring == nil {
 		e.ring = make([]uint64, 0, min(capacity, 1024))
 	}
+	if e.stored-e.oldest == capacity {
+		// The ring is full: evict its oldest store if it is still live.
+		x.drop(id, e.ring[e.oldest%capacity], uint32(e.oldest), true)
+		e.oldest++
+	}
 	stamp := uint32(e.stored)
-	if len(e.ring) < capacity {
-		e.ring = append(e.ring, k)
-	} else {
-		// The slot of the store made capacity stores ago: evict its key if
-		// that store is still the engine's live one.
-		slot := e.stored % uint64(capacity)
-		x.drop(id, e.ring[slot], stamp-uint32(capacity), true)
+	if slot := e.stored % capacity; slot < uint64(len(e.ring)) {
 		e.ring[slot] = k
+	} else {
+		e.ring = append(e.ring, k)
 	}
 	e.stored++
 	h := holding{engine: id, stamp: stamp}
-	ent, ok := x.blocks[k]
+	v, ok := x.blocks[k]
 	switch {
 	case !ok:
-		x.blocks[k] = entry{first: h}
+		x.blocks[k] = pack(h)
 		e.blocks++
 		return
-	case ent.first.engine == id:
-		ent.first.stamp = stamp
-		x.blocks[k] = ent
+	case unpack(v).engine == id:
+		x.blocks[k] = pack(h) | v&moreBit
 		return
 	}
-	for i := range ent.more {
-		if ent.more[i].engine == id {
-			ent.more[i].stamp = stamp
-			return
-		}
+	more := x.more[k]
+	at, found := slices.BinarySearchFunc(more, id, func(h holding, id uint16) int { return int(h.engine) - int(id) })
+	if found {
+		more[at].stamp = stamp
+		return
 	}
-	ent.more = append(ent.more, h)
-	x.blocks[k] = ent
+	x.more[k] = slices.Insert(more, at, h)
+	x.blocks[k] = v | moreBit
 	e.blocks++
 }
 
 // drop removes engine id's holding of k; when exact, only if its stamp is
 // stamp (an eviction of a store that may have been superseded).
 func (x *Index) drop(id uint16, k uint64, stamp uint32, exact bool) {
-	ent, ok := x.blocks[k]
+	v, ok := x.blocks[k]
 	if !ok {
 		return
 	}
-	// at is the holding's place: -1 for first, else its index in more.
-	at := -2
-	if ent.first.engine == id {
-		if exact && ent.first.stamp != stamp {
+	if first := unpack(v); first.engine == id {
+		if exact && first.stamp != stamp {
 			return
 		}
-		at = -1
-	} else {
-		for i, h := range ent.more {
-			if h.engine == id {
-				if exact && h.stamp != stamp {
-					return
-				}
-				at = i
-				break
-			}
-		}
-	}
-	switch {
-	case at == -2:
-		return
-	case at == -1 && len(ent.more) == 0:
-		delete(x.blocks, k)
 		x.engines[id].blocks--
+		if v&moreBit == 0 {
+			delete(x.blocks, k)
+			return
+		}
+		// Promote the last of the others.
+		more := x.more[k]
+		last := more[len(more)-1]
+		x.setMore(k, more[:len(more)-1], pack(last))
 		return
-	case at == -1:
-		ent.first = ent.more[len(ent.more)-1]
-	default:
-		ent.more[at] = ent.more[len(ent.more)-1]
 	}
-	ent.more = ent.more[:len(ent.more)-1]
-	if len(ent.more) == 0 {
-		ent.more = nil
+	if v&moreBit == 0 {
+		return
 	}
-	x.blocks[k] = ent
+	more := x.more[k]
+	at, found := slices.BinarySearchFunc(more, id, func(h holding, id uint16) int { return int(h.engine) - int(id) })
+	if !found || (exact && more[at].stamp != stamp) {
+		return
+	}
 	x.engines[id].blocks--
+	x.setMore(k, slices.Delete(more, at, at+1), v&^moreBit)
+}
+
+// setMore stores k's first holding (packed, without moreBit) and the
+// others.
+func (x *Index) setMore(k uint64, more []holding, first uint64) {
+	if len(more) == 0 {
+		delete(x.more, k)
+		x.blocks[k] = first
+		return
+	}
+	x.more[k] = more
+	x.blocks[k] = first | moreBit
 }
 
 // Remove records that engine no longer holds the blocks keys.
@@ -270,13 +380,8 @@ func (x *Index) Clear(engine string) {
 
 func (x *Index) clear(id uint16) {
 	e := &x.engines[id]
-	capacity := uint64(x.opts.MaxBlocksPerEngine)
-	n := uint64(len(e.ring))
-	for i := range n {
-		stored := e.stored - n + i
-		x.drop(id, e.ring[stored%capacity], uint32(stored), true)
-	}
-	e.ring, e.stored, e.blocks = nil, 0, 0
+	x.evictUpTo(id, e.stored)
+	e.ring, e.stored, e.oldest, e.blocks, e.marks = nil, 0, 0, 0, nil
 }
 
 // Forget removes engine and its blocks from the index, freeing its id.
@@ -293,54 +398,121 @@ func (x *Index) Forget(engine string) {
 	x.free = append(x.free, id)
 }
 
-// Longest appends to dst, for every engine that holds keys[0], the number
-// of leading keys it holds (its longest cached prefix of the request), and
-// returns the extended slice, in no particular order. keys are a request's
-// chained block keys (BlockKeys). With dst of enough capacity it does not
-// allocate.
+// Longest appends to dst, for the engines that hold keys[0] (at most
+// MaxMatches of them), how many leading keys each holds — its cached
+// prefix of the request — and returns the extended slice, the deepest
+// first. keys are a request's chained block keys (BlockKeys, or a router's
+// text blocks); only the first MaxKeys count.
 func (x *Index) Longest(dst []Match, keys []uint64) []Match {
+	return x.Deepest(dst, keys, MaxMatches)
+}
+
+// Deepest is Longest reporting at most limit engines (1..MaxMatches), the
+// deepest first: when more engines hold a request's leading blocks than
+// limit, those left out hold no more of it than the last one reported.
+// With dst of enough capacity it does not allocate.
+//
+// It bisects rather than reading every key: an engine's depth is where its
+// holdings of the request's keys end, found in about log2(len(keys)) map
+// reads per distinct depth. That is exact while what an engine holds of a
+// request is a prefix of it — always for blocks a router stored from what
+// it routed, and for an engine's events as long as it evicts a sequence's
+// blocks from the tail, as vLLM's free queue does (a request's blocks are
+// freed last block first). An engine with a hole in the middle (a block
+// removed by an event while later ones stay) is reported at a depth where
+// its holdings change, not necessarily its first hole.
+func (x *Index) Deepest(dst []Match, keys []uint64, limit int) []Match {
+	limit = max(1, min(limit, MaxMatches))
+	if len(keys) > MaxKeys {
+		keys = keys[:MaxKeys]
+	}
 	if len(keys) == 0 {
 		return dst
 	}
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	ent, ok := x.blocks[keys[0]]
+	var found [MaxMatches]uint16
+	n := 0
+	// fresh reports whether keys[j] has a holder not found yet.
+	fresh := func(j int) bool {
+		v, ok := x.blocks[keys[j]]
+		if !ok {
+			return false
+		}
+		if !in(found[:n], uint16(v)) {
+			return true
+		}
+		if v&moreBit == 0 {
+			return false
+		}
+		for _, h := range x.more[keys[j]] {
+			if !in(found[:n], h.engine) {
+				return true
+			}
+		}
+		return false
+	}
+	// Each round finds the deepest key held by an engine not found yet:
+	// all its holders not found have that depth, and the engines left hold
+	// less, so the next round bisects the keys before it.
+	v0, ok := x.blocks[keys[0]]
 	if !ok {
 		return dst
 	}
-	start := len(dst)
-	dst = append(dst, Match{Engine: x.engines[ent.first.engine].name, Blocks: 1})
-	for _, h := range ent.more {
-		dst = append(dst, Match{Engine: x.engines[h.engine].name, Blocks: 1})
+	root := step{first: v0 &^ moreBit}
+	if v0&moreBit != 0 {
+		root.more = x.more[keys[0]]
 	}
-	// alive are the candidates still matching, dst[start:start+alive].
-	alive := len(dst) - start
-	for i := 1; i < len(keys) && alive > 0; i++ {
-		ent, ok := x.blocks[keys[i]]
-		if !ok {
-			break
-		}
-		for c := start; c < start+alive; {
-			if x.holds(ent, dst[c].Engine) {
-				dst[c].Blocks++
-				c++
-				continue
+	for hi := len(keys); hi > 0 && n < limit && fresh(0); {
+		lo := 0 // fresh(lo) holds; find the last j < hi where fresh(j) does
+		for r := hi - 1; lo < r; {
+			mid := (lo + r + 1) / 2
+			if fresh(mid) {
+				lo = mid
+			} else {
+				r = mid - 1
 			}
-			// Move the dropped candidate behind the live ones.
-			last := start + alive - 1
-			dst[c], dst[last] = dst[last], dst[c]
-			alive--
 		}
+		v := x.blocks[keys[lo]]
+		add := func(id uint16) {
+			if n < limit && !in(found[:n], id) {
+				found[n] = id
+				n++
+				if root.holds(id) { // else it holds none of the request's prefix
+					dst = append(dst, Match{Engine: x.engines[id].name, Blocks: lo + 1})
+				}
+			}
+		}
+		add(uint16(v))
+		if v&moreBit != 0 {
+			for _, h := range x.more[keys[lo]] {
+				add(h.engine)
+			}
+		}
+		hi = lo
 	}
 	return dst
 }
 
-func (x *Index) holds(ent entry, engine string) bool {
-	if x.engines[ent.first.engine].name == engine {
+// step is a key's holdings as a lookup read them.
+type step struct {
+	first uint64
+	more  []holding
+}
+
+// holds reports whether engine id holds the block s describes.
+func (s *step) holds(id uint16) bool {
+	if uint16(s.first) == id {
 		return true
 	}
-	for _, h := range ent.more {
-		if x.engines[h.engine].name == engine {
+	_, found := slices.BinarySearchFunc(s.more, id, func(h holding, id uint16) int { return int(h.engine) - int(id) })
+	return found
+}
+
+// in reports whether ids holds id.
+func in(ids []uint16, id uint16) bool {
+	for _, x := range ids {
+		if x == id {
 			return true
 		}
 	}

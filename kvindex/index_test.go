@@ -4,8 +4,10 @@ import (
 	"errors"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // op is one step of a scenario: store, remove, clear or forget keys of an engine.
@@ -60,9 +62,9 @@ func TestLongest(t *testing.T) {
 			query: []uint64{1, 2, 3}, want: []Match{{"a", 1}}, total: 2},
 		{name: "no first block, no match", ops: []op{{"store", "a", []uint64{2, 3}}},
 			query: []uint64{1, 2, 3}, want: nil, total: 2},
-		{name: "remove the middle", ops: []op{{"store", "a", []uint64{1, 2, 3}}, {"store", "b", []uint64{1, 2, 3}},
-			{"remove", "a", []uint64{2}}},
-			query: []uint64{1, 2, 3}, want: []Match{{"a", 1}, {"b", 3}}, total: 3},
+		{name: "remove the tail", ops: []op{{"store", "a", []uint64{1, 2, 3}}, {"store", "b", []uint64{1, 2, 3}},
+			{"remove", "a", []uint64{3}}},
+			query: []uint64{1, 2, 3}, want: []Match{{"a", 2}, {"b", 3}}, total: 3},
 		{name: "remove of an unknown engine or key is a no-op", ops: []op{{"store", "a", []uint64{1}},
 			{"remove", "z", []uint64{1}}, {"remove", "a", []uint64{7}}},
 			query: []uint64{1}, want: []Match{{"a", 1}}, total: 1},
@@ -74,17 +76,19 @@ func TestLongest(t *testing.T) {
 		{name: "forget frees the id for another engine", ops: []op{{"store", "a", []uint64{1, 2}}, {"forget", "a", nil},
 			{"store", "b", []uint64{1}}},
 			query: []uint64{1, 2}, want: []Match{{"b", 1}}, total: 1},
-		{name: "the cap evicts the oldest store", max: 3, ops: []op{{"store", "a", []uint64{1, 2, 3, 4}}},
-			query: []uint64{1}, want: nil, total: 3},
+		{name: "the cap evicts a sequence's deepest blocks first", max: 3, ops: []op{{"store", "a", []uint64{1, 2, 3, 4}}},
+			query: []uint64{1, 2, 3, 4}, want: []Match{{"a", 3}}, total: 3},
+		{name: "the cap evicts the oldest store", max: 3, ops: []op{{"store", "a", []uint64{1, 2, 3}}, {"store", "a", []uint64{4}}},
+			query: []uint64{1, 2, 3}, want: []Match{{"a", 2}}, total: 3},
 		{name: "a re-stored block is young again", max: 3, ops: []op{{"store", "a", []uint64{1, 2, 3}},
 			{"store", "a", []uint64{1}}, {"store", "a", []uint64{4}}},
-			query: []uint64{1, 3}, want: []Match{{"a", 2}}, total: 3},
+			query: []uint64{1, 4}, want: []Match{{"a", 2}}, total: 2},
 		{name: "a removed block's ring slot is stale", max: 2, ops: []op{{"store", "a", []uint64{1, 2}},
 			{"remove", "a", []uint64{1}}, {"store", "a", []uint64{1}}, {"store", "a", []uint64{3}}},
 			query: []uint64{1, 3}, want: []Match{{"a", 2}}, total: 2},
 		{name: "eviction of one engine leaves the others", max: 2, ops: []op{{"store", "a", []uint64{1, 2}},
 			{"store", "b", []uint64{1, 2, 3}}},
-			query: []uint64{1, 2}, want: []Match{{"a", 2}}, total: 3},
+			query: []uint64{1, 2}, want: []Match{{"a", 2}, {"b", 2}}, total: 2},
 		{name: "stored twice counts once", ops: []op{{"store", "a", []uint64{1, 1, 1}}},
 			query: []uint64{1, 1}, want: []Match{{"a", 2}}, total: 1},
 	} {
@@ -114,8 +118,8 @@ func TestLongest(t *testing.T) {
 
 func holdings(x *Index) int {
 	n := 0
-	for _, e := range x.blocks {
-		n += 1 + len(e.more)
+	for k := range x.blocks {
+		n += 1 + len(x.more[k])
 	}
 	return n
 }
@@ -209,5 +213,84 @@ func TestLongestDoesNotAllocate(t *testing.T) {
 	dst := make([]Match, 0, 8)
 	if n := testing.AllocsPerRun(100, func() { dst = x.Longest(dst[:0], keys) }); n != 0 {
 		t.Fatalf("Longest allocates %v times per call", n)
+	}
+}
+
+// TestDeepestLimit: a shared first block held by many engines and one
+// conversation's deeper blocks on one of them; a small limit still reports
+// the deep holder first, and every reported depth is right.
+func TestDeepestLimit(t *testing.T) {
+	x, _ := New(Options{})
+	shared := []uint64{10, 11}
+	for e := range 40 {
+		if err := x.Store("e"+strconv.Itoa(e), shared); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := x.Store("e17", []uint64{10, 11, 12, 13}); err != nil {
+		t.Fatal(err)
+	}
+	got := x.Deepest(nil, []uint64{10, 11, 12, 13, 14}, 4)
+	if len(got) != 4 || got[0] != (Match{"e17", 4}) {
+		t.Fatalf("Deepest = %v, want e17 at 4 first and 4 matches", got)
+	}
+	for _, m := range got[1:] {
+		if m.Blocks != 2 {
+			t.Fatalf("Deepest = %v: %s reported at %d, holds 2", got, m.Engine, m.Blocks)
+		}
+	}
+	if all := x.Longest(nil, []uint64{10, 11, 12}); len(all) != 40 {
+		t.Fatalf("Longest reports %d engines, want 40", len(all))
+	}
+}
+
+// TestTTL: blocks not stored again within the TTL are forgotten on a later
+// store, the engine's own or another's (the sweep), and re-stored ones stay.
+func TestTTL(t *testing.T) {
+	x, err := New(Options{TTL: 8 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1000, 0)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(x.StoreAt("a", []uint64{1, 2, 3}, at(0)))
+	must(x.StoreAt("b", []uint64{1, 5}, at(0)))
+	must(x.StoreAt("a", []uint64{1, 2}, at(5))) // 1 and 2 young again, 3 not
+	must(x.StoreAt("a", []uint64{7}, at(10)))
+	if got := sorted(x.Longest(nil, []uint64{1, 2, 3})); !slices.Equal(got, []Match{{"a", 2}}) {
+		t.Fatalf("after the TTL: %v, want a at 2 (3 and b's blocks expired)", got)
+	}
+	if n := x.EngineBlocks("b"); n != 0 {
+		t.Fatalf("b holds %d blocks after its TTL, want 0 (swept by a's store)", n)
+	}
+	must(x.StoreAt("a", []uint64{8}, at(30)))
+	if n := x.EngineBlocks("a"); n != 1 {
+		t.Fatalf("a holds %d blocks long after, want 1 (its newest)", n)
+	}
+	if err := (Options{TTL: -1}).Validate(); !errors.Is(err, ErrOptions) || !contains(err.Error(), "TTL") {
+		t.Fatalf("negative TTL: %v", err)
+	}
+}
+
+// TestSetCapacity: an engine's own capacity bounds its blocks.
+func TestSetCapacity(t *testing.T) {
+	x, _ := New(Options{MaxBlocksPerEngine: 100})
+	if err := x.SetCapacity("a", 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.Store("a", []uint64{1, 2, 3, 4}); err != nil {
+		t.Fatal(err)
+	}
+	if n := x.EngineBlocks("a"); n != 2 {
+		t.Fatalf("a holds %d blocks with capacity 2", n)
+	}
+	if got := x.Longest(nil, []uint64{1, 2, 3}); !slices.Equal(got, []Match{{"a", 2}}) {
+		t.Fatalf("Longest = %v, want a at 2 (the tail evicted)", got)
 	}
 }

@@ -40,6 +40,11 @@ type EngineSignal struct {
 	Kind    Kind   `msgpack:"k" json:"k"`
 	Model   string `msgpack:"m" json:"model"`
 	Engine  string `msgpack:"e" json:"engine"`
+	// ServedModel is the name the engine itself serves the model under
+	// when it is not Model (vLLM's --served-model-name): routers write it
+	// into the request's model field when they forward to this engine.
+	// Optional; empty means Model.
+	ServedModel string `msgpack:"sm,omitempty" json:"served_model,omitempty"`
 	// Region is the engine's region (optional).
 	Region string `msgpack:"r,omitempty" json:"region,omitempty"`
 	// Time is when the signal was taken, in Unix milliseconds.

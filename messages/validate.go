@@ -71,13 +71,14 @@ func (c *checker) name(field, v string, optional bool) {
 	}
 }
 
-func (c *checker) model(v string, optional bool) {
+func (c *checker) model(v string, optional bool) { c.modelID("model", v, optional) }
+
+func (c *checker) modelID(field, v string, optional bool) {
 	if optional && v == "" {
 		return
 	}
-	c.name("model", v, false)
-	if ValidName(v) && !ValidModelName(v) {
-		c.fail("model", "is %q, a reserved word (operator, penalty and rtt prefix other records in the KV buckets)", v)
+	if p := modelIDProblem(v); p != "" {
+		c.fail(field, "is %q, which %s (a model id: any printable characters but white space)", v, p)
 	}
 }
 
@@ -122,6 +123,7 @@ func (c *checker) transports(field string, ts []Transport) {
 func (m *EngineSignal) Validate(now time.Time) error {
 	c := checker{kind: KindSignal}
 	c.model(m.Model, false)
+	c.modelID("served_model", m.ServedModel, true)
 	c.name("engine", m.Engine, false)
 	c.name("region", m.Region, true)
 	c.time("time_ms", m.Time, now)

@@ -21,6 +21,7 @@ import (
 	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/router/live"
+	"github.com/switchyard-dev/switchyard/router/prefix"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/router/tenant"
@@ -77,6 +78,12 @@ type Options struct {
 	// selectable (tables that carry addresses, or a Transport that needs
 	// none).
 	Endpoints control.EndpointResolver
+	// Aliases maps other public names of a model to the model id it is
+	// served and routed under (see CheckAliases): a request for an alias
+	// routes on the model's table, and the model field the engine gets is
+	// the name that engine serves (selection.Engine.ServedModel, else the
+	// model id). /v1/models lists the aliases of served models too.
+	Aliases map[string]string
 	// Settled, when set, holds requests until it is closed (each within its
 	// own context): the router's start-up, until the engines' signals were
 	// heard (Signals.Settled), so that a snapshot stored by an earlier run
@@ -112,6 +119,7 @@ type Handler struct {
 type modelState struct {
 	live   *live.LiveSet
 	recent *selection.RecentKeys // where this router sent each affinity key lately
+	prefix *prefix.Index         // which engine holds which blocks of the prompts this router routed
 	bound  atomic.Pointer[live.Bound]
 	adm    *live.Admission
 	// met holds the model's metric children, made on first use.
@@ -126,6 +134,9 @@ type modelState struct {
 func NewHandler(opts Options) (*Handler, error) {
 	if opts.Tables == nil {
 		return nil, errors.New("router: new handler: Options.Tables is nil")
+	}
+	if err := CheckAliases(opts.Aliases); err != nil {
+		return nil, fmt.Errorf("router: new handler: Options.Aliases: %w", err)
 	}
 	if opts.Transport == nil {
 		opts.Transport = upstream.NewHTTPTransport(upstream.HTTPTransportOptions{})
@@ -252,7 +263,8 @@ func (h *Handler) model(name string) *modelState {
 	}
 	ls := live.NewLiveSetFor(name, h.opts.Endpoints, h.opts.Now)
 	recent, _ := selection.NewRecentKeys(selection.DefaultRecentKeys) // a valid size: never fails
-	v, _ := h.models.LoadOrStore(name, &modelState{live: ls, recent: recent,
+	px, _ := prefix.New(prefix.Options{})                             // the defaults: never fails
+	v, _ := h.models.LoadOrStore(name, &modelState{live: ls, recent: recent, prefix: px,
 		adm: live.NewAdmission(h.prot), created: h.opts.Now().Unix()})
 	return v.(*modelState)
 }
@@ -347,9 +359,18 @@ func (h *Handler) route(ctx context.Context, req *protocol.Request, session stri
 		rt.spare = info.Figures.Spare
 	}
 	var idx int
-	if src == protocol.KeyNone {
+	var kbuf [protocol.MaxPrefixKeys]uint64
+	var keys []uint64
+	switch src {
+	case protocol.KeyNone:
 		idx, ok = table.PickTwo(key, bound)
-	} else {
+	case protocol.KeyPrefix:
+		keys, _ = protocol.PrefixKeys(kbuf[:0], req)
+		idx, ok = ms.prefix.Pick(table, bound, key, keys)
+		if ok {
+			ms.recent.RememberName(key, table.Engine(idx).Name) // for admission's ongoing conversations
+		}
+	default:
 		idx, ok = table.PickRecent(key, bound, ms.recent)
 	}
 	if !ok {
@@ -361,6 +382,9 @@ func (h *Handler) route(ctx context.Context, req *protocol.Request, session stri
 			fmt.Sprintf("no engine is available for model %q", req.Model))
 	}
 	rt.idx = idx
+	if !rt.fallback { // a fallback pick is a moment's, not where the prefix will live
+		ms.prefix.Routed(table.Engine(idx).Name, keys, h.opts.Now())
+	}
 	h.budget.Earn(u)
 	h.amp.Add(1, 0)
 	return rt, nil

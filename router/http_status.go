@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"sort"
 
+	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 )
@@ -22,24 +23,56 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_, _ = w.Write(append(body, '\n'))
 }
 
-// modelEntry is one model of GET /v1/models, in OpenAI's shape.
+// modelEntry is one model of GET /v1/models, in OpenAI's shape; Root is
+// the model id an alias stands for (the model's own id for a model), as
+// vLLM names it.
 type modelEntry struct {
 	ID      string `json:"id"`
 	Object  string `json:"object"`
 	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
+	Root    string `json:"root"`
 }
 
-// servedModels returns the models that have a table, sorted.
+// servedModels returns the models that have a table and the aliases of
+// those models, sorted.
 func (h *Handler) servedModels() []string {
 	var out []string
+	served := map[string]bool{}
 	for _, m := range h.opts.Tables.Models() {
 		if _, _, ok := h.opts.Tables.Table(m); ok {
 			out = append(out, m)
+			served[m] = true
+		}
+	}
+	for alias, m := range h.opts.Aliases {
+		if served[m] && !served[alias] {
+			out = append(out, alias)
 		}
 	}
 	sort.Strings(out)
 	return out
+}
+
+// CheckAliases returns nil when every alias (key) and the model id it
+// stands for (value) are model ids (messages.CheckModelName) and no alias
+// names itself or another alias: aliases resolve in one step.
+func CheckAliases(aliases map[string]string) error {
+	for alias, model := range aliases {
+		if err := messages.CheckModelName(alias); err != nil {
+			return fmt.Errorf("%w: alias: %w", ErrBadOption, err)
+		}
+		if err := messages.CheckModelName(model); err != nil {
+			return fmt.Errorf("%w: alias %q: %w", ErrBadOption, alias, err)
+		}
+		if alias == model {
+			return fmt.Errorf("%w: alias %q stands for itself", ErrBadOption, alias)
+		}
+		if _, chained := aliases[model]; chained {
+			return fmt.Errorf("%w: alias %q stands for %q, which is an alias too: name the model id", ErrBadOption, alias, model)
+		}
+	}
+	return nil
 }
 
 func (h *Handler) serveModels(w http.ResponseWriter, r *http.Request) {
@@ -68,9 +101,13 @@ func getOnly(w http.ResponseWriter, r *http.Request, path string) bool {
 	return false
 }
 
-// modelEntry returns the /v1/models entry of the served model m.
+// modelEntry returns the /v1/models entry of the served model or alias m.
 func (h *Handler) modelEntry(m string) modelEntry {
-	return modelEntry{ID: m, Object: "model", Created: h.model(m).created, OwnedBy: "switchyard"}
+	root := m
+	if to, ok := h.opts.Aliases[m]; ok {
+		root = to
+	}
+	return modelEntry{ID: m, Object: "model", Created: h.model(root).created, OwnedBy: "switchyard", Root: root}
 }
 
 // serveModel answers GET /v1/models/{id}: the model object, or a 404
@@ -81,7 +118,11 @@ func (h *Handler) serveModel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
-	if _, _, ok := h.opts.Tables.Table(id); !ok || id == "" {
+	served := id
+	if to, ok := h.opts.Aliases[id]; ok {
+		served = to
+	}
+	if _, _, ok := h.opts.Tables.Table(served); !ok || id == "" {
 		protocol.WriteError(w, protocol.NewAPIError(http.StatusNotFound, protocol.ErrTypeInvalidRequest, "model_not_found", "model",
 			fmt.Sprintf("the model %q does not exist or is not served by this router", id)))
 		return

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"regexp"
 	"runtime"
 	"strings"
 	"sync"
@@ -224,7 +225,7 @@ func TestReportsPublished(t *testing.T) {
 			bad = append(bad, err)
 			return
 		}
-		if want := fmt.Sprintf("%s-%s-%d", r.Router, r.Model, r.Seq); m.Header.Get("Nats-Msg-Id") != want ||
+		if want := fmt.Sprintf(`^%s-[0-9a-f]{16}-%s-%d$`, r.Router, r.Model, r.Seq); !regexp.MustCompile(want).MatchString(m.Header.Get("Nats-Msg-Id")) ||
 			m.Subject != "sy.report.m.A.r1" {
 			bad = append(bad, fmt.Errorf("subject %s msg id %q, want %q", m.Subject, m.Header.Get("Nats-Msg-Id"), want))
 		}

@@ -113,6 +113,10 @@ func (h *Handler) begin(ctx context.Context, r protocol.ClientRequest, ep protoc
 	if apiErr := r.Check(req); apiErr != nil {
 		return nil, h.rejected(labelInvalid, reqID, apiErr)
 	}
+	aliased := false
+	if m, ok := h.opts.Aliases[req.Model]; ok {
+		req.Model, aliased = m, true
+	}
 	rt, apiErr := h.route(ctx, req, session, prio)
 	if apiErr != nil {
 		label := req.Model
@@ -128,6 +132,7 @@ func (h *Handler) begin(ctx context.Context, r protocol.ClientRequest, ep protoc
 		}
 		return nil, rej
 	}
+	rt.req, rt.aliased = req, aliased
 	mm := h.modelMetrics(rt.ms, req.Model)
 	mm.inFlight.Inc()
 	// One allocation for the answer, the request's logger and the request

@@ -43,16 +43,54 @@ type routed struct {
 	ep       protocol.Endpoint
 	spare    []string // the snapshot's engines of weight zero, nearest first (Figures.Spare)
 	fallback bool     // every engine was ejected: ejections are ignored
+	aliased  bool     // the client named the model by an alias
+	// req is the parsed request; ren holds its body re-written for an
+	// engine's served name, made on the first attempt that needs it.
+	req *protocol.Request
+	ren *renamedBody
+}
+
+// renamedBody is a request body with its model field re-written to name.
+type renamedBody struct {
+	name string
+	body []byte
 }
 
 // release ends the request's admission.
 func (rt *routed) release() { rt.ms.adm.Done() }
+
+// bodyFor returns the request body to send eng: the client's as it is when
+// the client named the model by its id and the engine serves it under that
+// id, else the body with its model field re-written to the engine's served
+// name (the model id when the engine names none).
+func (rt *routed) bodyFor(eng selection.Engine) []byte {
+	want := eng.ServedModel
+	if want == "" {
+		want = rt.model
+	}
+	if want == rt.model && !rt.aliased {
+		return rt.req.Body
+	}
+	if rt.ren == nil {
+		rt.ren = &renamedBody{}
+	}
+	if rt.ren.body == nil || rt.ren.name != want {
+		rt.ren.body = rt.req.WithModel(rt.ren.body[:0], want)
+		rt.ren.name = want
+	}
+	return rt.ren.body
+}
 
 // shedError is the answer to a shed request.
 func (h *Handler) shedError(model string, p protocol.Priority, reason guard.ShedReason, detail string) *protocol.APIError {
 	h.metrics.shed.WithLabelValues(string(reason), p.String()).Inc()
 	if g, ok := h.opts.Observer.(GuardObserver); ok {
 		g.Shed(model, p, reason)
+	}
+	if reason == guard.ShedUnplanned {
+		// Not an overload: the plan has no engine for this cluster.
+		return protocol.NewAPIError(http.StatusTooManyRequests, protocol.ErrTypeUnavailable, "no_engine_planned", "",
+			fmt.Sprintf("no engine of model %q is planned for cluster %q (%s); %s request shed; retry later", model, h.opts.Cluster, detail, p))
 	}
 	return protocol.NewAPIError(http.StatusTooManyRequests, protocol.ErrTypeUnavailable, "overloaded", "",
 		fmt.Sprintf("model %q is overloaded; %s request shed (%s); retry later", model, p, detail))
@@ -170,6 +208,9 @@ func (h *Handler) forward(ctx context.Context, rt *routed, up *upstream.Request,
 			}
 		}
 		eng := rt.table.Engine(idx)
+		if rt.req != nil {
+			up.Body = rt.bodyFor(eng)
+		}
 		tried = append(tried, idx)
 		rt.bound.Acquire(idx)
 		actx := newAttemptCtx(ctx, timeout) // ends with ctx, on cancel or after timeout

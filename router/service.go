@@ -57,6 +57,9 @@ type ServiceOptions struct {
 	KeysFile string
 	// Server tunes the HTTP server (its Addr is ignored).
 	Server httpfront.ServerOptions
+	// Aliases maps other public names of a model to its model id (see
+	// Options.Aliases and CheckAliases).
+	Aliases map[string]string
 	// NoNATSFront turns the NATS front (sy.req.<cluster>.<model>) off.
 	NoNATSFront bool
 	// PreferNATS forwards over NATS to engines that offer both transports.
@@ -175,6 +178,9 @@ func (o ServiceOptions) Validate() error {
 		if err := messages.CheckName("ServiceOptions.Router", o.Router); err != nil {
 			return err
 		}
+	}
+	if err := CheckAliases(o.Aliases); err != nil {
+		return fmt.Errorf("ServiceOptions.Aliases: %w", err)
 	}
 	if o.RTTProbe != "" {
 		if err := control.CheckRTTProbe(o.RTTProbe); err != nil {
@@ -299,6 +305,7 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		Settled:      s.settled,
 		Tenants:      gate,
 		NoMetrics:    opts.MetricsAddr != "" || opts.NoMetrics,
+		Aliases:      opts.Aliases,
 	})
 	if err != nil {
 		return nil, err

@@ -7,6 +7,7 @@ import (
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/guard"
 	"github.com/switchyard-dev/switchyard/router/live"
+	"github.com/switchyard-dev/switchyard/router/prefix"
 	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/sim/scenario"
@@ -34,8 +35,9 @@ type routerGuards struct {
 	adm     *live.Admission
 	budget  *guard.RetryBudget
 	recent  *selection.RecentKeys
-	toSim   []int // table index → engine index
-	fromSim []int // engine index → table index
+	prefix  *prefix.Index // the router's prefix index, learned from what it routed
+	toSim   []int         // table index → engine index
+	fromSim []int         // engine index → table index
 }
 
 // attempt is a request's current attempt at its router.
@@ -73,11 +75,22 @@ func (gs *guards) setup(r *run) {
 		if err != nil {
 			panic("sim: selection.NewRecentKeys: " + err.Error()) // a constant size; a failure is a bug
 		}
+		px, err := prefix.New(prefix.Options{})
+		if err != nil {
+			panic("sim: prefix.New: " + err.Error()) // the defaults; a failure is a bug
+		}
+		for j := range r.f.engines {
+			// The engine's KV size, in the trace's blocks as the index's.
+			if err := px.SetCapacity(r.f.engines[j].name, r.f.engines[j].typ.KVBlocks); err != nil {
+				panic("sim: prefix.SetCapacity: " + err.Error())
+			}
+		}
 		gs.routers[c] = routerGuards{
 			live:   live.NewLiveSet(clock),
 			adm:    live.NewAdmission(live.ProtectionOptions{}),
 			budget: guard.NewRetryBudget(guard.BudgetOptions{}, clock),
 			recent: rk,
+			prefix: px,
 		}
 	}
 }
@@ -139,17 +152,31 @@ func (gs *guards) admitAndPick(r *run, c int, q int32, a *scenario.Arrival) int 
 	t := g.bound.Table()
 	var i int
 	var ok bool
-	if src == protocol.KeyNone {
+	var keys []uint64 // a prefix key's blocks, as the router keys only those
+	switch src {
+	case protocol.KeyNone:
 		i, ok = t.PickTwo(key, g.bound)
-	} else {
+	case protocol.KeyPrefix:
+		// The trace's block ids are chained (an id names its whole
+		// prefix), as the router's PrefixKeys are.
+		keys = a.Blocks[:min(len(a.Blocks), protocol.MaxPrefixKeys)]
+		i, ok = g.prefix.Pick(t, g.bound, key, keys)
+		if ok {
+			g.recent.RememberName(key, t.Engine(i).Name)
+		}
+	default:
 		i, ok = t.PickRecent(key, g.bound, g.recent)
 	}
+	fallback := false
 	if !ok {
-		i, _, ok = g.bound.PickFallback(key, g.figures.Spare)
+		i, fallback, ok = g.bound.PickFallback(key, g.figures.Spare)
 	}
 	if !ok {
 		g.adm.Done()
 		return -1
+	}
+	if !fallback {
+		g.prefix.Routed(t.Engine(i).Name, keys, r.clock())
 	}
 	g.budget.Earn(u)
 	gs.att[q] = attempt{g: g, bound: g.bound, key: key}

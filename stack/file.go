@@ -2,7 +2,8 @@
 // process: the stack file (frontend clusters, engines, regions and the network
 // between them) and the in-process stack that `switchyard up` and the
 // end-to-end tests start from it — an embedded NATS server, provisioning, the
-// aggregator and simulated engines.
+// aggregator, the optimizer, routers, simulated engines and, for engines
+// given by URL, an engine agent.
 package stack
 
 import (
@@ -11,13 +12,18 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/switchyard-dev/switchyard/internal/zmtp"
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/services/agent"
 )
 
 // DefaultFile is the built-in stack: the case study of OpenAI's talk on
@@ -43,16 +49,38 @@ type Cluster struct {
 	KeysFile string `yaml:"keys_file,omitempty"`
 }
 
-// Engine is one simulated engine of a stack.
+// Engine is one engine of a stack: simulated, or given by URL (an engine
+// of the operator's that the stack's agent scrapes and publishes signals
+// for, see services/agent).
 type Engine struct {
 	Name   string `yaml:"name"`
 	Region string `yaml:"region"`
-	// CapacityRPS is the request rate the engine sustains; the simulator's
-	// batch size is derived from it.
+	// CapacityRPS is the request rate the engine sustains. A simulated
+	// engine's batch size is derived from it (required); for an engine by
+	// URL it is what the agent publishes, and zero lets the agent learn it.
 	CapacityRPS float64 `yaml:"capacity_rps"`
-	// Listen is the engine's HTTP address; empty means a free 127.0.0.1 port.
+	// Listen is a simulated engine's HTTP address; empty means a free 127.0.0.1 port.
 	Listen string `yaml:"listen,omitempty"`
+	// ServedModelName is the name the engine serves the model under when
+	// it is not the stack's model id (vLLM's --served-model-name); routers
+	// write it into the requests they send the engine.
+	ServedModelName string `yaml:"served_model_name,omitempty"`
+	// URL, when set, makes this an engine by URL: its base URL, http:// or
+	// https://, where it serves the OpenAI API, its metrics and its health.
+	URL string `yaml:"url,omitempty"`
+	// Metrics is an engine by URL's metrics dialect: vllm, sglang, tgi or
+	// llamacpp (required with url).
+	Metrics string `yaml:"metrics,omitempty"`
+	// MaxRunning is an engine by URL's largest batch (vLLM --max-num-seqs,
+	// SGLang --max-running-requests); zero lets the agent learn it.
+	MaxRunning int `yaml:"max_running,omitempty"`
+	// KVEvents is an engine by URL's vLLM KV event endpoint,
+	// tcp://host:port, relayed by the agent (optional).
+	KVEvents string `yaml:"kv_events,omitempty"`
 }
+
+// ByURL reports whether the engine is given by URL rather than simulated.
+func (e Engine) ByURL() bool { return e.URL != "" }
 
 // Network gives the one-way network latency between regions, in ms.
 type Network struct {
@@ -77,8 +105,12 @@ type Sim struct {
 
 // File is a parsed stack file.
 type File struct {
-	// Model is the model every engine serves.
-	Model    string    `yaml:"model"`
+	// Model is the model id every engine serves, as clients name it
+	// (messages.ValidModelName: "meta-llama/Llama-3.1-8B-Instruct").
+	Model string `yaml:"model"`
+	// Aliases are other names clients may give the model: the routers
+	// route them on the model and list them in /v1/models.
+	Aliases  []string  `yaml:"aliases,omitempty"`
 	Network  Network   `yaml:"network"`
 	Sim      Sim       `yaml:"sim"`
 	Clusters []Cluster `yaml:"clusters"`
@@ -134,15 +166,31 @@ func (f *File) Validate() error {
 	if err := messages.CheckModelName(f.Model); err != nil {
 		return fmt.Errorf("model: %w", err)
 	}
+	if err := router.CheckAliases(f.AliasMap()); err != nil {
+		return fmt.Errorf("aliases: %w", err)
+	}
+	for i, a := range f.Aliases {
+		if slices.Index(f.Aliases, a) != i {
+			return fmt.Errorf("aliases[%d]: %q listed twice", i, a)
+		}
+	}
 	for field, v := range map[string]float64{"network.intra_region_ms": f.Network.IntraRegionMs, "network.inter_region_ms": f.Network.InterRegionMs} {
 		if math.IsNaN(v) || v < 0 || v > 10000 {
 			return fmt.Errorf("%s: %v, want 0..10000", field, v)
 		}
 	}
-	for field, v := range map[string]float64{"sim.output_tokens": float64(f.Sim.OutputTokens), "sim.prompt_tokens": float64(f.Sim.PromptTokens),
-		"sim.base_tbt_ms": f.Sim.BaseTBTMs, "sim.tbt_growth_ms": f.Sim.TBTGrowthMs, "sim.prefill_ms_per_token": f.Sim.PrefillMsPerToken} {
-		if math.IsNaN(v) || v <= 0 || v > 1e5 {
-			return fmt.Errorf("%s: %v, want a positive number", field, v)
+	if f.Sim == (Sim{}) && f.Simulated() > 0 {
+		i := slices.IndexFunc(f.Engines, func(e Engine) bool { return !e.ByURL() })
+		return fmt.Errorf("sim: missing, want the simulator's model: engines[%d] (%q) has no url, so it is simulated", i, f.Engines[i].Name)
+	}
+	if f.Sim != (Sim{}) {
+		// The simulator's model is needed only by simulated engines; a
+		// stack of engines by URL may leave it out.
+		for field, v := range map[string]float64{"sim.output_tokens": float64(f.Sim.OutputTokens), "sim.prompt_tokens": float64(f.Sim.PromptTokens),
+			"sim.base_tbt_ms": f.Sim.BaseTBTMs, "sim.tbt_growth_ms": f.Sim.TBTGrowthMs, "sim.prefill_ms_per_token": f.Sim.PrefillMsPerToken} {
+			if math.IsNaN(v) || v <= 0 || v > 1e5 {
+				return fmt.Errorf("%s: %v, want a positive number", field, v)
+			}
 		}
 	}
 	if len(f.Clusters) == 0 {
@@ -176,8 +224,13 @@ func (f *File) Validate() error {
 		if !messages.ValidName(e.Region) {
 			return fmt.Errorf("%s.region: %q is not a valid name", field, e.Region)
 		}
-		if math.IsNaN(e.CapacityRPS) || e.CapacityRPS <= 0 || e.CapacityRPS > 1e5 {
-			return fmt.Errorf("%s.capacity_rps: %v, want 0 < capacity <= 1e5", field, e.CapacityRPS)
+		if e.ServedModelName != "" {
+			if err := messages.CheckModelName(e.ServedModelName); err != nil {
+				return fmt.Errorf("%s.served_model_name: %w", field, err)
+			}
+		}
+		if err := e.validateKind(field); err != nil {
+			return err
 		}
 		if prev, dup := seen["e"+e.Name]; dup {
 			return fmt.Errorf("%s.name: %q already used by %s", field, e.Name, prev)
@@ -185,6 +238,72 @@ func (f *File) Validate() error {
 		seen["e"+e.Name] = field
 	}
 	return nil
+}
+
+// AliasMap returns the aliases as the routers take them (alias → model
+// id), nil when there are none.
+func (f *File) AliasMap() map[string]string {
+	if len(f.Aliases) == 0 {
+		return nil
+	}
+	m := make(map[string]string, len(f.Aliases))
+	for _, a := range f.Aliases {
+		m[a] = f.Model
+	}
+	return m
+}
+
+// validateKind checks the fields of a simulated engine or of one by URL.
+func (e Engine) validateKind(field string) error {
+	if !e.ByURL() {
+		if math.IsNaN(e.CapacityRPS) || e.CapacityRPS <= 0 || e.CapacityRPS > 1e5 {
+			return fmt.Errorf("%s.capacity_rps: %v, want 0 < capacity <= 1e5", field, e.CapacityRPS)
+		}
+		for _, g := range []struct {
+			name string
+			set  bool
+		}{{"metrics", e.Metrics != ""}, {"max_running", e.MaxRunning != 0}, {"kv_events", e.KVEvents != ""}} {
+			if g.set {
+				return fmt.Errorf("%s.%s: only an engine given by url has it (a simulated engine's comes from sim and capacity_rps)", field, g.name)
+			}
+		}
+		return nil
+	}
+	if u, err := url.Parse(e.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("%s.url: %q, want an http:// or https:// base URL", field, e.URL)
+	}
+	if e.Listen != "" {
+		return fmt.Errorf("%s.listen: %q, but the engine is given by url: it listens where it runs (remove listen)", field, e.Listen)
+	}
+	if e.Metrics == "" {
+		return fmt.Errorf("%s.metrics: missing, want one of %v (the engine's metrics dialect)", field, agent.Formats())
+	}
+	if _, err := agent.ParseFormat(e.Metrics); err != nil {
+		return fmt.Errorf("%s.metrics: %v", field, err)
+	}
+	if math.IsNaN(e.CapacityRPS) || e.CapacityRPS < 0 || e.CapacityRPS > 1e5 {
+		return fmt.Errorf("%s.capacity_rps: %v, want 0..1e5 (0: learned by the agent)", field, e.CapacityRPS)
+	}
+	if e.MaxRunning < 0 || e.MaxRunning > 1<<20 {
+		return fmt.Errorf("%s.max_running: %d, want 0..%d (0: learned by the agent)", field, e.MaxRunning, 1<<20)
+	}
+	if e.KVEvents != "" {
+		if _, err := zmtp.TCPAddr(e.KVEvents); err != nil {
+			return fmt.Errorf("%s.kv_events: %v", field, err)
+		}
+	}
+	return nil
+}
+
+// Simulated returns how many of the stack's engines are simulated.
+func (f *File) Simulated() int {
+	n := 0
+	for _, e := range f.Engines {
+		if !e.ByURL() {
+			n++
+		}
+	}
+	return n
 }
 
 // NetworkMs returns the one-way latency from a cluster's region to an engine's region.

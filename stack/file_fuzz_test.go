@@ -15,6 +15,9 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("a: &a [1,1,1,1,1,1,1,1,1]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"))
 	f.Add([]byte("model: m\nclusters: [{name: A, region: r, demand_rps: 1e309}]\n"))
 	f.Add([]byte("\xdd\x7f\xff\xff\xff"))
+	f.Add([]byte(urlStack))
+	f.Add([]byte("model: m\nclusters: [{name: A, region: r}]\nengines: [{name: e, region: r, url: \"https://h:1/x\", metrics: sglang, kv_events: \"tcp://h:5557\"}]\n"))
+	f.Add([]byte("model: m\nclusters: [{name: A, region: r}]\nengines: [{name: e, region: r, url: \"ftp://h\", metrics: tgi, max_running: -3}, {name: s, region: r, capacity_rps: 1}]\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		file, err := Parse("fuzz.yaml", data)
 		if err != nil {

@@ -75,3 +75,70 @@ func TestDelayFrom(t *testing.T) {
 		t.Fatal("a delay function for a cluster not in the stack")
 	}
 }
+
+// urlStack is the issue's stack of engines by URL, with a model name that
+// is a NATS token.
+const urlStack = `model: llama
+clusters:
+  - {name: A, region: r1, router: "127.0.0.1:18180"}
+engines:
+  - {name: v1, region: r1, url: "http://127.0.0.1:18101", metrics: vllm, max_running: 8, capacity_rps: 40}
+  - {name: v2, region: r1, url: "http://127.0.0.1:18102", metrics: vllm, max_running: 8, capacity_rps: 40}
+`
+
+func TestParseEnginesByURL(t *testing.T) {
+	f, err := Parse("url.yaml", []byte(urlStack))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Simulated() != 0 || len(f.Engines) != 2 || !f.Engines[1].ByURL() || f.Engines[1].MaxRunning != 8 || f.Engines[1].Metrics != "vllm" {
+		t.Fatalf("engines: %+v", f.Engines)
+	}
+	p, err := Options{File: f, DataDir: t.TempDir()}.Plan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Engines) != 0 || p.Agent == nil || len(p.Agent.Engines) != 2 {
+		t.Fatalf("plan: %d simulated engines, agent %+v; want none simulated and an agent of 2", len(p.Engines), p.Agent)
+	}
+	if p.Optimizer == nil || p.Optimizer.ClusterRegions["A"] != "r1" {
+		t.Fatalf("optimizer options: %+v; want cluster A's region r1, for the region default of engines the file does not name", p.Optimizer)
+	}
+	e := p.Agent.Engines[0]
+	if e.Name != "v1" || e.URL != "http://127.0.0.1:18101" || e.Known.CapacityRPS != 40 || e.Known.MaxRunning != 8 || e.Region != "r1" || e.Model != "llama" {
+		t.Fatalf("agent engine: %+v", e)
+	}
+	if _, err := Parse("url.yaml", []byte(strings.Replace(urlStack, ", max_running: 8, capacity_rps: 40}", "}", 1))); err != nil {
+		t.Fatalf("an engine by URL without capacity or batch (learned by the agent): %v", err)
+	}
+}
+
+func TestParseEnginesByURLErrorsNameTheField(t *testing.T) {
+	cases := []struct{ name, from, to, want string }{
+		{"no metrics", "metrics: vllm, max_running: 8, capacity_rps: 40}", "capacity_rps: 40}", "engines[0].metrics: missing"},
+		{"unknown metrics", "metrics: vllm, max_running: 8, capacity_rps: 40}", "metrics: triton}", "engines[0].metrics"},
+		{"bad url", `"http://127.0.0.1:18101"`, `"127.0.0.1:18101"`, "engines[0].url"},
+		{"listen with url", "metrics: vllm, max_running: 8", "metrics: vllm, listen: 127.0.0.1:1, max_running: 8", "engines[0].listen"},
+		{"negative batch", "max_running: 8", "max_running: -1", "engines[0].max_running"},
+		{"bad kv endpoint", "capacity_rps: 40}", "capacity_rps: 40, kv_events: \"127.0.0.1:5557\"}", "engines[0].kv_events"},
+		{"sim engine with metrics", `url: "http://127.0.0.1:18102", metrics: vllm, max_running: 8,`, "", "sim: missing, want the simulator's model: engines[1]"},
+		{"typo", "max_running: 8", "max_runing: 8", "max_runing"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			src := strings.Replace(urlStack, c.from, c.to, 1)
+			if src == urlStack {
+				t.Fatalf("replacement %q not applied", c.from)
+			}
+			_, err := Parse("x.yaml", []byte(src))
+			if !errors.Is(err, ErrStack) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want an ErrStack naming %q", err, c.want)
+			}
+		})
+	}
+	// A simulated engine given a field of engines by URL is refused by name.
+	src := strings.Replace(string(DefaultFileBytes()), "capacity_rps: 80}", "capacity_rps: 80, metrics: vllm}", 1)
+	if _, err := Parse("x.yaml", []byte(src)); err == nil || !strings.Contains(err.Error(), "engines[2].metrics") {
+		t.Fatalf("simulated engine with metrics: %v", err)
+	}
+}

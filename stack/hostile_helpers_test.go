@@ -22,6 +22,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/switchyard-dev/switchyard/auth"
 	"github.com/switchyard-dev/switchyard/dashboard"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
@@ -80,6 +81,10 @@ type hostileOptions struct {
 	probe time.Duration
 	// aggregator holds aggregator options (zero: `up`'s defaults).
 	aggregator aggregator.Options
+	// secure runs the stack as `up` does by default: every component with
+	// its own identity, TLS on the client port, anonymous clients refused;
+	// h.nc is then the admin identity over TLS.
+	secure bool
 }
 
 // hostileStart starts the stack as `up` runs it, with the dashboard served
@@ -94,9 +99,16 @@ func hostileStart(t *testing.T, ctx context.Context, o hostileOptions) *hostileE
 	h := &hostileEnv{t: t, ctx: ctx, dir: dir, reg: prometheus.NewRegistry(), log: &lineCounter{},
 		client: &http.Client{Timeout: 10 * time.Second}}
 	log := zerolog.New(h.log).Level(zerolog.InfoLevel).With().Timestamp().Logger()
+	var material *auth.Material
+	if o.secure {
+		var err error
+		if material, err = auth.Generate(auth.Options{Dir: dir + "/auth", Identities: stack.Identities(stack.Default())}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	s, err := stack.Start(ctx, stack.Options{DataDir: dir, NATSHost: "127.0.0.1", NATSPort: -1,
 		SignalInterval: 200 * time.Millisecond, RouterAddr: "127.0.0.1:0", EmulateNetwork: true,
-		Aggregator: o.aggregator, Logger: log, Registerer: h.reg})
+		Aggregator: o.aggregator, Logger: log, Registerer: h.reg, Auth: material})
 	if err != nil {
 		t.Fatalf("start the stack on %s: %v", dir, err)
 	}
@@ -122,8 +134,13 @@ func hostileStart(t *testing.T, ctx context.Context, o hostileOptions) *hostileE
 	h.dashURL = "http://" + l.Addr().String()
 	t.Cleanup(func() { _ = srv.Close(); stopDash(); <-dashDone })
 
-	// The attacker: a plain nats.go client over TCP, no Switchyard helpers.
-	h.nc, err = nats.Connect(s.NATSURL(), nats.Name("hostile"), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	// The attacker: a plain nats.go client over TCP, no Switchyard helpers
+	// (the admin identity on a secure stack).
+	copts := []nats.Option{nats.Name("hostile"), nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)}
+	if material != nil {
+		copts = append(copts, nats.UserCredentials(material.CredsFile(stack.AdminIdentity)), nats.RootCAs(material.Path(auth.CAFile)))
+	}
+	h.nc, err = nats.Connect(s.NATSURL(), copts...)
 	if err != nil {
 		t.Fatalf("connect to %s: %v", s.NATSURL(), err)
 	}
@@ -179,6 +196,8 @@ type lineCounter struct {
 	total  int
 	warn   int // warn, error, fatal and panic lines
 	recent []string
+	// violations are the lines that report a NATS permissions violation.
+	violations []string
 }
 
 // Write implements io.Writer.
@@ -193,6 +212,9 @@ func (c *lineCounter) Write(p []byte) (int, error) {
 		}
 	}
 	line := string(p)
+	if strings.Contains(line, "Violation") && len(c.violations) < 64 {
+		c.violations = append(c.violations, strings.TrimSpace(line))
+	}
 	if len(line) > 300 {
 		line = line[:300] + "…"
 	}
@@ -201,6 +223,13 @@ func (c *lineCounter) Write(p []byte) (int, error) {
 		c.recent = c.recent[1:]
 	}
 	return len(p), nil
+}
+
+// violationLines returns the permission violations logged so far.
+func (c *lineCounter) violationLines() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.violations...)
 }
 
 // counts returns the lines and warn-or-worse lines written so far.

@@ -11,8 +11,8 @@ import (
 // Gatherer returns the metrics of the stack's components that keep a
 // registry of their own, so that one /metrics can serve the whole process
 // beside Options.Registerer's (aggregator, optimizer): each router's, with a
-// cluster label, and each simulated engine's, with an engine label where a
-// series lacks one. Routers and engines keep their own registries, served on
+// cluster label, each simulated engine's, with an engine label where a
+// series lacks one, and the engine agent's. Routers and engines keep their own registries, served on
 // their own ports, because several of them in one process would otherwise
 // register the same names.
 func (s *Stack) Gatherer() prometheus.Gatherer {
@@ -23,7 +23,19 @@ func (s *Stack) Gatherer() prometheus.Gatherer {
 	for _, e := range s.engines {
 		gs = append(gs, labelled{g: e.Registry(), name: "engine", value: e.Name()})
 	}
-	return gs
+	return append(gs, agentGatherer{s})
+}
+
+// agentGatherer gathers the running agent's registry: each StartAgent makes
+// a new agent with a registry of its own.
+type agentGatherer struct{ s *Stack }
+
+// Gather implements prometheus.Gatherer.
+func (g agentGatherer) Gather() ([]*dto.MetricFamily, error) {
+	if a := g.s.Agent(); a != nil {
+		return a.Registry().Gather()
+	}
+	return nil, nil
 }
 
 // labelled adds the label name=value to every series of g that has no

@@ -13,9 +13,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/switchyard-dev/switchyard/auth"
 	"github.com/switchyard-dev/switchyard/internal/netem"
+	"github.com/switchyard-dev/switchyard/plan"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/tenant"
+	"github.com/switchyard-dev/switchyard/services/agent"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
@@ -41,7 +44,9 @@ type Options struct {
 	Optimizer optimizersvc.Options
 	// NoOptimizer leaves the optimizer service out.
 	NoOptimizer bool
-	// SignalInterval is the engines' signal period; zero means the SDK default.
+	// SignalInterval is the engines' signal period, the simulated engines' and
+	// the agent's (between two scrapes of an engine by URL); zero means each
+	// one's default.
 	SignalInterval time.Duration
 	// RouterAddr, when set, overrides every cluster's router address (for
 	// tests: "127.0.0.1:0" picks free ports); with several clusters its port
@@ -61,18 +66,77 @@ type Options struct {
 	Logger zerolog.Logger
 	// Registerer receives every component's metrics; nil means none.
 	Registerer prometheus.Registerer
+	// Auth, when set, runs the embedded server in operator mode with TLS on
+	// its client listener, refusing anonymous clients, and connects every
+	// component with its own identity (Identities); its material must hold
+	// credentials for them (auth.Generate with Identities(File)). Nil runs
+	// one anonymous connection for all, as tests that test no security do.
+	Auth *auth.Material
+	// MutualTLS makes the embedded server require client certificates too.
+	MutualTLS bool
+	// NoTLS leaves TLS off the client listener with Auth (a server on
+	// loopback, whose traffic never leaves the machine).
+	NoTLS bool
 }
+
+// Identity names of the stack's components.
+const (
+	AdminIdentity      = "admin"
+	ReaderIdentity     = "reader"
+	AggregatorIdentity = "aggregator"
+	// AgentIdentity is the in-process agent's, for the engines by URL.
+	AgentIdentity     = "agent"
+	OptimizerIdentity = "optimizer"
+)
+
+// RouterIdentity is the identity of cluster's router.
+func RouterIdentity(cluster string) string { return "router-" + cluster }
+
+// Identities returns the identities of every component of f: admin,
+// reader, aggregator, optimizer, one per engine (named after it) and one
+// router per cluster.
+func Identities(f *File) []auth.Identity {
+	ids := []auth.Identity{
+		{Name: AdminIdentity, Role: auth.RoleAdmin}, {Name: ReaderIdentity, Role: auth.RoleReader},
+		{Name: AggregatorIdentity, Role: auth.RoleAggregator}, {Name: OptimizerIdentity, Role: auth.RoleOptimizer},
+	}
+	var byURL []string
+	for _, e := range f.Engines {
+		if e.ByURL() {
+			byURL = append(byURL, e.Name)
+			continue
+		}
+		ids = append(ids, auth.Identity{Name: e.Name, Role: auth.RoleEngine, Model: f.Model})
+	}
+	if len(byURL) > 0 {
+		// One agent publishes for every engine given by URL.
+		ids = append(ids, auth.Identity{Name: AgentIdentity, Role: auth.RoleAgent, Model: f.Model, Engines: byURL})
+	}
+	for _, c := range f.Clusters {
+		ids = append(ids, auth.Identity{Name: RouterIdentity(c.Name), Role: auth.RoleRouter, Cluster: c.Name, Router: routerName(c.Name)})
+	}
+	return ids
+}
+
+func routerName(cluster string) string { return cluster + "-1" }
 
 // Stack is a running in-process deployment: start it with Start, stop it with Close.
 type Stack struct {
-	opts    Options
-	file    *File
-	nats    *natsembed.Server
-	conn    *nats.Conn
+	opts Options
+	file *File
+	nats *natsembed.Server
+	conn *nats.Conn
+	// conns are the components' own connections (with Auth).
+	conns   []*nats.Conn
 	engines []*enginesim.Engine
 	routers []*router.Service
 	// optimizer is the optimizer service, nil with NoOptimizer.
 	optimizer *optimizersvc.Service
+	// agentOpts is the agent's options for the engines by URL (nil: none);
+	// agentMu guards the running agent.
+	agentOpts *agent.Options
+	agentMu   sync.Mutex
+	agent     *runningAgent
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 	errs      chan error
@@ -112,6 +176,9 @@ type Plan struct {
 	Optimizer *optimizersvc.Options
 	// Engines are the simulated engines' options, in stack file order.
 	Engines []enginesim.Options
+	// Agent is the engine agent's options for the engines given by URL
+	// (Conn, Logger set by Start); nil when every engine is simulated.
+	Agent *agent.Options
 	// Routers are the routers' options, one per frontend cluster in stack
 	// file order; none with NoRouters.
 	Routers []router.ServiceOptions
@@ -136,7 +203,14 @@ func (o Options) Plan() (Plan, error) {
 	}
 	var p Plan
 	var err error
-	if p.NATS, err = checked(natsembed.Options{DataDir: o.DataDir, Host: o.NATSHost, Port: o.NATSPort, ServerName: "switchyard-up"}); err != nil {
+	no := natsembed.Options{DataDir: o.DataDir, Host: o.NATSHost, Port: o.NATSPort, ServerName: "switchyard-up"}
+	if o.Auth != nil {
+		no.Auth = o.Auth.ServerAuth()
+		if !o.NoTLS {
+			no.TLS = o.Auth.ServerTLS(o.MutualTLS)
+		}
+	}
+	if p.NATS, err = checked(no); err != nil {
 		return Plan{}, fmt.Errorf("%w: NATS: %w", ErrOptions, err)
 	}
 	if p.Provision, err = checked(streams.ProvisionOptions{}); err != nil {
@@ -151,8 +225,15 @@ func (o Options) Plan() (Plan, error) {
 		oo.NetworkMs = f.NetworkTable()
 		oo.PreferConfiguredNetwork = true // one machine: every measured RTT is loopback
 		oo.Clusters = nil
+		oo.ClusterRegions = make(map[string]string, len(f.Clusters))
 		for _, c := range f.Clusters {
 			oo.Clusters = append(oo.Clusters, c.Name)
+			oo.ClusterRegions[c.Name] = c.Region
+		}
+		// An engine the stack file does not name (an agent started beside
+		// the stack) is planned at the file's own latencies by region.
+		if oo.Regions == (plan.RegionLatency{}) {
+			oo.Regions = plan.RegionLatency{SameRegionMs: f.Network.IntraRegionMs, OtherRegionMs: f.Network.InterRegionMs}
 		}
 		if oo.Instance == "" {
 			oo.Instance = "up"
@@ -163,8 +244,19 @@ func (o Options) Plan() (Plan, error) {
 		p.Optimizer = &oo
 	}
 	for _, e := range f.Engines {
+		if e.ByURL() {
+			if p.Agent == nil {
+				p.Agent = &agent.Options{Interval: o.SignalInterval}
+			}
+			format, _ := agent.ParseFormat(e.Metrics) // checked by File.Validate
+			p.Agent.Engines = append(p.Agent.Engines, agent.EngineConfig{
+				Name: e.Name, Model: f.Model, ServedModel: e.ServedModelName, Region: e.Region, URL: e.URL, Format: format, KVEvents: e.KVEvents,
+				Known: agent.Known{CapacityRPS: e.CapacityRPS, MaxRunning: e.MaxRunning},
+			})
+			continue
+		}
 		eo := enginesim.Options{
-			Name: e.Name, Model: f.Model, Region: e.Region, Listen: e.Listen,
+			Name: e.Name, Model: f.Model, ServedModel: e.ServedModelName, Region: e.Region, Listen: e.Listen,
 			OutputTokens: f.Sim.OutputTokens, PromptTokens: f.Sim.PromptTokens, BaseTBTMs: f.Sim.BaseTBTMs,
 			TBTGrowthMs: f.Sim.TBTGrowthMs, PrefillMsPerToken: f.Sim.PrefillMsPerToken,
 			SignalInterval: o.SignalInterval,
@@ -177,6 +269,13 @@ func (o Options) Plan() (Plan, error) {
 		}
 		p.Engines = append(p.Engines, eo)
 	}
+	if p.Agent != nil {
+		ao, err := checked(*p.Agent)
+		if err != nil {
+			return Plan{}, fmt.Errorf("%w: Agent: %w", ErrOptions, err)
+		}
+		p.Agent = &ao
+	}
 	if !o.NoRouters {
 		for i, c := range f.Clusters {
 			addr := c.Router
@@ -185,7 +284,7 @@ func (o Options) Plan() (Plan, error) {
 			}
 			// The stack serves one /metrics for all of its components
 			// (Gatherer): a router's inference port serves none.
-			ro := router.ServiceOptions{Cluster: c.Name, Router: c.Name + "-1", HTTPAddr: addr, NoMetrics: true}
+			ro := router.ServiceOptions{Cluster: c.Name, Router: routerName(c.Name), HTTPAddr: addr, NoMetrics: true, Aliases: f.AliasMap()}
 			field := fmt.Sprintf("clusters[%d].keys_file", i)
 			if ro.KeysFile = c.KeysFile; o.KeysFile != "" {
 				ro.KeysFile, field = o.KeysFile, "KeysFile"
@@ -217,7 +316,8 @@ func checked[T options[T]](o T) (T, error) {
 }
 
 // Start starts the embedded NATS server, provisions the layout, and starts the
-// aggregator and the simulated engines. On error everything started is stopped.
+// aggregator, the optimizer, the simulated engines, the agent of the engines
+// by URL and the routers. On error everything started is stopped.
 func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	opts = opts.WithDefaults()
 	plan, err := opts.Plan()
@@ -238,9 +338,20 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 			s.Close()
 		}
 	}()
-	s.conn, err = streams.Connect(ctx, streams.ConnectOptions{InProcess: srv.Server(), Name: "switchyard-up", Logger: log})
-	if err != nil {
+	if s.conn, err = s.Connect(ctx, AdminIdentity); err != nil {
 		return nil, err
+	}
+	// own is the connection of one component: its own identity with Auth,
+	// the stack's connection without.
+	own := func(identity string) (*nats.Conn, error) {
+		if opts.Auth == nil {
+			return s.conn, nil
+		}
+		nc, err := s.Connect(ctx, identity)
+		if err == nil {
+			s.conns = append(s.conns, nc)
+		}
+		return nc, err
 	}
 	js, err := jetstream.New(s.conn)
 	if err != nil {
@@ -256,7 +367,10 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	}
 
 	ao := plan.Aggregator
-	ao.Conn, ao.Logger, ao.Registerer = s.conn, log, opts.Registerer
+	if ao.Conn, err = own(AggregatorIdentity); err != nil {
+		return nil, err
+	}
+	ao.Logger, ao.Registerer = log, opts.Registerer
 	agg, err := aggregator.New(ao)
 	if err != nil {
 		return nil, err
@@ -265,7 +379,10 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 
 	if plan.Optimizer != nil {
 		oo := *plan.Optimizer
-		oo.Conn, oo.Logger, oo.Registerer = s.conn, log, opts.Registerer
+		if oo.Conn, err = own(OptimizerIdentity); err != nil {
+			return nil, err
+		}
+		oo.Logger, oo.Registerer = log, opts.Registerer
 		opt, err := optimizersvc.New(oo)
 		if err != nil {
 			return nil, fmt.Errorf("stack: optimizer service: %w", err)
@@ -274,7 +391,10 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		s.goRun("optimizer", func() error { return opt.Run(runCtx) })
 	}
 	for _, eo := range plan.Engines {
-		eo.Conn, eo.Logger = s.conn, log
+		if eo.Conn, err = own(eo.Name); err != nil {
+			return nil, err
+		}
+		eo.Logger = log
 		eng, err := enginesim.New(eo)
 		if err != nil {
 			return nil, fmt.Errorf("stack: engine %s: %w", eo.Name, err)
@@ -284,8 +404,22 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		}
 		s.engines = append(s.engines, eng)
 	}
+	if plan.Agent != nil {
+		ao := *plan.Agent
+		if ao.Conn, err = own(AgentIdentity); err != nil {
+			return nil, err
+		}
+		ao.Logger = log
+		s.agentOpts = &ao
+		if err := s.StartAgent(); err != nil {
+			return nil, err
+		}
+	}
 	for _, ro := range plan.Routers {
-		ro.Conn, ro.Logger = s.conn, log // the router adds component, cluster and router to its lines
+		if ro.Conn, err = own(RouterIdentity(ro.Cluster)); err != nil {
+			return nil, err
+		}
+		ro.Logger = log // the router adds component, cluster and router to its lines
 		rs, err := router.NewService(ro)
 		if err != nil {
 			return nil, fmt.Errorf("stack: router of cluster %s: %w", ro.Cluster, err)
@@ -295,6 +429,20 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	}
 	return s, nil
 }
+
+// Connect opens a new in-process connection to the stack's server as
+// identity (with Auth; without, anonymously); the caller closes it.
+func (s *Stack) Connect(ctx context.Context, identity string) (*nats.Conn, error) {
+	o := streams.ConnectOptions{InProcess: s.nats.Server(), Name: "switchyard-up-" + identity, Logger: s.opts.Logger}
+	if s.opts.Auth != nil {
+		o = s.opts.Auth.Connect(identity, s.opts.MutualTLS, o)
+	}
+	return streams.Connect(ctx, o)
+}
+
+// Auth returns the stack's auth material, nil without.
+func (s *Stack) Auth() *auth.Material { return s.opts.Auth }
+
 func (s *Stack) goRun(name string, fn func() error) {
 	s.wg.Add(1)
 	go func() {
@@ -314,10 +462,11 @@ func (s *Stack) File() *File { return s.file }
 // NATSURL returns the embedded server's client URL ("" with no client listener).
 func (s *Stack) NATSURL() string { return s.nats.ClientURL() }
 
-// Conn returns the stack's own NATS connection.
+// Conn returns the stack's own NATS connection (the admin identity's with Auth).
 func (s *Stack) Conn() *nats.Conn { return s.conn }
 
-// Engines returns the simulated engines, in stack file order.
+// Engines returns the simulated engines, in stack file order (engines by
+// URL are not among them).
 func (s *Stack) Engines() []*enginesim.Engine { return s.engines }
 
 // Routers returns the routers, one per frontend cluster in stack file order.
@@ -326,15 +475,75 @@ func (s *Stack) Routers() []*router.Service { return s.routers }
 // Optimizer returns the optimizer service, or nil when left out.
 func (s *Stack) Optimizer() *optimizersvc.Service { return s.optimizer }
 
+// runningAgent is one run of the engine agent.
+type runningAgent struct {
+	a      *agent.Agent
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// StartAgent starts a new engine agent for the engines given by URL, as a
+// restarted agent process would: its estimates and signal sequence start
+// from zero, and its metrics are in its own registry (see Gatherer). It
+// does nothing when the agent runs or the stack has no engine by URL.
+func (s *Stack) StartAgent() error {
+	s.agentMu.Lock()
+	defer s.agentMu.Unlock()
+	if s.agentOpts == nil || s.agent != nil {
+		return nil
+	}
+	a, err := agent.New(*s.agentOpts)
+	if err != nil {
+		return fmt.Errorf("stack: agent: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ra := &runningAgent{a: a, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(ra.done)
+		_ = a.Run(ctx)
+	}()
+	s.agent = ra
+	return nil
+}
+
+// StopAgent stops the engine agent and waits for it, as if its process
+// died: the engines by URL go on serving, but nothing publishes their
+// signals until StartAgent.
+func (s *Stack) StopAgent() {
+	s.agentMu.Lock()
+	ra := s.agent
+	s.agent = nil
+	s.agentMu.Unlock()
+	if ra != nil {
+		ra.cancel()
+		<-ra.done
+	}
+}
+
+// Agent returns the running engine agent, or nil when it is stopped or the
+// stack has no engine by URL.
+func (s *Stack) Agent() *agent.Agent {
+	s.agentMu.Lock()
+	defer s.agentMu.Unlock()
+	if s.agent == nil {
+		return nil
+	}
+	return s.agent.a
+}
+
 // Close stops every component, then the NATS server, and waits for them.
 func (s *Stack) Close() {
 	s.cancel()
+	s.StopAgent()
 	s.wg.Wait()
 	for _, r := range s.routers {
 		_ = r.Close()
 	}
 	for _, e := range s.engines {
 		_ = e.Close()
+	}
+	for _, nc := range s.conns {
+		nc.Close()
 	}
 	if s.conn != nil {
 		s.conn.Close()

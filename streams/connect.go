@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/rs/zerolog"
 )
@@ -26,7 +28,29 @@ type ConnectOptions struct {
 	InProcess nats.InProcessConnProvider
 	// ReconnectWait is the pause between reconnect attempts. Zero means DefaultReconnectWait.
 	ReconnectWait time.Duration
+	// Creds is the identity's NATS credentials file (a user JWT and its
+	// nkey seed, as `switchyard auth` and nsc write them); empty connects
+	// without one. Unless InboxPrefix is set, the identity's inbox prefix
+	// is InboxPrefix of the JWT's name, the only inbox its permissions let
+	// it read.
+	Creds string
+	// InboxPrefix replaces nats.go's "_INBOX" as the prefix of this
+	// connection's reply subjects.
+	InboxPrefix string
+	// TLSCA is the certificate authority (PEM file) that signed the
+	// servers' certificates; setting it requires TLS. TLSCert and TLSKey
+	// are this client's certificate and key for servers that verify
+	// clients (mutual TLS); set both or neither. In-process connections
+	// use none of them.
+	TLSCA   string
+	TLSCert string
+	TLSKey  string
 }
+
+// InboxPrefix is the prefix of the reply subjects of identity (a NATS user
+// name): _INBOX_<identity>. Each identity may subscribe below its own
+// prefix only, so no one else can read the replies it is sent.
+func InboxPrefix(identity string) string { return "_INBOX_" + identity }
 
 // ErrNoURL is returned by Connect when neither URLs nor InProcess is set;
 // it wraps ErrOptions.
@@ -75,7 +99,42 @@ func (o ConnectOptions) Validate() error {
 	if o.ReconnectWait < 0 {
 		return fmt.Errorf("%w: ReconnectWait is %s, want >= 0", ErrOptions, o.ReconnectWait)
 	}
+	if (o.TLSCert == "") != (o.TLSKey == "") {
+		return fmt.Errorf("%w: TLSCert %q and TLSKey %q: set both (mutual TLS) or neither", ErrOptions, o.TLSCert, o.TLSKey)
+	}
+	if o.InboxPrefix != "" && !validInboxPrefix(o.InboxPrefix) {
+		return fmt.Errorf("%w: InboxPrefix %q is not a subject prefix (tokens of A-Z a-z 0-9 _ - separated by dots)", ErrOptions, o.InboxPrefix)
+	}
 	return nil
+}
+
+func validInboxPrefix(p string) bool {
+	for _, t := range strings.Split(p, ".") {
+		if t == "" || strings.ContainsAny(t, "*> \t") {
+			return false
+		}
+	}
+	return true
+}
+
+// credsName returns the name in the user JWT of a credentials file.
+func credsName(file string) (string, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("streams: read credentials %s: %w", file, err)
+	}
+	tok, err := jwt.ParseDecoratedJWT(b)
+	if err != nil {
+		return "", fmt.Errorf("streams: credentials %s: %w", file, err)
+	}
+	uc, err := jwt.DecodeUserClaims(tok)
+	if err != nil {
+		return "", fmt.Errorf("streams: credentials %s: user JWT: %w", file, err)
+	}
+	if uc.Name == "" {
+		return "", fmt.Errorf("streams: credentials %s: the user JWT has no name to derive an inbox prefix from", file)
+	}
+	return uc.Name, nil
 }
 
 // redactURL returns s with the password of its URL, if any, hidden.
@@ -137,6 +196,26 @@ func Connect(ctx context.Context, opts ConnectOptions) (*nats.Conn, error) {
 	}
 	if opts.InProcess != nil {
 		nopts = append(nopts, nats.InProcessServer(opts.InProcess))
+	}
+	inbox := opts.InboxPrefix
+	if opts.Creds != "" {
+		nopts = append(nopts, nats.UserCredentials(opts.Creds))
+		if inbox == "" {
+			name, err := credsName(opts.Creds)
+			if err != nil {
+				return nil, err
+			}
+			inbox = InboxPrefix(name)
+		}
+	}
+	if inbox != "" {
+		nopts = append(nopts, nats.CustomInboxPrefix(inbox))
+	}
+	if opts.InProcess == nil && opts.TLSCA != "" {
+		nopts = append(nopts, nats.RootCAs(opts.TLSCA))
+	}
+	if opts.InProcess == nil && opts.TLSCert != "" {
+		nopts = append(nopts, nats.ClientCert(opts.TLSCert, opts.TLSKey))
 	}
 	type result struct {
 		nc  *nats.Conn

@@ -1,6 +1,8 @@
 package streams
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"strings"
 
@@ -53,18 +55,32 @@ func (n Names) Validate() error {
 	return nil
 }
 
-func join(tokens ...string) (string, error) {
-	for _, t := range tokens[1:] {
+// subject is <kind>.<tokens...> for a subject that carries a model: the
+// token at modelAt is a model id, written as messages.ModelToken; the others
+// are names (messages.ValidName).
+func subject(kind string, modelAt int, tokens ...string) (string, error) {
+	var b strings.Builder
+	b.WriteString(kind)
+	for i, t := range tokens {
+		b.WriteByte('.')
+		if i == modelAt {
+			if err := messages.CheckModelName(t); err != nil {
+				return "", err
+			}
+			b.WriteString(messages.ModelToken(t))
+			continue
+		}
 		if !messages.ValidName(t) {
 			return "", fmt.Errorf("%w: %q is not a valid name token (1-%d characters of A-Z a-z 0-9 _ -)", messages.ErrInvalid, t, messages.MaxNameLen)
 		}
+		b.WriteString(t)
 	}
-	return strings.Join(tokens, "."), nil
+	return b.String(), nil
 }
 
 // SignalSubject is the subject an engine publishes its signals on: <prefix>.signal.<model>.<engine>.
 func (n Names) SignalSubject(model, engine string) (string, error) {
-	return join(n.Prefix+".signal", model, engine)
+	return subject(n.Prefix+".signal", 0, model, engine)
 }
 
 // SignalFilter matches every engine signal.
@@ -73,7 +89,7 @@ func (n Names) SignalFilter() string { return n.Prefix + ".signal.>" }
 // KVSubject is the subject an engine's KV-cache events are published on:
 // <prefix>.kv.<model>.<engine>.
 func (n Names) KVSubject(model, engine string) (string, error) {
-	return join(n.Prefix+".kv", model, engine)
+	return subject(n.Prefix+".kv", 0, model, engine)
 }
 
 // KVFilter matches every engine's KV-cache events.
@@ -82,7 +98,7 @@ func (n Names) KVFilter() string { return n.Prefix + ".kv.>" }
 // ReportSubject is the subject a router publishes its reports on:
 // <prefix>.report.<model>.<cluster>.<router>.
 func (n Names) ReportSubject(model, cluster, router string) (string, error) {
-	return join(n.Prefix+".report", model, cluster, router)
+	return subject(n.Prefix+".report", 0, model, cluster, router)
 }
 
 // ReportFilter matches every router report.
@@ -91,19 +107,24 @@ func (n Names) ReportFilter() string { return n.Prefix + ".report.>" }
 // RequestSubject is the subject the routers of a frontend cluster take
 // requests on over NATS: <prefix>.req.<cluster>.<model>.
 func (n Names) RequestSubject(cluster, model string) (string, error) {
-	return join(n.Prefix+".req", cluster, model)
+	return subject(n.Prefix+".req", 1, cluster, model)
 }
+
+// RequestQueue is the queue group the routers of a frontend cluster share
+// on its request subjects, so that each request reaches one of them.
+func RequestQueue(cluster string) string { return "sy-router-" + cluster }
 
 // InferSubject is the subject an engine takes inference requests on over NATS:
 // <prefix>.infer.<model>.<engine>.
 func (n Names) InferSubject(model, engine string) (string, error) {
-	return join(n.Prefix+".infer", model, engine)
+	return subject(n.Prefix+".infer", 0, model, engine)
 }
 
 // The KV key layout. Model-keyed records (engine state, demand, weights) are
-// <model>.<name>; the records that share the buckets with them are led by a
-// reserved word a model may not take (messages.ValidModelName), so the two
-// never collide:
+// <model>.<name>, where <model> is the model id's token
+// (messages.ModelToken, as in every subject); the records that share the
+// buckets with them are led by a reserved word that no model token is (the
+// token escapes it), so the two never collide:
 //
 //	sy_engines  <model>.<engine>            engine state
 //	            penalty.<model>.<engine>    penalty record
@@ -125,10 +146,17 @@ const (
 	OperatorPrefix = "operator."
 )
 
-// JoinKey is <a>.<b>, the key of a model-keyed record (engine state, demand,
-// weights), for tokens already validated. It does not check them; use
+// JoinKey is <model>.<name>, the key of a model-keyed record (engine state,
+// demand, weights) and the in-memory key of the services' per-engine and
+// per-cluster maps, for a model id and a name already validated: it writes
+// the model's token (messages.ModelToken; no allocation but the
+// concatenation when the id is a name) and does not check them. Use
 // EngineKey, DemandKey or WeightsKey for names from outside.
-func JoinKey(a, b string) string { return a + "." + b }
+func JoinKey(model, name string) string { return messages.ModelToken(model) + "." + name }
+
+// JoinNames is <a>.<b> for two names (cluster and engine), as the RTT keys
+// carry them after their prefix.
+func JoinNames(a, b string) string { return a + "." + b }
 
 // JoinRTTKey is rtt.<cluster>.<engine> for tokens already validated; RTTKey
 // checks them.
@@ -161,11 +189,12 @@ func DemandKey(model, cluster string) (string, error) { return modelKey(model, c
 
 // RTTKey is the sy_demand key of the RTT from a cluster to an engine: rtt.<cluster>.<engine>.
 func RTTKey(cluster, engine string) (string, error) {
-	k, err := joinKey(cluster, engine)
-	if err != nil {
-		return "", err
+	for _, t := range []string{cluster, engine} {
+		if !messages.ValidName(t) {
+			return "", fmt.Errorf("%w: %q is not a valid name token (1-%d characters of A-Z a-z 0-9 _ -)", messages.ErrInvalid, t, messages.MaxNameLen)
+		}
 	}
-	return RTTPrefix + k, nil
+	return RTTPrefix + cluster + "." + engine, nil
 }
 
 // PenaltyKey is the sy_engines key of an engine's penalty record:
@@ -177,7 +206,7 @@ func PenaltyKey(model, engine string) (string, error) {
 	if err := messages.CheckName("engine", engine); err != nil {
 		return "", err
 	}
-	return PenaltyPrefix + model + "." + engine, nil
+	return PenaltyPrefix + JoinKey(model, engine), nil
 }
 
 // OperatorKey is the sy_engines key of an operator override: operator.<engine>.
@@ -191,31 +220,42 @@ func OperatorKey(engine string) (string, error) {
 // WeightsKey is the sy_weights key of a snapshot: <model>.<cluster>.
 func WeightsKey(model, cluster string) (string, error) { return modelKey(model, cluster) }
 
-// modelKey is joinKey for keys led by a model name, which may not be one of
-// the reserved words that prefix the buckets' other records
-// (messages.ValidModelName).
-func modelKey(model, b string) (string, error) {
+// modelKey is <model token>.<name> after checking both.
+func modelKey(model, name string) (string, error) {
 	if err := messages.CheckModelName(model); err != nil {
 		return "", err
 	}
-	return joinKey(model, b)
-}
-
-func joinKey(a, b string) (string, error) {
-	for _, t := range []string{a, b} {
-		if !messages.ValidName(t) {
-			return "", fmt.Errorf("%w: %q is not a valid name token (1-%d characters of A-Z a-z 0-9 _ -)", messages.ErrInvalid, t, messages.MaxNameLen)
-		}
+	if !messages.ValidName(name) {
+		return "", fmt.Errorf("%w: %q is not a valid name token (1-%d characters of A-Z a-z 0-9 _ -)", messages.ErrInvalid, name, messages.MaxNameLen)
 	}
-	return a + "." + b, nil
+	return JoinKey(model, name), nil
 }
 
-// CutKey splits a key built by JoinKey into its two tokens at the first dot,
-// without validating them (SplitKey does), for keys the caller built itself.
-func CutKey(key string) (a, b string, ok bool) { return strings.Cut(key, ".") }
+// CutKey splits a key built by JoinKey into the model id and the name,
+// without validating the name (SplitKey does), for keys the caller built
+// itself; ok is false when the first token is not a model token.
+func CutKey(key string) (model, name string, ok bool) {
+	tok, name, ok := strings.Cut(key, ".")
+	if !ok {
+		return "", "", false
+	}
+	model, ok = messages.ModelFromToken(tok)
+	return model, name, ok
+}
 
-// SplitKey splits a two-token key such as <model>.<engine> into its tokens.
-func SplitKey(key string) (a, b string, ok bool) {
+// SplitKey splits a model-keyed key such as <model>.<engine> into the model
+// id (decoded from its token) and the name, validating both.
+func SplitKey(key string) (model, name string, ok bool) {
+	model, name, ok = CutKey(key)
+	if !ok || !messages.ValidName(name) {
+		return "", "", false
+	}
+	return model, name, true
+}
+
+// SplitNames splits a key of two names, <cluster>.<engine> (what follows an
+// RTT key's prefix), validating both.
+func SplitNames(key string) (a, b string, ok bool) {
 	a, b, ok = strings.Cut(key, ".")
 	if !ok || !messages.ValidName(a) || !messages.ValidName(b) {
 		return "", "", false
@@ -224,7 +264,9 @@ func SplitKey(key string) (a, b string, ok bool) {
 }
 
 // ParseSubject splits a subject under prefix and kind (for example "sy" and
-// "signal") into its remaining want tokens, validating each.
+// "signal") into its remaining want tokens, validating each, and gives the
+// model token as the model id it stands for (messages.ModelFromToken): the
+// first token, or the second for "req" (<prefix>.req.<cluster>.<model>).
 func (n Names) ParseSubject(subject, kind string, want int) ([]string, bool) {
 	rest, ok := strings.CutPrefix(subject, n.Prefix+"."+kind+".")
 	if !ok {
@@ -234,10 +276,33 @@ func (n Names) ParseSubject(subject, kind string, want int) ([]string, bool) {
 	if len(toks) != want {
 		return nil, false
 	}
-	for _, t := range toks {
+	modelAt := 0
+	if kind == "req" {
+		modelAt = 1
+	}
+	for i, t := range toks {
+		if i == modelAt {
+			if toks[i], ok = messages.ModelFromToken(t); !ok {
+				return nil, false
+			}
+			continue
+		}
 		if !messages.ValidName(t) {
 			return nil, false
 		}
 	}
 	return toks, true
+}
+
+// MsgIDPrefix returns "<name>-<random>-", the start of the Nats-Msg-Ids
+// of one publisher, followed by its sequence number. JetStream
+// de-duplicates across the whole stream, not per subject: with a random
+// part no other identity that may publish into the same stream can guess
+// and pre-send the publisher's next ids to have its real messages
+// discarded as duplicates (an identity that could read them is the
+// aggregator or an operator, which may not publish there).
+func MsgIDPrefix(name string) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read does not fail
+	return name + "-" + hex.EncodeToString(b[:]) + "-"
 }

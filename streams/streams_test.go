@@ -36,12 +36,55 @@ func TestSubjects(t *testing.T) {
 			t.Errorf("SignalSubject(llama, %q) = %v, want ErrInvalid", bad, err)
 		}
 	}
-	// A model may not take a word that prefixes the buckets' other records:
-	// EngineKey("operator", e) would be OperatorKey(e).
+	// A model named by a word that prefixes the buckets' other records has
+	// that word escaped, so EngineKey("operator", e) is not OperatorKey(e).
 	for _, reserved := range []string{"operator", "penalty", "rtt"} {
-		if k, err := streams.EngineKey(reserved, "engine-a"); !errors.Is(err, messages.ErrInvalid) {
-			t.Errorf("EngineKey(%q, engine-a) = %q, %v; want ErrInvalid", reserved, k, err)
+		k, err := streams.EngineKey(reserved, "engine-a")
+		if err != nil || k == reserved+".engine-a" || streams.IsOperatorKey(k) {
+			t.Errorf("EngineKey(%q, engine-a) = %q, %v; want the escaped word", reserved, k, err)
 		}
+		if m, e, ok := streams.SplitKey(k); !ok || m != reserved || e != "engine-a" {
+			t.Errorf("SplitKey(%q) = %q %q %v", k, m, e, ok)
+		}
+	}
+	// A model id as OpenAI clients and vLLM give it: one token in every
+	// subject and key, given back as it is by the parsers.
+	const hf = "meta-llama/Llama-3.1-8B-Instruct"
+	const tok = "meta-llama/Llama-3=2E1-8B-Instruct"
+	for _, c := range []struct {
+		got  func() (string, error)
+		want string
+	}{
+		{func() (string, error) { return n.SignalSubject(hf, "engine-a") }, "sy.signal." + tok + ".engine-a"},
+		{func() (string, error) { return n.KVSubject(hf, "engine-a") }, "sy.kv." + tok + ".engine-a"},
+		{func() (string, error) { return n.ReportSubject(hf, "A", "r1") }, "sy.report." + tok + ".A.r1"},
+		{func() (string, error) { return n.RequestSubject("A", hf) }, "sy.req.A." + tok},
+		{func() (string, error) { return n.InferSubject(hf, "engine-a") }, "sy.infer." + tok + ".engine-a"},
+		{func() (string, error) { return streams.EngineKey(hf, "engine-a") }, tok + ".engine-a"},
+		{func() (string, error) { return streams.DemandKey(hf, "A") }, tok + ".A"},
+		{func() (string, error) { return streams.WeightsKey(hf, "A") }, tok + ".A"},
+		{func() (string, error) { return streams.PenaltyKey(hf, "engine-a") }, "penalty." + tok + ".engine-a"},
+	} {
+		if got, err := c.got(); err != nil || got != c.want {
+			t.Errorf("got %q, %v; want %q", got, err, c.want)
+		}
+	}
+	if toks, ok := n.ParseSubject("sy.signal."+tok+".engine-a", "signal", 2); !ok || toks[0] != hf || toks[1] != "engine-a" {
+		t.Errorf("ParseSubject(signal) = %q %v", toks, ok)
+	}
+	if toks, ok := n.ParseSubject("sy.req.A."+tok, "req", 2); !ok || toks[0] != "A" || toks[1] != hf {
+		t.Errorf("ParseSubject(req) = %q %v", toks, ok)
+	}
+	if m, c, ok := streams.SplitKey(tok + ".A"); !ok || m != hf || c != "A" {
+		t.Errorf("SplitKey = %q %q %v", m, c, ok)
+	}
+	for _, bad := range []string{"sy.signal.a=2.e", "sy.signal.=61.e", "sy.signal.a/b=.e"} {
+		if toks, ok := n.ParseSubject(bad, "signal", 2); ok {
+			t.Errorf("ParseSubject(%q) = %q, want refused (not a model token)", bad, toks)
+		}
+	}
+	if _, err := n.SignalSubject("llama 3", "engine-a"); !errors.Is(err, messages.ErrInvalid) {
+		t.Errorf("SignalSubject of a model id with a space = %v, want ErrInvalid", err)
 	}
 	toks, ok := n.ParseSubject("sy.report.llama.A.r1", "report", 3)
 	if !ok || toks[0] != "llama" || toks[1] != "A" || toks[2] != "r1" {
@@ -77,13 +120,13 @@ func TestKeyLayout(t *testing.T) {
 		}
 	}
 	bad := map[string]func() (string, error){
-		"DemandKey(llama, a.b)":   func() (string, error) { return streams.DemandKey("llama", "a.b") },
-		"WeightsKey(rtt, A)":      func() (string, error) { return streams.WeightsKey("rtt", "A") },
-		"RTTKey(A, >)":            func() (string, error) { return streams.RTTKey("A", ">") },
-		"RTTKey(, e)":             func() (string, error) { return streams.RTTKey("", "e") },
-		"OperatorKey(a.b)":        func() (string, error) { return streams.OperatorKey("a.b") },
-		"PenaltyKey(operator, e)": func() (string, error) { return streams.PenaltyKey("operator", "e") },
-		"PenaltyKey(llama, *)":    func() (string, error) { return streams.PenaltyKey("llama", "*") },
+		"DemandKey(llama, a.b)": func() (string, error) { return streams.DemandKey("llama", "a.b") },
+		"WeightsKey(a b, A)":    func() (string, error) { return streams.WeightsKey("a b", "A") },
+		"RTTKey(A, >)":          func() (string, error) { return streams.RTTKey("A", ">") },
+		"RTTKey(, e)":           func() (string, error) { return streams.RTTKey("", "e") },
+		"OperatorKey(a.b)":      func() (string, error) { return streams.OperatorKey("a.b") },
+		"PenaltyKey(a\\x01, e)": func() (string, error) { return streams.PenaltyKey("a\x01", "e") },
+		"PenaltyKey(llama, *)":  func() (string, error) { return streams.PenaltyKey("llama", "*") },
 	}
 	for name, f := range bad {
 		if k, err := f(); !errors.Is(err, messages.ErrInvalid) || k != "" {
@@ -97,8 +140,8 @@ func TestKeyLayout(t *testing.T) {
 			t.Errorf("CutRTTKey(%q) = %q, %v; want %q", key, rest, ok, want)
 		}
 		if ok {
-			if c, e, split := streams.SplitKey(rest); !split || streams.JoinRTTKey(c, e) != key {
-				t.Errorf("CutRTTKey(%q) then SplitKey = %q %q %v; does not rebuild the key", key, c, e, split)
+			if c, e, split := streams.SplitNames(rest); !split || streams.JoinRTTKey(c, e) != key {
+				t.Errorf("CutRTTKey(%q) then SplitNames = %q %q %v; does not rebuild the key", key, c, e, split)
 			}
 		}
 	}

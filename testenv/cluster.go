@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/auth"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/streams/natsembed"
 )
@@ -38,6 +39,10 @@ type ClusterOptions struct {
 	// Timeout bounds the start: servers up, a JetStream meta leader elected
 	// and the layout provisioned. Zero means 30 s.
 	Timeout time.Duration
+	// Auth, when set, runs every node in operator mode with TLS on its
+	// client and route ports (routes verify each other's certificates):
+	// Conn and Dial connect as its admin identity, DialAs as another.
+	Auth *auth.Material
 }
 
 // ClusterNode is one server of a Cluster. Its ports and store directory stay
@@ -192,6 +197,9 @@ func (c *Cluster) startLocked(i int) error {
 	}
 	eo := natsembed.Options{DataDir: n.DataDir, Port: n.Port, ServerName: n.Name,
 		ClusterName: c.opts.Name, ClusterPort: n.ClusterPort, Routes: routes}
+	if m := c.opts.Auth; m != nil {
+		eo.Auth, eo.TLS = m.ServerAuth(), m.ServerTLS(false)
+	}
 	if c.opts.Logger != nil {
 		l := c.opts.Logger.With().Str("nats_server", n.Name).Logger()
 		eo.Logger = &l
@@ -301,22 +309,38 @@ func (c *Cluster) URLs() []string {
 // surviving one), closed when the test ends.
 func (c *Cluster) Dial(tb testing.TB, name string) *nats.Conn {
 	tb.Helper()
-	return dialURLs(tb, name, c.URLs())
+	return c.dial(tb, name, "admin", c.URLs())
+}
+
+// DialAs opens a connection to every node as identity of the cluster's
+// Auth, closed when the test ends.
+func (c *Cluster) DialAs(tb testing.TB, identity string) *nats.Conn {
+	tb.Helper()
+	return c.dial(tb, "testenv-"+identity, identity, c.URLs())
+}
+
+func (c *Cluster) dial(tb testing.TB, name, identity string, urls []string) *nats.Conn {
+	tb.Helper()
+	o := streams.ConnectOptions{URLs: urls, Name: name, Logger: zerolog.Nop(), ReconnectWait: 50 * time.Millisecond}
+	if c.opts.Auth != nil {
+		o = c.opts.Auth.Connect(identity, false, o)
+	}
+	return dialOptions(tb, o)
 }
 
 // DialNode opens a connection to node i only, closed when the test ends.
 func (c *Cluster) DialNode(tb testing.TB, i int, name string) *nats.Conn {
 	tb.Helper()
-	return dialURLs(tb, name, []string{c.Node(i).URL()})
+	return c.dial(tb, name, "admin", []string{c.Node(i).URL()})
 }
 
-func dialURLs(tb testing.TB, name string, urls []string) *nats.Conn {
+func dialOptions(tb testing.TB, o streams.ConnectOptions) *nats.Conn {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: urls, Name: name, Logger: zerolog.Nop(), ReconnectWait: 50 * time.Millisecond})
+	nc, err := streams.Connect(ctx, o)
 	if err != nil {
-		tb.Fatalf("testenv: connect to %s: %v", strings.Join(urls, ","), err)
+		tb.Fatalf("testenv: connect to %s: %v", strings.Join(o.URLs, ","), err)
 	}
 	tb.Cleanup(nc.Close)
 	return nc

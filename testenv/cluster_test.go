@@ -7,6 +7,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-dev/switchyard/auth"
+	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
@@ -14,9 +17,15 @@ import (
 // stream and bucket has three current replicas, stops the node leading the
 // signal stream, keeps publishing and writing through the survivors, then
 // restarts the node and checks that it rejoins and holds every message.
+// The cluster runs as a deployment does: operator mode with its
+// identities, TLS on client and route ports.
 func TestClusterStopAndRejoin(t *testing.T) {
 	start := time.Now()
-	c := testenv.StartCluster(t, 3)
+	m, err := auth.Generate(auth.Options{Dir: t.TempDir(), Identities: []auth.Identity{{Name: "router-A", Role: auth.RoleRouter, Cluster: "A"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := testenv.StartClusterWith(t, testenv.ClusterOptions{Nodes: 3, Auth: m})
 	t.Logf("three-node cluster up and provisioned in %s", time.Since(start).Round(time.Millisecond))
 	c.WaitCurrent(t, 20*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -36,6 +45,25 @@ func TestClusterStopAndRejoin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for _, o := range []streams.ConnectOptions{{URLs: c.URLs()}, {URLs: c.URLs(), TLSCA: m.Path(auth.CAFile)}} {
+		if nc, err := streams.Connect(ctx, o); err == nil {
+			nc.Close()
+			t.Fatalf("an anonymous client (TLS CA %q) connected to the cluster", o.TLSCA)
+		}
+	}
+	rjs, err := jetstream.New(c.DialAs(t, "router-A"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rkv, err := rjs.KeyValue(ctx, c.Names.WeightsBucket)
+	if err != nil {
+		t.Fatalf("router-A reads %s: %v", c.Names.WeightsBucket, err)
+	}
+	pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+	if _, err := rkv.Put(pctx, "llama.A", []byte("forged")); err == nil {
+		t.Fatal("router-A wrote the weights bucket")
+	}
+	pcancel()
 
 	var acked []uint64
 	publish := func(n int) {

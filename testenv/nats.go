@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/auth"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/streams/natsembed"
 )
@@ -24,6 +25,9 @@ type NATS struct {
 	DataDir string
 	// Port is the client port, kept across Restart.
 	Port int
+	// Auth, set by StartSecureNATS, is the server's operator and TLS
+	// material: Conn and Dial are its admin identity, DialAs another.
+	Auth *auth.Material
 }
 
 // StartNATS starts an embedded JetStream server on a random 127.0.0.1 port in
@@ -42,9 +46,37 @@ func StartNATS(tb testing.TB) *NATS {
 	return n
 }
 
+// StartSecureNATS is StartNATS with the server in operator mode and TLS on
+// its client port, as a deployment runs it: identities get credentials
+// (an admin is always added), and anonymous clients are refused.
+func StartSecureNATS(tb testing.TB, identities ...auth.Identity) *NATS {
+	tb.Helper()
+	m, err := auth.Generate(auth.Options{Dir: tb.TempDir(), Identities: identities})
+	if err != nil {
+		tb.Fatalf("testenv: auth material: %v", err)
+	}
+	n := &NATS{DataDir: tb.TempDir(), Names: streams.DefaultNames(), Auth: m}
+	n.start(tb, -1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := streams.Provision(ctx, n.JS, n.Names, streams.ProvisionOptions{}); err != nil {
+		tb.Fatalf("provision: %v", err)
+	}
+	tb.Cleanup(n.Stop)
+	return n
+}
+
+func (n *NATS) serverOptions(port int) natsembed.Options {
+	o := natsembed.Options{DataDir: n.DataDir, Port: port}
+	if n.Auth != nil {
+		o.Auth, o.TLS = n.Auth.ServerAuth(), n.Auth.ServerTLS(false)
+	}
+	return o
+}
+
 func (n *NATS) start(tb testing.TB, port int) {
 	tb.Helper()
-	srv, err := natsembed.Start(natsembed.Options{DataDir: n.DataDir, Port: port})
+	srv, err := natsembed.Start(n.serverOptions(port))
 	if err != nil {
 		tb.Fatalf("start embedded NATS: %v", err)
 	}
@@ -64,9 +96,25 @@ func (n *NATS) URL() string { return n.Server.ClientURL() }
 // Dial opens another connection to the server, closed when the test ends.
 func (n *NATS) Dial(tb testing.TB, name string) *nats.Conn {
 	tb.Helper()
+	return n.dial(tb, name, "admin")
+}
+
+// DialAs opens a connection as identity of a StartSecureNATS server,
+// closed when the test ends.
+func (n *NATS) DialAs(tb testing.TB, identity string) *nats.Conn {
+	tb.Helper()
+	return n.dial(tb, identity, identity)
+}
+
+func (n *NATS) dial(tb testing.TB, name, identity string) *nats.Conn {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{n.URL()}, Name: name, Logger: zerolog.Nop(), ReconnectWait: 50 * time.Millisecond})
+	o := streams.ConnectOptions{URLs: []string{n.URL()}, Name: name, Logger: zerolog.Nop(), ReconnectWait: 50 * time.Millisecond}
+	if n.Auth != nil {
+		o = n.Auth.Connect(identity, false, o)
+	}
+	nc, err := streams.Connect(ctx, o)
 	if err != nil {
 		tb.Fatalf("connect: %v", err)
 	}
@@ -86,7 +134,7 @@ func (n *NATS) StopServer() {
 // StartServer starts the server again on the same port and store.
 func (n *NATS) StartServer(tb testing.TB) {
 	tb.Helper()
-	srv, err := natsembed.Start(natsembed.Options{DataDir: n.DataDir, Port: n.Port})
+	srv, err := natsembed.Start(n.serverOptions(n.Port))
 	if err != nil {
 		tb.Fatalf("restart embedded NATS on port %d: %v", n.Port, err)
 	}

@@ -61,7 +61,7 @@ func agentCommand() command {
 				if e.printOnly {
 					return e.printConfig(section{"agent", o})
 				}
-				nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{*url}, Name: connName, Logger: log, WaitForServer: true})
+				nc, err := streams.Connect(ctx, withWait(url.options(connName, log)))
 				if err != nil {
 					return err
 				}

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -50,7 +51,7 @@ func aggregatorCommand() command {
 				if e.printOnly {
 					return e.printConfig(section{"aggregator", o})
 				}
-				nc, err := connectService(ctx, *url, "switchyard-aggregator", log, *replicas, streams.ProvisionOptions{})
+				nc, err := connectService(ctx, url, "switchyard-aggregator", log, *replicas, streams.ProvisionOptions{})
 				if err != nil {
 					return err
 				}

@@ -11,10 +11,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/switchyard-dev/switchyard/streams"
+
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
-	"github.com/switchyard-dev/switchyard/internal/logthrottle"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/switchyard-dev/switchyard/internal/logthrottle"
 )
 
 // Exit codes.
@@ -80,6 +83,7 @@ func commands() []command {
 	return []command{
 		upCommand(),
 		natsCommand(),
+		authCommand(),
 		aggregatorCommand(),
 		optimizeCommand(),
 		optimizerCommand(),
@@ -288,7 +292,36 @@ func isTerminal(w io.Writer) bool {
 	return ok && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
 }
 
-// natsFlags adds the NATS connection flags shared by the services.
-func natsFlags(fs *flag.FlagSet) *string {
-	return fs.String("nats-url", "nats://127.0.0.1:4222", "NATS server `URLs`, comma-separated (several for a cluster)")
+// natsConn is the NATS connection flags every component shares: the
+// servers, the identity's credentials and the TLS files.
+type natsConn struct {
+	url, creds, ca, cert, key *string
+}
+
+// natsFlags adds the NATS connection flags shared by the components.
+func natsFlags(fs *flag.FlagSet) natsConn {
+	return natsFlagsURL(fs, "nats://127.0.0.1:4222", "NATS server `URLs`, comma-separated (several for a cluster)")
+}
+
+// natsFlagsURL is natsFlags with --nats-url's default and usage.
+func natsFlagsURL(fs *flag.FlagSet, url, usage string) natsConn {
+	return natsConn{
+		url:   fs.String("nats-url", url, usage),
+		creds: fs.String("creds", "", "NATS credentials `file` of this component's identity (switchyard auth writes them; up's are in <data-dir>/auth)"),
+		ca:    fs.String("tls-ca", "", "CA certificate `file` the NATS servers' certificates are checked against (requires TLS)"),
+		cert:  fs.String("tls-cert", "", "client certificate `file` for servers that require mutual TLS (with --tls-key)"),
+		key:   fs.String("tls-key", "", "client key `file` for --tls-cert"),
+	}
+}
+
+// options returns the connection options of the flags for a connection named name.
+func (n natsConn) options(name string, log zerolog.Logger) streams.ConnectOptions {
+	return streams.ConnectOptions{URLs: []string{*n.url}, Name: name, Logger: log,
+		Creds: *n.creds, TLSCA: *n.ca, TLSCert: *n.cert, TLSKey: *n.key}
+}
+
+// withWait returns o connecting in the background until a server answers.
+func withWait(o streams.ConnectOptions) streams.ConnectOptions {
+	o.WaitForServer = true
+	return o
 }

@@ -6,8 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/switchyard-dev/switchyard/messages"
 )
 
 // TestDecodeShowsExpiredReports: a report older than messages.MaxMessageAge,

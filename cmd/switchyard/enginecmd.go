@@ -12,6 +12,7 @@ import (
 	neturl "net/url"
 	"os"
 	"os/user"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -25,6 +26,7 @@ import (
 	"github.com/switchyard-dev/switchyard/internal/enginestate"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
+	"github.com/switchyard-dev/switchyard/stack"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
@@ -101,7 +103,14 @@ inference port).`,
 					}
 					return injectHTTP(ctx, *adminURL, name, body, e)
 				}
-				nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{*url}, Name: "switchyard-engine", Logger: zerolog.Nop()})
+				co := url.options("switchyard-engine", zerolog.Nop())
+				if co.Creds == "" {
+					// The operator of `switchyard up` on this machine: its admin identity.
+					if p := filepath.Join(defaultDataDir("up"), "auth", stack.AdminIdentity+".creds"); fileExists(p) {
+						co.Creds = p
+					}
+				}
+				nc, err := streams.Connect(ctx, co)
 				if err != nil {
 					return err
 				}
@@ -406,4 +415,9 @@ func listEngines(ctx context.Context, kv jetstream.KeyValue, model string, e *en
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%.1f\t%s\t%s\t%s\t%s\n", st.Model, st.Engine, v.State, st.Health, st.CapacityRPS, errs, pen, opText, why)
 	}
 	return tw.Flush()
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }

@@ -18,11 +18,12 @@ func engineSimCommand() command {
 		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 			var o enginesim.Options
 			fs.StringVar(&o.Name, "name", "", "engine name (letters, digits, - and _)")
-			fs.StringVar(&o.Model, "model", "llama", "model served")
+			fs.StringVar(&o.Model, "model", "llama", "model id served, as clients name it (slashes and dots allowed: meta-llama/Llama-3.1-8B-Instruct)")
+			fs.StringVar(&o.ServedModel, "served-model-name", "", "the name requests must give in their model field, as vLLM's --served-model-name (default: --model)")
 			fs.StringVar(&o.Region, "region", "", "region")
 			fs.StringVar(&o.Listen, "listen", "127.0.0.1:8000", "HTTP listen `address`")
 			fs.StringVar(&o.AdminListen, "admin-listen", "", "serve failure injection (/admin/failure, on no other port), /metrics and /healthz on this `address`")
-			url := fs.String("nats-url", "", "NATS server `URLs`; empty: HTTP only, no signals")
+			url := natsFlagsURL(fs, "", "NATS server `URLs`; empty: HTTP only, no signals")
 			capacity := fs.Float64("capacity", 0, "target capacity in req/s; sets --max-batch (0: use --max-batch)")
 			fs.IntVar(&o.MaxBatch, "max-batch", enginesim.DefaultMaxBatch, "largest running batch")
 			fs.Float64Var(&o.PrefillMsPerToken, "prefill-ms-per-token", enginesim.DefaultPrefillMsPerToken, "prefill cost per prompt token, ms")
@@ -62,8 +63,8 @@ func engineSimCommand() command {
 				if e.printOnly {
 					return e.printConfig(section{"engine", o})
 				}
-				if *url != "" {
-					nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{*url}, Name: "switchyard-engine-" + o.Name, Logger: log, WaitForServer: true})
+				if *url.url != "" {
+					nc, err := streams.Connect(ctx, withWait(url.options("switchyard-engine-"+o.Name, log)))
 					if err != nil {
 						return err
 					}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-dev/switchyard/auth"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/streams/natsembed"
 )
@@ -41,6 +43,8 @@ func natsCommand() command {
 			httpPort := fs.Int("http-port", 0, "NATS monitoring port (0: off); /healthz there serves health checks")
 			provision := fs.Bool("provision", true, "create or update Switchyard's streams and buckets once JetStream is ready")
 			replicas := fs.Int("replicas", 1, "replica count for provisioned streams and buckets (3 in a cluster)")
+			authDir := fs.String("auth-dir", "", "serve the identities of this `directory` (switchyard auth --dir): operator mode, anonymous clients refused, TLS on client, cluster and leaf ports")
+			mutual := fs.Bool("mutual-tls", false, "with --auth-dir, require client certificates on the client and leaf ports too")
 			mkLog := logFlags(fs, e)
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
@@ -59,6 +63,13 @@ func natsCommand() command {
 							opts.Routes = append(opts.Routes, r)
 						}
 					}
+				}
+				var material *auth.Material
+				if *authDir != "" {
+					if material, err = auth.Load(*authDir); err != nil {
+						return usageError{err}
+					}
+					opts.Auth, opts.TLS = material.ServerAuth(), material.ServerTLS(*mutual)
 				}
 				if opts, err = effective(opts); err != nil {
 					return err
@@ -84,7 +95,11 @@ func natsCommand() command {
 				defer srv.Shutdown()
 				log.Info().Str("url", srv.ClientURL()).Str("data_dir", *dataDir).Str("cluster", *cluster).Str("leaf_url", srv.LeafURL()).Msg("NATS server running")
 				if *provision {
-					go provisionWhenReady(ctx, srv.ClientURL(), prov, e)
+					co := streams.ConnectOptions{URLs: []string{srv.ClientURL()}, Name: "switchyard-provision"}
+					if material != nil {
+						co = material.Connect("admin", *mutual, co)
+					}
+					go provisionWhenReady(ctx, co, prov, e)
 				}
 				<-ctx.Done()
 				log.Info().Msg("shutting down")
@@ -95,8 +110,8 @@ func natsCommand() command {
 }
 
 // provisionWhenReady provisions the layout, retrying while a cluster forms.
-func provisionWhenReady(ctx context.Context, url string, prov streams.ProvisionOptions, e *env) {
-	nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{url}, Name: "switchyard-provision"})
+func provisionWhenReady(ctx context.Context, co streams.ConnectOptions, prov streams.ProvisionOptions, e *env) {
+	nc, err := streams.Connect(ctx, co)
 	if err != nil {
 		fmt.Fprintf(e.stderr, "provision: %v\n", err)
 		return

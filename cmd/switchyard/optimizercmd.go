@@ -9,18 +9,20 @@ import (
 	"strings"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/switchyard-dev/switchyard/dashboard"
+	"github.com/switchyard-dev/switchyard/plan"
 	"github.com/switchyard-dev/switchyard/services/optimizersvc"
 	"github.com/switchyard-dev/switchyard/stack"
 	"github.com/switchyard-dev/switchyard/streams"
-	"go.yaml.in/yaml/v3"
 )
 
 func optimizerCommand() command {
 	return command{
 		name:         "optimizer",
 		summary:      "run the optimizer service: engine and demand state into weight snapshots (one leader at a time)",
-		usage:        "--stack FILE | --network FILE [flags]",
+		usage:        "[--stack FILE | --network FILE] [flags]",
 		printsConfig: true,
 		setup: func(fs *flag.FlagSet, e *env) func(context.Context, []string) error {
 			url := natsFlags(fs)
@@ -47,6 +49,21 @@ func optimizerCommand() command {
 					o.EngineTargetUtilisation[name] = u
 					return nil
 				})
+			fs.Func("cluster-region", "frontend cluster `NAME=REGION`, for the region default of the network latency (repeat; --stack gives them all)",
+				func(v string) error {
+					c, r, ok := strings.Cut(v, "=")
+					if !ok || c == "" || r == "" {
+						return fmt.Errorf("%q: want CLUSTER=REGION", v)
+					}
+					if o.ClusterRegions == nil {
+						o.ClusterRegions = map[string]string{}
+					}
+					o.ClusterRegions[c] = r
+					return nil
+				})
+			fs.Float64Var(&o.Regions.SameRegionMs, "same-region-ms", plan.DefaultSameRegionMs, "one-way network latency, ms, assumed between a cluster and an engine of its region until one is measured or configured")
+			fs.Float64Var(&o.Regions.OtherRegionMs, "other-region-ms", plan.DefaultOtherRegionMs, "one-way network latency, ms, assumed between a cluster and an engine of another (or no) region until one is measured or configured")
+			fs.BoolVar(&o.NoRegionDefault, "no-region-default", false, "plan an engine for a cluster only with a measured or configured latency (no region default)")
 			fs.BoolVar(&o.PreferConfiguredNetwork, "prefer-configured-network", false, "use the configured network latency even where RTTs are measured (for emulated networks on one host)")
 			metricsAddr := fs.String("metrics-addr", "127.0.0.1:9091", "serve the live dashboard (/) and /metrics on this `address` (empty: off)")
 			replicas := fs.Int("replicas", 1, "provision streams and buckets with this replica count before starting (0: do not provision)")
@@ -66,6 +83,12 @@ func optimizerCommand() command {
 					o.NetworkMs = f.NetworkTable()
 					for _, c := range f.Clusters {
 						o.Clusters = append(o.Clusters, c.Name)
+						if _, set := o.ClusterRegions[c.Name]; !set {
+							if o.ClusterRegions == nil {
+								o.ClusterRegions = map[string]string{}
+							}
+							o.ClusterRegions[c.Name] = c.Region
+						}
 					}
 				case *networkFile != "":
 					data, err := os.ReadFile(*networkFile)
@@ -79,7 +102,9 @@ func optimizerCommand() command {
 						o.Clusters = append(o.Clusters, c)
 					}
 				default:
-					return usagef("give --stack FILE or --network FILE: the optimizer needs the network latency between clusters and engines")
+					// Neither: clusters come from their demand, engines from
+					// their signals, latency from --cluster-region and the
+					// region defaults until routers measure RTTs.
 				}
 				log, err := mkLog()
 				if err != nil {
@@ -96,7 +121,7 @@ func optimizerCommand() command {
 				if e.printOnly {
 					return e.printConfig(section{"optimizer", o}, section{"dashboard", dash})
 				}
-				nc, err := connectService(ctx, *url, "switchyard-optimizer", log, *replicas, streams.ProvisionOptions{LeaseTTL: o.LeaseTTL})
+				nc, err := connectService(ctx, url, "switchyard-optimizer", log, *replicas, streams.ProvisionOptions{LeaseTTL: o.LeaseTTL})
 				if err != nil {
 					return err
 				}

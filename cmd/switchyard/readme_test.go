@@ -102,13 +102,13 @@ var readmeChecks = []readmeCheck{
 	{prefix: "switchyard engine drain engine-c", want: []string{`recorded under sy_engines/operator\.engine-c`}},
 	{prefix: "switchyard engine restore engine-c", want: []string{`restored`}},
 	{prefix: "go install github.com/nats-io/natscli/nats@", skip: "installs the nats CLI (CI does; the test uses the nats on PATH)"},
-	{prefix: "nats kv ls sy_engines", nats: true, want: []string{`(?m)^llama\.engine-a$`, `(?m)^llama\.engine-b$`, `(?m)^llama\.engine-c$`,
+	{prefix: "nats --creds ~/.cache/switchyard/up/auth/admin.creds kv ls sy_engines", nats: true, want: []string{`(?m)^llama\.engine-a$`, `(?m)^llama\.engine-b$`, `(?m)^llama\.engine-c$`,
 		// Every key is one the comment names.
 		`^(?:(?:llama\.engine-[abc]|penalty\.llama\.engine-[abc]|operator\.engine-[abc])\n)+$`}},
-	{prefix: "nats kv get sy_engines llama.engine-b --raw | switchyard decode", nats: true, want: []string{`"engine": "engine-b"`}},
-	{prefix: "nats sub 'sy.signal.>' --translate 'switchyard decode --compact'", nats: true, stopAfter: 3 * time.Second,
+	{prefix: "nats --creds ~/.cache/switchyard/up/auth/admin.creds kv get sy_engines llama.engine-b --raw | switchyard decode", nats: true, want: []string{`"engine": "engine-b"`}},
+	{prefix: "nats --creds ~/.cache/switchyard/up/auth/admin.creds sub 'sy.signal.>' --translate 'switchyard decode --compact'", nats: true, stopAfter: 3 * time.Second,
 		want: []string{`(?m)^\{.*"engine":"engine-a"`, `(?m)^\{.*"engine":"engine-b"`}},
-	{prefix: "nats stream ls -a", nats: true, want: []string{`SY_SIGNALS`, `SY_REPORTS`, `SY_KV`, `KV_sy_engines`, `KV_sy_demand`, `KV_sy_weights`}},
+	{prefix: "nats --creds ~/.cache/switchyard/up/auth/admin.creds stream ls -a", nats: true, want: []string{`SY_SIGNALS`, `SY_REPORTS`, `SY_KV`, `KV_sy_engines`, `KV_sy_demand`, `KV_sy_weights`}},
 	{prefix: "switchyard aggregator --stale-after 10s --print-config", exit: 2},
 	{prefix: "deploy/build-images.sh", skip: "Docker: deploy/smoke.sh builds and runs the compose stack"},
 	{prefix: "docker compose ", skip: "Docker: deploy/smoke.sh runs the compose stack"},
@@ -145,10 +145,13 @@ func TestREADMECommands(t *testing.T) {
 	bin := filepath.Join(tmp, "bin")
 	natsPort, metricsPort := freePort(t), freePort(t)
 	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", natsPort)
+	// up's data directory: the README's ~/.cache/switchyard/up, whose
+	// auth/admin.creds the operator's commands use.
+	dataDir := filepath.Join(tmp, "up")
 	env := append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"),
-		"SWITCHYARD_NATS_URL="+natsURL, "NATS_URL="+natsURL, "NATS_CONTEXT=", "XDG_CONFIG_HOME="+tmp, "NO_COLOR=1")
+		"SWITCHYARD_NATS_URL="+natsURL, "SWITCHYARD_CREDS="+filepath.Join(dataDir, "auth", "admin.creds"), "NATS_URL="+natsURL, "NATS_CONTEXT=", "XDG_CONFIG_HOME="+tmp, "NO_COLOR=1")
 	_, natsErr := exec.LookPath("nats")
-	rewrite := readmeRewrite(bin, metricsPort, nil)
+	rewrite := readmeRewrite(bin, dataDir, metricsPort, nil)
 	var stackDone <-chan error
 	for _, c := range cmds {
 		chk, ok := readmeCheckFor(c.line)
@@ -165,8 +168,8 @@ func TestREADMECommands(t *testing.T) {
 			continue
 		case chk.server:
 			var routers map[string]string
-			routers, stackDone = startREADMEStack(t, root, env, c.line, natsPort, metricsPort)
-			rewrite = readmeRewrite(bin, metricsPort, routers)
+			routers, stackDone = startREADMEStack(t, root, env, c.line, dataDir, natsPort, metricsPort)
+			rewrite = readmeRewrite(bin, dataDir, metricsPort, routers)
 			continue
 		}
 		if stackDone != nil {
@@ -217,9 +220,10 @@ func TestREADMECommands(t *testing.T) {
 
 // readmeRewrite returns what the test changes in the README's commands:
 // the install step builds into bin, the fixed ports are the test stack's
-// (routers by cluster, once it runs), and load runs 3 s instead of 30.
-func readmeRewrite(bin string, metricsPort int, routers map[string]string) *strings.Replacer {
-	pairs := []string{"-o bin/switchyard", "-o " + filepath.Join(bin, "switchyard"),
+// (routers by cluster, once it runs), up's data directory is the test's,
+// and load runs 3 s instead of 30.
+func readmeRewrite(bin, dataDir string, metricsPort int, routers map[string]string) *strings.Replacer {
+	pairs := []string{"-o bin/switchyard", "-o " + filepath.Join(bin, "switchyard"), "~/.cache/switchyard/up", dataDir,
 		"127.0.0.1:9090", fmt.Sprintf("127.0.0.1:%d", metricsPort), "--duration 30s", "--duration 3s"}
 	for i, c := range []string{"A", "B", "C"} {
 		if u, ok := routers[c]; ok {
@@ -278,9 +282,9 @@ var routerLine = regexp.MustCompile(`(?m)^  router ([A-Z])\s+(http://\S+)`)
 // it prints its three routers and they answer, and returns their URLs by
 // cluster and a channel that gets up's end. The stack is interrupted (as
 // Ctrl-C) when the test ends.
-func startREADMEStack(t *testing.T, dir string, env []string, line string, natsPort, metricsPort int) (map[string]string, <-chan error) {
+func startREADMEStack(t *testing.T, dir string, env []string, line, dataDir string, natsPort, metricsPort int) (map[string]string, <-chan error) {
 	t.Helper()
-	args := append(strings.Fields(line)[1:], "--nats-port", fmt.Sprint(natsPort), "--data-dir", t.TempDir(),
+	args := append(strings.Fields(line)[1:], "--nats-port", fmt.Sprint(natsPort), "--data-dir", dataDir,
 		"--metrics-addr", fmt.Sprintf("127.0.0.1:%d", metricsPort), "--router-addr", "127.0.0.1:0", "--log-level", "warn")
 	path, err := exec.LookPath("switchyard")
 	for _, e := range env {

@@ -56,6 +56,18 @@ func routerCommand() command {
 			fs.StringVar(&em.listen, "embed-nats-listen", "127.0.0.1:4222", "with --embed-nats: the embedded server's client listen `address` (empty: in-process only)")
 			fs.StringVar(&em.leaf, "embed-nats-leaf", "", "with --embed-nats: join the main NATS as a leaf node at these leaf-node `URLs`, comma-separated (nats-leaf://host:7422, see `switchyard nats --leaf-port`); the embedded server then has no JetStream and reads weights, and writes reports, through the main NATS. Empty: a standalone server with its own JetStream")
 			fs.StringVar(&em.dataDir, "embed-nats-data-dir", "", "with --embed-nats and no --embed-nats-leaf: the JetStream store `directory` (default: the user cache dir's switchyard/router-<cluster>)")
+			fs.Func("alias", "serve model `ALIAS=MODEL` also under the name ALIAS (repeat for several): requests for ALIAS route on MODEL and reach engines under the name they serve",
+				func(s string) error {
+					alias, model, ok := strings.Cut(s, "=")
+					if !ok {
+						return fmt.Errorf("%q is not ALIAS=MODEL", s)
+					}
+					if o.Aliases == nil {
+						o.Aliases = map[string]string{}
+					}
+					o.Aliases[alias] = model
+					return nil
+				})
 			mkLog := logFlags(fs, e)
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
@@ -132,7 +144,7 @@ func routerCommand() command {
 						}
 					}
 					// Routers never wait on the control plane: start even if NATS is not up yet.
-					if nc, err = streams.Connect(ctx, streams.ConnectOptions{URLs: []string{*url}, Name: "switchyard-router-" + o.Cluster, Logger: log, WaitForServer: true}); err != nil {
+					if nc, err = streams.Connect(ctx, withWait(url.options("switchyard-router-"+o.Cluster, log))); err != nil {
 						return err
 					}
 				}

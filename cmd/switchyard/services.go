@@ -7,14 +7,15 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/dashboard"
 	"github.com/switchyard-dev/switchyard/streams"
 )
 
 // connectService connects a service to NATS and, when replicas > 0,
 // provisions the layout with opts (its Replicas set to replicas) first.
-func connectService(ctx context.Context, url, name string, log zerolog.Logger, replicas int, opts streams.ProvisionOptions) (*nats.Conn, error) {
-	nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{url}, Name: name, Logger: log})
+func connectService(ctx context.Context, conn natsConn, name string, log zerolog.Logger, replicas int, opts streams.ProvisionOptions) (*nats.Conn, error) {
+	nc, err := streams.Connect(ctx, conn.options(name, log))
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
@@ -56,8 +58,9 @@ func TestUp(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var stdout, stderr syncBuffer
 	done := make(chan int, 1)
+	dataDir := t.TempDir()
 	go func() {
-		done <- run(ctx, []string{"up", "--nats-port", fmt.Sprint(port), "--data-dir", t.TempDir(), "--metrics-addr", "", "--router-addr", "127.0.0.1:0", "--log-level", "warn"},
+		done <- run(ctx, []string{"up", "--nats-port", fmt.Sprint(port), "--data-dir", dataDir, "--metrics-addr", "", "--router-addr", "127.0.0.1:0", "--log-level", "warn"},
 			strings.NewReader(""), &stdout, &stderr)
 	}()
 	t.Cleanup(func() {
@@ -70,11 +73,17 @@ func TestUp(t *testing.T) {
 	var client *nats.Conn
 	testenv.WaitFor(t, 10*time.Second, "sy_engines lists engine-a, engine-b and engine-c", func() bool {
 		if kv == nil {
-			nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{fmt.Sprintf("nats://127.0.0.1:%d", port)}})
+			url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+			nc, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{url}, Creds: filepath.Join(dataDir, "auth", "admin.creds")})
 			if err != nil {
 				return false
 			}
 			client = nc
+			// up is secure by default: the server that let admin in refuses anonymous clients.
+			if anon, err := streams.Connect(ctx, streams.ConnectOptions{URLs: []string{url}}); err == nil {
+				anon.Close()
+				t.Fatal("up let an anonymous client connect")
+			}
 			js, _ := jetstream.New(nc)
 			if kv, err = js.KeyValue(ctx, "sy_engines"); err != nil {
 				kv = nil

@@ -20,7 +20,9 @@ type State string
 // The states, from the most to the least severe as Of decides them: the
 // first that applies wins.
 const (
-	// Unknown: no engine state, or one that has folded no signal yet.
+	// Unknown: no engine state, or one that has folded no signal yet; or
+	// an engine whose signals stopped while routers' requests to it still
+	// succeed (messages.EngineState.ServedOnOutcomes: its agent died).
 	Unknown State = "unknown"
 	// Down: the engine has been silent for the aggregator's down-after.
 	Down State = "down"
@@ -102,6 +104,13 @@ func Of(in Input) Verdict {
 	op := in.Operator
 	if op != nil && op.Model != "" && op.Model != st.Model {
 		op = nil
+	}
+	if st.ServedOnOutcomes(in.Now, messages.OutcomeEvidenceAge) {
+		// Its signals stopped but routers' requests to it succeed: its
+		// agent or publisher died, not the engine, which stays planned.
+		v.State, v.Detail = Unknown, fmt.Sprintf("no signals since %s; routers' requests succeed (errors %.0f%%), served on their outcomes",
+			clock(st.LastSignal), 100*v.ErrorRate)
+		return v
 	}
 	switch st.Status {
 	case messages.StatusDown:

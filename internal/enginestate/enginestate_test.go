@@ -81,3 +81,29 @@ func TestOf(t *testing.T) {
 		})
 	}
 }
+
+// TestSilentButServedIsUnknown: an engine whose signals stopped (stale or
+// down) while routers' requests to it succeed is unknown, not down; once
+// routers' requests fail, or none is recent, it is down again.
+func TestSilentButServedIsUnknown(t *testing.T) {
+	now := time.Now()
+	served := func(status string, lastSent time.Time, failed int) *messages.EngineState {
+		return &messages.EngineState{Model: "m", Engine: "e", Status: status, LastSignal: now.Add(-10 * time.Second).UnixMilli(), Health: 1,
+			Outcomes: &messages.EngineOutcomes{LastSent: lastSent.UnixMilli(), FailedIntervals: failed, TTFTMs: messages.Window{Fast: 40, Slow: 40}}}
+	}
+	for _, c := range []struct {
+		name string
+		st   *messages.EngineState
+		want State
+	}{
+		{"down, served", served(messages.StatusDown, now.Add(-time.Second), 0), Unknown},
+		{"stale, served", served(messages.StatusStale, now.Add(-time.Second), 0), Unknown},
+		{"down, failing", served(messages.StatusDown, now.Add(-time.Second), 2), Down},
+		{"down, no recent request", served(messages.StatusDown, now.Add(-time.Minute), 0), Down},
+		{"up", served(messages.StatusUp, now.Add(-time.Second), 0), Up},
+	} {
+		if v := Of(Input{State: c.st, Now: now}); v.State != c.want {
+			t.Errorf("%s: %s (%s), want %s", c.name, v.State, v.Detail, c.want)
+		}
+	}
+}

@@ -27,6 +27,11 @@ const (
 	ReasonKind     = "kind"
 	ReasonInvalid  = "invalid"
 	ReasonPanic    = "panic"
+	// ReasonSubject: a valid message whose names (model, engine, cluster,
+	// router) disagree with the subject it came on. With the bus's
+	// permissions the subject is the sender's identity, so this is a
+	// forgery or a misconfigured publisher.
+	ReasonSubject = "subject"
 	// ReasonFuture: dated (or a generation) further ahead than a writer's
 	// clock can be (messages.ErrFuture).
 	ReasonFuture = "future"

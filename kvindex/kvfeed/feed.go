@@ -131,7 +131,7 @@ func (f *Feed) Apply(subject string, data []byte) {
 		f.reject(subject, err)
 		return
 	}
-	if want := f.opts.Names.Prefix + ".kv." + m.Model + "." + m.Engine; subject != want {
+	if want := f.opts.Names.Prefix + ".kv." + messages.ModelToken(m.Model) + "." + m.Engine; subject != want {
 		f.reject(subject, fmt.Errorf("message of %s.%s on subject %s", m.Model, m.Engine, subject))
 		return
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -130,7 +131,7 @@ func parseRTTProbe(s string) (rttProbe, error) {
 // Reporter counts what the router sees (an Observer) and publishes one
 // messages.RouterReport per model every interval on
 // <prefix>.report.<model>.<cluster>.<router> through JetStream, with
-// Nats-Msg-Id "<router>-<model>-<seq>". Sequence numbers start at the
+// Nats-Msg-Id "<router>-<random>-<model>-<seq>" (streams.MsgIDPrefix). Sequence numbers start at the
 // start time in Unix milliseconds, so a restarted router never reuses an id
 // inside the dedup window. Publishing runs on its own goroutine: failures
 // are logged and counted, and never block requests; a report that cannot be
@@ -144,6 +145,7 @@ type Reporter struct {
 	mu     sync.Mutex
 	acc    map[string]*modelAcc
 	seq    uint64
+	msgID  string // streams.MsgIDPrefix of the router
 	last   time.Time
 	probes map[string]*probeState // endpoint → probe
 	client *http.Client
@@ -201,6 +203,7 @@ func NewReporter(opts ReporterOptions) (*Reporter, error) {
 		js:     js,
 		acc:    make(map[string]*modelAcc),
 		seq:    uint64(now.UnixMilli()),
+		msgID:  streams.MsgIDPrefix(opts.Router),
 		last:   now,
 		probes: make(map[string]*probeState),
 		client: &http.Client{Timeout: opts.ProbeTimeout, Transport: &http.Transport{
@@ -429,7 +432,7 @@ func (r *Reporter) Publish(ctx context.Context) {
 			r.fail(1, fmt.Errorf("encode report of %s: %w", rep.Model, err))
 			continue
 		}
-		id := fmt.Sprintf("%s-%s-%d", rep.Router, rep.Model, rep.Seq)
+		id := r.msgID + rep.Model + "-" + strconv.FormatUint(rep.Seq, 10)
 		if _, err := r.js.Publish(pctx, subject, data, jetstream.WithMsgID(id)); err != nil {
 			if ctx.Err() != nil {
 				// The router is stopping: the interval's reports have no reader

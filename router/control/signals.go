@@ -85,14 +85,21 @@ type EngineView struct {
 	URL string
 	// Subject is the advertised NATS inference subject, empty when none.
 	Subject string
+	// ServedModel is the name the engine serves the model under, empty
+	// when it is the model id (messages.EngineSignal.ServedModel).
+	ServedModel string
 }
 
-// Endpoints are the ways an engine can be reached.
+// Endpoints are the ways an engine can be reached, and the model name it
+// is to be sent.
 type Endpoints struct {
 	// URL is the HTTP base URL, empty when none.
 	URL string
 	// Subject is the NATS inference subject, empty when none.
 	Subject string
+	// ServedModel is the name the engine serves the model under, empty
+	// when it is the model id.
+	ServedModel string
 }
 
 // EndpointResolver finds an engine's live endpoints; Signals implements it.
@@ -137,7 +144,7 @@ type Signals struct {
 }
 
 // rejectSubject counts a valid signal published on another engine's subject.
-const rejectSubject = "subject"
+const rejectSubject = poison.ReasonSubject
 
 // NewSignals returns a Signals for opts; Run starts it.
 func NewSignals(opts SignalOptions) (*Signals, error) {
@@ -326,6 +333,7 @@ type foldResult struct {
 // defer, so that a panic cannot leave it held.
 func (s *Signals) fold(sig *messages.EngineSignal, now time.Time) (r foldResult, ok bool) {
 	r.ep = endpointsOf(sig.Transports)
+	r.ep.ServedModel = sig.ServedModel
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	byEngine := s.engines[sig.Model]
@@ -354,11 +362,11 @@ func (s *Signals) fold(sig *messages.EngineSignal, now time.Time) (r foldResult,
 	}
 	prevDown := e.view.Down
 	r.wasSilent = e.view.Silent
-	r.epChanged = r.first || e.view.URL != r.ep.URL || e.view.Subject != r.ep.Subject
+	r.epChanged = r.first || e.view.URL != r.ep.URL || e.view.Subject != r.ep.Subject || e.view.ServedModel != r.ep.ServedModel
 	r.changed = r.epChanged || e.view.Signal.CapacityRPS != sig.CapacityRPS || e.view.Signal.Health != sig.Health
 	e.view.Signal = *sig
 	e.view.Received = now
-	e.view.URL, e.view.Subject = r.ep.URL, r.ep.Subject
+	e.view.URL, e.view.Subject, e.view.ServedModel = r.ep.URL, r.ep.Subject, r.ep.ServedModel
 	e.view.Down = sig.Health <= 0
 	e.view.Silent = false
 	r.downChanged = r.first || prevDown != e.view.Down
@@ -449,7 +457,7 @@ func (s *Signals) publishEndpointsLocked() {
 	m := make(map[string]Endpoints)
 	for model, byEngine := range s.engines {
 		for name, e := range byEngine {
-			m[model+"."+name] = Endpoints{URL: e.view.URL, Subject: e.view.Subject}
+			m[model+"."+name] = Endpoints{URL: e.view.URL, Subject: e.view.Subject, ServedModel: e.view.ServedModel}
 		}
 	}
 	s.endpoints.Store(&m)

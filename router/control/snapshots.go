@@ -552,7 +552,7 @@ func (s *SnapshotStore) buildSnapshotTable(snap *messages.WeightSnapshot) (*sele
 		e := selection.Engine{Name: name, Weight: math.Min(1, snap.Weights[name]*scale), Utilisation: snap.Utilisation[name]}
 		if s.opts.Signals != nil {
 			if ep, ok := s.opts.Signals.Endpoints(snap.Model, name); ok {
-				e.URL, e.Subject = ep.URL, ep.Subject
+				e.URL, e.Subject, e.ServedModel = ep.URL, ep.Subject, ep.ServedModel
 			}
 		}
 		return e
@@ -748,7 +748,7 @@ func (s *SnapshotStore) updateLocalLocked(model string, m *storeModel) {
 	}
 	es := make([]selection.Engine, 0, len(views))
 	for _, v := range views {
-		es = append(es, selection.Engine{Name: v.Engine, URL: v.URL, Subject: v.Subject, Weight: math.Min(1, w[v.Engine]*(1-1e-12))})
+		es = append(es, selection.Engine{Name: v.Engine, URL: v.URL, Subject: v.Subject, ServedModel: v.ServedModel, Weight: math.Min(1, w[v.Engine]*(1-1e-12))})
 	}
 	t, err := selection.NewTable(es, s.opts.Table)
 	if err != nil {

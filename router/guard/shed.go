@@ -38,6 +38,11 @@ type Figures struct {
 	// without one last, ties by name. Retries and requests whose planned
 	// engines are all skipped may go to them (see Handler).
 	Spare []string
+	// Unplanned says the snapshot names no engine at all for the cluster
+	// (it then sheds everything): no engine of the model is up, or none
+	// has a network latency the optimizer knows from this cluster. Such a
+	// shed is not an overload, and its answer says so.
+	Unplanned bool
 }
 
 // FiguresOf extracts the guards' figures from snap.
@@ -51,6 +56,7 @@ func FiguresOf(snap *messages.WeightSnapshot) *Figures {
 			}
 		}
 	}
+	f.Unplanned = len(snap.Weights) == 0 && f.ShedFraction >= 1
 	var wsum, usum, lsum, lw float64
 	for name, w := range snap.Weights {
 		if !(w > 0) {
@@ -169,6 +175,9 @@ const (
 	ShedSnapshot ShedReason = "snapshot"
 	// ShedAdmission: the router's in-flight requests are over its allotment.
 	ShedAdmission ShedReason = "admission"
+	// ShedUnplanned: the snapshot plans no engine for the cluster
+	// (Figures.Unplanned).
+	ShedUnplanned ShedReason = "unplanned"
 )
 
 // AdmissionFactor scales the allotment for class p: sheddable requests are

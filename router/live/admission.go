@@ -156,6 +156,9 @@ func (a *Admission) Admit(now time.Time, f *guard.Figures, bound *Bound, recent 
 	if shedding && !prot.NoAdmission {
 		slot, step, capacityBound = bound.SlotTimes()
 	}
+	if shedding && !prot.NoSnapshotShed && f.Unplanned {
+		return 0, guard.ShedUnplanned, "none is up, or none has a network latency the optimizer knows from this cluster"
+	}
 	if shedding && !prot.NoSnapshotShed {
 		fr := f.ShedByPriority
 		switch {

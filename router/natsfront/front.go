@@ -108,7 +108,7 @@ type Front struct {
 }
 
 // QueueGroup returns the queue group of cluster's routers.
-func QueueGroup(cluster string) string { return "sy-router-" + cluster }
+func QueueGroup(cluster string) string { return streams.RequestQueue(cluster) }
 
 // New returns a NATS front for opts; Run starts it.
 func New(opts Options) (*Front, error) {

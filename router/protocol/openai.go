@@ -109,6 +109,15 @@ type Request struct {
 	PreviousResponseID string
 	// Body is the request body as received.
 	Body []byte
+	// ModelAt and ModelEnd delimit the model's JSON string (quotes
+	// included) in Body, for WithModel.
+	ModelAt, ModelEnd int
+	// Context is the raw JSON of the request's whole prompt content, in
+	// order, as PrefixKeys reads it: the messages array (chat), the input
+	// array (responses), or the prompt (completions; the first prompt of an
+	// array); Instructions is the responses instructions string. Both alias
+	// Body.
+	Context, Instructions json.RawMessage
 
 	kept [2]Message // Messages' backing array: no allocation of its own
 }
@@ -232,6 +241,10 @@ func ParseRequest(endpoint Endpoint, body []byte) (*Request, error) {
 		return nil, InvalidRequest("model", "'model' must be a string")
 	}
 	req.Model = model
+	// raw.Model is a subslice of body, so its offset is what its capacity
+	// lacks of body's: no scan of the body again to find it.
+	req.ModelAt = cap(body) - cap(raw.Model)
+	req.ModelEnd = req.ModelAt + len(raw.Model)
 	if req.Model == "" || len(req.Model) > maxModelLen {
 		return nil, InvalidRequest("model", fmt.Sprintf("'model' must be 1 to %d characters", maxModelLen))
 	}
@@ -266,7 +279,7 @@ func ParseRequest(endpoint Endpoint, body []byte) (*Request, error) {
 		if err != nil {
 			return nil, err
 		}
-		req.Messages = msgs
+		req.Messages, req.Context = msgs, raw.Messages
 	case EndpointCompletions:
 		if !isAbsent(raw.Messages) {
 			return nil, InvalidRequest("messages", "'messages' is not a completions parameter; use 'prompt'")
@@ -274,6 +287,7 @@ func ParseRequest(endpoint Endpoint, body []byte) (*Request, error) {
 		if err := parsePrompt(raw.Prompt, req); err != nil {
 			return nil, err
 		}
+		req.Context = raw.Prompt
 	case EndpointResponses:
 		if err := parseResponses(&raw, req); err != nil {
 			return nil, err
@@ -618,4 +632,32 @@ func EndpointOf(body []byte) Endpoint {
 			}
 		}
 	}
+}
+
+// WithModel appends to dst the request's body with its model field's value
+// replaced by name and returns it: the bytes before and after the value are
+// copied as they are, so nothing else of the body is decoded or encoded.
+// The router uses it to send the name an engine serves when the client
+// used an alias or the engine serves the model under another name.
+func (r *Request) WithModel(dst []byte, name string) []byte {
+	dst = append(dst, r.Body[:r.ModelAt]...)
+	dst = appendJSONString(dst, name)
+	return append(dst, r.Body[r.ModelEnd:]...)
+}
+
+// appendJSONString appends s as a JSON string.
+func appendJSONString(dst []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	dst = append(dst, '"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			dst = append(dst, '\\', c)
+		case c < 0x20:
+			dst = append(dst, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return append(dst, '"')
 }

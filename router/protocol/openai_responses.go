@@ -24,6 +24,7 @@ func parseResponses(raw *rawRequest, req *Request) error {
 		}
 		s, _ := textPrefix(raw.Instructions, MaxPrefixBytes)
 		req.Messages = append(req.kept[:0], Message{Role: "system", Text: []string{s}})
+		req.Instructions = raw.Instructions
 	}
 	if !isAbsent(raw.PrevResp) {
 		var ok bool
@@ -37,6 +38,7 @@ func parseResponses(raw *rawRequest, req *Request) error {
 	if isAbsent(raw.Input) {
 		return nil
 	}
+	req.Context = raw.Input
 	switch raw.Input[0] {
 	case '"':
 		s, _ := textPrefix(raw.Input, MaxPrefixBytes)

@@ -199,7 +199,37 @@ func FuzzParseRequest(f *testing.F) {
 		if err != nil || again.Model != req.Model || again.Stream != req.Stream || again.User != req.User {
 			t.Fatalf("reparse differs: %+v vs %+v (%v)", again, req, err)
 		}
+		// The model's span is the value encoding/json reads, and a body
+		// with the model replaced parses as the same request under the
+		// new name.
+		if got := body[req.ModelAt:req.ModelEnd]; got != string(top["model"]) {
+			t.Fatalf("model span %q, encoding/json's value %s", got, top["model"])
+		}
+		renamed := req.WithModel(nil, "org/x.y \"q\"")
+		re, err := ParseRequest(ep, renamed)
+		if err != nil || re.Model != "org/x.y \"q\"" || re.Stream != req.Stream || re.User != req.User || len(re.Messages) != len(req.Messages) {
+			t.Fatalf("renamed body %q: %+v, %v", renamed, re, err)
+		}
+		if same := req.WithModel(nil, req.Model); json.Valid(same) != true {
+			t.Fatalf("body with its own model re-written is not JSON: %q", same)
+		}
 	})
+}
+
+func TestWithModel(t *testing.T) {
+	body := []byte(`{"messages":[{"role":"user","content":"hi"}], "model" : "llama-8b" ,"stream":true}`)
+	req, err := ParseRequest(EndpointChat, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := string(req.WithModel(nil, "meta-llama/Llama-3.1-8B-Instruct"))
+	want := `{"messages":[{"role":"user","content":"hi"}], "model" : "meta-llama/Llama-3.1-8B-Instruct" ,"stream":true}`
+	if got != want {
+		t.Errorf("WithModel = %s, want %s", got, want)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = req.WithModel(make([]byte, 0, 256), "x") }); n > 1 {
+		t.Errorf("WithModel allocates %v times into a buffer of room, want the buffer only", n)
+	}
 }
 
 func TestResponseID(t *testing.T) {

@@ -36,6 +36,10 @@ type Engine struct {
 	// (<prefix>.infer.<model>.<engine>). Empty when the engine is not
 	// reachable over NATS.
 	Subject string
+	// ServedModel is the name the engine serves the table's model under,
+	// written into the request's model field when it differs from what
+	// the client sent; empty means the model id.
+	ServedModel string
 	// Weight is the fraction of demand for this engine, in [0, 1].
 	Weight float64
 	// Utilisation is the engine's planned utilisation: the load that the

@@ -81,7 +81,10 @@ type EngineConfig struct {
 	URL string
 	// Format is the engine's metrics dialect. Required.
 	Format Format
-	// ServedModel, when set, keeps only metric series whose model label is it.
+	// ServedModel is the name the engine serves the model under (vLLM's
+	// --served-model-name): it keeps only metric series whose model label
+	// is it, and when it is not Model the signals carry it, so that
+	// routers send it in the request's model field.
 	ServedModel string
 	// MetricsPath and HealthPath are appended to URL; zero values take the defaults.
 	MetricsPath, HealthPath string
@@ -318,8 +321,12 @@ func New(opts Options) (*Agent, error) {
 		if err != nil {
 			return nil, err
 		}
+		served := ec.ServedModel
+		if served == ec.Model {
+			served = ""
+		}
 		pub, err := engine.NewPublisher(engine.Options{
-			Conn: opts.Conn, Names: opts.Names, Model: ec.Model, Engine: ec.Name, Region: ec.Region,
+			Conn: opts.Conn, Names: opts.Names, Model: ec.Model, ServedModel: served, Engine: ec.Name, Region: ec.Region,
 			Interval: opts.Interval, Logger: opts.Logger,
 		})
 		if err != nil {

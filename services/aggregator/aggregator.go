@@ -592,12 +592,20 @@ func (a *Aggregator) loadEntry(bucket string, e jetstream.KeyValueEntry, now tim
 	}
 }
 
+// errSubject marks a message whose names disagree with its subject: with
+// the bus's permissions the subject is its sender's identity, so the
+// message is a forgery (counted under reason "subject").
+var errSubject = fmt.Errorf("%w: names disagree with the subject", messages.ErrInvalid)
+
 // bad counts, logs at a bounded rate, and drops a message that failed to
 // decode or validate: it is terminated at the next write (dropLocked).
 func (a *Aggregator) bad(msg jetstream.Msg, stream string, err error) {
 	reason := poison.Reason(err)
-	if errors.Is(err, errTooManyRouters) {
+	switch {
+	case errors.Is(err, errTooManyRouters):
 		reason = "too_many_routers"
+	case errors.Is(err, errSubject):
+		reason = poison.ReasonSubject
 	}
 	a.metrics.bad.WithLabelValues(stream, reason).Inc()
 	a.guard.Log(msg.Subject()).Err(err).Str("subject", msg.Subject()).Str("reason", reason).Int("bytes", len(msg.Data())).
@@ -644,7 +652,7 @@ func (a *Aggregator) handleSignal(msg jetstream.Msg) {
 	}
 	toks, ok := a.opts.Names.ParseSubject(msg.Subject(), "signal", 2)
 	if !ok || toks[0] != sig.Model || toks[1] != sig.Engine {
-		a.bad(msg, "signals", fmt.Errorf("%w: signal for %s.%s published on subject %s", messages.ErrInvalid, sig.Model, sig.Engine, msg.Subject()))
+		a.bad(msg, "signals", fmt.Errorf("%w: signal for %s.%s published on subject %s", errSubject, sig.Model, sig.Engine, msg.Subject()))
 		return
 	}
 	a.metrics.signals.Inc()
@@ -710,7 +718,7 @@ func (a *Aggregator) handleReport(msg jetstream.Msg) {
 	}
 	toks, ok := a.opts.Names.ParseSubject(msg.Subject(), "report", 3)
 	if !ok || toks[0] != rep.Model || toks[1] != rep.Cluster || toks[2] != rep.Router {
-		a.bad(msg, "reports", fmt.Errorf("%w: report for %s.%s.%s published on subject %s", messages.ErrInvalid, rep.Model, rep.Cluster, rep.Router, msg.Subject()))
+		a.bad(msg, "reports", fmt.Errorf("%w: report for %s.%s.%s published on subject %s", errSubject, rep.Model, rep.Cluster, rep.Router, msg.Subject()))
 		return
 	}
 	err := func() error {

@@ -6,10 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/switchyard-dev/switchyard/auth"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
 	"github.com/switchyard-dev/switchyard/testenv"
@@ -17,10 +19,24 @@ import (
 
 // BenchmarkIngest measures the aggregator's ingest rate: b.N signals from
 // 10,000 engines are stored in SY_SIGNALS first, then the timer runs while the
-// aggregator consumes, folds and writes them all.
+// aggregator consumes, folds and writes them all. "secure" runs the server
+// in operator mode with TLS, the aggregator on its own identity, as a
+// deployment does; "plain" is the anonymous server without TLS.
 func BenchmarkIngest(b *testing.B) {
+	b.Run("plain", func(b *testing.B) { benchIngest(b, false) })
+	b.Run("secure", func(b *testing.B) { benchIngest(b, true) })
+}
+
+func benchIngest(b *testing.B, secure bool) {
 	const engines = 10000
-	env := testenv.StartNATS(b)
+	var env *testenv.NATS
+	dial := func() *nats.Conn { return env.Dial(b, "aggregator") }
+	if secure {
+		env = testenv.StartSecureNATS(b, auth.Identity{Name: "aggregator", Role: auth.RoleAggregator})
+		dial = func() *nats.Conn { return env.DialAs(b, "aggregator") }
+	} else {
+		env = testenv.StartNATS(b)
+	}
 	ctx := context.Background()
 	js, err := jetstream.New(env.Conn, jetstream.WithPublishAsyncMaxPending(8192))
 	if err != nil {
@@ -45,8 +61,8 @@ func BenchmarkIngest(b *testing.B) {
 		b.Fatal("publishing timed out")
 	}
 	reg := prometheus.NewRegistry()
-	agg, err := aggregator.New(aggregator.Options{Conn: env.Dial(b, "aggregator"), Logger: zerolog.Nop(), Registerer: reg,
-		StaleAfter: time.Hour, DownAfter: 2 * time.Hour, WriteInterval: time.Second})
+	agg, err := aggregator.New(aggregator.Options{Conn: dial(), Logger: zerolog.Nop(), Registerer: reg,
+		StaleAfter: time.Hour, DownAfter: 2 * time.Hour, ForgetAfter: 3 * time.Hour, WriteInterval: time.Second})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -5,8 +5,9 @@
 // A Publisher publishes the engine's signal (messages.EngineSignal) to
 // JetStream on <prefix>.signal.<model>.<engine> every interval (200 ms by
 // default). Each signal carries a sequence number that rises by one per signal
-// and the header Nats-Msg-Id "<engine>-<seq>", so that the SY_SIGNALS stream
-// drops duplicates within its dedup window. While NATS is unreachable the
+// and the header Nats-Msg-Id "<engine>-<random>-<seq>", so that the SY_SIGNALS
+// stream drops duplicates within its dedup window, and no other publisher
+// can guess the next ids (streams.MsgIDPrefix). While NATS is unreachable the
 // Publisher queues nothing: it keeps owing one signal and, as soon as the
 // connection is back, publishes the newest values once.
 //

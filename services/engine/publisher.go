@@ -20,7 +20,7 @@ import (
 // Headers and defaults of the engine-side SDK (the request path's header
 // names are messages.HeaderLast, messages.HeaderStatus, NATSHeaderEngine, ...).
 const (
-	// HeaderMsgID is the JetStream de-duplication header every signal carries ("<engine>-<seq>").
+	// HeaderMsgID is the JetStream de-duplication header every signal carries ("<engine>-<random>-<seq>").
 	HeaderMsgID = jetstream.MsgIDHeader
 	// DefaultInterval is the signal interval when Options.Interval is zero.
 	DefaultInterval = 200 * time.Millisecond
@@ -35,9 +35,14 @@ type Options struct {
 	Conn *nats.Conn
 	// Names is the NATS layout; the zero value means streams.DefaultNames().
 	Names streams.Names
-	// Model and Engine name the signal subject and identify the engine (NATS tokens). Required.
-	Model  string
-	Engine string
+	// Model (a model id, messages.ValidModelName) and Engine (a name) name
+	// the signal subject and identify the engine. Required.
+	Model string
+	// ServedModel is the name the engine serves Model under when it is not
+	// Model (vLLM's --served-model-name), carried in every signal so that
+	// routers send it; empty means Model.
+	ServedModel string
+	Engine      string
 	// Region is the engine's region (optional NATS token).
 	Region string
 	// Interval is the time between signals; zero means DefaultInterval.
@@ -77,10 +82,12 @@ type Publisher struct {
 	js      jetstream.JetStream
 	log     zerolog.Logger
 
-	mu       sync.Mutex // guards latest, have, seq and lastWarn
-	latest   messages.EngineSignal
-	have     bool
-	seq      uint64
+	mu     sync.Mutex // guards latest, have, seq and lastWarn
+	latest messages.EngineSignal
+	have   bool
+	seq    uint64
+	// msgID starts every signal's Nats-Msg-Id (streams.MsgIDPrefix).
+	msgID    string
 	pubMu    sync.Mutex // serialises publishes so seq order is publish order
 	lastWarn time.Time
 
@@ -113,8 +120,13 @@ func (o Options) Validate() error {
 	if err := o.Names.Validate(); err != nil {
 		return fmt.Errorf("%w: Names: %v", ErrOptions, err)
 	}
-	if err := messages.CheckName("Model", o.Model); err != nil {
-		return fmt.Errorf("%w: %v", ErrOptions, err)
+	if err := messages.CheckModelName(o.Model); err != nil {
+		return fmt.Errorf("%w: Model: %v", ErrOptions, err)
+	}
+	if o.ServedModel != "" {
+		if err := messages.CheckModelName(o.ServedModel); err != nil {
+			return fmt.Errorf("%w: ServedModel: %v", ErrOptions, err)
+		}
 	}
 	if err := messages.CheckName("Engine", o.Engine); err != nil {
 		return fmt.Errorf("%w: %v", ErrOptions, err)
@@ -155,6 +167,7 @@ func NewPublisher(opts Options) (*Publisher, error) {
 		opts.FirstSeq = uint64(time.Now().UnixMicro())
 	}
 	return &Publisher{
+		msgID:   streams.MsgIDPrefix(opts.Engine),
 		seq:     opts.FirstSeq - 1,
 		opts:    opts,
 		subject: subject,
@@ -259,7 +272,7 @@ func (p *Publisher) publish(ctx context.Context, s messages.EngineSignal) error 
 	p.mu.Lock()
 	seq := p.seq + 1
 	p.mu.Unlock()
-	s.Model, s.Engine, s.Region = p.opts.Model, p.opts.Engine, p.opts.Region
+	s.Model, s.Engine, s.Region, s.ServedModel = p.opts.Model, p.opts.Engine, p.opts.Region, p.opts.ServedModel
 	s.Seq = seq
 	s.Time = time.Now().UnixMilli()
 	data, err := messages.Encode(&s)
@@ -277,7 +290,7 @@ func (p *Publisher) publish(ctx context.Context, s messages.EngineSignal) error 
 	pctx, cancel := context.WithTimeout(ctx, p.opts.PublishTimeout)
 	defer cancel()
 	ack, err := p.js.Publish(pctx, p.subject, data,
-		jetstream.WithMsgID(p.opts.Engine+"-"+strconv.FormatUint(seq, 10)),
+		jetstream.WithMsgID(p.msgID+strconv.FormatUint(seq, 10)),
 		jetstream.WithRetryAttempts(0))
 	if err != nil {
 		p.failed.Add(1)

@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/services/engine"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -88,6 +90,8 @@ func startPublisher(t *testing.T, opts engine.Options) (*engine.Publisher, func(
 	return p, stop
 }
 
+var msgIDPattern = regexp.MustCompile(`^engine-a-[0-9a-f]{16}-\d+$`)
+
 func TestPublisherSignalsArriveWithRisingSeq(t *testing.T) {
 	env := testenv.StartNATS(t)
 	subject, _ := env.Names.SignalSubject("llama", "engine-a")
@@ -118,8 +122,8 @@ func TestPublisherSignalsArriveWithRisingSeq(t *testing.T) {
 		if d := time.Since(time.UnixMilli(s.Time)); d < 0 || d > 10*time.Second {
 			t.Fatalf("signal %d time %d is %s from now", i, s.Time, d)
 		}
-		if want := "engine-a-" + itoa(s.Seq); ids[i] != want {
-			t.Fatalf("signal %d Nats-Msg-Id = %q, want %q", i, ids[i], want)
+		if !msgIDPattern.MatchString(ids[i]) || !strings.HasSuffix(ids[i], "-"+itoa(s.Seq)) || ids[i][:len(ids[i])-len(itoa(s.Seq))] != ids[0][:len(ids[0])-len(itoa(sigs[0].Seq))] {
+			t.Fatalf("signal %d Nats-Msg-Id = %q, want engine-a-<the same random hex>-%d", i, ids[i], s.Seq)
 		}
 		if i > 0 && s.Seq != sigs[i-1].Seq+1 {
 			t.Fatalf("seq went %d -> %d, want +1", sigs[i-1].Seq, s.Seq)
@@ -166,7 +170,9 @@ func TestPublisherDedup(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// p2 re-sends seq 7 and 8 with the same ids: the stream drops them.
+	// p2 sends seq 7 and 8 again, under its own random id prefix: the
+	// stream keeps them, so that no other publisher can pre-send p1's
+	// next ids (the same id twice is dropped: streams' dedup test).
 	for i := 0; i < 2; i++ {
 		if err := p2.PublishNow(ctx); err != nil {
 			t.Fatal(err)
@@ -180,11 +186,11 @@ func TestPublisherDedup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.State.Msgs != 3 {
-		t.Fatalf("stream holds %d signals, want 3 (duplicates dropped)", info.State.Msgs)
+	if info.State.Msgs != 5 {
+		t.Fatalf("stream holds %d signals, want 5 (no id of one publisher collides with another's)", info.State.Msgs)
 	}
-	if st := p2.Stats(); st.Duplicates != 2 || st.Published != 0 || st.LastSeq != 8 {
-		t.Fatalf("second publisher stats %+v, want 2 duplicates, last seq 8", st)
+	if st := p2.Stats(); st.Duplicates != 0 || st.Published != 2 || st.LastSeq != 8 {
+		t.Fatalf("second publisher stats %+v, want 2 published, no duplicates, last seq 8", st)
 	}
 	if st := p1.Stats(); st.Published != 3 || st.LastSeq != 9 {
 		t.Fatalf("first publisher stats %+v, want 3 published, last seq 9", st)
@@ -320,7 +326,7 @@ func TestNewPublisherValidates(t *testing.T) {
 		want string
 	}{
 		{engine.Options{Model: "m", Engine: "e"}, "Conn"},
-		{engine.Options{Conn: env.Conn, Model: "m.x", Engine: "e"}, "Model"},
+		{engine.Options{Conn: env.Conn, Model: "m x", Engine: "e"}, "Model"},
 		{engine.Options{Conn: env.Conn, Model: "m", Engine: "e*"}, "Engine"},
 		{engine.Options{Conn: env.Conn, Model: "m", Engine: "e", Region: "r 1"}, "Region"},
 		{engine.Options{Conn: env.Conn, Model: "m", Engine: "e", Interval: -time.Second}, "Interval"},

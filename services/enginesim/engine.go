@@ -107,7 +107,7 @@ func New(opts Options) (*Engine, error) {
 		e.inferSubject = subj
 		if !opts.NoSignals {
 			pub, err := engine.NewPublisher(engine.Options{
-				Conn: opts.Conn, Names: opts.Names, Model: opts.Model, Engine: opts.Name, Region: opts.Region,
+				Conn: opts.Conn, Names: opts.Names, Model: opts.Model, ServedModel: opts.ServedModel, Engine: opts.Name, Region: opts.Region,
 				Interval: opts.SignalInterval, Source: e.signal, Logger: opts.Logger,
 			})
 			if err != nil {
@@ -263,6 +263,14 @@ func (e *Engine) AdminURL() string {
 	e.ctl.Lock()
 	defer e.ctl.Unlock()
 	return e.adminURL
+}
+
+// servedName is the name the engine answers to in requests.
+func (o *Options) servedName() string {
+	if o.ServedModel != "" {
+		return o.ServedModel
+	}
+	return o.Model
 }
 
 // InferSubject returns the NATS inference subject, or "" without a NATS connection.

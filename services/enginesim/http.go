@@ -104,7 +104,7 @@ func (e *Engine) parse(ep endpoint, body []byte) *job {
 	e.nextID++
 	n := e.nextID
 	e.mu.Unlock()
-	j := &job{ep: ep, created: time.Now().Unix(), model: e.opts.Model, maxOut: e.opts.OutputTokens, fullOut: e.opts.OutputTokens}
+	j := &job{ep: ep, created: time.Now().Unix(), model: e.opts.servedName(), maxOut: e.opts.OutputTokens, fullOut: e.opts.OutputTokens}
 	prefix := [...]string{chatEndpoint: "chatcmpl-", completionEndpoint: "cmpl-", responsesEndpoint: "resp_", embeddingsEndpoint: "embd-"}[ep]
 	j.id = prefix + e.opts.Name + "-" + strconv.FormatUint(n, 10)
 	bad := func(format string, args ...any) *job {
@@ -115,9 +115,9 @@ func (e *Engine) parse(ep endpoint, body []byte) *job {
 	if err := json.Unmarshal(body, &req); err != nil {
 		return bad("request body is not a valid JSON request: %v", err)
 	}
-	if req.Model != "" && req.Model != e.opts.Model {
+	if req.Model != "" && req.Model != e.opts.servedName() {
 		j.err = &apiError{Status: 404, Type: "invalid_request_error", Code: "model_not_found",
-			Message: fmt.Sprintf("the model %q is not served by engine %s (it serves %q)", req.Model, e.opts.Name, e.opts.Model)}
+			Message: fmt.Sprintf("the model %q is not served by engine %s (it serves %q)", req.Model, e.opts.Name, e.opts.servedName())}
 		return j
 	}
 	size := 0
@@ -349,7 +349,7 @@ func (e *Engine) models(w http.ResponseWriter, _ *http.Request) {
 	start := e.stats.start
 	e.mu.Unlock()
 	b, _ := json.Marshal(map[string]any{"object": "list", "data": []map[string]any{{
-		"id": e.opts.Model, "object": "model", "created": start.Unix(), "owned_by": "switchyard-enginesim",
+		"id": e.opts.servedName(), "object": "model", "created": start.Unix(), "owned_by": "switchyard-enginesim",
 	}}})
 	writeJSON(w, http.StatusOK, b)
 }

@@ -28,7 +28,8 @@ func TestNewValidates(t *testing.T) {
 		want string
 	}{
 		{func(o *enginesim.Options) { o.Name = "" }, "Name"},
-		{func(o *enginesim.Options) { o.Model = "a.b" }, "Model"},
+		{func(o *enginesim.Options) { o.Model = "a b" }, "Model"},
+		{func(o *enginesim.Options) { o.ServedModel = "x\ty" }, "ServedModel"},
 		{func(o *enginesim.Options) { o.Region = "r 1" }, "Region"},
 		{func(o *enginesim.Options) { o.MaxBatch = -1 }, "MaxBatch is -1"},
 		{func(o *enginesim.Options) { o.BaseTBTMs = math.NaN() }, "BaseTBTMs is NaN"},

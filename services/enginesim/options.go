@@ -31,8 +31,13 @@ const (
 type Options struct {
 	// Name is the engine name (a NATS token). Required.
 	Name string
-	// Model is the model served (a NATS token). Required.
+	// Model is the model id served (messages.ValidModelName: slashes and
+	// dots allowed). Required.
 	Model string
+	// ServedModel is the name the engine answers to in requests' model
+	// field when it is not Model, as vLLM's --served-model-name; carried
+	// in its signals. Empty: Model.
+	ServedModel string
 	// Region is the engine's region (optional NATS token).
 	Region string
 
@@ -206,7 +211,7 @@ func (o Options) Validate() error {
 	for _, c := range []struct {
 		field, v string
 		optional bool
-	}{{"Name", o.Name, false}, {"Model", o.Model, false}, {"Region", o.Region, true}} {
+	}{{"Name", o.Name, false}, {"Region", o.Region, true}} {
 		if c.optional && c.v == "" {
 			continue
 		}
@@ -216,6 +221,11 @@ func (o Options) Validate() error {
 	}
 	if err := messages.CheckModelName(o.Model); err != nil {
 		return fmt.Errorf("%w: Model: %v", ErrOptions, err)
+	}
+	if o.ServedModel != "" {
+		if err := messages.CheckModelName(o.ServedModel); err != nil {
+			return fmt.Errorf("%w: ServedModel: %v", ErrOptions, err)
+		}
 	}
 	finitePos := func(field string, v float64) error {
 		if math.IsNaN(v) || math.IsInf(v, 0) || v <= 0 {

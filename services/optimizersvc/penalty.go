@@ -93,7 +93,7 @@ func (o PenaltyOptions) WithDefaults() PenaltyOptions {
 	}
 	def(&o.TTFTFactor, 3)
 	def(&o.TTFTSlackMs, 50)
-	defDur(&o.EvidenceMaxAge, 5*time.Second)
+	defDur(&o.EvidenceMaxAge, messages.OutcomeEvidenceAge)
 	defDur(&o.Base, 5*time.Second)
 	def(&o.Growth, 2)
 	defDur(&o.Max, 5*time.Minute)

@@ -141,7 +141,7 @@ func (s *Service) updatePenalties(ctx context.Context, kv jetstream.KeyValue) {
 	expect := map[string]float64{}
 	for _, key := range sortedKeys(s.engines) {
 		st := s.engines[key]
-		if st.Status == messages.StatusDown {
+		if st.Status == messages.StatusDown && !st.ServedOnOutcomes(now, po.EvidenceMaxAge) {
 			continue
 		}
 		byModel[st.Model] = append(byModel[st.Model], key)
@@ -251,12 +251,13 @@ func truncate(s string, n int) string {
 
 // healthOf returns the health the problem uses for an engine of model
 // before its penalty and slow start (the reported health, with the stale
-// factor and operator overrides), the penalty's multiplier (1 when none is
+// factor unless routers' outcomes show it serving, and operator
+// overrides), the penalty's multiplier (1 when none is
 // in force, or an operator pinned the health), and whether the engine is
 // kept out. Callers hold s.mu.
 func (s *Service) healthOf(model, key string, st *messages.EngineState, now time.Time) (health, penalty float64, excluded bool) {
 	health = st.Health
-	if st.Status == messages.StatusStale {
+	if st.Status == messages.StatusStale && !st.ServedOnOutcomes(now, s.opts.Penalties.EvidenceMaxAge) {
 		health *= optimizer.StaleHealthFactor
 	}
 	if op := s.operatorFor(model, st.Engine); op != nil {

@@ -45,8 +45,14 @@
 //
 // The network latency from cluster i to engine j is half the measured RTT
 // (rtt.<cluster>.<engine> in sy_demand, slow window) when there is one, and
-// otherwise Options.NetworkMs[i][j]; an engine with neither is not eligible for
-// that cluster.
+// otherwise Options.NetworkMs[i][j]; with neither, it is the latency
+// Options.Regions assumes by region (the cluster's from
+// Options.ClusterRegions, the engine's from its state; 1 ms within a region
+// and 30 ms between regions by default, see plan.DefaultSameRegionMs), so
+// that an engine the configuration does not name is planned as soon as its
+// signals arrive, with no restart, and moves to its measured latency when
+// the routers' RTT reports come. With Options.NoRegionDefault such an engine
+// is not eligible for that cluster.
 //
 // # Penalties and operator overrides
 //
@@ -185,9 +191,22 @@ type Options struct {
 	// <hostname>-<pid>, with characters that are not valid in a name replaced by '-'.
 	Instance string
 	// NetworkMs is the configured one-way network latency in ms from each
-	// frontend cluster to each engine, used where no RTT is measured. An engine
-	// absent from both a cluster's row and the measured RTTs may not serve it.
+	// frontend cluster to each engine, used where no RTT is measured. An
+	// engine absent from both a cluster's row and the measured RTTs is
+	// planned at the latency Regions assumes (see the package comment).
 	NetworkMs map[string]map[string]float64
+	// ClusterRegions gives each frontend cluster's region, by cluster name,
+	// for the region default of the network latency; a cluster not in it
+	// counts as of another region than every engine.
+	ClusterRegions map[string]string
+	// Regions is the one-way latency assumed between a cluster and an
+	// engine by region until one is measured or configured; zero fields
+	// take plan.DefaultSameRegionMs and plan.DefaultOtherRegionMs.
+	Regions plan.RegionLatency
+	// NoRegionDefault turns the region default off: an engine of no
+	// measured or configured latency from a cluster is then not planned for
+	// it (the behaviour of a network table that must name every engine).
+	NoRegionDefault bool
 	// PreferConfiguredNetwork uses NetworkMs even where an RTT is measured:
 	// for a stack on one machine, where the network is emulated and measured
 	// RTTs are all loopback.
@@ -273,6 +292,7 @@ func (o Options) WithDefaults() Options {
 	if o.PriorBaseMs == 0 {
 		o.PriorBaseMs = plan.DefaultPriorBaseMs
 	}
+	o.Regions = o.Regions.WithDefaults()
 	if o.TargetUtilisation == 0 {
 		o.TargetUtilisation = 1
 	}
@@ -352,6 +372,22 @@ func (o Options) Validate() error {
 			if math.IsNaN(ms) || math.IsInf(ms, 0) || ms < 0 {
 				return fmt.Errorf("%w: NetworkMs[%s][%s] is %v, want a finite latency >= 0 ms", ErrOptions, c, e, ms)
 			}
+		}
+	}
+	for _, c := range slices.Sorted(maps.Keys(o.ClusterRegions)) {
+		if err := messages.CheckName("cluster", c); err != nil {
+			return fmt.Errorf("%w: ClusterRegions: %v", ErrOptions, err)
+		}
+		if err := messages.CheckName("region", o.ClusterRegions[c]); err != nil {
+			return fmt.Errorf("%w: ClusterRegions[%s]: %v", ErrOptions, c, err)
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"Regions.SameRegionMs", o.Regions.SameRegionMs}, {"Regions.OtherRegionMs", o.Regions.OtherRegionMs}} {
+		if math.IsNaN(f.v) || math.IsInf(f.v, 0) || f.v < 0 || f.v > plan.MaxLatencyMs {
+			return fmt.Errorf("%w: %s is %v, want a finite latency >= 0 ms", ErrOptions, f.name, f.v)
 		}
 	}
 	if err := o.Penalties.Validate(); err != nil {

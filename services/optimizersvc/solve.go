@@ -51,19 +51,29 @@ func (s *Service) buildProblems() []built {
 		}
 		clusters[d.Model][d.Cluster] = d
 	}
-	network := func(c, engine string) (float64, bool) {
-		ms, ok := s.rtt[streams.JoinKey(c, engine)]
-		if cms, has := s.opts.NetworkMs[c][engine]; has && (!ok || s.opts.PreferConfiguredNetwork) {
-			ms, ok = cms, true
-		}
-		return ms, ok
-	}
 	var out []built
 	for _, model := range sortedKeys(engines) {
-		in := plan.Input{Network: network, Targets: s.opts.targets(), MinDemandRPS: s.opts.MinDemandRPS}
+		network := plan.Network{
+			Measured: func(c, engine string) (float64, bool) {
+				ms, ok := s.rtt[streams.JoinNames(c, engine)]
+				return ms, ok
+			},
+			Configured: s.opts.NetworkMs, PreferConfigured: s.opts.PreferConfiguredNetwork,
+			ClusterRegion: func(c string) string { return s.opts.ClusterRegions[c] },
+			EngineRegion: func(engine string) string {
+				if st := s.engines[streams.JoinKey(model, engine)]; st != nil {
+					return st.Region
+				}
+				return ""
+			},
+			Regions: s.opts.Regions, NoRegionDefault: s.opts.NoRegionDefault,
+		}
+		in := plan.Input{Network: network.Latency, Targets: s.opts.targets(), MinDemandRPS: s.opts.MinDemandRPS}
 		for _, st := range engines[model] {
 			key := streams.JoinKey(model, st.Engine)
-			if st.Status == messages.StatusDown {
+			if st.Status == messages.StatusDown && !st.ServedOnOutcomes(now, s.opts.Penalties.EvidenceMaxAge) {
+				// A silent engine that routers still use successfully is
+				// planned on (its agent died, not the engine).
 				s.slowStart(key, st, 0, now)
 				continue
 			}

@@ -108,7 +108,7 @@ func (s *Service) handleDemand(e jetstream.KeyValueEntry) {
 			s.bad(s.opts.Names.DemandBucket, key, err)
 			return
 		}
-		if cluster, engine, ok := streams.SplitKey(rttKey); !ok || cluster != st.Cluster || engine != st.Engine {
+		if cluster, engine, ok := streams.SplitNames(rttKey); !ok || cluster != st.Cluster || engine != st.Engine {
 			s.bad(s.opts.Names.DemandBucket, key, fmt.Errorf("%w: RTT of %s.%s stored under key %q", messages.ErrInvalid, st.Cluster, st.Engine, key))
 			return
 		}

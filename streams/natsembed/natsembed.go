@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/rs/zerolog"
 )
@@ -58,6 +59,49 @@ type Options struct {
 	// StartTimeout bounds the wait for the server to accept connections.
 	// Zero means DefaultStartTimeout.
 	StartTimeout time.Duration
+	// Auth, when its Operator is set, runs the server in operator mode:
+	// every client must present a user JWT signed by one of its accounts,
+	// and anonymous clients are refused.
+	Auth Auth
+	// TLS, when its CertFile is set, requires TLS on the client, cluster
+	// and leaf-node listeners; cluster routes always verify each other's
+	// certificates against TLS.CAFile, so only nodes holding a certificate
+	// of the same authority can join.
+	TLS TLS
+	// LeafCreds is the credentials file this server presents to its hub
+	// (LeafRemotes) when the hub runs in operator mode.
+	LeafCreds string
+}
+
+// Auth is the decentralised-auth setup of a server: an operator, the
+// accounts it signed (served from memory) and the system account.
+type Auth struct {
+	// Operator is the operator's JWT.
+	Operator string
+	// SystemAccount is the public key of the system account.
+	SystemAccount string
+	// Accounts maps each account's public key to its JWT (the system
+	// account's included).
+	Accounts map[string]string
+	// JetStreamAccount is the public key of the account whose JetStream
+	// requests cross leaf-node connections (the default account's without
+	// an operator).
+	JetStreamAccount string
+}
+
+// TLS names the PEM files of a server's TLS setup.
+type TLS struct {
+	// CAFile is the authority clients' and nodes' certificates are checked
+	// against, and that leaf-node remotes check the hub's against.
+	CAFile string
+	// CertFile and KeyFile are the server's certificate (valid for server
+	// and client use, since a node dials its routes and leaf remotes) and
+	// its key.
+	CertFile string
+	KeyFile  string
+	// VerifyClients requires client certificates signed by CAFile on the
+	// client and leaf-node listeners too (mutual TLS).
+	VerifyClients bool
 }
 
 // Defaults of zero Options fields.
@@ -70,6 +114,10 @@ const (
 	// RandomPort, as a port, picks a free one (server.RANDOM_PORT).
 	RandomPort = server.RANDOM_PORT
 )
+
+// MaxControlLine is the control line limit of a server in operator mode
+// (max_control_line of a nats-server configuration serving these identities).
+const MaxControlLine = 32 << 10
 
 // ErrOptions is wrapped by every error of Validate.
 var ErrOptions = errors.New("natsembed: invalid options")
@@ -115,6 +163,20 @@ func (o Options) Validate() error {
 	}
 	if o.StartTimeout < 0 {
 		return fmt.Errorf("%w: StartTimeout is %s, want > 0", ErrOptions, o.StartTimeout)
+	}
+	if o.Auth.Operator != "" {
+		if o.Auth.SystemAccount == "" || o.Auth.Accounts[o.Auth.SystemAccount] == "" {
+			return fmt.Errorf("%w: Auth.SystemAccount %q has no JWT in Auth.Accounts", ErrOptions, o.Auth.SystemAccount)
+		}
+		if o.Auth.JetStreamAccount != "" && o.Auth.Accounts[o.Auth.JetStreamAccount] == "" {
+			return fmt.Errorf("%w: Auth.JetStreamAccount %q has no JWT in Auth.Accounts", ErrOptions, o.Auth.JetStreamAccount)
+		}
+	}
+	if o.TLS.CertFile != "" && (o.TLS.KeyFile == "" || o.TLS.CAFile == "") {
+		return fmt.Errorf("%w: TLS.CertFile %q wants TLS.KeyFile and TLS.CAFile too", ErrOptions, o.TLS.CertFile)
+	}
+	if o.TLS.VerifyClients && o.TLS.CertFile == "" {
+		return fmt.Errorf("%w: TLS.VerifyClients is set without TLS.CertFile", ErrOptions)
 	}
 	return nil
 }
@@ -210,7 +272,16 @@ func Start(opts Options) (*Server, error) {
 		// subjects, with no JetStream domain to configure. (nats-server
 		// otherwise denies them there, so that a leaf with JetStream of
 		// its own cannot answer for the hub.)
-		so.JsAccDefaultDomain = map[string]string{server.DEFAULT_GLOBAL_ACCOUNT: ""}
+		acc := server.DEFAULT_GLOBAL_ACCOUNT
+		if opts.Auth.Operator != "" {
+			acc = opts.Auth.JetStreamAccount
+		}
+		if acc != "" {
+			so.JsAccDefaultDomain = map[string]string{acc: ""}
+		}
+	}
+	if err := configureAuth(so, opts); err != nil {
+		return nil, err
 	}
 	srv, err := server.NewServer(so)
 	if err != nil {
@@ -226,6 +297,65 @@ func Start(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("natsembed: embedded NATS server (data dir %s) not ready within %s", opts.DataDir, timeout)
 	}
 	return &Server{srv: srv}, nil
+}
+
+// configureAuth sets the operator, the memory resolver and TLS of so.
+func configureAuth(so *server.Options, opts Options) error {
+	if a := opts.Auth; a.Operator != "" {
+		oc, err := jwt.DecodeOperatorClaims(a.Operator)
+		if err != nil {
+			return fmt.Errorf("natsembed: operator JWT: %w", err)
+		}
+		res := &server.MemAccResolver{}
+		for pub, tok := range a.Accounts {
+			if err := res.Store(pub, tok); err != nil {
+				return fmt.Errorf("natsembed: account %s: %w", pub, err)
+			}
+		}
+		so.TrustedOperators = []*jwt.OperatorClaims{oc}
+		// A user JWT carries its permissions inside CONNECT: a router's
+		// list of the JetStream API subjects it may use passes 4 KiB,
+		// nats-server's default control line.
+		so.MaxControlLine = MaxControlLine
+		so.AccountResolver = res
+		so.SystemAccount = a.SystemAccount
+	}
+	if t := opts.TLS; t.CertFile != "" {
+		client, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: t.CertFile, KeyFile: t.KeyFile, CaFile: t.CAFile, Verify: t.VerifyClients})
+		if err != nil {
+			return fmt.Errorf("natsembed: TLS (cert %s, key %s, CA %s): %w", t.CertFile, t.KeyFile, t.CAFile, err)
+		}
+		so.TLSConfig, so.TLS, so.TLSVerify, so.TLSTimeout = client, true, t.VerifyClients, 2
+		so.TLSCaCert = t.CAFile
+		if so.Cluster.Name != "" {
+			routes, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: t.CertFile, KeyFile: t.KeyFile, CaFile: t.CAFile, Verify: true})
+			if err != nil {
+				return fmt.Errorf("natsembed: cluster TLS: %w", err)
+			}
+			routes.RootCAs = routes.ClientCAs // a node dials its routes as a client
+			so.Cluster.TLSConfig, so.Cluster.TLSTimeout = routes, 2
+		}
+		if so.LeafNode.Port != 0 {
+			leaf, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: t.CertFile, KeyFile: t.KeyFile, CaFile: t.CAFile, Verify: t.VerifyClients})
+			if err != nil {
+				return fmt.Errorf("natsembed: leaf-node TLS: %w", err)
+			}
+			so.LeafNode.TLSConfig, so.LeafNode.TLSTimeout = leaf, 2
+		}
+		for _, r := range so.LeafNode.Remotes {
+			remote, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: t.CertFile, KeyFile: t.KeyFile, CaFile: t.CAFile})
+			if err != nil {
+				return fmt.Errorf("natsembed: leaf-node remote TLS: %w", err)
+			}
+			// GenTLSConfig puts the CA in ClientCAs; a remote checks the hub's certificate with RootCAs.
+			remote.RootCAs = remote.ClientCAs
+			r.TLS, r.TLSConfig, r.TLSTimeout = true, remote, 2
+		}
+	}
+	for _, r := range so.LeafNode.Remotes {
+		r.Credentials = opts.LeafCreds
+	}
+	return nil
 }
 
 func checkFree(host string, port int) error {

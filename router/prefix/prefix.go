@@ -1,0 +1,133 @@
+// Package prefix is a router's prefix index and the pick it feeds: which
+// engine is believed to hold which chained blocks of prompt content
+// (kvindex, learned from what the router routed), and the engine choice
+// that weighs the
+// longest cached prefix against the plan's weights and live load
+// (selection.Table.PickPrefix). The router's request path and the
+// simulator's switchyard policy both run it. Pure: no I/O, the caller's
+// clock.
+package prefix
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/switchyard-dev/switchyard/kvindex"
+	"github.com/switchyard-dev/switchyard/router/selection"
+)
+
+// Defaults of Options.
+const (
+	// DefaultBlocksPerEngine is how many blocks the index remembers per
+	// engine when the engine's KV size is not known: 8,192 text blocks of
+	// 512 bytes, 4 MiB of prompt (about a million tokens), more than an
+	// 80 GB GPU holds for an 8B model's cache (some 500,000 tokens), so
+	// that capacity is not what forgets a prefix the engine still holds;
+	// the TTL is. At some 50 bytes a block that is 400 KiB per engine.
+	DefaultBlocksPerEngine = 8192
+	// DefaultTTL forgets a prefix not routed again for 5 minutes: a busy
+	// engine evicts an idle conversation's blocks sooner, and a user who
+	// comes back after that mostly finds them gone; a conversation that
+	// goes on refreshes its blocks with every turn.
+	DefaultTTL = 5 * time.Minute
+	// MatchLimit is how many engines a pick compares by prefix: the
+	// deepest holders of the request's blocks. A prefix held by more
+	// engines than that is a shared one, placed by the weights.
+	MatchLimit = 4
+)
+
+// ErrOptions wraps every Options validation error.
+var ErrOptions = errors.New("prefix: invalid options")
+
+// Options configures an Index.
+type Options struct {
+	// BlocksPerEngine caps the blocks remembered per engine unless
+	// SetCapacity gives the engine's own; zero means
+	// DefaultBlocksPerEngine.
+	BlocksPerEngine int
+	// TTL forgets blocks not routed again for that long; zero means
+	// DefaultTTL, negative keeps them until capacity evicts them.
+	TTL time.Duration
+}
+
+// WithDefaults returns o with its zero fields set to the defaults.
+func (o Options) WithDefaults() Options {
+	if o.BlocksPerEngine == 0 {
+		o.BlocksPerEngine = DefaultBlocksPerEngine
+	}
+	if o.TTL == 0 {
+		o.TTL = DefaultTTL
+	}
+	return o
+}
+
+// Validate names the first field of o (after defaults) that is not usable.
+func (o Options) Validate() error {
+	o = o.WithDefaults()
+	if o.BlocksPerEngine < 1 || o.BlocksPerEngine > 1<<30 {
+		return fmt.Errorf("%w: BlocksPerEngine is %d, want 1..%d", ErrOptions, o.BlocksPerEngine, 1<<30)
+	}
+	return nil
+}
+
+// Index is one model's prefix index at one router. It is safe for
+// concurrent use.
+type Index struct {
+	learned *kvindex.Index
+}
+
+// New validates opts and returns an empty Index.
+func New(opts Options) (*Index, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	opts = opts.WithDefaults()
+	x, err := kvindex.New(kvindex.Options{MaxBlocksPerEngine: opts.BlocksPerEngine, TTL: max(opts.TTL, 0)})
+	if err != nil {
+		return nil, fmt.Errorf("prefix: %w", err)
+	}
+	return &Index{learned: x}, nil
+}
+
+// SetCapacity sets how many blocks engine may hold (its KV size in the
+// index's blocks).
+func (x *Index) SetCapacity(engine string, blocks int) error {
+	return x.learned.SetCapacity(engine, blocks)
+}
+
+// Pick picks the engine of t for a request with block keys (its
+// protocol.PrefixKeys) and affinity key, under g: Table.PickPrefix over
+// the deepest holders of its keys. It does not allocate.
+func (x *Index) Pick(t *selection.Table, g selection.LoadGuard, key uint64, keys []uint64) (int, bool) {
+	if len(keys) == 0 {
+		return t.PickRecent(key, g, nil)
+	}
+	var mbuf [2 * MatchLimit]kvindex.Match
+	matches := x.learned.Deepest(mbuf[:0], keys, MatchLimit)
+	shared := 0
+	if len(matches) >= MatchLimit && matches[MatchLimit-1].Blocks == matches[0].Blocks {
+		// As many engines as are compared hold the deepest prefix: it is a
+		// shared one, and the weights place the request.
+		shared = max(shared, matches[0].Blocks)
+	}
+	var hbuf [2 * MatchLimit]selection.Held
+	held := hbuf[:0]
+	for _, m := range matches {
+		if i, ok := t.Index(m.Engine); ok {
+			held = append(held, selection.Held{Index: i, Blocks: m.Blocks})
+		}
+	}
+	return t.PickPrefix(key, g, held, shared)
+}
+
+// Routed records that the request with block keys was sent to engine at
+// now: the engine will hold its prefix.
+func (x *Index) Routed(engine string, keys []uint64, now time.Time) {
+	if len(keys) > 0 {
+		// The only error is an index already holding its maximum of
+		// engines (65,536), where this engine is not remembered: a missed
+		// placement, never a wrong one.
+		_ = x.learned.StoreAt(engine, keys, now)
+	}
+}

@@ -1,0 +1,75 @@
+package selection
+
+// Held is an engine's cached prefix of a request, as a prefix index
+// reports it: the engine's index in the table and how many of the
+// request's leading blocks it holds.
+type Held struct {
+	Index  int
+	Blocks int
+}
+
+// PickPrefix picks the engine for a request whose cached prefixes held
+// reports (deepest first), under g; key is the request's affinity key (its
+// placement among weighted candidates). shared is how deep the request's
+// prefix is shared with other requests (a system prompt other
+// conversations went on from: router/prefix passes the depth that as many
+// engines hold as it compares); deeper than that
+// the prefix is the request's own (its conversation's previous turns).
+//
+// It first places the request as PickRecent places a key it has not seen
+// (the lowest load relative to plan among NewKeyChoices weighted
+// candidates), then moves it to the engine holding the longest prefix
+// deeper than the placed engine's, if that engine has positive weight, is
+// live and within its bounded load, and:
+//
+//   - for a prefix of its own, unless the engine's batch is full while the
+//     placed one has a free slot: a conversation stays where its previous
+//     turns are cached, whatever the slots say, and only the weights and
+//     the bounded load limit how far it may load its engine;
+//   - for a shared prefix only, if the engine's load relative to its plan
+//     is not above the placed engine's by TwoChoiceMargin (PickTwo's test)
+//     and its batch has a free slot: a hot prefix draws requests to its
+//     holders only while they are not busier than the weights would make
+//     them, so it spreads to other engines (each prefilling it once)
+//     instead of piling onto the one that cached it first.
+//
+// With a nil guard it is Primary(key). It does not allocate.
+func (t *Table) PickPrefix(key uint64, g LoadGuard, held []Held, shared int) (int, bool) {
+	if g == nil {
+		return t.Primary(key)
+	}
+	base, ok := t.pickLeast(key, g, NewKeyChoices)
+	if !ok {
+		return base, false
+	}
+	depth := 0
+	for _, h := range held {
+		if h.Index == base {
+			depth = max(depth, h.Blocks)
+		}
+	}
+	lb := g.Load(base)
+	rb := lb * t.perPlan[base]
+	baseFull := lb >= 1
+	total := float64(g.TotalInFlight())
+	best := base
+	for _, h := range held {
+		j := h.Index
+		if h.Blocks <= depth || j < 0 || j >= len(t.engines) || t.engines[j].Weight <= 0 {
+			continue
+		}
+		if g.Down(j) || !t.within(j, g.InFlight(j), total) {
+			continue
+		}
+		lj := g.Load(j)
+		if h.Blocks > shared {
+			if !baseFull && lj >= 1 {
+				continue
+			}
+		} else if !(lj < 1 && lj*t.perPlan[j] < rb+TwoChoiceMargin) {
+			continue
+		}
+		best, depth = j, h.Blocks
+	}
+	return best, true
+}

@@ -1,0 +1,61 @@
+package selection
+
+import "testing"
+
+// TestPickPrefix: the deepest own prefix wins while its engine can take
+// the request; a full batch, a down engine, zero weight or the bounded
+// load send it where the weights place it; a shared prefix draws only an
+// engine no busier than the placed one.
+func TestPickPrefix(t *testing.T) {
+	tbl := mustTable(t, engineSet([]float64{0.25, 0.25, 0.25, 0.25}), TableOptions{})
+	newGuard := func() *fakeLoadGuard {
+		return &fakeLoadGuard{fakeGuard: newFakeGuard(tbl.Len()), load: make([]float64, tbl.Len())}
+	}
+	key := SpreadKey(42)
+	g := newGuard()
+	base, _ := tbl.PickPrefix(key, g, nil, 0)
+	other := (base + 1) % tbl.Len()
+	held := []Held{{Index: other, Blocks: 7}, {Index: base, Blocks: 6}}
+	if i, _ := tbl.PickPrefix(key, g, held, 0); i != other {
+		t.Fatalf("own prefix 7 deep on %d: picked %d", other, i)
+	}
+	if i, _ := tbl.PickPrefix(key, g, held, 7); i != other {
+		t.Fatalf("shared prefix on an idle holder: picked %d, want %d", i, other)
+	}
+	g.load[other] = 0.5
+	if i, _ := tbl.PickPrefix(key, g, held, 7); i != base {
+		t.Fatalf("shared prefix on a busier holder: picked %d, want the placed %d", i, base)
+	}
+	if i, _ := tbl.PickPrefix(key, g, held, 0); i != other {
+		t.Fatalf("own prefix on a busier holder with a free slot: picked %d, want %d", i, other)
+	}
+	g.load[other] = 1
+	if i, _ := tbl.PickPrefix(key, g, held, 0); i != base {
+		t.Fatalf("own prefix on a full batch: picked %d, want the placed %d", i, base)
+	}
+	g.load[other] = 0
+	g.down[other] = true
+	if i, _ := tbl.PickPrefix(key, g, held, 0); i != base {
+		t.Fatalf("own prefix on a down engine: picked %d, want %d", i, base)
+	}
+	g = newGuard()
+	g.inflight[other], g.total = 10, 10
+	if i, _ := tbl.PickPrefix(key, g, held, 0); i != base {
+		t.Fatalf("own prefix beyond the bounded load: picked %d, want %d", i, base)
+	}
+	g = newGuard()
+	if i, _ := tbl.PickPrefix(key, g, []Held{{Index: -1, Blocks: 9}, {Index: 99, Blocks: 9}}, 0); i != base {
+		t.Fatalf("out-of-table holders: picked %d, want %d", i, base)
+	}
+	zero := mustTable(t, engineSet([]float64{1, 0}), TableOptions{})
+	if i, _ := zero.PickPrefix(key, newGuardFor(zero), []Held{{Index: 1, Blocks: 5}}, 0); i != 0 {
+		t.Fatalf("holder of zero weight: picked %d, want 0", i)
+	}
+	if a := testing.AllocsPerRun(100, func() { tbl.PickPrefix(key, g, held, 0) }); a != 0 {
+		t.Fatalf("PickPrefix allocates %v times", a)
+	}
+}
+
+func newGuardFor(t *Table) *fakeLoadGuard {
+	return &fakeLoadGuard{fakeGuard: newFakeGuard(t.Len()), load: make([]float64, t.Len())}
+}

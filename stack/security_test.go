@@ -1,0 +1,212 @@
+package stack_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/switchyard-dev/switchyard/auth"
+	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/stack"
+)
+
+// TestSecureStack runs the stack as `switchyard up` does by default (its
+// identities, TLS on the client port) and replays the bus attacks of a
+// hostile probe, each from the identity that would try it (or none): each
+// must be refused by the server, a permissions violation its client sees,
+// and the stack must keep serving every valid request throughout.
+func TestSecureStack(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	h := hostileStart(t, ctx, hostileOptions{secure: true})
+	m := h.s.Auth()
+	url := h.s.NATSURL()
+
+	t.Run("anonymous", func(t *testing.T) {
+		for _, opts := range [][]nats.Option{
+			{nats.RootCAs(m.Path(auth.CAFile))},                                  // no identity
+			{nats.UserCredentials(m.CredsFile("engine-a"))},                      // no TLS
+			{nats.UserInfo("admin", "admin"), nats.RootCAs(m.Path(auth.CAFile))}, // a password
+		} {
+			if nc, err := nats.Connect(url, append(opts, nats.MaxReconnects(0))...); err == nil {
+				nc.Close()
+				t.Errorf("connected to %s without an identity of the stack", url)
+			}
+		}
+	})
+
+	engB := connectAs(t, m, url, "engine-b")
+	routerA := connectAs(t, m, url, stack.RouterIdentity("A"))
+	reader := connectAs(t, m, url, stack.ReaderIdentity)
+	attacks := []struct {
+		name string
+		as   *identityConn
+		do   func(nc *nats.Conn) error
+	}{
+		{"forged signal for another engine", engB, pub("sy.signal.llama.engine-a")},
+		{"a made-up engine's signal", engB, pub("sy.signal.llama.rogue")},
+		{"forged report (demand, outcomes, RTT)", engB, pub("sy.report.llama.B.B-1")},
+		{"report for another cluster", routerA, pub("sy.report.llama.B.B-1")},
+		{"engine state write", engB, pub("$KV.sy_engines.llama.engine-a")},
+		{"demand write", routerA, pub("$KV.sy_demand.llama.A")},
+		{"weights write by a router", routerA, pub("$KV.sy_weights.llama.A")},
+		{"lease write by a router", routerA, pub("$KV.sy_leases.optimizer")},
+		{"weights purge by a router", routerA, pub("$JS.API.STREAM.PURGE.KV_sy_weights")},
+		{"engine drain without admin", routerA, pub("$KV.sy_engines.operator.engine-c")},
+		{"engine inject without admin", reader, pub("sy.ctl.engine.engine-a")},
+		{"calling an engine directly", engB, pub("sy.infer.llama.engine-a")},
+		{"reading requests", engB, sub("sy.req.>", "")},
+		{"reading another cluster's requests", routerA, sub("sy.req.B.>", "sy-router-B")},
+		{"reading inference", routerA, sub("sy.infer.>", "")},
+		{"reading inference as an engine", engB, sub("sy.infer.llama.engine-a", "")},
+		{"reading others' replies", reader, sub("_INBOX.>", "")},
+		{"reading another identity's replies", engB, sub("_INBOX_router-A.>", "")},
+		{"joining the routers' queue group", engB, sub("sy.req.A.llama", "sy-router-A")},
+		{"stealing the aggregator's signals", reader, pub("$JS.API.CONSUMER.MSG.NEXT.SY_SIGNALS.sy-aggregator-signals")},
+	}
+	for _, a := range attacks {
+		t.Run(a.name, func(t *testing.T) {
+			a.as.drain()
+			if err := a.do(a.as.nc); err != nil && !isViolation(err) {
+				t.Fatal(err)
+			}
+			if err := a.as.nc.FlushTimeout(5 * time.Second); err != nil && !isViolation(err) {
+				t.Fatal(err)
+			}
+			if err := a.as.violation(); err != nil {
+				t.Fatalf("%s as %s: %v", a.name, a.as.name, err)
+			}
+		})
+	}
+
+	// Pre-sending another engine's next Nats-Msg-Ids from a subject the
+	// attacker may publish: the ids it can guess are not the engine's.
+	// The attacker knows engine-a's sequence number (signals say it) and
+	// the id's old shape, <engine>-<seq>, and sends its next 400.
+	t.Run("Nats-Msg-Id pre-sending", func(t *testing.T) {
+		var seen messages.EngineSignal
+		h.capture("sy.signal.llama.engine-a", &seen)
+		for i := range 400 {
+			msg := nats.NewMsg("sy.signal.llama.engine-b")
+			msg.Header.Set(nats.MsgIdHdr, fmt.Sprintf("engine-a-%d", seen.Seq+uint64(i)+1))
+			msg.Data = []byte{0xc0}
+			if err := engB.nc.PublishMsg(msg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := engB.nc.FlushTimeout(5 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+	})
+	// engine-b may publish only its own subject; a signal there that
+	// claims to be engine-a is rejected and counted by reason "subject" by
+	// the aggregator and by every router.
+	t.Run("names disagree with the subject", func(t *testing.T) {
+		var sig messages.EngineSignal
+		h.capture("sy.signal.llama.engine-a", &sig)
+		sig.Seq++
+		sig.Time = time.Now().UnixMilli()
+		agg := metricRef{"switchyard_aggregator_bad_messages_total", map[string]string{"stream": "signals", "reason": "subject"}}
+		rt := metricRef{"switchyard_router_signals_rejected_total", map[string]string{"reason": "subject"}}
+		aggBefore, rtBefore := h.sum([]metricRef{agg}), h.sum([]metricRef{rt})
+		if err := engB.nc.Publish("sy.signal.llama.engine-b", mustEncode(t, &sig)); err != nil {
+			t.Fatal(err)
+		}
+		h.requireRise("a signal for engine-a on engine-b's subject", []metricRef{agg}, aggBefore, 1, 5*time.Second)
+		h.requireRise("a signal for engine-a on engine-b's subject", []metricRef{rt}, rtBefore, float64(len(h.s.Routers())), 5*time.Second)
+	})
+	h.requireStaysHealthy("after the attacks", 2*time.Second)
+	h.requireHealthy("after the attacks")
+	if v := h.log.violationLines(); len(v) == 0 {
+		t.Error("the server logged none of the violations")
+	}
+	for _, l := range h.log.violationLines() {
+		for _, own := range []string{"switchyard-up-aggregator", "switchyard-up-optimizer", "switchyard-up-engine", "switchyard-up-router", "switchyard-up-admin", "switchyard-up-reader"} {
+			if strings.Contains(l, own) {
+				t.Errorf("a component of the stack hit its own permissions: %s", l)
+			}
+		}
+	}
+}
+
+// identityConn is a client of the stack's server as one identity, with
+// the asynchronous errors the server sent it.
+type identityConn struct {
+	name string
+	nc   *nats.Conn
+	errs chan error
+}
+
+func connectAs(t *testing.T, m *auth.Material, url, identity string) *identityConn {
+	t.Helper()
+	c := &identityConn{name: identity, errs: make(chan error, 64)}
+	nc, err := nats.Connect(url, nats.UserCredentials(m.CredsFile(identity)), nats.RootCAs(m.Path(auth.CAFile)),
+		nats.CustomInboxPrefix("_INBOX_"+identity), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			select {
+			case c.errs <- err:
+			default:
+			}
+		}))
+	if err != nil {
+		t.Fatalf("connect as %s: %v", identity, err)
+	}
+	t.Cleanup(nc.Close)
+	c.nc = nc
+	return c
+}
+
+// drain forgets the errors of earlier attacks.
+func (c *identityConn) drain() {
+	for {
+		select {
+		case <-c.errs:
+		default:
+			return
+		}
+	}
+}
+
+// violation waits for the server's permissions violation.
+func (c *identityConn) violation() error {
+	select {
+	case err := <-c.errs:
+		if isViolation(err) {
+			return nil
+		}
+		return fmt.Errorf("got %v, want a permissions violation", err)
+	case <-time.After(5 * time.Second):
+		return fmt.Errorf("allowed: no permissions violation within 5 s")
+	}
+}
+
+func isViolation(err error) bool {
+	return err != nil && strings.Contains(strings.ToLower(err.Error()), "permissions violation")
+}
+
+func pub(subject string) func(*nats.Conn) error {
+	return func(nc *nats.Conn) error { return nc.Publish(subject, []byte{0xc0}) }
+}
+
+func sub(subject, queue string) func(*nats.Conn) error {
+	return func(nc *nats.Conn) error {
+		if queue != "" {
+			_, err := nc.QueueSubscribeSync(subject, queue)
+			return err
+		}
+		_, err := nc.SubscribeSync(subject)
+		return err
+	}
+}
+
+func mustEncode(t *testing.T, m messages.Message) []byte {
+	t.Helper()
+	b, err := messages.Encode(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
