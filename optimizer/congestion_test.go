@@ -3,6 +3,7 @@ package optimizer
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 )
@@ -234,6 +235,32 @@ func TestCongestedCurveInverse(t *testing.T) {
 		}
 		if x, _ := c.InverseMarginal(1e18); x != c.Capacity() {
 			t.Errorf("%T: InverseMarginal beyond the limit = %g, want the hard limit %g", c, x, c.Capacity())
+		}
+	}
+}
+
+// The congested queue curve's inverse starts from its previous root: in any order of the
+// marginals asked, across loads from near zero to the hard limit and weights from far below
+// to far above the profile's curvature, it returns the load and its slope dx/dm.
+func TestCongestedQueueInverseAnyOrder(t *testing.T) {
+	rng := rand.New(rand.NewPCG(18, 1))
+	for range 200 {
+		b, c := math.Exp(rng.Float64()*8-2), math.Exp(rng.Float64()*10-2)
+		a := b / c * math.Exp(rng.Float64()*16-8)
+		q := congested(QueueProfile{BaseMs: b}.Curve(c, 1), a)
+		for range 50 {
+			x := q.Capacity() * math.Pow(rng.Float64(), 1+4*rng.Float64())
+			if x < 1e-6*c {
+				continue // m − b is at the rounding of b there: the load is known to about 1e-16·c/(m − b)
+			}
+			got, slope := q.InverseMarginal(q.Marginal(x))
+			if math.Abs(got-x) > 1e-9*x {
+				t.Fatalf("b %g c %g a %g: InverseMarginal(Marginal(%.12g)) = %.12g", b, c, a, x, got)
+			}
+			r := 1 - got/c
+			if want := 1 / (2*b/(c*r*r*r) + a); math.Abs(slope-want) > 1e-9*want {
+				t.Fatalf("b %g c %g a %g at load %g: slope %.12g, want %.12g", b, c, a, got, slope, want)
+			}
 		}
 	}
 }

@@ -58,8 +58,10 @@ func (q QueueProfile) Curve(capacity, health float64) Curve {
 }
 
 // queueCurve is the queue profile bound to an engine, with the congestion term a·x²/2 added
-// to its cost x·L(x) (a = 0: none; see congested).
-type queueCurve struct{ b, c, cap, a float64 }
+// to its cost x·L(x) (a = 0: none; see congested). With the term, mcap is the marginal cost at
+// the hard limit and prevW the last root InverseMarginal found (see there); a curve belongs to
+// one solver's state, which is not shared between goroutines.
+type queueCurve struct{ b, c, cap, a, mcap, prevW float64 }
 
 func (q *queueCurve) Capacity() float64 { return q.cap }
 
@@ -96,31 +98,50 @@ func (q *queueCurve) InverseMarginal(m float64) (float64, float64) {
 		}
 		return x, 0.5 * q.c * s / m
 	}
-	// With the congestion term, g(x) = b/r² + a·x − m is convex and increasing; the root
-	// without the term and the root of g's tangent at 0, b + (2b/c + a)·x = m, both lie above
-	// its root, so Newton from the lower of them falls monotonically onto it. Newton's
-	// convergence is quadratic: once a step is below 1e-7 of the load, the error after it is
-	// of the order of 1e-14.
-	x = math.Min(math.Min(x, q.cap), (m-q.b)/(2*q.b/q.c+q.a))
-	invc := 1 / q.c
-	if ir := 1 / (1 - x*invc); x >= q.cap && q.b*ir*ir+q.a*x <= m {
+	if m >= q.mcap {
 		return q.cap, 0 // the root is at or beyond the hard limit
 	}
-	d := 0.0
+	// With the congestion term the root of b/r² + a·x = m, r = 1 − x/c, is in w = x/(c − x)
+	// the root of the cubic H(w) = b·w³ + 3b·w² + (3b + A − m)·w + (b − m), A = a·c, which is
+	// convex on w > −1 and increasing right of its root. Two upper bounds start Newton: the
+	// root without the term, w = √(m/b) − 1, and H's tangent at 0 (when it rises); from the
+	// lower of them Newton falls monotonically onto the root with one division a step.
+	// Newton's convergence is quadratic: once a step is below 1e-7 of w, the error after it
+	// is of the order of 1e-14.
+	b := q.b
+	k1, k0 := 3*b+q.a*q.c-m, b-m
+	w := 1/s - 1
+	if k1 > 0 {
+		w = math.Min(w, -k0/k1)
+	}
+	// The solver asks for nearby marginals in turn, so the previous root starts Newton closer:
+	// above the new root it is a tighter upper bound, below it one Newton step from it is one
+	// (H is convex, so its tangent's root lies right of H's).
+	if pw := q.prevW; pw > 0 && pw < w {
+		h := ((b*pw+3*b)*pw+k1)*pw + k0
+		if h >= 0 {
+			w = pw
+		} else if d := (3*b*pw+6*b)*pw + k1; d > 0 {
+			w = math.Min(w, pw-h/d)
+		}
+	}
+	var d float64
 	for range 50 {
-		ir := 1 / (1 - x*invc)
-		bm := q.b * ir * ir
-		d = 2*bm*ir*invc + q.a
-		step := (bm + q.a*x - m) / d
-		x -= step
-		if x <= 0 {
+		d = (3*b*w+6*b)*w + k1
+		step := (((b*w+3*b)*w+k1)*w + k0) / d
+		w -= step
+		if w <= 0 {
 			return 0, 0
 		}
-		if step <= 1e-7*x {
+		if step <= 1e-7*w {
 			break
 		}
 	}
-	return x, 1 / d
+	// x = c·w/(1+w), and dx/dm = c/((1+w)·H'(w)) by implicit differentiation of H.
+	q.prevW = w
+	d = (3*b*w+6*b)*w + k1
+	t := q.c / ((1 + w) * d)
+	return w * d * t, t
 }
 
 func (q *queueCurve) InverseLatency(l float64) (float64, float64) {
@@ -386,6 +407,7 @@ func congested(c Curve, a float64) Curve {
 	case *queueCurve:
 		q := *v
 		q.a = a
+		q.mcap = q.Marginal(q.cap)
 		return &q
 	case *pointsCurve:
 		p := *v
