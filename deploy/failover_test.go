@@ -1,5 +1,5 @@
 // Package deploy_test runs the clustered deployment in one process — a real
-// three-node NATS JetStream cluster (testenv.StartCluster), the case study's
+// three-node NATS JetStream cluster (testenv.StartClusterWith), the case study's
 // simulated engines, the aggregator, a leader and a standby optimizer and one
 // router per frontend cluster — and checks that losing a NATS node, the
 // optimizer leader or the aggregator loses nothing while traffic flows.

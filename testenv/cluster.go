@@ -85,13 +85,6 @@ type Cluster struct {
 	nodes []*ClusterNode
 }
 
-// StartCluster starts a cluster of n JetStream servers (see StartClusterWith)
-// and provisions the Switchyard layout with min(n, 3) replicas.
-func StartCluster(tb testing.TB, n int) *Cluster {
-	tb.Helper()
-	return StartClusterWith(tb, ClusterOptions{Nodes: n})
-}
-
 // StartClusterWith starts a cluster as configured by opts: it picks free
 // client and route ports, starts every node with routes to the others, waits
 // until JetStream has a meta leader that knows every node, connects a client
