@@ -43,7 +43,7 @@ func TestExampleMatchesBuiltIn(t *testing.T) {
 func TestParseErrorsNameTheField(t *testing.T) {
 	base := string(DefaultFileBytes())
 	cases := []struct{ name, from, to, want string }{
-		{"bad model", "model: llama", "model: llama.3", "model"},
+		{"bad model", "model: llama", "model: \"llama 3\"", "model"},
 		{"negative demand", "demand_rps: 90", "demand_rps: -90", "clusters[0].demand_rps"},
 		{"zero capacity", "capacity_rps: 80", "capacity_rps: 0", "engines[2].capacity_rps"},
 		{"dotted engine", "name: engine-b", "name: engine.b", "engines[1].name"},
