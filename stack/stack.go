@@ -93,7 +93,8 @@ const (
 func RouterIdentity(cluster string) string { return "router-" + cluster }
 
 // Identities returns the identities of every component of f: admin,
-// reader, aggregator, optimizer, one per engine (named after it) and one
+// reader, aggregator, optimizer, one per simulated engine (named after
+// it), one agent (AgentIdentity) for the engines given by URL, and one
 // router per cluster.
 func Identities(f *File) []auth.Identity {
 	ids := []auth.Identity{
