@@ -2,8 +2,6 @@ package stack_test
 
 import (
 	"context"
-	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -27,30 +25,12 @@ import (
 // plain name.
 const urlModel = "llama"
 
-// startVLLMEngines starts n simulated engines in vLLM mode with no NATS of
-// their own — vLLM's metrics names, its /health — each on a free
-// 127.0.0.1 port, as an operator's engines the stack reaches by URL.
+// startVLLMEngines starts n simulated engines in vLLM mode, the
+// operator's engines the stack reaches by URL.
 func startVLLMEngines(t *testing.T, n int) []*enginesim.Engine {
 	t.Helper()
-	var out []*enginesim.Engine
-	for i := range n {
-		e, err := enginesim.New(enginesim.Options{
-			Name: fmt.Sprintf("v%d", i+1), Model: urlModel, MaxBatch: 8, PrefillMsPerToken: 0.02, BaseTBTMs: 5, TBTGrowthMs: 0.1,
-			OutputTokens: 8, PromptTokens: 64, Seed: uint64(i + 1), MetricsFormat: enginesim.MetricsVLLM,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err = e.Start(ctx)
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = e.Close() })
-		out = append(out, e)
-	}
-	return out
+	return testenv.StartVLLMEngines(t, n, enginesim.Options{Model: urlModel, MaxBatch: 8, PrefillMsPerToken: 0.02, BaseTBTMs: 5, TBTGrowthMs: 0.1,
+		OutputTokens: 8, PromptTokens: 64})
 }
 
 // startURLStack runs `up --stack` on a stack file of the issue's form
@@ -58,12 +38,7 @@ func startVLLMEngines(t *testing.T, n int) []*enginesim.Engine {
 // of them.
 func startURLStack(t *testing.T, engines []*enginesim.Engine) *stack.Stack {
 	t.Helper()
-	var b strings.Builder
-	fmt.Fprintf(&b, "model: %s\nclusters:\n  - {name: A, region: r1, router: \"127.0.0.1:0\"}\nengines:\n", urlModel)
-	for _, e := range engines {
-		fmt.Fprintf(&b, "  - {name: %s, region: r1, url: %q, metrics: vllm, max_running: 8, capacity_rps: 40}\n", e.Name(), e.URL())
-	}
-	f, err := stack.Parse("url-engines.yaml", []byte(b.String()))
+	f, err := stack.Parse("url-engines.yaml", []byte(testenv.URLStackFile(urlModel, engines)))
 	if err != nil {
 		t.Fatal(err)
 	}

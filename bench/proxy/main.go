@@ -321,7 +321,6 @@ func run(c config) error {
 	if nginxNote != "" {
 		fmt.Println(nginxNote)
 	}
-	all := append(slices.Clone(httpTargets), natsTargets...)
 	samples := make(map[string][]sample)
 	var groups [][]target
 	for g := range strings.SplitSeq(c.groups, ",") {
@@ -359,17 +358,26 @@ func run(c config) error {
 			}
 		}
 		if c.verbose {
-			one := make(map[string][]sample)
-			for _, t := range all {
-				one[t.name] = samples[t.name][r : r+1]
-			}
 			fmt.Printf("\nrun %d\n", r+1)
-			report(one, httpTargets, natsTargets)
+			report(runOf(samples, r), httpTargets, natsTargets)
 		}
 	}
 	fmt.Printf("\nmedians of %d runs\n", c.runs)
 	report(samples, httpTargets, natsTargets)
 	return nil
+}
+
+// runOf returns run r's sample of every target measured in that run. A
+// target of a group that -groups leaves out has no samples at all, so the
+// targets are those of samples, not every target started.
+func runOf(samples map[string][]sample, r int) map[string][]sample {
+	one := make(map[string][]sample, len(samples))
+	for name, ss := range samples {
+		if r < len(ss) {
+			one[name] = ss[r : r+1]
+		}
+	}
+	return one
 }
 
 // waitServing sends requests to t until one succeeds (a front may need a

@@ -19,25 +19,10 @@ import (
 // ports, with no NATS of their own): up prints them as served by the
 // agent, runs no simulator, and the router it prints answers requests.
 func TestUpEnginesByURL(t *testing.T) {
-	var lines []string
-	for i := range 2 {
-		e, err := enginesim.New(enginesim.Options{Name: fmt.Sprintf("v%d", i+1), Model: "llama", MaxBatch: 8, BaseTBTMs: 2, TBTGrowthMs: 0.1,
-			PrefillMsPerToken: 0.01, OutputTokens: 4, PromptTokens: 16, Seed: uint64(i + 1), MetricsFormat: enginesim.MetricsVLLM})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err = e.Start(ctx)
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = e.Close() })
-		lines = append(lines, fmt.Sprintf("  - {name: %s, region: r1, url: %q, metrics: vllm, max_running: 8, capacity_rps: 40}", e.Name(), e.URL()))
-	}
+	engines := testenv.StartVLLMEngines(t, 2, enginesim.Options{Model: "llama", MaxBatch: 8, BaseTBTMs: 2, TBTGrowthMs: 0.1,
+		PrefillMsPerToken: 0.01, OutputTokens: 4, PromptTokens: 16})
 	file := filepath.Join(t.TempDir(), "fleet.yaml")
-	src := "model: llama\nclusters:\n  - {name: A, region: r1, router: \"127.0.0.1:0\"}\nengines:\n" + strings.Join(lines, "\n") + "\n"
-	if err := os.WriteFile(file, []byte(src), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte(testenv.URLStackFile("llama", engines)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
