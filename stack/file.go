@@ -232,6 +232,13 @@ func (f *File) Validate() error {
 		if err := e.validateKind(field); err != nil {
 			return err
 		}
+		if c := componentIdentity(f, e.Name); c != "" {
+			// Every engine publishes as an identity of its own name
+			// (Identities), the engines by URL through the agent; one
+			// rule for both keeps a file valid whichever way an engine
+			// is served.
+			return fmt.Errorf("%s.name: %q is the identity name of %s, want another engine name", field, e.Name, c)
+		}
 		if prev, dup := seen["e"+e.Name]; dup {
 			return fmt.Errorf("%s.name: %q already used by %s", field, e.Name, prev)
 		}

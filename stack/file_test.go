@@ -48,6 +48,9 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"zero capacity", "capacity_rps: 80", "capacity_rps: 0", "engines[2].capacity_rps"},
 		{"dotted engine", "name: engine-b", "name: engine.b", "engines[1].name"},
 		{"duplicate", "name: engine-c", "name: engine-a", "already used"},
+		{"engine named agent", "name: engine-b", "name: agent", `engines[1].name: "agent" is the identity name of the agent`},
+		{"engine named admin", "name: engine-a", "name: admin", `engines[0].name: "admin" is the identity name of the admin`},
+		{"engine named as a router", "name: engine-c", "name: router-B", `engines[2].name: "router-B" is the identity name of cluster B's router`},
 		{"unknown key", "model: llama", "model: llama\nbogus: 1", "bogus"},
 		{"not a number", "demand_rps: 40", "demand_rps: lots", "lots"},
 	}
@@ -123,6 +126,7 @@ func TestParseEnginesByURLErrorsNameTheField(t *testing.T) {
 		{"bad kv endpoint", "capacity_rps: 40}", "capacity_rps: 40, kv_events: \"127.0.0.1:5557\"}", "engines[0].kv_events"},
 		{"sim engine with metrics", `url: "http://127.0.0.1:18102", metrics: vllm, max_running: 8,`, "", "sim: missing, want the simulator's model: engines[1]"},
 		{"typo", "max_running: 8", "max_runing: 8", "max_runing"},
+		{"engine by URL named agent", "name: v2", "name: agent", `engines[1].name: "agent" is the identity name of the agent`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -92,6 +92,31 @@ const (
 // RouterIdentity is the identity of cluster's router.
 func RouterIdentity(cluster string) string { return "router-" + cluster }
 
+// componentIdentity names the component of f, other than an engine, whose
+// identity is called name ("" when none is). An engine is its own
+// identity, so its name must not be one of these: the stack file's
+// validation refuses such an engine by this rule.
+func componentIdentity(f *File, name string) string {
+	switch name {
+	case AdminIdentity:
+		return "the admin"
+	case ReaderIdentity:
+		return "the read-only operator"
+	case AggregatorIdentity:
+		return "the aggregator"
+	case AgentIdentity:
+		return "the agent of the engines by URL"
+	case OptimizerIdentity:
+		return "the optimizer"
+	}
+	for _, c := range f.Clusters {
+		if name == RouterIdentity(c.Name) {
+			return fmt.Sprintf("cluster %s's router", c.Name)
+		}
+	}
+	return ""
+}
+
 // Identities returns the identities of every component of f: admin,
 // reader, aggregator, optimizer, one per simulated engine (named after
 // it), one agent (AgentIdentity) for the engines given by URL, and one

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-dev/switchyard/stack"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/testenv"
 )
@@ -149,5 +151,23 @@ func TestUpPortTaken(t *testing.T) {
 	code := run(context.Background(), []string{"up", "--nats-port", fmt.Sprint(port), "--data-dir", t.TempDir(), "--metrics-addr", ""}, strings.NewReader(""), &out, &errOut)
 	if code == 0 || !strings.Contains(errOut.String(), "already in use") || !strings.Contains(errOut.String(), fmt.Sprint(port)) {
 		t.Fatalf("exit %d, stderr %q: want a clear error naming port %d", code, errOut.String(), port)
+	}
+}
+
+// TestUpRefusesEngineNamedAsAComponent: a stack file whose engine is named
+// after a component's identity (here the agent's) is refused before
+// anything starts, with an error naming the engine: the two would
+// otherwise share one identity's credentials.
+func TestUpRefusesEngineNamedAsAComponent(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "fleet.yaml")
+	src := strings.Replace(string(stack.DefaultFileBytes()), "name: engine-b", "name: agent", 1)
+	if err := os.WriteFile(file, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), []string{"up", "--stack", file, "--nats-port", "0", "--data-dir", t.TempDir(), "--metrics-addr", ""},
+		strings.NewReader(""), &out, &errOut)
+	if code == 0 || !strings.Contains(errOut.String(), `engines[1].name: "agent" is the identity name of the agent`) {
+		t.Fatalf("exit %d, stderr %q: want an error naming engines[1] and the agent", code, errOut.String())
 	}
 }
