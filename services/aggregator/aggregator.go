@@ -151,6 +151,14 @@ const DefaultForgetAfter = 10 * time.Minute
 // re-creation.
 const consumerCheck = time.Second
 
+// writeAckTimeout bounds the wait for a state write's acknowledgement. A
+// stream deleted while a write is queued in the server drops the write with
+// no answer at all; unbounded, that one lost acknowledgement would stop
+// every later write. A healthy stream acknowledges within milliseconds;
+// 2 s, a third of the default down-after, makes a lost acknowledgement
+// cost one retry on the next write tick, not an engine's silence.
+const writeAckTimeout = 2 * time.Second
+
 // ErrOptions is wrapped by every error of Validate and of New for invalid options.
 var ErrOptions = errors.New("aggregator: invalid options")
 
@@ -219,7 +227,7 @@ func New(opts Options) (*Aggregator, error) {
 	if opts.Conn == nil {
 		return nil, fmt.Errorf("%w: Conn is nil, want a NATS connection", ErrOptions)
 	}
-	js, err := jetstream.New(opts.Conn, jetstream.WithPublishAsyncMaxPending(16384))
+	js, err := jetstream.New(opts.Conn, jetstream.WithPublishAsyncMaxPending(16384), jetstream.WithPublishAsyncTimeout(writeAckTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("aggregator: jetstream: %w", err)
 	}

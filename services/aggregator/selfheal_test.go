@@ -208,3 +208,50 @@ func TestAggregatorForgetsSilentState(t *testing.T) {
 		t.Errorf("live engine state %+v, want up", s)
 	}
 }
+
+// TestAggregatorWritesAfterLostAcks: writes whose acknowledgements never
+// come (a stream deleted while they are queued in the server drops them
+// unanswered; here the engines bucket's stream is set to acknowledge
+// nothing for a while) must not stop the aggregator: once the stream
+// acknowledges again, the engine's state is written again.
+func TestAggregatorWritesAfterLostAcks(t *testing.T) {
+	env := testenv.StartNATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	runAggregatorOpts(t, env, aggregator.Options{WriteInterval: 20 * time.Millisecond})
+	eng := &fakeEngine{name: "engine-a", ttft: 100, tbt: 20}
+	go eng.run(ctx, t, env.JS, 20*time.Millisecond)
+	kv, err := env.JS.KeyValue(ctx, env.Names.EnginesBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	revision := func() uint64 {
+		e, err := kv.Get(ctx, "llama.engine-a")
+		if err != nil {
+			return 0
+		}
+		return e.Revision()
+	}
+	testenv.WaitFor(t, 5*time.Second, "engine-a's state written", func() bool { return revision() > 0 })
+	setNoAck := func(noAck bool) {
+		t.Helper()
+		st, err := env.JS.Stream(ctx, streams.BucketStream(env.Names.EnginesBucket))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := st.CachedInfo().Config
+		cfg.NoAck = noAck
+		if _, err := env.JS.UpdateStream(ctx, cfg); err != nil {
+			t.Fatalf("engines bucket with NoAck %v: %v", noAck, err)
+		}
+	}
+	setNoAck(true)
+	unacked := revision()
+	// A write is stored and goes unanswered.
+	testenv.WaitFor(t, 5*time.Second, "a write stored without an acknowledgement", func() bool { return revision() > unacked })
+	setNoAck(false)
+	acked := revision()
+	start := time.Now()
+	testenv.WaitFor(t, 3*aggregator.WriteAckTimeout, "engine-a's state written again once writes are acknowledged", func() bool { return revision() > acked+5 })
+	t.Logf("writes acknowledged again after %s", time.Since(start).Round(10*time.Millisecond))
+}

@@ -1,0 +1,4 @@
+package aggregator
+
+// WriteAckTimeout is writeAckTimeout, for the external tests.
+const WriteAckTimeout = writeAckTimeout
