@@ -96,7 +96,16 @@ func noFailures(t *testing.T, what string, sum *loadgen.Summary) {
 // simulators in vLLM mode, real HTTP on 127.0.0.1) runs the agent and no
 // simulator; requests through the router are answered by all three, and
 // killing one engine mid-run costs no failed request.
+//
+// No failed request is a real-time figure: under the race detector the
+// router ejects the dead engine late, and the retry budget (a fifth of a
+// retry per request) can run out on the attempts that meet it first. So it
+// is skipped under -race, and .ci/run runs it without; the stack of engines
+// by URL runs under -race in TestAgentDeathKeepsEnginesServing.
 func TestURLEnginesEndToEnd(t *testing.T) {
+	if raceEnabled {
+		t.Skip("no failed request when an engine dies is a real-time figure; run without -race: go test -count=1 -run TestURLEnginesEndToEnd ./stack/")
+	}
 	engines := startVLLMEngines(t, 3)
 	s := startURLStack(t, engines)
 	sum := send(t, s, 30, 2*time.Second, 1)
@@ -112,20 +121,7 @@ func TestURLEnginesEndToEnd(t *testing.T) {
 	if err := engines[1].Close(); err != nil {
 		t.Fatal(err)
 	}
-	killed := <-done
-	if raceEnabled {
-		// Under the race detector the router ejects the dead engine late,
-		// and the retry budget (a fifth of a retry per request) can run out
-		// on the attempts that meet it first: a few such 502s are the
-		// budget's rule, not a lost engine. The strict check runs without
-		// the detector (.ci/run runs this test so).
-		t.Logf("engine v2 killed mid-run (race detector): sent %d ok %d errors %d shed %d; %v", killed.Sent, killed.OK, killed.Errors, killed.Shed, killed.ErrorSamples)
-		if killed.Shed != 0 || killed.Errors*20 > killed.Sent {
-			t.Fatalf("engine v2 killed mid-run: %d errors and %d shed of %d, want under 5%% errors and none shed", killed.Errors, killed.Shed, killed.Sent)
-		}
-		return
-	}
-	noFailures(t, "engine v2 killed mid-run", killed)
+	noFailures(t, "engine v2 killed mid-run", <-done)
 }
 
 // verdict returns the operators' state of an engine of the stack, as
@@ -158,7 +154,8 @@ func verdictStatus(t *testing.T, kv jetstream.KeyValue, engine string) (enginest
 // serves all three): requests go on being answered — no failure, no 503,
 // no shed — while the engines' signals are missing past the aggregator's
 // down-after, the engines' state is reported unknown, and it is up again
-// once the agent returns.
+// once the agent returns. Its bounds hold under the race detector, so it
+// runs in the -race run only.
 func TestAgentDeathKeepsEnginesServing(t *testing.T) {
 	engines := startVLLMEngines(t, 3)
 	s := startURLStack(t, engines)
