@@ -427,3 +427,29 @@ func TestKVRoutingHitRatio(t *testing.T) {
 		}
 	}
 }
+
+// TestPlanKVRouting: the routers read KV events when an engine of the
+// stack file has kv_events, unless NoKVRouting; never without one.
+func TestPlanKVRouting(t *testing.T) {
+	for _, tc := range []struct {
+		kv   string
+		noKV bool
+		want bool
+	}{{`, kv_events: "tcp://127.0.0.1:15557"`, false, true}, {`, kv_events: "tcp://127.0.0.1:15557"`, true, false}, {"", false, false}} {
+		f, err := stack.Parse("kv.yaml", []byte("model: llama\nclusters:\n  - {name: A, region: r1}\nengines:\n"+
+			"  - {name: v1, region: r1, url: \"http://127.0.0.1:18101\", metrics: vllm, max_running: 8, capacity_rps: 40"+tc.kv+"}\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := stack.Options{File: f, DataDir: t.TempDir(), NoKVRouting: tc.noKV}.Plan()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(p.Routers) != 1 {
+			t.Fatalf("engine%s: %d routers planned, want 1", tc.kv, len(p.Routers))
+		}
+		if p.Routers[0].KVEvents != tc.want {
+			t.Errorf("engine%s, NoKVRouting %v: the router's KVEvents is %v, want %v", tc.kv, tc.noKV, p.Routers[0].KVEvents, tc.want)
+		}
+	}
+}
