@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 
+	"github.com/switchyard-dev/switchyard/kvindex"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/guard"
@@ -130,8 +131,9 @@ type Handler struct {
 // modelState is the router's live state for one model.
 type modelState struct {
 	live   *live.LiveSet
-	recent *selection.RecentKeys // where this router sent each affinity key lately
-	prefix *prefix.Index         // which engine holds which blocks of the prompts this router routed
+	recent *selection.RecentKeys         // where this router sent each affinity key lately
+	prefix *prefix.Index                 // which engine holds which blocks of the prompts this router routed
+	kv     atomic.Pointer[kvindex.Index] // the engines' KV events' index of the model (Options.KV), once it has one
 	bound  atomic.Pointer[live.Bound]
 	adm    *live.Admission
 	// met holds the model's metric children, made on first use.

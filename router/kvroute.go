@@ -11,7 +11,9 @@ import (
 // KVIndexes gives each model's engine-exact prefix index: which engine
 // holds which blocks by the engines' own KV events (kvfeed.Feed, kept
 // current from SY_KV, implements it). Index returns nil for a model no
-// engine reported on yet; it must be safe for concurrent use.
+// engine reported on yet, and then the same index for the model for good
+// (the router keeps the first it gets, so that its request path takes no
+// lock of the feed's); it must be safe for concurrent use.
 type KVIndexes interface {
 	Index(model string) *kvindex.Index
 }
@@ -61,7 +63,11 @@ func (h *Handler) prefixKeys(dst []uint64, model string, req *protocol.Request) 
 func (h *Handler) pickPrefix(model string, ms *modelState, t *selection.Table, g selection.LoadGuard, key uint64, keys []uint64, tokens bool) (int, bool) {
 	var exact *kvindex.Index
 	if tokens && h.opts.KV != nil {
-		exact = h.opts.KV.Index(model)
+		if exact = ms.kv.Load(); exact == nil {
+			if exact = h.opts.KV.Index(model); exact != nil {
+				ms.kv.Store(exact)
+			}
+		}
 	}
 	if exact == nil {
 		return ms.prefix.Pick(t, g, key, keys)
