@@ -108,26 +108,8 @@ func holders(r *router.Service, keys []uint64) map[string]int {
 // operator's engines the stack reaches by URL.
 func startKVEngines(t *testing.T, n, kvTokens int) []*enginesim.Engine {
 	t.Helper()
-	var out []*enginesim.Engine
-	for i := range n {
-		e, err := enginesim.New(enginesim.Options{
-			Name: fmt.Sprintf("v%d", i+1), Model: urlModel, MaxBatch: 8, PrefillMsPerToken: 0.01, BaseTBTMs: 2, TBTGrowthMs: 0.1,
-			OutputTokens: 4, PromptTokens: 256, KVTokens: kvTokens, Seed: uint64(i + 1), MetricsFormat: enginesim.MetricsVLLM,
-			KVEvents: "tcp://127.0.0.1:0",
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err = e.Start(ctx)
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = e.Close() })
-		out = append(out, e)
-	}
-	return out
+	return testenv.StartVLLMEngines(t, n, enginesim.Options{Model: urlModel, MaxBatch: 8, PrefillMsPerToken: 0.01, BaseTBTMs: 2, TBTGrowthMs: 0.1,
+		OutputTokens: 4, PromptTokens: 256, KVTokens: kvTokens, KVEvents: "tcp://127.0.0.1:0"})
 }
 
 // startKVStack runs `up --stack` with the engines by URL and their KV
