@@ -97,7 +97,8 @@ func TestDeletedLayoutUnderLoad(t *testing.T) {
 			}
 			var st messages.EngineState
 			if err := messages.DecodeInto(v.Value(), &st); err != nil {
-				t.Fatal(err)
+				t.Errorf("%s's state does not decode: %v", e.Name, err)
+				continue
 			}
 			if st.Status == messages.StatusDown {
 				t.Errorf("%s marked down while it serves: %+v", e.Name, st)
@@ -116,6 +117,27 @@ func TestDeletedLayoutUnderLoad(t *testing.T) {
 		return out
 	}
 
+	// No engine may be marked down from the first deletion to the end,
+	// when the old failure had marked every engine down: watched every
+	// 250 ms while the deletions go on one after another, and for the
+	// aggregator's down-after (6 s) and 2 s more after the last one, so that
+	// every deletion is watched for at least that long.
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			signals()
+			select {
+			case <-watchCtx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	defer func() { stopWatch(); <-watched }()
 	for _, name := range []string{names.SignalStream, names.ReportStream, streams.BucketStream(names.EnginesBucket),
 		streams.BucketStream(names.DemandBucket), streams.BucketStream(names.WeightsBucket)} {
 		before, gens := signals(), generations()
@@ -150,14 +172,15 @@ func TestDeletedLayoutUnderLoad(t *testing.T) {
 			})
 			t.Logf("weights bucket deleted: routers on generations %v after %v, %s after the deletion", generations(), gens, time.Since(start).Round(10*time.Millisecond))
 		}
-		// Keep the load on past the aggregator's down-after (6 s), when
-		// the old failure had marked every engine down.
-		until := time.Now().Add(8 * time.Second)
-		for time.Now().Before(until) {
-			signals()
-			time.Sleep(500 * time.Millisecond)
-		}
 	}
+	// The load stays on, and the watch on, past the down-after of the last
+	// deletion.
+	select {
+	case <-ctx.Done():
+	case <-time.After(8 * time.Second):
+	}
+	stopWatch()
+	<-watched
 	stopLoad()
 	wg.Wait()
 	mu.Lock()
