@@ -141,20 +141,7 @@ func startKVStack(t *testing.T, engines []*enginesim.Engine, clusters []string, 
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
-	testenv.WaitFor(t, 15*time.Second, "every router's snapshot plans every engine", func() bool {
-		for _, r := range s.Routers() {
-			snap, ok := r.Store().Snapshot(urlModel)
-			if !ok {
-				return false
-			}
-			for _, e := range engines {
-				if _, ok := snap.Weights[e.Name()]; !ok {
-					return false
-				}
-			}
-		}
-		return true
-	})
+	waitEnginesPlanned(t, s, engines)
 	// vLLM's PUB socket, like any, drops what it sends before a relay
 	// subscribed: warm each engine with a new prompt until its events
 	// reach the index (here the test's own view when the routers read none).

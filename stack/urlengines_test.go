@@ -55,19 +55,28 @@ func startURLStack(t *testing.T, engines []*enginesim.Engine) *stack.Stack {
 	if len(s.Engines()) != 0 || s.Agent() == nil {
 		t.Fatalf("stack of engines by URL: %d simulated engines, agent %v; want none and an agent", len(s.Engines()), s.Agent())
 	}
-	testenv.WaitFor(t, 15*time.Second, "the router's snapshot plans every engine by URL", func() bool {
-		snap, ok := s.Routers()[0].Store().Snapshot(urlModel)
-		if !ok {
-			return false
-		}
-		for _, e := range engines {
-			if _, ok := snap.Weights[e.Name()]; !ok {
+	waitEnginesPlanned(t, s, engines)
+	return s
+}
+
+// waitEnginesPlanned waits until every router's snapshot plans every one
+// of engines.
+func waitEnginesPlanned(t *testing.T, s *stack.Stack, engines []*enginesim.Engine) {
+	t.Helper()
+	testenv.WaitFor(t, 15*time.Second, "every router's snapshot plans every engine by URL", func() bool {
+		for _, r := range s.Routers() {
+			snap, ok := r.Store().Snapshot(urlModel)
+			if !ok {
 				return false
+			}
+			for _, e := range engines {
+				if _, ok := snap.Weights[e.Name()]; !ok {
+					return false
+				}
 			}
 		}
 		return true
 	})
-	return s
 }
 
 // send runs rate req/s of Poisson arrivals for d through the stack's router.
