@@ -100,6 +100,20 @@ func natsAsk(nc *nats.Conn, cluster, model string) (string, error) {
 	return r.Header.Get("x-switchyard-engine"), nil
 }
 
+// provision creates the layout's streams and buckets through nc.
+func provision(t *testing.T, nc *nats.Conn) {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := streams.Provision(ctx, js, streams.DefaultNames(), streams.ProvisionOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // putWeights writes a snapshot giving engine all of model's weight in
 // cluster, at generation gen.
 func putWeights(t *testing.T, nc *nats.Conn, model, cluster, engine string, gen uint64) {
@@ -226,15 +240,7 @@ func TestRouterEmbedNATSLeaf(t *testing.T) {
 		t.Fatalf("hub's LeafURL %q, want %q", got, want)
 	}
 	client := dial(t, hub.ClientURL())
-	js, err := jetstream.New(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := streams.Provision(ctx, js, streams.DefaultNames(), streams.ProvisionOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	provision(t, client)
 	simEngine(t, dial(t, hub.ClientURL()), "llama", "e1")
 	reports, err := client.SubscribeSync(streams.DefaultNames().ReportFilter())
 	if err != nil {
@@ -293,15 +299,7 @@ func TestRouterEmbedNATSLeafSecure(t *testing.T) {
 		return nc
 	}
 	client := connect("admin")
-	js, err := jetstream.New(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := streams.Provision(ctx, js, streams.DefaultNames(), streams.ProvisionOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	provision(t, client)
 	simEngine(t, connect("e1"), "llama", "e1")
 	leafURL := fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort)
 
