@@ -17,6 +17,7 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/stack"
+	"github.com/switchyard-dev/switchyard/streams"
 )
 
 // TestSecureStack runs the stack as `switchyard up` does by default (its
@@ -130,13 +131,7 @@ func TestSecureStack(t *testing.T) {
 	// every router ignores those signals and counts them, no request
 	// reaches the attacker, and router B's traffic still reaches engine-b.
 	t.Run("engine-b advertises another endpoint", func(t *testing.T) {
-		var hits atomic.Int64
-		attacker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-			hits.Add(1)
-			w.Header().Set("Content-Type", "application/json")
-			_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"forged"},"finish_reason":"stop"}]}`)
-		}))
-		defer attacker.Close()
+		attacker, hits := attackerServer(t)
 		var engA, engBURL string
 		for _, e := range h.s.Engines() {
 			switch e.Name() {
@@ -197,6 +192,45 @@ func TestSecureStack(t *testing.T) {
 			t.Errorf("the attacker's server got %d requests", n)
 		}
 	})
+	// An engine no one configured, announced by an identity that may
+	// publish anything (a leaked admin's, a leaf's): its signals advertise
+	// the attacker's URL. Routers ignore them, the optimizer leaves it out
+	// of the plan once its grace has passed, and no request reaches it.
+	t.Run("an engine no one configured", func(t *testing.T) {
+		attacker, hits := attackerServer(t)
+		var sig messages.EngineSignal
+		h.capture("sy.signal.llama.engine-b", &sig)
+		sig.Engine = "rogue"
+		sig.Transports = []messages.Transport{{Kind: messages.TransportHTTP, Address: attacker.URL}}
+		refused := []metricRef{{"switchyard_router_endpoints_refused_total", map[string]string{"reason": "url"}}}
+		before := h.sum(refused)
+		left := false
+		for i := range 20 { // 4 s at 200 ms, past the optimizer's grace
+			sig.Seq++
+			sig.Time = time.Now().UnixMilli()
+			h.publish("sy.signal.llama.rogue", mustEncode(t, &sig))
+			if code := h.chat(h.s.Routers()[i%len(h.s.Routers())], 3000+i); code != http.StatusOK {
+				t.Errorf("a router answered %d while a rogue engine signalled", code)
+			}
+			left = left || h.metric("switchyard_optimizer_engines_refused", nil) >= 1
+			time.Sleep(200 * time.Millisecond)
+		}
+		h.flush()
+		h.requireRise("a rogue engine's signals", refused, before, float64(20*len(h.s.Routers())), 5*time.Second)
+		if !left {
+			t.Error("the optimizer never counted the rogue engine refused")
+		}
+		for _, c := range h.s.File().Clusters {
+			key, _ := streams.WeightsKey(hostileModel, c.Name)
+			var snap messages.WeightSnapshot
+			if h.readState("sy_weights", key, &snap) && snap.Weights["rogue"] > 0 {
+				t.Errorf("cluster %s's snapshot gives the rogue engine weight %v", c.Name, snap.Weights["rogue"])
+			}
+		}
+		if n := hits.Load(); n != 0 {
+			t.Errorf("the attacker's server got %d requests", n)
+		}
+	})
 	h.requireStaysHealthy("after the attacks", 2*time.Second)
 	h.requireHealthy("after the attacks")
 	if v := h.log.violationLines(); len(v) == 0 {
@@ -209,6 +243,20 @@ func TestSecureStack(t *testing.T) {
 			}
 		}
 	}
+}
+
+// attackerServer is an HTTP server on 127.0.0.1 that answers every
+// request with a forged completion, and counts them.
+func attackerServer(t *testing.T) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	hits := &atomic.Int64{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hits.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"forged"},"finish_reason":"stop"}]}`)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, hits
 }
 
 // identityConn is a client of the stack's server as one identity, with
