@@ -40,6 +40,9 @@ const (
 	// (an engine advertising a new name per signal cannot make a router
 	// resolve without bound).
 	MaxDNSCache = 1024
+	// MaxLookups bounds the resolutions in flight at once; past it, a
+	// name not yet resolved is refused (ErrResolving) until one ends.
+	MaxLookups = 8
 )
 
 // Defaults of zero Options fields.
@@ -72,6 +75,13 @@ const (
 // ErrRefused is wrapped by every refusal of Check (a *Refusal).
 var ErrRefused = errors.New("engine endpoint refused by the operator's policy")
 
+// ErrResolving is wrapped, beside ErrRefused, by the refusal of a URL
+// whose host name is being resolved: Check never waits on DNS (it runs on
+// the signal path), so the endpoint is refused until the resolution is
+// known, which the engine's next signal finds a moment later. Callers need
+// not alarm on it.
+var ErrResolving = errors.New("host name being resolved")
+
 // ErrBadPolicy is wrapped by every error of Parse, LoadFile and New.
 var ErrBadPolicy = errors.New("invalid engine endpoint policy")
 
@@ -86,6 +96,9 @@ type Refusal struct {
 	// Detail says what the policy allows instead, or what the name
 	// resolved to.
 	Detail string
+	// Resolving is set when the host name's resolution is not known yet
+	// (errors.Is ErrResolving).
+	Resolving bool
 }
 
 // Error says what was refused for whom, and why.
@@ -93,8 +106,14 @@ func (r *Refusal) Error() string {
 	return fmt.Sprintf("%v: engine %s of model %q advertises %q (%s): %s", ErrRefused, r.Engine, r.Model, r.Endpoint, r.Reason, r.Detail)
 }
 
-// Unwrap makes errors.Is(err, ErrRefused) hold.
-func (r *Refusal) Unwrap() error { return ErrRefused }
+// Unwrap makes errors.Is(err, ErrRefused) hold, and ErrResolving while
+// the host name is being resolved.
+func (r *Refusal) Unwrap() []error {
+	if r.Resolving {
+		return []error{ErrRefused, ErrResolving}
+	}
+	return []error{ErrRefused}
+}
 
 // Reason returns the refusal reason of err, a Check error ("" for nil or
 // another error).
@@ -208,7 +227,8 @@ type Options struct {
 	// Resolver resolves URL host names checked against CIDRs (default
 	// net.DefaultResolver).
 	Resolver Resolver
-	// LookupTimeout bounds one resolution (default DefaultLookupTimeout).
+	// LookupTimeout bounds one resolution, made in the background
+	// (default DefaultLookupTimeout).
 	LookupTimeout time.Duration
 	// CacheTTL is how long a resolution is reused (default DefaultCacheTTL).
 	CacheTTL time.Duration
@@ -261,6 +281,8 @@ type dnsEntry struct {
 	addrs   []netip.Addr
 	err     error
 	expires time.Time
+	known   bool // a resolution ended (addrs, err hold it)
+	running bool // a resolution is in flight
 }
 
 // Policy decides whether an engine may advertise an endpoint. It is safe
@@ -269,8 +291,9 @@ type Policy struct {
 	opts   Options
 	models map[string]*modelRules
 
-	mu  sync.Mutex
-	dns map[string]dnsEntry
+	mu       sync.Mutex
+	dns      map[string]dnsEntry
+	inflight int // resolutions running
 }
 
 // New compiles f into a Policy; the error names the rule and field at fault.
@@ -340,9 +363,12 @@ func New(f File, opts Options) (*Policy, error) {
 
 // Check returns nil when the engine of model may advertise url and
 // subject (either may be empty: nothing to check), else a *Refusal
-// (errors.Is ErrRefused). A URL whose host is a name that CIDRs must
-// cover is resolved (cached for Options.CacheTTL); ctx bounds that wait.
-func (p *Policy) Check(ctx context.Context, model, engine, rawURL, subject string) error {
+// (errors.Is ErrRefused). It does not block: a URL whose host is a name
+// that CIDRs must cover (or a pinned URL's name) is resolved in the
+// background and the result kept for Options.CacheTTL, the previous
+// result answering while it is renewed; until the first is known the URL
+// is refused with ErrResolving.
+func (p *Policy) Check(model, engine, rawURL, subject string) error {
 	if p == nil || (rawURL == "" && subject == "") {
 		return nil
 	}
@@ -369,7 +395,7 @@ func (p *Policy) Check(ctx context.Context, model, engine, rawURL, subject strin
 		}
 	}
 	if rawURL != "" {
-		if err := p.checkURL(ctx, rs, pins, rawURL, refuse); err != nil {
+		if err := p.checkURL(rs, pins, rawURL, refuse); err != nil {
 			return err
 		}
 	}
@@ -392,7 +418,7 @@ func (p *Policy) Check(ctx context.Context, model, engine, rawURL, subject strin
 	return nil
 }
 
-func (p *Policy) checkURL(ctx context.Context, rs []*modelRules, pins []*pin, rawURL string, refuse func(reason, endpoint, detail string) error) error {
+func (p *Policy) checkURL(rs []*modelRules, pins []*pin, rawURL string, refuse func(reason, endpoint, detail string) error) error {
 	c, err := canonicalURL(rawURL)
 	if err != nil {
 		return refuse(ReasonURL, rawURL, err.Error())
@@ -405,8 +431,13 @@ func (p *Policy) checkURL(ctx context.Context, rs []*modelRules, pins []*pin, ra
 				return nil
 			}
 		}
-		if a, err := netip.ParseAddr(host); err == nil && p.pinnedByName(ctx, pins, u, a.Unmap()) {
-			return nil
+		if a, err := netip.ParseAddr(host); err == nil {
+			switch match, resolving := p.pinnedByName(pins, u, a.Unmap()); {
+			case match:
+				return nil
+			case resolving:
+				return resolvingRefusal(refuse(ReasonDNS, rawURL, "a pinned URL's host name is being resolved"))
+			}
 		}
 		return refuse(ReasonURL, rawURL, "not one of the URLs the policy pins the engine to")
 	}
@@ -428,9 +459,13 @@ func (p *Policy) checkURL(ctx context.Context, rs []*modelRules, pins []*pin, ra
 	if len(prefixes) == 0 {
 		return refuse(ReasonURL, rawURL, "the host matches none of the model's host patterns")
 	}
-	addrs, err := p.resolve(ctx, host)
+	addrs, err := p.resolve(host)
 	if err != nil {
-		return refuse(ReasonDNS, rawURL, err.Error())
+		r := refuse(ReasonDNS, rawURL, err.Error())
+		if errors.Is(err, ErrResolving) {
+			r = resolvingRefusal(r)
+		}
+		return r
 	}
 	for _, a := range addrs {
 		if !inAny(prefixes, a.Unmap()) {
@@ -440,11 +475,18 @@ func (p *Policy) checkURL(ctx context.Context, rs []*modelRules, pins []*pin, ra
 	return nil
 }
 
+// resolvingRefusal marks r, a *Refusal, as waiting on a resolution.
+func resolvingRefusal(r error) error {
+	r.(*Refusal).Resolving = true
+	return r
+}
+
 // pinnedByName reports whether the advertised URL u, whose host is the
 // address a, is a pinned URL that names its host (an engine advertises the
 // address it listens on, the catalogue the name it has): same scheme, port
-// and path, and the name resolves to a.
-func (p *Policy) pinnedByName(ctx context.Context, pins []*pin, u *url.URL, a netip.Addr) bool {
+// and path, and the name resolves to a; and, when not, whether such a
+// name's resolution is not known yet.
+func (p *Policy) pinnedByName(pins []*pin, u *url.URL, a netip.Addr) (match, resolving bool) {
 	for _, pn := range pins {
 		for pu := range pn.urls {
 			v, _ := url.Parse(pu)
@@ -452,43 +494,66 @@ func (p *Policy) pinnedByName(ctx context.Context, pins []*pin, u *url.URL, a ne
 			if _, err := netip.ParseAddr(name); err == nil || v.Scheme != u.Scheme || v.Port() != u.Port() || v.EscapedPath() != u.EscapedPath() {
 				continue
 			}
-			addrs, err := p.resolve(ctx, name)
+			addrs, err := p.resolve(name)
 			if err != nil {
+				resolving = resolving || errors.Is(err, ErrResolving)
 				continue
 			}
 			for _, b := range addrs {
 				if b.Unmap() == a {
-					return true
+					return true, false
 				}
 			}
 		}
 	}
-	return false
+	return false, resolving
 }
 
-// resolve returns host's addresses, from the cache while fresh.
-func (p *Policy) resolve(ctx context.Context, host string) ([]netip.Addr, error) {
+// resolve returns host's addresses as last resolved, and starts a
+// resolution in the background when there is none or it is older than
+// CacheTTL; ErrResolving while the first is in flight. It never waits on
+// the resolver.
+func (p *Policy) resolve(host string) ([]netip.Addr, error) {
 	now := p.opts.Now()
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	e, ok := p.dns[host]
-	if ok && now.Before(e.expires) {
-		p.mu.Unlock()
+	if ok && (e.running || now.Before(e.expires)) {
+		if !e.known {
+			return nil, fmt.Errorf("%w: %s", ErrResolving, host)
+		}
 		return e.addrs, e.err
 	}
 	if !ok && len(p.dns) >= MaxDNSCache {
 		for h, e := range p.dns {
-			if !now.Before(e.expires) {
+			if !e.running && !now.Before(e.expires) {
 				delete(p.dns, h)
 			}
 		}
 		if len(p.dns) >= MaxDNSCache {
-			p.mu.Unlock()
 			return nil, fmt.Errorf("not resolved: %d host names already resolved within %s", MaxDNSCache, p.opts.CacheTTL)
 		}
 	}
-	p.mu.Unlock()
-	lctx, cancel := context.WithTimeout(ctx, p.opts.LookupTimeout)
-	addrs, err := p.opts.Resolver.LookupNetIP(lctx, "ip", host)
+	if p.inflight >= MaxLookups {
+		if e.known {
+			return e.addrs, e.err
+		}
+		return nil, fmt.Errorf("%w: %s (%d resolutions in flight)", ErrResolving, host, p.inflight)
+	}
+	e.running = true
+	p.dns[host] = e
+	p.inflight++
+	go p.lookup(host)
+	if e.known {
+		return e.addrs, e.err // the previous result, while it is renewed
+	}
+	return nil, fmt.Errorf("%w: %s", ErrResolving, host)
+}
+
+// lookup resolves host and records the result.
+func (p *Policy) lookup(host string) {
+	ctx, cancel := context.WithTimeout(context.Background(), p.opts.LookupTimeout)
+	addrs, err := p.opts.Resolver.LookupNetIP(ctx, "ip", host)
 	cancel()
 	if err == nil && len(addrs) == 0 {
 		err = fmt.Errorf("%s resolves to no address", host)
@@ -497,9 +562,9 @@ func (p *Policy) resolve(ctx context.Context, host string) ([]netip.Addr, error)
 		err = fmt.Errorf("resolve %s: %w", host, err)
 	}
 	p.mu.Lock()
-	p.dns[host] = dnsEntry{addrs: addrs, err: err, expires: now.Add(p.opts.CacheTTL)}
+	p.dns[host] = dnsEntry{addrs: addrs, err: err, expires: p.opts.Now().Add(p.opts.CacheTTL), known: true}
+	p.inflight--
 	p.mu.Unlock()
-	return addrs, err
 }
 
 // Of picks the endpoints of a signal's transports the router uses: the

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,15 +15,34 @@ import (
 	"github.com/switchyard-dev/switchyard/messages"
 )
 
-// fakeDNS is a Resolver over a fixed table, counting lookups.
+// fakeDNS is a Resolver over a fixed table, counting lookups; with block
+// set, lookups wait until it is closed.
 type fakeDNS struct {
+	mu      sync.Mutex
 	table   map[string][]string
+	block   chan struct{}
 	lookups atomic.Int64
 }
 
-func (d *fakeDNS) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+func (d *fakeDNS) set(host string, addrs ...string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.table[host] = addrs
+}
+
+func (d *fakeDNS) LookupNetIP(ctx context.Context, _, host string) ([]netip.Addr, error) {
 	d.lookups.Add(1)
+	d.mu.Lock()
 	addrs, ok := d.table[host]
+	block := d.block
+	d.mu.Unlock()
+	if block != nil {
+		select {
+		case <-block:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	if !ok {
 		return nil, errors.New("no such host")
 	}
@@ -65,6 +85,20 @@ func newPolicy(t *testing.T, dns *fakeDNS, now func() time.Time) *endpoints.Poli
 		t.Fatal(err)
 	}
 	return p
+}
+
+// settled is p.Check once any resolution it starts has ended.
+func settled(t *testing.T, p *endpoints.Policy, model, engine, rawURL, subject string) error {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		err := p.Check(model, engine, rawURL, subject)
+		if !errors.Is(err, endpoints.ErrResolving) {
+			return err
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Check(%s, %s, %q, %q) still resolving after 5 s", model, engine, rawURL, subject)
+		}
+	}
 }
 
 func TestCheck(t *testing.T) {
@@ -118,7 +152,7 @@ func TestCheck(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			err := p.Check(context.Background(), c.model, c.engine, c.url, c.subject)
+			err := settled(t, p, c.model, c.engine, c.url, c.subject)
 			if got := endpoints.Reason(err); got != c.reason {
 				t.Fatalf("Check(%s, %s, %q, %q) = %v, want reason %q", c.model, c.engine, c.url, c.subject, err, c.reason)
 			}
@@ -134,43 +168,71 @@ func TestNoRuleForModel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := endpoints.Reason(p.Check(context.Background(), "n", "e", "http://10.0.0.1", "")); r != endpoints.ReasonModel {
+	if r := endpoints.Reason(p.Check("n", "e", "http://10.0.0.1", "")); r != endpoints.ReasonModel {
 		t.Fatalf("reason %q, want %q", r, endpoints.ReasonModel)
 	}
 	var nilPolicy *endpoints.Policy
-	if err := nilPolicy.Check(context.Background(), "n", "e", "http://203.0.113.1", "x"); err != nil {
+	if err := nilPolicy.Check("n", "e", "http://203.0.113.1", "x"); err != nil {
 		t.Fatalf("a nil policy refused: %v", err)
 	}
 }
 
-// A resolution is reused for CacheTTL, then asked again, so that a name
-// re-pointed outside the ranges is refused within it.
+// Check never waits on DNS: a name is refused as resolving until its
+// resolution is known; it is then reused for CacheTTL, and renewed in the
+// background after, the previous result answering meanwhile, so that a
+// name re-pointed outside the ranges is refused once the renewal ends.
 func TestDNSCache(t *testing.T) {
 	dns := &fakeDNS{table: map[string][]string{"e.example.com": {"10.0.2.9"}}}
+	var mu sync.Mutex
 	now := time.Unix(1000, 0)
-	p := newPolicy(t, dns, func() time.Time { return now })
-	ctx := context.Background()
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	p := newPolicy(t, dns, clock)
 	const model = "meta-llama/Llama-3.1-8B-Instruct"
+	if err := p.Check(model, "e", "http://e.example.com", ""); !errors.Is(err, endpoints.ErrResolving) || !errors.Is(err, endpoints.ErrRefused) {
+		t.Fatalf("first check of a name: %v, want refused while resolving", err)
+	}
+	if err := settled(t, p, model, "e", "http://e.example.com", ""); err != nil {
+		t.Fatal(err)
+	}
 	for range 5 {
-		if err := p.Check(ctx, model, "e", "http://e.example.com", ""); err != nil {
+		if err := p.Check(model, "e", "http://e.example.com", ""); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if n := dns.lookups.Load(); n != 1 {
-		t.Fatalf("%d lookups for 5 checks within the TTL, want 1", n)
+		t.Fatalf("%d lookups for checks within the TTL, want 1", n)
 	}
-	dns.table["e.example.com"] = []string{"127.0.0.1"}
+	dns.set("e.example.com", "127.0.0.1")
+	mu.Lock()
 	now = now.Add(endpoints.DefaultCacheTTL + time.Second)
-	if r := endpoints.Reason(p.Check(ctx, model, "e", "http://e.example.com", "")); r != endpoints.ReasonDNS {
-		t.Fatalf("reason %q after the name moved to loopback, want %q", r, endpoints.ReasonDNS)
+	mu.Unlock()
+	// The first check past the TTL answers from the old result and renews it.
+	if err := p.Check(model, "e", "http://e.example.com", ""); err != nil {
+		t.Fatalf("check past the TTL, during the renewal: %v, want the previous answer", err)
 	}
-	// A flood of new names is resolved at most MaxDNSCache times per TTL.
+	deadline := time.Now().Add(5 * time.Second)
+	for endpoints.Reason(p.Check(model, "e", "http://e.example.com", "")) != endpoints.ReasonDNS {
+		if time.Now().After(deadline) {
+			t.Fatal("the name moved to loopback is still allowed 5 s after its renewal started")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// A flood of new names: at most MaxLookups in flight, at most
+	// MaxDNSCache names kept, and every check answers at once.
+	dns.block = make(chan struct{})
+	start := time.Now()
 	for i := range endpoints.MaxDNSCache + 50 {
-		_ = p.Check(ctx, model, "e", "http://n"+strings.Repeat("x", i%7)+itoa(i)+".example.com", "")
+		if err := p.Check(model, "e", "http://n"+itoa(i)+".example.com", ""); err == nil {
+			t.Fatalf("name %d allowed before it resolved", i)
+		}
 	}
-	if n := dns.lookups.Load(); n > endpoints.MaxDNSCache+2 {
-		t.Fatalf("%d lookups for %d new names, want at most %d", n, endpoints.MaxDNSCache+50, endpoints.MaxDNSCache+2)
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("%d checks of new names took %s while the resolver hangs, want no wait", endpoints.MaxDNSCache+50, d)
 	}
+	if n := dns.lookups.Load(); n > 2+endpoints.MaxLookups {
+		t.Errorf("%d lookups started while the resolver hangs, want at most %d in flight", n-2, endpoints.MaxLookups)
+	}
+	close(dns.block)
 }
 
 func itoa(i int) string {
@@ -230,8 +292,8 @@ func FuzzCheck(f *testing.F) {
 	dns := &fakeDNS{table: map[string][]string{}}
 	f.Fuzz(func(t *testing.T, engine, rawURL, subject string) {
 		p := newPolicy(t, dns, nil)
-		_ = p.Check(context.Background(), "meta-llama/Llama-3.1-8B-Instruct", engine, rawURL, subject)
-		if err := p.Check(context.Background(), "meta-llama/Llama-3.1-8B-Instruct", "engine-c", rawURL, ""); err == nil && rawURL != "" {
+		_ = p.Check("meta-llama/Llama-3.1-8B-Instruct", engine, rawURL, subject)
+		if err := p.Check("meta-llama/Llama-3.1-8B-Instruct", "engine-c", rawURL, ""); err == nil && rawURL != "" {
 			u, perr := url.Parse(rawURL)
 			if perr != nil {
 				t.Fatalf("allowed %q, which does not parse: %v", rawURL, perr)
@@ -267,10 +329,10 @@ func TestExamplePolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Check(context.Background(), "llama", "engine-a", "http://172.18.0.5:8000", ""); err != nil {
+	if err := settled(t, p, "llama", "engine-a", "http://172.18.0.5:8000", ""); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Check(context.Background(), "llama", "engine-b", "http://172.18.0.5:8000", ""); endpoints.Reason(err) != endpoints.ReasonURL {
+	if err := settled(t, p, "llama", "engine-b", "http://172.18.0.5:8000", ""); endpoints.Reason(err) != endpoints.ReasonURL {
 		t.Fatalf("engine-b at engine-a's address: %v, want refused", err)
 	}
 }

@@ -297,7 +297,10 @@ func (s *Signals) handle(m *nats.Msg) {
 		return
 	}
 	ep := endpointsOf(sig.Transports)
-	if err := s.opts.Endpoints.Check(context.Background(), sig.Model, sig.Engine, ep.URL, ep.Subject); err != nil {
+	if err := s.opts.Endpoints.Check(sig.Model, sig.Engine, ep.URL, ep.Subject); err != nil {
+		if errors.Is(err, endpoints.ErrResolving) {
+			return // undecided until the name resolves; a later signal will be
+		}
 		reason := endpoints.Reason(err)
 		s.refused.WithLabelValues(reason).Inc()
 		s.guard.Log("endpoint/"+m.Subject).Err(err).Str("subject", m.Subject).Str("reason", reason).

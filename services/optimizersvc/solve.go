@@ -141,7 +141,7 @@ func (s *Service) refused(st *messages.EngineState, key string, now time.Time) b
 		return false
 	}
 	u, subject := endpoints.Of(st.Transports)
-	err := s.opts.Endpoints.Check(context.Background(), st.Model, st.Engine, u, subject)
+	err := s.opts.Endpoints.Check(st.Model, st.Engine, u, subject)
 	if err == nil {
 		delete(s.refusedAt, key)
 		return false
