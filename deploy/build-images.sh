@@ -13,6 +13,7 @@ echo "== building static binaries (CGO_ENABLED=0) into deploy/bin"
 (cd "$repo" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$here/bin/switchyard" ./cmd/switchyard)
 (cd "$repo" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$here/bin/healthcheck" ./deploy/healthcheck)
 cp "$repo/examples/stack.yaml" "$here/bin/stack.yaml"
+cp "$repo/examples/engine-endpoints.yaml" "$here/bin/engine-endpoints.yaml"
 
 echo "== building image $image"
 docker build --label "org.opencontainers.image.version=$version" -t "$image" -f "$here/Dockerfile" "$here"

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/switchyard-dev/switchyard/auth/endpoints"
 	"github.com/switchyard-dev/switchyard/kvindex/kvfeed"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
@@ -58,6 +59,12 @@ type ServiceOptions struct {
 	// forwarded to engines. The file is re-read every
 	// tenant.DefaultReloadInterval. Empty: the fronts are open.
 	KeysFile string
+	// Endpoints is the operator's engine endpoint policy (auth/endpoints):
+	// a signal advertising a URL or subject it refuses is ignored and
+	// counted. Nil uses whatever engines advertise, and NewService logs a
+	// warning saying so: an engine's identity could then point the router
+	// at any address.
+	Endpoints *endpoints.Policy
 	// Server tunes the HTTP server (its Addr is ignored).
 	Server httpfront.ServerOptions
 	// Aliases maps other public names of a model to its model id (see
@@ -264,9 +271,13 @@ func NewService(opts ServiceOptions) (*Service, error) {
 	}
 	var err error
 	s.signals, err = control.NewSignals(control.SignalOptions{Conn: opts.Conn, Names: opts.Names, DownAfter: opts.DownAfter,
-		OnDown: markDown, OnSilent: markSilent, OnSignal: observe, OnEndpoints: addressed, Logger: logger, Registry: opts.Registry, Now: opts.Now})
+		OnDown: markDown, OnSilent: markSilent, OnSignal: observe, OnEndpoints: addressed, Endpoints: opts.Endpoints,
+		Logger: logger, Registry: opts.Registry, Now: opts.Now})
 	if err != nil {
 		return nil, err
+	}
+	if opts.Endpoints == nil {
+		s.log.Warn().Msg("no engine endpoint policy: the router forwards to whatever URL or subject an engine's signal advertises; give one (switchyard router --engine-endpoints, docs/security.md)")
 	}
 	s.store, err = control.NewSnapshotStore(control.StoreOptions{Conn: opts.Conn, Names: opts.Names, Cluster: opts.Cluster,
 		StaleAfter: opts.StaleAfter, Signals: s.signals, Guard: markDown, Table: opts.Table,

@@ -3,7 +3,11 @@ package stack_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,7 +15,9 @@ import (
 
 	"github.com/switchyard-dev/switchyard/auth"
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/stack"
+	"github.com/switchyard-dev/switchyard/streams"
 )
 
 // TestSecureStack runs the stack as `switchyard up` does by default (its
@@ -119,6 +125,112 @@ func TestSecureStack(t *testing.T) {
 		h.requireRise("a signal for engine-a on engine-b's subject", []metricRef{agg}, aggBefore, 1, 5*time.Second)
 		h.requireRise("a signal for engine-a on engine-b's subject", []metricRef{rt}, rtBefore, float64(len(h.s.Routers())), 5*time.Second)
 	})
+	// engine-b's own identity, on its own subject, advertises an address
+	// that is not its own: an attacker's, and engine-a's loopback port.
+	// The stack's policy pins every engine to the address it listens on:
+	// every router ignores those signals and counts them, no request
+	// reaches the attacker, and router B's traffic still reaches engine-b.
+	t.Run("engine-b advertises another endpoint", func(t *testing.T) {
+		attacker, hits := attackerServer(t)
+		var engA, engBURL string
+		for _, e := range h.s.Engines() {
+			switch e.Name() {
+			case "engine-a":
+				engA = e.URL()
+			case "engine-b":
+				engBURL = e.URL()
+			}
+		}
+		var routerB *router.Service
+		for _, r := range h.s.Routers() {
+			if r.Name() == "B-1" {
+				routerB = r
+			}
+		}
+		if engA == "" || engBURL == "" || routerB == nil {
+			t.Fatal("the stack has no engine-a, engine-b or router B-1")
+		}
+		var sig messages.EngineSignal
+		h.capture("sy.signal.llama.engine-b", &sig)
+		refused := []metricRef{{"switchyard_router_endpoints_refused_total", map[string]string{"reason": "url"}}}
+		before := h.sum(refused)
+		const rounds = 5
+		for i := range rounds {
+			for j, u := range []string{attacker.URL, engA} {
+				f := sig
+				f.Seq += uint64(2*i + j + 1)
+				f.Time = time.Now().UnixMilli()
+				f.Transports = []messages.Transport{{Kind: messages.TransportHTTP, Address: u}}
+				if err := engB.nc.Publish("sy.signal.llama.engine-b", mustEncode(t, &f)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := engB.nc.FlushTimeout(5 * time.Second); err != nil {
+				t.Fatal(err)
+			}
+			for k := range 3 {
+				if code := h.chat(routerB, 1000+3*i+k); code != http.StatusOK {
+					t.Errorf("router B answered %d while engine-b's identity advertised other addresses", code)
+				}
+			}
+		}
+		h.requireRise("engine-b advertising other addresses", refused, before, float64(2*rounds*len(h.s.Routers())), 5*time.Second)
+		for _, r := range h.s.Routers() {
+			if ep, _ := r.Signals().Endpoints(hostileModel, "engine-b"); ep.URL != engBURL {
+				t.Errorf("router %s has engine-b at %q, want its own %q", r.Name(), ep.URL, engBURL)
+			}
+		}
+		served := []metricRef{{"switchyard_router_engine_requests_total", map[string]string{"engine": "engine-b", "code": "200"}}}
+		servedBefore := h.sum(served)
+		session := 2000
+		h.checkFor(10*time.Second, "router B's requests reach engine-b", func() (bool, string) {
+			session++
+			code := h.chat(routerB, session)
+			return h.sum(served) > servedBefore, fmt.Sprintf("last answer %d; engine-b served %v", code, h.sum(served)-servedBefore)
+		})
+		if n := hits.Load(); n != 0 {
+			t.Errorf("the attacker's server got %d requests", n)
+		}
+	})
+	// An engine no one configured, announced by an identity that may
+	// publish anything (a leaked admin's, a leaf's): its signals advertise
+	// the attacker's URL. Routers ignore them, the optimizer leaves it out
+	// of the plan once its grace has passed, and no request reaches it.
+	t.Run("an engine no one configured", func(t *testing.T) {
+		attacker, hits := attackerServer(t)
+		var sig messages.EngineSignal
+		h.capture("sy.signal.llama.engine-b", &sig)
+		sig.Engine = "rogue"
+		sig.Transports = []messages.Transport{{Kind: messages.TransportHTTP, Address: attacker.URL}}
+		refused := []metricRef{{"switchyard_router_endpoints_refused_total", map[string]string{"reason": "url"}}}
+		before := h.sum(refused)
+		left := false
+		for i := range 20 { // 4 s at 200 ms, past the optimizer's grace
+			sig.Seq++
+			sig.Time = time.Now().UnixMilli()
+			h.publish("sy.signal.llama.rogue", mustEncode(t, &sig))
+			if code := h.chat(h.s.Routers()[i%len(h.s.Routers())], 3000+i); code != http.StatusOK {
+				t.Errorf("a router answered %d while a rogue engine signalled", code)
+			}
+			left = left || h.metric("switchyard_optimizer_engines_refused", nil) >= 1
+			time.Sleep(200 * time.Millisecond)
+		}
+		h.flush()
+		h.requireRise("a rogue engine's signals", refused, before, float64(20*len(h.s.Routers())), 5*time.Second)
+		if !left {
+			t.Error("the optimizer never counted the rogue engine refused")
+		}
+		for _, c := range h.s.File().Clusters {
+			key, _ := streams.WeightsKey(hostileModel, c.Name)
+			var snap messages.WeightSnapshot
+			if h.readState("sy_weights", key, &snap) && snap.Weights["rogue"] > 0 {
+				t.Errorf("cluster %s's snapshot gives the rogue engine weight %v", c.Name, snap.Weights["rogue"])
+			}
+		}
+		if n := hits.Load(); n != 0 {
+			t.Errorf("the attacker's server got %d requests", n)
+		}
+	})
 	h.requireStaysHealthy("after the attacks", 2*time.Second)
 	h.requireHealthy("after the attacks")
 	if v := h.log.violationLines(); len(v) == 0 {
@@ -131,6 +243,20 @@ func TestSecureStack(t *testing.T) {
 			}
 		}
 	}
+}
+
+// attackerServer is an HTTP server on 127.0.0.1 that answers every
+// request with a forged completion, and counts them.
+func attackerServer(t *testing.T) (*httptest.Server, *atomic.Int64) {
+	t.Helper()
+	hits := &atomic.Int64{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hits.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"forged"},"finish_reason":"stop"}]}`)
+	}))
+	t.Cleanup(srv.Close)
+	return srv, hits
 }
 
 // identityConn is a client of the stack's server as one identity, with

@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/switchyard-dev/switchyard/auth"
+	"github.com/switchyard-dev/switchyard/auth/endpoints"
 	"github.com/switchyard-dev/switchyard/internal/netem"
 	"github.com/switchyard-dev/switchyard/plan"
 	"github.com/switchyard-dev/switchyard/router"
@@ -86,6 +87,13 @@ type Options struct {
 	// NoTLS leaves TLS off the client listener with Auth (a server on
 	// loopback, whose traffic never leaves the machine).
 	NoTLS bool
+	// Endpoints are rules of the engine endpoint policy beside the ones
+	// the stack derives (`switchyard up --engine-endpoints`): for engines
+	// that join the stack from elsewhere. The stack always pins its own
+	// engines to their endpoints (EndpointRules), so that an engine's
+	// identity cannot advertise another address, and gives the policy to
+	// the routers and the optimizer service.
+	Endpoints *endpoints.File
 }
 
 // Identity names of the stack's components.
@@ -235,6 +243,11 @@ func (o Options) Plan() (Plan, error) {
 	}
 	if o.RouterAddr != "" && !o.NoRouters && len(o.File.Clusters) > 1 && !strings.HasSuffix(o.RouterAddr, ":0") {
 		return Plan{}, fmt.Errorf("%w: RouterAddr %q: every router would listen there; give a port of 0 (free ports) or set each router's address in the stack file", ErrOptions, o.RouterAddr)
+	}
+	if o.Endpoints != nil {
+		if _, err := endpoints.New(*o.Endpoints, endpoints.Options{}); err != nil {
+			return Plan{}, fmt.Errorf("%w: Endpoints: %w", ErrOptions, err)
+		}
 	}
 	var p Plan
 	var err error
@@ -417,19 +430,6 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 	}
 	s.goRun("aggregator", func() error { return agg.Run(runCtx) })
 
-	if plan.Optimizer != nil {
-		oo := *plan.Optimizer
-		if oo.Conn, err = own(OptimizerIdentity); err != nil {
-			return nil, err
-		}
-		oo.Logger, oo.Registerer = log, opts.Registerer
-		opt, err := optimizersvc.New(oo)
-		if err != nil {
-			return nil, fmt.Errorf("stack: optimizer service: %w", err)
-		}
-		s.optimizer = opt
-		s.goRun("optimizer", func() error { return opt.Run(runCtx) })
-	}
 	for _, eo := range plan.Engines {
 		if eo.Conn, err = own(eo.Name); err != nil {
 			return nil, err
@@ -455,11 +455,31 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 			return nil, err
 		}
 	}
+	// The policy pins the engines to the addresses they listen on, known
+	// once they have started: the optimizer and the routers start after.
+	pol, err := endpoints.New(s.EndpointRules(), endpoints.Options{OwnSubject: ownSubject(streams.DefaultNames())})
+	if err != nil {
+		return nil, fmt.Errorf("stack: engine endpoint policy: %w", err)
+	}
+	if plan.Optimizer != nil {
+		oo := *plan.Optimizer
+		if oo.Conn, err = own(OptimizerIdentity); err != nil {
+			return nil, err
+		}
+		oo.Logger, oo.Registerer, oo.Endpoints = log, opts.Registerer, pol
+		opt, err := optimizersvc.New(oo)
+		if err != nil {
+			return nil, fmt.Errorf("stack: optimizer service: %w", err)
+		}
+		s.optimizer = opt
+		s.goRun("optimizer", func() error { return opt.Run(runCtx) })
+	}
 	for _, ro := range plan.Routers {
 		if ro.Conn, err = own(RouterIdentity(ro.Cluster)); err != nil {
 			return nil, err
 		}
 		ro.Logger = log // the router adds component, cluster and router to its lines
+		ro.Endpoints = pol
 		rs, err := router.NewService(ro)
 		if err != nil {
 			return nil, fmt.Errorf("stack: router of cluster %s: %w", ro.Cluster, err)
@@ -468,6 +488,35 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		s.goRun("router "+ro.Cluster, func() error { return rs.Run(runCtx) })
 	}
 	return s, nil
+}
+
+// EndpointRules are the stack's engine endpoint policy: its model's rule
+// pinning every simulated engine to the URL it listens on and every engine
+// by URL to its URL (each may also advertise its own inference subject),
+// followed by Options.Endpoints' rules.
+func (s *Stack) EndpointRules() endpoints.File {
+	r := endpoints.Rules{Model: s.file.Model}
+	for _, e := range s.engines {
+		r.Engines = append(r.Engines, endpoints.EngineRule{Name: e.Name(), URLs: []string{e.URL()}})
+	}
+	for _, e := range s.file.Engines {
+		if e.ByURL() {
+			r.Engines = append(r.Engines, endpoints.EngineRule{Name: e.Name, URLs: []string{e.URL}})
+		}
+	}
+	f := endpoints.File{Models: []endpoints.Rules{r}}
+	if s.opts.Endpoints != nil {
+		f.Models = append(f.Models, s.opts.Endpoints.Models...)
+	}
+	return f
+}
+
+// ownSubject is the inference subject an engine serves in layout n.
+func ownSubject(n streams.Names) func(model, engine string) string {
+	return func(model, engine string) string {
+		subj, _ := n.InferSubject(model, engine)
+		return subj
+	}
 }
 
 // Connect opens a new in-process connection to the stack's server as

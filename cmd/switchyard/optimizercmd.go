@@ -65,6 +65,7 @@ func optimizerCommand() command {
 			fs.Float64Var(&o.Regions.OtherRegionMs, "other-region-ms", plan.DefaultOtherRegionMs, "one-way network latency, ms, assumed between a cluster and an engine of another (or no) region until one is measured or configured")
 			fs.BoolVar(&o.NoRegionDefault, "no-region-default", false, "plan an engine for a cluster only with a measured or configured latency (no region default)")
 			fs.BoolVar(&o.PreferConfiguredNetwork, "prefer-configured-network", false, "use the configured network latency even where RTTs are measured (for emulated networks on one host)")
+			ef := addEndpointFlags(fs)
 			metricsAddr := fs.String("metrics-addr", "127.0.0.1:9091", "serve the live dashboard (/) and /metrics on this `address` (empty: off)")
 			replicas := fs.Int("replicas", 1, "provision streams and buckets with this replica count before starting (0: do not provision)")
 			mkLog := logFlags(fs, e)
@@ -111,6 +112,12 @@ func optimizerCommand() command {
 					return err
 				}
 				o.Provision = streams.ProvisionOptions{LeaseTTL: o.LeaseTTL, Replicas: *replicas} // what a deleted stream or bucket comes back with
+				if o.Endpoints, err = ef.policy(o.Names); err != nil {
+					return err
+				}
+				if o.Endpoints == nil && !e.printOnly {
+					log.Warn().Msg("no engine endpoint policy: the optimizer plans engines wherever their signals say they are; give one (--engine-endpoints, docs/security.md)")
+				}
 				if o, err = effective(o); err != nil {
 					return err
 				}

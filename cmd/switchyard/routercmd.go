@@ -52,10 +52,11 @@ func routerCommand() command {
 			memLimit := fs.String("memlimit", "", "soft memory limit, as GOMEMLIMIT, e.g. 512MiB (empty: keep GOMEMLIMIT from the environment, or none)")
 			fs.IntVar(&rt.MaxProcs, "gomaxprocs", 0, "OS threads running Go code at once, as GOMAXPROCS (0: keep GOMAXPROCS from the environment or Go's default, the CPUs available)")
 			emulate := fs.String("emulate-network", "", "emulate the network latency of this stack `file` (one-way, per engine region, from this router's cluster region)")
+			ef := addEndpointFlags(fs)
 			var em embedOptions
 			fs.BoolVar(&em.on, "embed-nats", false, "run a NATS server inside this process and connect the router to it in-process (no socket between them); clients and engines connect to --embed-nats-listen. Excludes --nats-url")
 			fs.StringVar(&em.listen, "embed-nats-listen", "127.0.0.1:4222", "with --embed-nats: the embedded server's client listen `address` (empty: in-process only)")
-			fs.StringVar(&em.leaf, "embed-nats-leaf", "", "with --embed-nats: join the main NATS as a leaf node at these leaf-node `URLs`, comma-separated (nats-leaf://host:7422, see `switchyard nats --leaf-port`); the embedded server then has no JetStream and reads weights, and writes reports, through the main NATS. Empty: a standalone server with its own JetStream")
+			fs.StringVar(&em.leaf, "embed-nats-leaf", "", "with --embed-nats: join the main NATS as a leaf node at these leaf-node `URLs`, comma-separated (nats-leaf://host:7422, see `switchyard nats --leaf-port`); the embedded server then has no JetStream and reads weights, and writes reports, through the main NATS; the leaf connection presents --creds (a leaf identity of switchyard auth) and checks the hub with --tls-ca (tls:// URLs or a hub with TLS), --tls-cert/--tls-key for mutual TLS. Empty: a standalone server with its own JetStream")
 			fs.StringVar(&em.dataDir, "embed-nats-data-dir", "", "with --embed-nats and no --embed-nats-leaf: the JetStream store `directory` (default: the user cache dir's switchyard/router-<cluster>)")
 			fs.Func("alias", "serve model `ALIAS=MODEL` also under the name ALIAS (repeat for several): requests for ALIAS route on MODEL and reach engines under the name they serve",
 				func(s string) error {
@@ -84,6 +85,9 @@ func routerCommand() command {
 				}
 				log, err := mkLog()
 				if err != nil {
+					return err
+				}
+				if o.Endpoints, err = ef.policy(o.Names); err != nil {
 					return err
 				}
 				if o.Server.Kind, err = httpfront.ParseServerKind(*httpServer); err != nil {
@@ -120,6 +124,15 @@ func routerCommand() command {
 					if flagSet(fs, "nats-url") {
 						return usagef("--nats-url and --embed-nats exclude each other: with --embed-nats the router connects to its own server (use --embed-nats-leaf to join the main NATS)")
 					}
+					if em.leaf == "" {
+						for _, f := range []string{"creds", "tls-ca", "tls-cert", "tls-key"} {
+							if flagSet(fs, f) {
+								return usagef("--%s with --embed-nats needs --embed-nats-leaf: the router connects to its own server in-process; with a hub, the leaf connection presents them", f)
+							}
+						}
+					}
+					em.remote = natsembed.TLS{CAFile: *url.ca, CertFile: *url.cert, KeyFile: *url.key}
+					em.creds = *url.creds
 					if em.dataDir == "" {
 						em.dataDir = defaultDataDir("router-" + o.Cluster)
 					}
@@ -168,6 +181,10 @@ type embedOptions struct {
 	listen  string // host:port, or "" for in-process only
 	leaf    string // comma-separated leaf-node URLs of the main NATS
 	dataDir string
+	// creds and remote are what the leaf connection presents to the hub
+	// and checks it with (--creds, --tls-ca, --tls-cert, --tls-key).
+	creds  string
+	remote natsembed.TLS
 }
 
 // startEmbeddedNATS starts the router's own NATS server (named name, if
@@ -204,6 +221,12 @@ func startEmbeddedNATS(ctx context.Context, em embedOptions, name string, log ze
 	}
 	if len(so.LeafRemotes) > 0 {
 		so.NoJetStream = true
+		so.LeafCreds = em.creds
+		if em.remote.CAFile != "" {
+			so.LeafRemoteTLS = em.remote
+		} else if em.remote.CertFile != "" {
+			return nil, usagef("--tls-cert with --embed-nats-leaf needs --tls-ca, the authority of the hub's certificate")
+		}
 	} else {
 		so.DataDir = em.dataDir
 	}
@@ -215,7 +238,7 @@ func startEmbeddedNATS(ctx context.Context, em embedOptions, name string, log ze
 	}
 	ev := log.Info().Str("url", srv.ClientURL()).Bool("in_process", true)
 	if so.NoJetStream {
-		ev = ev.Strs("leaf_of", so.LeafRemotes)
+		ev = ev.Strs("leaf_of", so.LeafRemotes).Bool("leaf_creds", so.LeafCreds != "").Bool("leaf_tls", so.LeafRemoteTLS.CAFile != "")
 	} else {
 		ev = ev.Str("data_dir", so.DataDir)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/switchyard-dev/switchyard/auth"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/router/control"
@@ -97,6 +98,20 @@ func natsAsk(nc *nats.Conn, cluster, model string) (string, error) {
 		return "", fmt.Errorf("status %q, last %q: %s", s, r.Header.Get(messages.HeaderLast), r.Data)
 	}
 	return r.Header.Get("x-switchyard-engine"), nil
+}
+
+// provision creates the layout's streams and buckets through nc.
+func provision(t *testing.T, nc *nats.Conn) {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := streams.Provision(ctx, js, streams.DefaultNames(), streams.ProvisionOptions{}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // putWeights writes a snapshot giving engine all of model's weight in
@@ -225,15 +240,7 @@ func TestRouterEmbedNATSLeaf(t *testing.T) {
 		t.Fatalf("hub's LeafURL %q, want %q", got, want)
 	}
 	client := dial(t, hub.ClientURL())
-	js, err := jetstream.New(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := streams.Provision(ctx, js, streams.DefaultNames(), streams.ProvisionOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	provision(t, client)
 	simEngine(t, dial(t, hub.ClientURL()), "llama", "e1")
 	reports, err := client.SubscribeSync(streams.DefaultNames().ReportFilter())
 	if err != nil {
@@ -260,6 +267,70 @@ func TestRouterEmbedNATSLeaf(t *testing.T) {
 	waitServedByE1(t, client, 10*time.Second, "requests flow again after the hub's restart")
 }
 
+// TestRouterEmbedNATSLeafSecure runs `switchyard router --embed-nats` as a
+// leaf node of a hub in operator mode with mutual TLS on its leaf port, as
+// a deployment of `switchyard auth` runs it: the leaf connection presents
+// the leaf identity's credentials and a client certificate and checks the
+// hub's certificate; requests from the hub reach the router and the
+// engine, and snapshots in the hub's sy_weights are installed. Without the
+// credentials, or without the CA, the leaf never joins.
+func TestRouterEmbedNATSLeafSecure(t *testing.T) {
+	m, err := auth.Generate(auth.Options{Dir: t.TempDir(), Identities: []auth.Identity{
+		{Name: "leaf-A", Role: auth.RoleLeaf}, {Name: "e1", Role: auth.RoleEngine, Model: "llama"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hubPort, leafPort := freePort(t), freePort(t)
+	hub, err := natsembed.Start(natsembed.Options{DataDir: t.TempDir(), Port: hubPort, LeafPort: leafPort, ServerName: "hub",
+		Auth: m.ServerAuth(), TLS: m.ServerTLS(true)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(hub.Shutdown)
+	connect := func(identity string) *nats.Conn {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		nc, err := streams.Connect(ctx, m.Connect(identity, true, streams.ConnectOptions{URLs: []string{hub.ClientURL()}, Name: identity}))
+		if err != nil {
+			t.Fatalf("connect as %s: %v", identity, err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	client := connect("admin")
+	provision(t, client)
+	simEngine(t, connect("e1"), "llama", "e1")
+	leafURL := fmt.Sprintf("nats-leaf://127.0.0.1:%d", leafPort)
+
+	// Refused: no credentials, then no CA (the hub's certificate unchecked).
+	for _, bad := range []struct {
+		cluster string
+		args    []string
+	}{
+		{"X", []string{"--tls-ca", m.Path(auth.CAFile), "--tls-cert", m.Path(auth.ClientCertFile), "--tls-key", m.Path(auth.ClientKeyFile)}},
+		{"Y", []string{"--creds", m.CredsFile("leaf-A")}},
+	} {
+		routerCmd(t, append([]string{"--cluster", bad.cluster, "--name", bad.cluster + "-1", "--embed-nats", "--embed-nats-listen", "",
+			"--embed-nats-leaf", leafURL, "--listen", "", "--metrics-addr", "", "--log-level", "error"}, bad.args...)...)
+	}
+
+	httpPort := freePort(t)
+	routerCmd(t, "--cluster", "A", "--name", "A-1", "--embed-nats", "--embed-nats-listen", "", "--embed-nats-leaf", leafURL,
+		"--creds", m.CredsFile("leaf-A"), "--tls-ca", m.Path(auth.CAFile),
+		"--tls-cert", m.Path(auth.ClientCertFile), "--tls-key", m.Path(auth.ClientKeyFile),
+		"--listen", fmt.Sprintf("127.0.0.1:%d", httpPort), "--metrics-addr", "", "--report-interval", "200ms", "--log-level", "warn")
+	waitServedByE1(t, client, 15*time.Second, "a NATS request on the secure hub is served by the leaf's router and answered by e1")
+	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
+	putWeights(t, client, "llama", "A", "e1", 1)
+	testenv.WaitFor(t, 10*time.Second, "the router installs generation 1 from the hub's sy_weights", func() bool {
+		return installed(base, 1)
+	})
+	if n := hub.Server().NumLeafNodes(); n != 1 {
+		t.Errorf("%d leaf nodes joined the hub, want 1 (only the router with credentials and the CA)", n)
+	}
+}
+
 // TestRouterFlagValidation checks that the --embed-nats and --http-server
 // flags are validated before anything starts.
 func TestRouterFlagValidation(t *testing.T) {
@@ -274,6 +345,10 @@ func TestRouterFlagValidation(t *testing.T) {
 		{"listen without port", []string{"--embed-nats", "--embed-nats-listen", "127.0.0.1"}, "--embed-nats-listen"},
 		{"listen port out of range", []string{"--embed-nats", "--embed-nats-listen", "127.0.0.1:70000"}, "1 to 65535"},
 		{"leaf not a URL", []string{"--embed-nats", "--embed-nats-listen", "", "--embed-nats-leaf", "127.0.0.1:7422"}, "nats-leaf://host:7422"},
+		{"creds with embed, no leaf", []string{"--embed-nats", "--embed-nats-listen", "", "--creds", "leaf.creds"}, "--creds with --embed-nats needs --embed-nats-leaf"},
+		{"client certificate without CA", []string{"--embed-nats", "--embed-nats-listen", "", "--embed-nats-leaf", "nats-leaf://127.0.0.1:7422",
+			"--tls-cert", "c.pem", "--tls-key", "k.pem"}, "needs --tls-ca"},
+		{"bad endpoint range", []string{"--allow-engine-cidr", "10.0.0.0/33"}, "models[0].cidrs[0]"},
 		{"no routers", []string{"--routers", "-1"}, "ServiceOptions.Protection.Routers is -1: a cluster has at least one router"},
 		{"unknown HTTP server", []string{"--http-server", "nginx"}, `--http-server: router: HTTP server "nginx": want "std" or "fasthttp"`},
 		{"unknown RTT probe", []string{"--rtt-probe", "healthz"}, `ServiceOptions.RTTProbe: invalid RTT probe "healthz": want tcp or http:/path`},

@@ -43,6 +43,7 @@ func upCommand() command {
 			mutual := fs.Bool("mutual-tls", false, "require client certificates (the material's tls/client.pem) on the NATS client port too")
 			tlsOn := fs.String("tls", "auto", "TLS on the NATS client port: on, off, or auto (on unless --nats-host is a loopback address, whose traffic never leaves the machine)")
 			keys := fs.String("keys", "", "API keys `file` of every router's front door, overriding the stack file's keys_file (docs/deployment.md, \"The front door\"; empty: open, as the quick start is)")
+			ef := addEndpointFlags(fs)
 			mkLog := logFlags(fs, e)
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
@@ -63,6 +64,9 @@ func upCommand() command {
 				}
 				so := stack.Options{File: f, DataDir: *dataDir, NATSHost: *host, NATSPort: *port,
 					SignalInterval: *signalEvery, RouterAddr: *routerAddr, KeysFile: *keys, EmulateNetwork: *emulate, NoKVRouting: *noKV, Logger: log, MutualTLS: *mutual}
+				if so.Endpoints, err = ef.rules(); err != nil {
+					return err
+				}
 				useTLS, err := tlsWanted(*tlsOn, *host)
 				if err != nil {
 					return usageError{err}

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/switchyard-dev/switchyard/auth/endpoints"
 	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -57,6 +56,12 @@ type SignalOptions struct {
 	// handler (Handler.SetEngineEndpoints), which never picks an engine it
 	// has no address for.
 	OnEndpoints func(model, engine string, ep Endpoints)
+	// Endpoints, when set, is the operator's endpoint policy: a signal
+	// advertising a URL or subject it refuses is ignored (counted in
+	// switchyard_router_endpoints_refused_total and logged at a bounded
+	// rate), so that an engine's identity cannot point routers elsewhere.
+	// Nil uses whatever engines advertise.
+	Endpoints *endpoints.Policy
 	// Logger receives the component's logs (component=router is added).
 	Logger zerolog.Logger
 	// Registry, when set, receives the component's metrics.
@@ -140,6 +145,7 @@ type Signals struct {
 
 	received prometheus.Counter
 	rejected *prometheus.CounterVec
+	refused  *prometheus.CounterVec
 	down     prometheus.Gauge
 }
 
@@ -181,6 +187,10 @@ func NewSignals(opts SignalOptions) (*Signals, error) {
 			Name: "switchyard_router_signals_rejected_total",
 			Help: "Engine signals that failed to decode or validate, whose subject does not match, or whose handling panicked, by reason.",
 		}, []string{"reason"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_router_endpoints_refused_total",
+			Help: "Engine signals ignored because the operator's endpoint policy refuses the URL or subject they advertise, by reason.",
+		}, []string{"reason"}),
 		down: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "switchyard_router_engines_down",
 			Help: "Engines the router's local guard counts as down (health 0) or silent, over all models.",
@@ -189,7 +199,7 @@ func NewSignals(opts SignalOptions) (*Signals, error) {
 	empty := map[string]Endpoints{}
 	s.endpoints.Store(&empty)
 	if opts.Registry != nil {
-		for _, c := range []prometheus.Collector{s.received, s.rejected, s.down} {
+		for _, c := range []prometheus.Collector{s.received, s.rejected, s.refused, s.down} {
 			if err := opts.Registry.Register(c); err != nil {
 				return nil, fmt.Errorf("router: new signals: register metrics: %w", err)
 			}
@@ -286,8 +296,20 @@ func (s *Signals) handle(m *nats.Msg) {
 		s.reject(m.Subject, rejectSubject, fmt.Errorf("signal of %s/%s on subject %q", sig.Model, sig.Engine, m.Subject))
 		return
 	}
+	ep := endpointsOf(sig.Transports)
+	if err := s.opts.Endpoints.Check(sig.Model, sig.Engine, ep.URL, ep.Subject); err != nil {
+		if errors.Is(err, endpoints.ErrResolving) {
+			return // undecided until the name resolves; a later signal will be
+		}
+		reason := endpoints.Reason(err)
+		s.refused.WithLabelValues(reason).Inc()
+		s.guard.Log("endpoint/"+m.Subject).Err(err).Str("subject", m.Subject).Str("reason", reason).
+			Str("model", sig.Model).Str("engine", sig.Engine).
+			Msg("ignored an engine signal: the operator's endpoint policy refuses the endpoint it advertises (logged at a bounded rate)")
+		return
+	}
 	s.received.Inc()
-	r, ok := s.fold(&sig, now)
+	r, ok := s.fold(&sig, ep, now)
 	if !ok {
 		return
 	}
@@ -331,8 +353,8 @@ type foldResult struct {
 // fold records sig as its engine's newest signal, unless a newer one
 // overtook it (ok false), and returns what changed. The lock is released by
 // defer, so that a panic cannot leave it held.
-func (s *Signals) fold(sig *messages.EngineSignal, now time.Time) (r foldResult, ok bool) {
-	r.ep = endpointsOf(sig.Transports)
+func (s *Signals) fold(sig *messages.EngineSignal, ep Endpoints, now time.Time) (r foldResult, ok bool) {
+	r.ep = ep
 	r.ep.ServedModel = sig.ServedModel
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -515,34 +537,10 @@ func (s *Signals) Models() []string {
 	return out
 }
 
-// endpointsOf picks the first usable HTTP and NATS transports of a signal:
-// an absolute http(s) URL, and a subject without wildcards or spaces.
+// endpointsOf picks the endpoints of a signal's transports
+// (endpoints.Of: the first usable HTTP URL and NATS subject).
 func endpointsOf(ts []messages.Transport) Endpoints {
 	var ep Endpoints
-	for _, t := range ts {
-		switch t.Kind {
-		case messages.TransportHTTP:
-			if ep.URL == "" && validBaseURL(t.Address) {
-				ep.URL = strings.TrimSuffix(t.Address, "/")
-			}
-		case messages.TransportNATS:
-			if ep.Subject == "" && validSubject(t.Address) {
-				ep.Subject = t.Address
-			}
-		}
-	}
+	ep.URL, ep.Subject = endpoints.Of(ts)
 	return ep
-}
-
-func validBaseURL(s string) bool {
-	u, err := url.Parse(s)
-	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && u.RawQuery == "" && u.Fragment == ""
-}
-
-func validSubject(s string) bool {
-	if s == "" || len(s) > 256 || strings.ContainsAny(s, " \t\r\n*>") || strings.HasPrefix(s, ".") ||
-		strings.HasSuffix(s, ".") || strings.Contains(s, "..") {
-		return false
-	}
-	return true
 }

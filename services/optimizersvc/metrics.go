@@ -13,6 +13,7 @@ type metrics struct {
 	problems      prometheus.Gauge
 	clusters      prometheus.Gauge
 	engines       prometheus.Gauge
+	refused       prometheus.Gauge
 	bad           *prometheus.CounterVec
 	penalised     prometheus.Gauge
 	penalties     *prometheus.CounterVec
@@ -50,6 +51,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "switchyard_optimizer_clusters", Help: "Clusters over all problems in the newest round of solves."}),
 		engines: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "switchyard_optimizer_engines", Help: "Engines over all problems in the newest round of solves."}),
+		refused: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "switchyard_optimizer_engines_refused", Help: "Engines left out of the newest round of solves because the endpoint policy refuses the URL or subject their state advertises."}),
 		bad: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_optimizer_bad_values_total", Help: "State values that failed to decode or validate, ignored."},
 			[]string{"bucket", "reason"}),
@@ -77,7 +80,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	if reg != nil {
 		reg.MustRegister(m.generationAhead, m.overwritten)
 		reg.MustRegister(m.solveDuration, m.solveErrors, m.outOfTime, m.gap, m.generations, m.conflicts, m.leader,
-			m.problems, m.clusters, m.engines, m.bad, m.penalised, m.penalties, m.operator, m.slowStart, m.repairs)
+			m.problems, m.clusters, m.engines, m.refused, m.bad, m.penalised, m.penalties, m.operator, m.slowStart, m.repairs)
 	}
 	return m
 }

@@ -169,6 +169,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/switchyard-dev/switchyard/auth/endpoints"
 	"github.com/switchyard-dev/switchyard/internal/logthrottle"
 	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/messages"
@@ -213,6 +214,11 @@ type Options struct {
 	PreferConfiguredNetwork bool
 	// Clusters are planned for every model even before any demand is measured.
 	Clusters []string
+	// Endpoints is the operator's engine endpoint policy (auth/endpoints):
+	// an engine whose state advertises a URL or subject it refuses is not
+	// planned (counted in switchyard_optimizer_engines_refused, logged at
+	// a bounded rate). Nil plans engines wherever they say they are.
+	Endpoints *endpoints.Policy
 	// MinDemandRPS is the least demand a cluster is planned for (see the
 	// package comment). Zero means 1 req/s.
 	MinDemandRPS float64
@@ -442,6 +448,7 @@ type Service struct {
 	solutions map[string]*optimizer.Solution   // by model
 	pens      map[string]*penalty              // by <model>.<engine>
 	ramps     map[string]*ramp                 // slow starts, by <model>.<engine>
+	refusedAt map[string]time.Time             // since when an engine's endpoint is refused, by <model>.<engine>
 	operators map[string]*messages.Operator    // by sy_engines key operator.<engine>
 	restore   map[string]*messages.Operator    // operator records a re-created engines bucket lost, to write back
 	carried   map[string]time.Time             // state kept over a bucket's re-creation, by key, since when
@@ -521,6 +528,7 @@ func New(opts Options) (*Service, error) {
 		maxGen:    make(map[string]uint64),
 		pens:      make(map[string]*penalty),
 		ramps:     make(map[string]*ramp),
+		refusedAt: make(map[string]time.Time),
 		operators: make(map[string]*messages.Operator),
 		restore:   make(map[string]*messages.Operator),
 		carried:   make(map[string]time.Time),

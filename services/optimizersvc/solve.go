@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-dev/switchyard/auth/endpoints"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/optimizer"
 	"github.com/switchyard-dev/switchyard/plan"
@@ -39,6 +40,11 @@ func (s *Service) buildProblems() []built {
 			s.endSlowStart(key, "engine state gone")
 		}
 	}
+	for key := range s.refusedAt {
+		if _, ok := s.engines[key]; !ok {
+			delete(s.refusedAt, key)
+		}
+	}
 	engines := map[string][]*messages.EngineState{}
 	for _, key := range sortedKeys(s.engines) {
 		st := s.engines[key]
@@ -52,6 +58,8 @@ func (s *Service) buildProblems() []built {
 		clusters[d.Model][d.Cluster] = d
 	}
 	var out []built
+	refused := 0
+	defer func() { s.metrics.refused.Set(float64(refused)) }()
 	for _, model := range sortedKeys(engines) {
 		network := plan.Network{
 			Measured: func(c, engine string) (float64, bool) {
@@ -69,8 +77,15 @@ func (s *Service) buildProblems() []built {
 			Regions: s.opts.Regions, NoRegionDefault: s.opts.NoRegionDefault,
 		}
 		in := plan.Input{Network: network.Latency, Targets: s.opts.targets(), MinDemandRPS: s.opts.MinDemandRPS}
+		modelRefused := 0
 		for _, st := range engines[model] {
 			key := streams.JoinKey(model, st.Engine)
+			if s.refused(st, key, now) {
+				// Not planned, but no slow start when it is accepted again:
+				// its capacity did not go, its address was refused.
+				modelRefused++
+				continue
+			}
 			if st.Status == messages.StatusDown && !st.ServedOnOutcomes(now, s.opts.Penalties.EvidenceMaxAge) {
 				// A silent engine that routers still use successfully is
 				// planned on (its agent died, not the engine).
@@ -84,6 +99,13 @@ func (s *Service) buildProblems() []built {
 			health *= math.Min(pen, s.slowStart(key, st, st.CapacityRPS*health, now))
 			in.Engines = append(in.Engines, plan.Engine{Name: st.Engine, CapacityRPS: st.CapacityRPS, Health: health,
 				BaseMs: plan.BaseMs(s.fits[key], st, s.opts.PriorBaseMs)})
+		}
+		refused += modelRefused
+		if modelRefused == len(engines[model]) {
+			// Every engine is refused: there is nothing to plan, which is
+			// no reason to shed. Routers keep the snapshot they hold, or
+			// their local policy over the engines they accept.
+			continue
 		}
 		names := map[string]*messages.DemandState{}
 		for c, d := range clusters[model] {
@@ -100,6 +122,44 @@ func (s *Service) buildProblems() []built {
 		out = append(out, built{model: model, problem: plan.Problem(in)})
 	}
 	return out
+}
+
+// endpointGrace is how long an engine's state must go on advertising an
+// endpoint the policy refuses before the engine is left out of the plan:
+// a few signal intervals, so that the states a restarted fleet stored at
+// its old addresses, rewritten by the engines' first signals, and a
+// forged signal now and then between an engine's own, move no traffic
+// (routers check every signal themselves and never forward to a refused
+// endpoint meanwhile).
+const endpointGrace = 2 * time.Second
+
+// refused asks the endpoint policy about the endpoints st advertises and
+// reports whether the engine has been refused for endpointGrace; it logs
+// such an engine at a bounded rate. Callers hold s.mu.
+func (s *Service) refused(st *messages.EngineState, key string, now time.Time) bool {
+	if s.opts.Endpoints == nil {
+		return false
+	}
+	u, subject := endpoints.Of(st.Transports)
+	err := s.opts.Endpoints.Check(st.Model, st.Engine, u, subject)
+	if err == nil {
+		delete(s.refusedAt, key)
+		return false
+	}
+	since, ok := s.refusedAt[key]
+	if !ok {
+		s.refusedAt[key] = now
+		since = now
+	}
+	if now.Sub(since) < endpointGrace {
+		return false
+	}
+	if s.badLog.Allow("endpoint/"+key, now) {
+		s.log.Warn().Err(err).Str("model", st.Model).Str("engine", st.Engine).Str("reason", endpoints.Reason(err)).
+			Dur("refused_for", now.Sub(since)).
+			Msg("engine left out of the plan: the operator's endpoint policy refuses the endpoint its state advertises (logged at most once per 10s per engine)")
+	}
+	return true
 }
 
 // solveAll solves every model and, as leader, writes the snapshots that changed.

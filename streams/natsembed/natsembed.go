@@ -1,6 +1,8 @@
 package natsembed
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -71,6 +73,14 @@ type Options struct {
 	// LeafCreds is the credentials file this server presents to its hub
 	// (LeafRemotes) when the hub runs in operator mode.
 	LeafCreds string
+	// LeafRemoteTLS, when its CAFile is set, dials LeafRemotes over TLS,
+	// checking the hub's certificate against CAFile and presenting
+	// CertFile and KeyFile when set (a hub that requires client
+	// certificates); VerifyClients is not used. It lets a server without a
+	// certificate of its own (a router's, listening on loopback or
+	// nowhere) join a hub over TLS; without it, remotes use TLS with TLS's
+	// files.
+	LeafRemoteTLS TLS
 }
 
 // Auth is the decentralised-auth setup of a server: an operator, the
@@ -177,6 +187,17 @@ func (o Options) Validate() error {
 	}
 	if o.TLS.VerifyClients && o.TLS.CertFile == "" {
 		return fmt.Errorf("%w: TLS.VerifyClients is set without TLS.CertFile", ErrOptions)
+	}
+	if t := o.LeafRemoteTLS; t != (TLS{}) {
+		if len(o.LeafRemotes) == 0 {
+			return fmt.Errorf("%w: LeafRemoteTLS is set without LeafRemotes", ErrOptions)
+		}
+		if t.CAFile == "" {
+			return fmt.Errorf("%w: LeafRemoteTLS.CAFile is empty, want the authority the hub's certificate is checked against", ErrOptions)
+		}
+		if (t.CertFile == "") != (t.KeyFile == "") {
+			return fmt.Errorf("%w: LeafRemoteTLS.CertFile %q and KeyFile %q: want both or neither", ErrOptions, t.CertFile, t.KeyFile)
+		}
 	}
 	return nil
 }
@@ -352,10 +373,41 @@ func configureAuth(so *server.Options, opts Options) error {
 			r.TLS, r.TLSConfig, r.TLSTimeout = true, remote, 2
 		}
 	}
+	if t := opts.LeafRemoteTLS; t.CAFile != "" {
+		for _, r := range so.LeafNode.Remotes {
+			remote, err := remoteTLS(t)
+			if err != nil {
+				return err
+			}
+			r.TLS, r.TLSConfig, r.TLSTimeout = true, remote, 2
+		}
+	}
 	for _, r := range so.LeafNode.Remotes {
 		r.Credentials = opts.LeafCreds
 	}
 	return nil
+}
+
+// remoteTLS is the client side of a leaf-node connection: the hub's
+// certificate checked against t.CAFile, t's certificate presented if any.
+func remoteTLS(t TLS) (*tls.Config, error) {
+	ca, err := os.ReadFile(t.CAFile)
+	if err != nil {
+		return nil, fmt.Errorf("natsembed: leaf-node remote TLS: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(ca) {
+		return nil, fmt.Errorf("natsembed: leaf-node remote TLS: %s holds no PEM certificate", t.CAFile)
+	}
+	c := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	if t.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("natsembed: leaf-node remote TLS: certificate %s, key %s: %w", t.CertFile, t.KeyFile, err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
 }
 
 func checkFree(host string, port int) error {

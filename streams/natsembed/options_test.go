@@ -26,6 +26,9 @@ func TestOptionsValidate(t *testing.T) {
 		{natsembed.Options{DataDir: dir, ServerName: "n", ClusterName: "c", ClusterPort: -1, Routes: []string{"::"}}, "Routes[0]"},
 		{natsembed.Options{NoJetStream: true, LeafRemotes: []string{"host-only"}}, "LeafRemotes[0]"},
 		{natsembed.Options{DataDir: dir, StartTimeout: -time.Second}, "StartTimeout is -1s"},
+		{natsembed.Options{DataDir: dir, LeafRemoteTLS: natsembed.TLS{CAFile: "ca.pem"}}, "LeafRemoteTLS is set without LeafRemotes"},
+		{natsembed.Options{NoJetStream: true, LeafRemotes: []string{"nats-leaf://h:7422"}, LeafRemoteTLS: natsembed.TLS{CertFile: "c.pem", KeyFile: "k.pem"}}, "LeafRemoteTLS.CAFile is empty"},
+		{natsembed.Options{NoJetStream: true, LeafRemotes: []string{"nats-leaf://h:7422"}, LeafRemoteTLS: natsembed.TLS{CAFile: "ca.pem", CertFile: "c.pem"}}, "want both or neither"},
 	}
 	for _, c := range cases {
 		if err := c.o.Validate(); !errors.Is(err, natsembed.ErrOptions) || !strings.Contains(err.Error(), c.want) {
