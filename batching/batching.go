@@ -52,12 +52,24 @@ func (c Cost) DecodeMs(running int, context int64) float64 {
 // batch·(prompt + output/2) tokens.
 func (c Cost) Capacity(batch, prompt, output int) float64 {
 	b := float64(batch)
+	perBatchMs := b*c.PrefillMs(prompt) + float64(output-1)*c.fullTBT(batch, prompt, output)
+	return 1000 * b / perBatchMs
+}
+
+// fullTBT is the decode step of a full batch of such requests, ms.
+func (c Cost) fullTBT(batch, prompt, output int) float64 {
 	tbt := c.DecodeMs(batch, 0)
 	if c.TBTPerKTokenMs != 0 {
-		tbt += c.TBTPerKTokenMs * b * (float64(prompt) + float64(output)/2) / 1000
+		tbt += c.TBTPerKTokenMs * float64(batch) * (float64(prompt) + float64(output)/2) / 1000
 	}
-	perBatchMs := b*c.PrefillMs(prompt) + float64(output-1)*tbt
-	return 1000 * b / perBatchMs
+	return tbt
+}
+
+// PrefillWeight returns what one prompt token costs relative to one output
+// token at the batch Capacity assumes: the prefill time of a token over a
+// full decode step's time per running request (messages.Work's weight).
+func (c Cost) PrefillWeight(batch, prompt, output int) float64 {
+	return c.PrefillMsPerToken * float64(batch) / c.fullTBT(batch, prompt, output)
 }
 
 // IdleMs returns the engine-side latency of a lone request of prompt tokens

@@ -437,3 +437,24 @@ func boolInt(b bool) int {
 	}
 	return 0
 }
+
+// TestPrefillWeight checks that a prompt token's weight is its prefill
+// time over a full decode step's time per running request, and that the
+// requests' work in those units is proportional to the time they cost a
+// full batch, which is what the capacity counts.
+func TestPrefillWeight(t *testing.T) {
+	c := Cost{PrefillMsPerToken: 0.008, TBTBaseMs: 12, TBTPerRequestMs: 0.1, TBTPerKTokenMs: 0.04}
+	const batch, prompt, output = 64, 2000, 30
+	tbt := c.DecodeMs(batch, 0) + c.TBTPerKTokenMs*batch*(prompt+output/2.0)/1000
+	rho := c.PrefillWeight(batch, prompt, output)
+	if want := 0.008 * batch / tbt; math.Abs(rho-want) > 1e-12 {
+		t.Fatalf("PrefillWeight = %v, want %v", rho, want)
+	}
+	// One request's share of a full batch's time, in units of one decode
+	// token's share: its work, and 1000/capacity ms per request.
+	perReqMs := 1000 / c.Capacity(batch, prompt, output)
+	work := rho*prompt + (output - 1)
+	if got := perReqMs / (tbt / batch); math.Abs(got-work) > 1e-9*work {
+		t.Fatalf("a request costs %v decode-token shares, its work is %v", got, work)
+	}
+}

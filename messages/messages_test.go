@@ -40,7 +40,7 @@ func goodSnapshot() *WeightSnapshot {
 }
 
 func goodMessages() []Message {
-	return []Message{
+	return append([]Message{
 		goodSignal(), goodReport(), goodSnapshot(),
 		&EngineState{Model: "llama", Engine: "engine-a", Status: StatusUp, Time: testNow.UnixMilli(),
 			LastSignal: testNow.UnixMilli(), TTFTMs: Window{100, 110}, KVUse: Window{0.2, 0.3}, CapacityRPS: 100, Health: 1},
@@ -49,6 +49,22 @@ func goodMessages() []Message {
 		&RTTState{Cluster: "A", Engine: "engine-b", Time: testNow.UnixMilli(), RTTMs: Window{5, 5.1}, Samples: 3},
 		&KVEvents{Model: "llama", Engine: "engine-a", Time: testNow.UnixMilli(), Epoch: testNow.UnixMilli() - 1000, Seq: 7,
 			BlockSize: 16, Removed: []uint64{3}, Stored: []uint64{1, 1 << 63}},
+	}, workMessages()...)
+}
+
+// workMessages are good messages that carry the mix and variance fields.
+func workMessages() []Message {
+	sig := goodSignal()
+	sig.PromptTokens, sig.PrefillWeight = 1500, 0.08
+	rep := goodReport()
+	rep.PromptTokens, rep.Completed, rep.OutputTokens = 90*1500, 85, 85*40
+	mix := RouterDemand{LastReport: testNow.UnixMilli(), Seq: 4, RPS: Window{90, 88},
+		PromptTPS: Window{135000, 132000}, DoneRPS: Window{85, 86}, OutputTPS: Window{3400, 3440}, RPSVar: Window{95, 90}}
+	return []Message{sig, rep,
+		&EngineState{Model: "llama", Engine: "engine-a", Status: StatusUp, Time: testNow.UnixMilli(),
+			LastSignal: testNow.UnixMilli(), CapacityRPS: 100, Health: 1, PromptTokens: Window{1500, 1400}, PrefillWeight: 0.08},
+		&DemandState{Model: "llama", Cluster: "A", Time: testNow.UnixMilli(), RPS: mix.RPS, PromptTPS: mix.PromptTPS,
+			DoneRPS: mix.DoneRPS, OutputTPS: mix.OutputTPS, RPSVar: mix.RPSVar, Routers: map[string]RouterDemand{"A-1": mix}},
 	}
 }
 

@@ -71,6 +71,16 @@ type EngineSignal struct {
 	LoadRPS float64 `msgpack:"rps" json:"load_rps"`
 	// OutputTokens is the mean number of output tokens per completed request.
 	OutputTokens float64 `msgpack:"otok,omitempty" json:"output_tokens,omitempty"`
+	// PromptTokens is the mean number of prompt tokens per request of the
+	// mix CapacityRPS is stated for (the requests the engine served, or
+	// the mix its capacity was computed for); optional, 0 when unknown.
+	// With OutputTokens it turns the capacity into units of work (Work).
+	PromptTokens float64 `msgpack:"ptok,omitempty" json:"prompt_tokens,omitempty"`
+	// PrefillWeight is what one prompt token costs the engine relative to
+	// one output token at a full batch (its prefill time per token over
+	// its decode step time per running request); optional, 0 when the
+	// engine does not know it (DefaultPrefillWeight is then assumed).
+	PrefillWeight float64 `msgpack:"pfw,omitempty" json:"prefill_weight,omitempty"`
 	// Replicas is the number of ready replicas behind this engine.
 	Replicas int `msgpack:"rep" json:"replicas"`
 	// Health is the engine's own view of its health, 0 (down) .. 1 (healthy).
@@ -130,6 +140,13 @@ type RouterReport struct {
 	Engines map[string]EngineOutcome `msgpack:"eo,omitempty" json:"engines,omitempty"`
 	// RTTMs is the measured network round trip to engines, ms, by engine name.
 	RTTMs map[string]float64 `msgpack:"rtt,omitempty" json:"rtt_ms,omitempty"`
+	// PromptTokens is the prompt tokens of the interval's client requests,
+	// summed, as the router estimated them at admission (optional).
+	PromptTokens int64 `msgpack:"ptok,omitempty" json:"prompt_tokens,omitempty"`
+	// Completed counts the requests of the interval whose output tokens
+	// the router counted, and OutputTokens sums those (both optional).
+	Completed    int64 `msgpack:"done,omitempty" json:"completed,omitempty"`
+	OutputTokens int64 `msgpack:"otok,omitempty" json:"output_tokens,omitempty"`
 }
 
 // Engine status values in EngineState.
@@ -171,6 +188,8 @@ type EngineState struct {
 	KVUse        Window `msgpack:"kv" json:"kv_use"`
 	LoadRPS      Window `msgpack:"rps" json:"load_rps"`
 	OutputTokens Window `msgpack:"otok" json:"output_tokens"`
+	// PromptTokens smooths the signals' PromptTokens (zero when none says).
+	PromptTokens Window `msgpack:"ptok,omitempty" json:"prompt_tokens,omitempty"`
 	// InFlight is the requests queued plus running in the newest signal
 	// folded in: what the windows above smooth, as it is now (whether a
 	// drained engine is empty).
@@ -180,6 +199,8 @@ type EngineState struct {
 	Replicas      int     `msgpack:"rep" json:"replicas"`
 	Health        float64 `msgpack:"h" json:"health"`
 	BaseLatencyMs float64 `msgpack:"base,omitempty" json:"base_latency_ms,omitempty"`
+	// PrefillWeight is the latest reported EngineSignal.PrefillWeight.
+	PrefillWeight float64 `msgpack:"pfw,omitempty" json:"prefill_weight,omitempty"`
 	// Transports are the engine's latest advertised transports.
 	Transports []Transport `msgpack:"tx,omitempty" json:"transports,omitempty"`
 	// Outcomes is what routers saw of the engine, folded from their reports;
@@ -320,6 +341,16 @@ type DemandState struct {
 	RetryRPS Window `msgpack:"retry" json:"retry_rps"`
 	// Routers holds each reporting router's share of the demand.
 	Routers map[string]RouterDemand `msgpack:"ro,omitempty" json:"routers,omitempty"`
+	// The cluster's mix, summed over the routers that report it: prompt
+	// tokens per second (PromptTPS), requests per second whose output
+	// tokens were counted (DoneRPS) and their output tokens per second
+	// (OutputTPS). Mix turns them into mean tokens per request.
+	PromptTPS Window `msgpack:"ptps,omitempty" json:"prompt_tps,omitempty"`
+	DoneRPS   Window `msgpack:"drps,omitempty" json:"done_rps,omitempty"`
+	OutputTPS Window `msgpack:"otps,omitempty" json:"output_tps,omitempty"`
+	// RPSVar is the variance of the request rate over one second, summed
+	// over the routers, (req/s)² (see Smoother.UpdateVariance).
+	RPSVar Window `msgpack:"rvar,omitempty" json:"rps_var,omitempty"`
 }
 
 // RouterDemand is one router's contribution to a cluster's demand.
@@ -335,6 +366,12 @@ type RouterDemand struct {
 	// ShedRPS and RetryRPS are the router's shed and retry rates.
 	ShedRPS  Window `msgpack:"shed" json:"shed_rps"`
 	RetryRPS Window `msgpack:"retry" json:"retry_rps"`
+	// PromptTPS, DoneRPS, OutputTPS and RPSVar are the router's parts of
+	// the DemandState fields of the same names.
+	PromptTPS Window `msgpack:"ptps,omitempty" json:"prompt_tps,omitempty"`
+	DoneRPS   Window `msgpack:"drps,omitempty" json:"done_rps,omitempty"`
+	OutputTPS Window `msgpack:"otps,omitempty" json:"output_tps,omitempty"`
+	RPSVar    Window `msgpack:"rvar,omitempty" json:"rps_var,omitempty"`
 }
 
 // RTTState is the aggregator's view of the network round trip from one frontend

@@ -139,6 +139,8 @@ func (m *EngineSignal) Validate(now time.Time) error {
 	c.count("replicas", int64(m.Replicas))
 	c.fraction("health", m.Health)
 	c.nonNeg("base_latency_ms", m.BaseLatencyMs, maxLatency)
+	c.nonNeg("prompt_tokens", m.PromptTokens, maxTokensPerRequest)
+	c.nonNeg("prefill_weight", m.PrefillWeight, maxPrefillWeight)
 	c.transports("transports", m.Transports)
 	c.fresh("time_ms", m.Time, now)
 	return c.err
@@ -200,6 +202,10 @@ func (m *RouterReport) Validate(now time.Time) error {
 		c.name("rtt_ms key", e, false)
 		c.nonNeg("rtt_ms."+e, v, maxLatency)
 	}
+	c.tokens("prompt_tokens", m.PromptTokens, m.Requests)
+	c.count("completed", m.Completed)
+	c.rate("completed", m.Completed, iv)
+	c.tokens("output_tokens", m.OutputTokens, m.Completed)
 	c.fresh("time_ms", m.Time, now)
 	return c.err
 }
@@ -226,6 +232,8 @@ func (m *EngineState) Validate(now time.Time) error {
 	c.window("kv_use", m.KVUse, 1)
 	c.window("load_rps", m.LoadRPS, maxRate)
 	c.window("output_tokens", m.OutputTokens, 1e7)
+	c.window("prompt_tokens", m.PromptTokens, maxTokensPerRequest)
+	c.nonNeg("prefill_weight", m.PrefillWeight, maxPrefillWeight)
 	c.count("in_flight", m.InFlight)
 	c.nonNeg("capacity_rps", m.CapacityRPS, maxRate)
 	c.count("replicas", int64(m.Replicas))
@@ -246,6 +254,30 @@ func (m *EngineState) Validate(now time.Time) error {
 		c.count("outcomes.failed_intervals", int64(o.FailedIntervals))
 	}
 	return c.err
+}
+
+// Bounds of the mix fields: no request holds more tokens than
+// maxTokensPerRequest (above every model's context window), no engine's
+// prompt token costs more than maxPrefillWeight output tokens.
+const (
+	maxTokensPerRequest = 1 << 24
+	maxPrefillWeight    = 100
+)
+
+// tokens checks a report's token sum: a count of at most
+// maxTokensPerRequest per request of the n it sums over.
+func (c *checker) tokens(field string, v, n int64) {
+	if v < 0 || v > maxTokensPerRequest*max(n, 0) {
+		c.fail(field, "is %d, want 0..%d (at most %d tokens for each of %d requests)", v, maxTokensPerRequest*max(n, 0), int64(maxTokensPerRequest), n)
+	}
+}
+
+// mix checks the mix windows of a demand state (prefix "") or a router's entry.
+func (c *checker) mix(prefix string, prompt, done, output, variance Window) {
+	c.window(prefix+"prompt_tps", prompt, maxRate*maxTokensPerRequest)
+	c.window(prefix+"done_rps", done, maxRate)
+	c.window(prefix+"output_tps", output, maxRate*maxTokensPerRequest)
+	c.window(prefix+"rps_var", variance, maxRate*maxRate)
 }
 
 // maxText bounds free-text fields (reasons, details).
@@ -322,6 +354,7 @@ func (m *DemandState) Validate(now time.Time) error {
 	c.window("rps", m.RPS, maxRate)
 	c.window("shed_rps", m.ShedRPS, maxRate)
 	c.window("retry_rps", m.RetryRPS, maxRate)
+	c.mix("", m.PromptTPS, m.DoneRPS, m.OutputTPS, m.RPSVar)
 	for p, w := range m.RPSByPriority {
 		if !ValidPriority(p) {
 			c.fail("rps_by_priority", "has key %q, want critical, standard or sheddable", p)
@@ -336,6 +369,7 @@ func (m *DemandState) Validate(now time.Time) error {
 		c.window(f+".rps", d.RPS, maxRate)
 		c.window(f+".shed_rps", d.ShedRPS, maxRate)
 		c.window(f+".retry_rps", d.RetryRPS, maxRate)
+		c.mix(f+".", d.PromptTPS, d.DoneRPS, d.OutputTPS, d.RPSVar)
 		for p, w := range d.Priority {
 			if !ValidPriority(p) {
 				c.fail(f+".rps_by_priority", "has key %q, want critical, standard or sheddable", p)

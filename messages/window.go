@@ -61,3 +61,25 @@ func (s Smoother) Update(w *Window, v, dt float64, first bool) {
 	w.Fast += weight(dt, s.Fast) * (v - w.Fast)
 	w.Slow += weight(dt, s.Slow) * (v - w.Slow)
 }
+
+// UpdateVariance folds a rate x measured over interval seconds, dt seconds
+// after the previous sample, into mean (as Update does), and the squared
+// deviation of x from mean's slow window before the update into variance,
+// scaled by the interval: the variance of the rate over one second,
+// assuming independent increments (a Poisson rate λ measured over an
+// interval T varies by λ/T, which counts as λ whatever T is). When first
+// is true, mean is set to x and variance to 0.
+func (s Smoother) UpdateVariance(mean, variance *Window, x, interval, dt float64, first bool) {
+	if first {
+		s.Update(mean, x, dt, true)
+		s.Update(variance, 0, dt, true)
+		return
+	}
+	d := x - mean.Slow
+	s.Update(variance, d*d*max(interval, 0), dt, false)
+	s.Update(mean, x, dt, false)
+}
+
+// IsZero reports whether both averages are 0: an optional window that was
+// never measured, which the encoder omits.
+func (w Window) IsZero() bool { return w.Fast == 0 && w.Slow == 0 }

@@ -8,6 +8,7 @@ package plan
 
 import (
 	"math"
+	"slices"
 
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/optimizer"
@@ -42,6 +43,13 @@ type Engine struct {
 	// BaseMs is the base latency of the engine's queue profile, ms: its
 	// latency fit (FitSample, FitPrior), else its prior.
 	BaseMs float64
+	// PromptTokens and OutputTokens are the mean tokens per request of the
+	// mix CapacityRPS is stated for (EngineState.PromptTokens and
+	// OutputTokens); 0 when unknown.
+	PromptTokens, OutputTokens float64
+	// PrefillWeight is the engine's own cost of a prompt token in output
+	// tokens (EngineState.PrefillWeight); 0 when unknown.
+	PrefillWeight float64
 }
 
 // Cluster is one frontend cluster of a model and its measured demand (nil
@@ -80,19 +88,119 @@ type Input struct {
 	Targets Targets
 	// MinDemandRPS is the least demand a cluster is planned for.
 	MinDemandRPS float64
+	// Requests plans in requests per second, as before units of work: the
+	// mix of engines and clusters is ignored.
+	Requests bool
+	// HeadroomSD is how many standard deviations of each cluster's demand
+	// over one second the plan keeps spare capacity for (0: none).
+	HeadroomSD float64
 }
 
-// Problem builds the optimizer's problem for in: the engines of usable
+// DefaultHeadroomSD is the headroom of the method's statement: one
+// standard deviation of a cluster's demand over one second, the load that
+// demand exceeds in about one second in six. The optimizer service and the
+// simulator do not apply it (they plan with 0): it moves the case study's
+// overflow of cluster B towards the nearly full engine A (DESIGN.md's
+// case study wants it on engine C), and in the simulator's suite it cut
+// the keys moved by weight updates but raised mixed-fleet-regions' e2e p99
+// by 1.6%.
+const DefaultHeadroomSD = 1.0
+
+// Built is one model's problem with what is needed to read its solution
+// back in requests: the problem counts demand and capacity in units of
+// work (messages.Work) unless the input asked for requests or no engine
+// states the mix of its capacity.
+type Built struct {
+	Problem *optimizer.Problem
+	// PrefillWeight is the prompt token's cost the work is counted with (0
+	// when planning in requests).
+	PrefillWeight float64
+	// ClusterWork[i] is cluster i's work per request (1 in requests).
+	ClusterWork []float64
+	// Headroom[i] is the demand added to cluster i for the variance of its
+	// demand, in the problem's units, in the sheddable class: what the plan
+	// sheds of it is spare capacity, not shed requests.
+	Headroom []float64
+	// EngineWork[j] is problem engine j's work per request of its capacity
+	// (1 in requests).
+	EngineWork []float64
+}
+
+// units returns the prompt token's weight and the fleet's mean mix (its
+// engines' mixes weighted by their capacity) when in is planned in work,
+// else ok false.
+func (in *Input) units() (rho, prompt, output float64, ok bool) {
+	if in.Requests {
+		return 0, 0, 0, false
+	}
+	var wsum, wrho, sumRho float64
+	for _, e := range in.Engines {
+		c := e.CapacityRPS * e.Health
+		if !(c > 0) {
+			continue
+		}
+		if e.PrefillWeight > 0 {
+			wrho += c
+			sumRho += c * e.PrefillWeight
+		}
+		if e.PromptTokens > 0 && e.OutputTokens > 0 {
+			wsum += c
+			prompt += c * e.PromptTokens
+			output += c * e.OutputTokens
+		}
+	}
+	if !(wsum > 0) {
+		return 0, 0, 0, false
+	}
+	rho = messages.DefaultPrefillWeight
+	if wrho > 0 {
+		rho = sumRho / wrho
+	}
+	return rho, prompt / wsum, output / wsum, true
+}
+
+// Problem is Build(in).Problem.
+func Problem(in Input) *optimizer.Problem { return Build(in).Problem }
+
+// Build builds the optimizer's problem for in: the engines of usable
 // capacity (in order) at their target utilisation, and one cluster per
-// in.Clusters (in order) with its demand and its links to the engines it
-// has a latency for.
-func Problem(in Input) *optimizer.Problem {
-	p := &optimizer.Problem{}
+// in.Clusters (in order) with its demand, the headroom for its variance
+// and its links to the engines it has a latency for.
+//
+// In units of work, an engine's capacity is CapacityRPS × the work of a
+// request of its stated mix, and a cluster's demand its request rate × the
+// work of a request of its measured mix (messages.DemandState.Mix), the
+// fleet's mean mix standing in for what a cluster or an engine does not
+// state; the prompt token's weight is the engines' own (weighted by
+// capacity), else messages.DefaultPrefillWeight. A cluster's weights are
+// fractions of its work, which are fractions of its requests, so the
+// snapshots keep their meaning. The objective then weighs each cluster's
+// latency by its work rather than by its requests.
+//
+// The headroom of a cluster is HeadroomSD standard deviations of its
+// request rate over one second (messages.DemandState.StdDev; Poisson's
+// √λ until it is measured), planned as sheddable demand: it moves the
+// plan off engines that its variance would saturate. The clusters'
+// headroom is scaled down to the fleet's spare capacity, and what the plan
+// still sheds of it (a cluster whose own engines are full) sheds nothing
+// (Built.Snapshot).
+func Build(in Input) *Built {
+	b := &Built{Problem: &optimizer.Problem{}}
+	p := b.Problem
+	rho, fleetPrompt, fleetOutput, work := in.units()
+	if work {
+		b.PrefillWeight = rho
+	}
 	for _, e := range in.Engines {
 		if !(e.CapacityRPS*e.Health > 0) {
 			continue
 		}
-		p.Engines = append(p.Engines, optimizer.Engine{Name: e.Name, CapacityRPS: e.CapacityRPS * in.Targets.Of(e.Name), Health: e.Health,
+		w := 1.0
+		if work {
+			w = messages.Work(or(e.PromptTokens, fleetPrompt), or(e.OutputTokens, fleetOutput), rho)
+		}
+		b.EngineWork = append(b.EngineWork, w)
+		p.Engines = append(p.Engines, optimizer.Engine{Name: e.Name, CapacityRPS: e.CapacityRPS * in.Targets.Of(e.Name) * w, Health: e.Health,
 			Profile: optimizer.QueueProfile{BaseMs: e.BaseMs}})
 	}
 	for _, c := range in.Clusters {
@@ -102,10 +210,102 @@ func Problem(in Input) *optimizer.Problem {
 				row = append(row, optimizer.Link{Engine: j, Ms: ms})
 			}
 		}
-		p.Clusters = append(p.Clusters, optimizer.Cluster{Name: c.Name, Demand: Demand(c.Demand, in.MinDemandRPS)})
+		w := 1.0
+		if work {
+			prompt, output := 0.0, 0.0
+			if c.Demand != nil {
+				prompt, output = c.Demand.Mix()
+			}
+			w = messages.Work(or(prompt, fleetPrompt), or(output, fleetOutput), rho)
+		}
+		dem := Demand(c.Demand, in.MinDemandRPS)
+		h := 0.0
+		if in.HeadroomSD > 0 {
+			h = in.HeadroomSD * stdDev(c.Demand, dem)
+		}
+		for q := range dem {
+			dem[q] *= w
+		}
+		b.ClusterWork = append(b.ClusterWork, w)
+		b.Headroom = append(b.Headroom, h*w)
+		p.Clusters = append(p.Clusters, optimizer.Cluster{Name: c.Name, Demand: dem})
 		p.Network = append(p.Network, row)
 	}
-	return p
+	b.addHeadroom()
+	return b
+}
+
+// addHeadroom adds the clusters' headroom to their sheddable demand, all
+// of it scaled down to fit the fleet's spare capacity: headroom the fleet
+// cannot hold would be shed by the plan, which then fills every engine to
+// its limit to serve it, since shed demand is priced above any latency.
+func (b *Built) addHeadroom() {
+	p := b.Problem
+	var headroom, demand, capacity float64
+	for i := range p.Clusters {
+		headroom += b.Headroom[i]
+		demand += p.Clusters[i].TotalDemand()
+	}
+	if !(headroom > 0) {
+		return
+	}
+	for j := range p.Engines {
+		capacity += p.Engines[j].EffectiveCapacity()
+	}
+	scale := math.Min(1, math.Max(capacity-demand, 0)/headroom)
+	for i := range p.Clusters {
+		b.Headroom[i] *= scale
+		p.Clusters[i].Demand[optimizer.Sheddable] += b.Headroom[i]
+	}
+}
+
+// stdDev is the standard deviation over one second of the demand d,
+// planned as dem: the measured one, else Poisson's √λ.
+func stdDev(d *messages.DemandState, dem [optimizer.NumPriorities]float64) float64 {
+	if d != nil && d.RPSVar.Slow > 0 {
+		return d.StdDev()
+	}
+	return math.Sqrt(dem[0] + dem[1] + dem[2])
+}
+
+// or returns v when it is positive, else def.
+func or(v, def float64) float64 {
+	if v > 0 && !math.IsInf(v, 0) {
+		return v
+	}
+	return def
+}
+
+// Snapshot renders cluster i of sol, the solution of b.Problem, as
+// Snapshot does, in requests: the demand in req/s, and the headroom taken
+// out of what the plan sheds (a plan that sheds no more than the headroom
+// sheds nothing; the weights then share the cluster's requests).
+func (b *Built) Snapshot(model string, sol *optimizer.Solution, i int, t Targets) *messages.WeightSnapshot {
+	cr := sol.Clusters[i]
+	dem := b.Problem.Clusters[i].Demand
+	if h := b.Headroom[i]; h > 0 {
+		total := cr.DemandRPS
+		real := total - h
+		shed := math.Max(0, cr.ShedRPS-h)
+		served := math.Max(total-cr.ShedRPS, 0)
+		cr.Weights = slices.Clone(cr.Weights)
+		for k := range cr.Weights {
+			if served > 0 && real > 0 {
+				cr.Weights[k] = cr.Weights[k] * total / served * (1 - shed/real)
+			}
+		}
+		cr.DemandRPS, cr.ShedRPS = real, shed
+		if real > 0 {
+			cr.ShedFraction = shed / real
+		}
+		dem[optimizer.Sheddable] = math.Max(0, dem[optimizer.Sheddable]-h)
+		cr.ShedByPriority[optimizer.Sheddable] = math.Max(0, cr.ShedByPriority[optimizer.Sheddable]-h)
+	}
+	snap := render(model, b.Problem, sol, i, &cr, dem, t)
+	if w := b.ClusterWork[i]; w > 0 {
+		snap.DemandRPS /= w
+	}
+	return snap
 }
 
 // Demand returns the demand per priority class to plan for d: its fast
@@ -143,7 +343,12 @@ func Demand(d *messages.DemandState, minRPS float64) [optimizer.NumPriorities]fl
 // utilisations keep it there), its predicted latency (network plus
 // engine-side), and the shed fraction by class when the plan sheds.
 func Snapshot(model string, p *optimizer.Problem, sol *optimizer.Solution, i int, t Targets) *messages.WeightSnapshot {
-	cr := &sol.Clusters[i]
+	return render(model, p, sol, i, &sol.Clusters[i], p.Clusters[i].Demand, t)
+}
+
+// render is Snapshot of cr, cluster i's result, whose demand by class is dem.
+func render(model string, p *optimizer.Problem, sol *optimizer.Solution, i int, cr *optimizer.ClusterResult,
+	dem [optimizer.NumPriorities]float64, t Targets) *messages.WeightSnapshot {
 	snap := &messages.WeightSnapshot{
 		Model: model, Cluster: cr.Name,
 		Weights:     make(map[string]float64, len(cr.Engines)),
@@ -181,7 +386,7 @@ func Snapshot(model string, p *optimizer.Problem, sol *optimizer.Solution, i int
 	if cr.ShedRPS > 0 {
 		snap.ShedByPriority = map[string]float64{}
 		for q := range optimizer.NumPriorities {
-			if d := p.Clusters[i].Demand[q]; d > 0 {
+			if d := dem[q]; d > 0 {
 				snap.ShedByPriority[optimizer.Priority(q).String()] = clamp01(cr.ShedByPriority[q] / d)
 			}
 		}
@@ -208,6 +413,14 @@ func Distance(a, b *messages.WeightSnapshot) (tv float64, shedFlip bool) {
 	tv += math.Abs(a.ShedFraction - b.ShedFraction)
 	const eps = 1e-6
 	return tv / 2, (a.ShedFraction > eps) != (b.ShedFraction > eps)
+}
+
+// EngineOf is the planning input of engine state st at health (the
+// state's, discounted as the caller does) and base latency baseMs: its
+// capacity and the mix and prompt token cost it states.
+func EngineOf(st *messages.EngineState, health, baseMs float64) Engine {
+	return Engine{Name: st.Engine, CapacityRPS: st.CapacityRPS, Health: health, BaseMs: baseMs,
+		PromptTokens: st.PromptTokens.Slow, OutputTokens: st.OutputTokens.Slow, PrefillWeight: st.PrefillWeight}
 }
 
 // FitSample is the latency-fit sample of one engine state: its slow

@@ -358,6 +358,9 @@ func (h *Handler) route(ctx context.Context, req *protocol.Request, session stri
 	if g, ok := h.opts.Observer.(GuardObserver); ok {
 		g.Priority(req.Model, prio)
 	}
+	if m, ok := h.opts.Observer.(MixObserver); ok {
+		m.Prompt(req.Model, protocol.PromptTokens(req))
+	}
 	ms := h.model(req.Model)
 	bound := h.bind(req.Model, table)
 	key, src := protocol.AffinityKey(session, req)

@@ -244,19 +244,23 @@ func TestReportsPublished(t *testing.T) {
 	})
 	const n = 60
 	client := &http.Client{}
+	bodyBytes := 0
 	for i := 0; i < n; i++ {
-		if status, _, _ := postChat(t, client, svc.Addr(), chatJSON("m", i%3 == 0, fmt.Sprintf("q%d", i)), ""); status != 200 {
+		body := chatJSON("m", i%3 == 0, fmt.Sprintf("q%d", i))
+		bodyBytes += len(body)
+		if status, _, _ := postChat(t, client, svc.Addr(), body, ""); status != 200 {
 			t.Fatalf("status %d", status)
 		}
 	}
-	var requests, sent, ok int64
+	var requests, sent, ok, prompt int64
 	testenv.WaitFor(t, 10*time.Second, "reports with every request and RTTs", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		requests, sent, ok = 0, 0, 0
+		requests, sent, ok, prompt = 0, 0, 0, 0
 		rtt := false
 		for _, r := range reports {
 			requests += r.Requests
+			prompt += r.PromptTokens
 			for _, o := range r.Engines {
 				sent += o.Sent
 				ok += o.Succeeded
@@ -285,6 +289,11 @@ func TestReportsPublished(t *testing.T) {
 	}
 	if e1.probes.Load() == 0 || e2.probes.Load() == 0 {
 		t.Fatalf("RTT probes e1=%d e2=%d", e1.probes.Load(), e2.probes.Load())
+	}
+	// Each request's prompt is at least one token and at most its body's
+	// bytes over protocol.BytesPerToken.
+	if prompt < n || prompt > int64(bodyBytes/protocol.BytesPerToken) {
+		t.Fatalf("reports carry %d prompt tokens for %d requests of %d bytes, want %d..%d", prompt, n, bodyBytes, n, bodyBytes/protocol.BytesPerToken)
 	}
 }
 

@@ -30,6 +30,14 @@ type GuardObserver interface {
 	Retry(model string)
 }
 
+// MixObserver is an Observer that is also told each client request's
+// estimated prompt tokens, for the cluster's mix; a Reporter implements it.
+type MixObserver interface {
+	control.Observer
+	// Prompt counts the prompt tokens of one client request (after Request).
+	Prompt(model string, tokens int64)
+}
+
 // routed is a request the router admitted and picked a first engine for.
 type routed struct {
 	model    string

@@ -30,6 +30,11 @@ type engineDesc struct {
 	capacity float64
 	// idleMs is the calibrated engine-side latency of a lone request, ms.
 	idleMs float64
+	// mixPrompt and mixOutput are the mean tokens of the requests capacity
+	// was calibrated on, and prefillWeight the type's prompt token cost in
+	// output tokens at that mix (batching.Cost.PrefillWeight): what the
+	// engine states with its capacity.
+	mixPrompt, mixOutput, prefillWeight float64
 }
 
 type clusterDesc struct {

@@ -134,6 +134,13 @@ func (w *ewma) add(s messages.Smoother, v, dt float64) {
 	w.init = true
 }
 
+// routerDemand is the aggregator's view of a cluster's one router, folded
+// from its counts every signal period as the aggregator folds a report.
+type routerDemand struct {
+	messages.RouterDemand
+	init bool
+}
+
 // engineSignal is the aggregator's view of one engine.
 type engineSignal struct {
 	up              bool
@@ -176,9 +183,12 @@ type run struct {
 	routing       int32    // the request route is asking the policy for an engine
 
 	// aggregator
-	sig       []engineSignal
-	demand    []ewma // [cluster] req/s
-	dArrived  []int  // [cluster] arrivals since the last signal
+	sig    []engineSignal
+	demand []routerDemand // [cluster]
+	// dReport is [cluster] the router's counts since the last signal: its
+	// requests and their prompt tokens, as the router counts them at
+	// admission (it counts no output tokens, as the router does not).
+	dReport   []messages.RouterReport
 	smooth    messages.Smoother
 	sigPeriod float64
 
@@ -213,8 +223,8 @@ func newRun(f *fleet, arrivals []scenario.Arrival, pol policy, seed uint64) *run
 	for j := range r.sig {
 		r.sig[j] = engineSignal{up: true, capacity: f.engines[j].capacity, idleMs: f.engines[j].idleMs}
 	}
-	r.demand = make([]ewma, nc)
-	r.dArrived = make([]int, nc)
+	r.demand = make([]routerDemand, nc)
+	r.dReport = make([]messages.RouterReport, nc)
 	r.sigPeriod = f.sc.SignalPeriodMs
 	r.smooth = messages.DefaultSmoother()
 	r.m = newMetrics(f)
@@ -324,7 +334,8 @@ func (r *run) simulate(periodic bool) {
 func (r *run) arrive(a int) {
 	r.active++
 	c := r.arrivals[a].Cluster
-	r.dArrived[c]++
+	r.dReport[c].Requests++
+	r.dReport[c].PromptTokens += int64(r.arrivals[a].Prompt)
 	r.m.arrived(r, int32(a))
 	r.route(int32(a))
 }
@@ -532,8 +543,12 @@ func (r *run) signal() {
 		}
 	}
 	for c := range r.demand {
-		r.demand[c].add(r.smooth, float64(r.dArrived[c])/per, per)
-		r.dArrived[c] = 0
+		d := &r.demand[c]
+		rep := &r.dReport[c]
+		rep.IntervalS = per
+		d.Fold(r.smooth, rep, per, !d.init)
+		d.init = true
+		*rep = messages.RouterReport{}
 	}
 	if g, ok := r.pol.(guardedPolicy); ok {
 		g.signalled(r)

@@ -135,10 +135,19 @@ func RunArrivals(sc *scenario.Scenario, arrivals []scenario.Arrival, names []str
 	rep := &Report{Scenario: sc.Name, Seed: seed, Arrivals: len(arrivals), MeasuredFromS: f.measureFrom / 1000,
 		MeasuredToS: f.measureTo / 1000, Profiles: profiles, BoundProfiles: boundProfiles, Order: names, Policies: map[string]Result{}}
 	totalCap := 0.0
+	var mixPrompt, mixOutput float64
+	for i := range mix {
+		mixPrompt += float64(mix[i].Prompt)
+		mixOutput += float64(mix[i].Output)
+	}
+	mixPrompt /= float64(len(mix))
+	mixOutput /= float64(len(mix))
 	for j := range f.engines {
 		e := &f.engines[j]
 		e.capacity = profiles[e.typeIdx].CapacityRPS
 		e.idleMs = profiles[e.typeIdx].IdleMs
+		e.mixPrompt, e.mixOutput = mixPrompt, mixOutput
+		e.prefillWeight = engineCost(e.typ).PrefillWeight(e.typ.MaxBatch, int(mixPrompt), int(math.Max(mixOutput, 1)))
 		totalCap += e.capacity
 		rep.Engines = append(rep.Engines, EngineInfo{Name: e.name, Region: e.region, Type: e.typ.Name, CapacityRPS: e.capacity})
 	}

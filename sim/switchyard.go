@@ -225,7 +225,8 @@ func engineState(r *run, j int, now int64) *messages.EngineState {
 	s := &r.sig[j]
 	st := &messages.EngineState{Model: simModel, Engine: r.f.engines[j].name, Region: r.f.engines[j].region, Time: now,
 		Status: messages.StatusUp, CapacityRPS: s.capacity, Health: 1, BaseLatencyMs: s.idleMs,
-		LoadRPS: s.load.Window, TTFTMs: s.ttft.Window, TBTMs: s.tbt.Window, OutputTokens: s.out.Window}
+		LoadRPS: s.load.Window, TTFTMs: s.ttft.Window, TBTMs: s.tbt.Window, OutputTokens: s.out.Window,
+		PrefillWeight: r.f.engines[j].prefillWeight}
 	if !s.up {
 		st.Status = messages.StatusDown
 	}
@@ -248,14 +249,17 @@ func (p *switchyard) solve(r *run, fit bool) {
 		if st.Status == messages.StatusDown || !(st.CapacityRPS > 0) {
 			continue
 		}
-		in.Engines = append(in.Engines, plan.Engine{Name: st.Engine, CapacityRPS: st.CapacityRPS, Health: st.Health,
-			BaseMs: plan.BaseMs(p.fits[j], st, plan.DefaultPriorBaseMs)})
+		e := plan.EngineOf(st, st.Health, plan.BaseMs(p.fits[j], st, plan.DefaultPriorBaseMs))
+		// The engine states its capacity for the mix it was calibrated on.
+		e.PromptTokens, e.OutputTokens = f.engines[j].mixPrompt, f.engines[j].mixOutput
+		in.Engines = append(in.Engines, e)
 		idx = append(idx, j)
 	}
 	for c := range f.clusters {
 		var d *messages.DemandState
 		if dm := &r.demand[c]; dm.init {
-			d = &messages.DemandState{Model: simModel, Cluster: f.clusters[c].name, RPS: dm.Window}
+			d = &messages.DemandState{Model: simModel, Cluster: f.clusters[c].name, RPS: dm.RPS, RPSVar: dm.RPSVar,
+				PromptTPS: dm.PromptTPS, DoneRPS: dm.DoneRPS, OutputTPS: dm.OutputTPS}
 		}
 		in.Clusters = append(in.Clusters, plan.Cluster{Name: f.clusters[c].name, Demand: d})
 	}
@@ -267,7 +271,8 @@ func (p *switchyard) solve(r *run, fit bool) {
 		}
 		return
 	}
-	prob := plan.Problem(in)
+	built := plan.Build(in)
+	prob := built.Problem
 	sol, err := p.solver.Solve(prob, p.prev)
 	if err != nil {
 		return // keep the installed tables, as the service does
@@ -276,13 +281,13 @@ func (p *switchyard) solve(r *run, fit bool) {
 	p.prev = sol
 	if r.now >= f.measureFrom && r.now < f.measureTo {
 		for k, j := range idx {
-			r.m.targetUtilSum[j] += sol.Engines[k].LoadRPS / r.sig[j].capacity // of the whole capacity
+			r.m.targetUtilSum[j] += sol.Engines[k].LoadRPS / (r.sig[j].capacity * built.EngineWork[k]) // of the whole capacity
 		}
 		r.m.targetUtilN++
 	}
 	band := max(p.solver.Options().DeadBand, 1e-9)
 	for c := range f.clusters {
-		snap := plan.Snapshot(simModel, prob, sol, c, p.targets)
+		snap := built.Snapshot(simModel, sol, c, p.targets)
 		if old := p.last[c]; old != nil {
 			if tv, flip := plan.Distance(old, snap); tv < band && !flip {
 				continue

@@ -72,6 +72,7 @@ type engineAcc struct {
 
 type modelAcc struct {
 	requests int64
+	prompt   int64 // estimated prompt tokens of the requests
 	shed     int64
 	retries  int64
 	priority [protocol.NumPriorities]int64
@@ -253,6 +254,17 @@ func (r *Reporter) Priority(model string, p protocol.Priority) {
 	r.mu.Unlock()
 }
 
+// Prompt counts the estimated prompt tokens of one client request for
+// model (protocol.PromptTokens), for the cluster's mix in the report.
+func (r *Reporter) Prompt(model string, tokens int64) {
+	if tokens <= 0 {
+		return
+	}
+	r.mu.Lock()
+	r.model(model).prompt += tokens
+	r.mu.Unlock()
+}
+
 // Shed counts one shed request for model.
 func (r *Reporter) Shed(model string, _ protocol.Priority, _ guard.ShedReason) {
 	r.mu.Lock()
@@ -362,6 +374,11 @@ func (r *Reporter) Collect() []*messages.RouterReport {
 			Time: now.UnixMilli(), IntervalS: interval}
 		if a := acc[model]; a != nil {
 			rep.Requests = a.requests
+			// Validation bounds the tokens by the requests: a Prompt call
+			// without its Request (a caller's bug) is not sent.
+			if a.requests > 0 {
+				rep.PromptTokens = a.prompt
+			}
 			rep.Shed, rep.Retries = a.shed, a.retries
 			for p, n := range a.priority {
 				if n > 0 {

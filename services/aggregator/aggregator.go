@@ -699,6 +699,12 @@ func (a *Aggregator) foldSignal(sig *messages.EngineSignal, now time.Time) {
 	s.Update(&st.KVUse, sig.KVUse, dt, first)
 	s.Update(&st.LoadRPS, sig.LoadRPS, dt, first)
 	s.Update(&st.OutputTokens, sig.OutputTokens, dt, first)
+	if sig.PromptTokens > 0 {
+		// An engine that does not state its mix (0) leaves the window as it
+		// was rather than pulling it to 0.
+		s.Update(&st.PromptTokens, sig.PromptTokens, dt, first || st.PromptTokens.IsZero())
+	}
+	st.PrefillWeight = sig.PrefillWeight
 	st.Region = sig.Region
 	st.CapacityRPS = sig.CapacityRPS
 	st.Replicas = sig.Replicas
@@ -808,18 +814,7 @@ func (a *Aggregator) foldReport(rep *messages.RouterReport, now time.Time) error
 	first := !seen
 	dt := float64(rep.Time-r.LastReport) / 1000
 	s := a.smooth
-	s.Update(&r.RPS, float64(rep.Requests)/rep.IntervalS, dt, first)
-	s.Update(&r.ShedRPS, float64(rep.Shed)/rep.IntervalS, dt, first)
-	s.Update(&r.RetryRPS, float64(rep.Retries)/rep.IntervalS, dt, first)
-	if len(rep.DemandByPriority) > 0 || len(r.Priority) > 0 {
-		pri := make(map[string]messages.Window, 3)
-		for _, p := range []string{messages.PriorityCritical, messages.PriorityStandard, messages.PrioritySheddable} {
-			w, had := r.Priority[p]
-			s.Update(&w, float64(rep.DemandByPriority[p])/rep.IntervalS, dt, first || !had)
-			pri[p] = w
-		}
-		r.Priority = pri
-	}
+	r.Fold(s, rep, dt, first)
 	r.LastReport = max(r.LastReport, dedupHorizon(rep.Time, now))
 	r.Seq = rep.Seq
 	st.Routers[rep.Router] = r
@@ -861,7 +856,7 @@ func (a *Aggregator) foldReport(rep *messages.RouterReport, now time.Time) error
 // sumDemand recomputes a cluster's demand as the sum over its live routers and
 // forgets routers silent for much longer than DownAfter.
 func (a *Aggregator) sumDemand(st *messages.DemandState, now time.Time) {
-	var rps, shed, retry messages.Window
+	var rps, shed, retry, prompt, done, output, variance messages.Window
 	var pri map[string]messages.Window
 	for name, r := range st.Routers {
 		age := now.Sub(time.UnixMilli(r.LastReport))
@@ -878,6 +873,12 @@ func (a *Aggregator) sumDemand(st *messages.DemandState, now time.Time) {
 		shed.Slow += r.ShedRPS.Slow
 		retry.Fast += r.RetryRPS.Fast
 		retry.Slow += r.RetryRPS.Slow
+		// The routers' counts are independent, so their variances add.
+		for _, acc := range [...]struct{ sum, w *messages.Window }{{&prompt, &r.PromptTPS}, {&done, &r.DoneRPS},
+			{&output, &r.OutputTPS}, {&variance, &r.RPSVar}} {
+			acc.sum.Fast += acc.w.Fast
+			acc.sum.Slow += acc.w.Slow
+		}
 		for p, w := range r.Priority {
 			if pri == nil {
 				pri = make(map[string]messages.Window, 3)
@@ -889,6 +890,7 @@ func (a *Aggregator) sumDemand(st *messages.DemandState, now time.Time) {
 		}
 	}
 	st.RPS, st.ShedRPS, st.RetryRPS, st.RPSByPriority = rps, shed, retry, pri
+	st.PromptTPS, st.DoneRPS, st.OutputTPS, st.RPSVar = prompt, done, output, variance
 }
 
 type write struct {

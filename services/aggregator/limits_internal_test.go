@@ -25,6 +25,7 @@ func TestDemandStateWithMostRoutersEncodes(t *testing.T) {
 	for i := range maxRoutersPerCluster {
 		name := fmt.Sprintf("%0*d", messages.MaxNameLen, i)
 		st.Routers[name] = messages.RouterDemand{LastReport: now.UnixMilli(), Seq: math.MaxUint64, RPS: w, ShedRPS: w, RetryRPS: w,
+			PromptTPS: w, DoneRPS: w, OutputTPS: w, RPSVar: w,
 			Priority: map[string]messages.Window{messages.PriorityCritical: w, messages.PriorityStandard: w, messages.PrioritySheddable: w}}
 	}
 	a := &Aggregator{opts: Options{DownAfter: time.Hour}}

@@ -135,6 +135,8 @@ func (e *Engine) signal() messages.EngineSignal {
 		CapacityRPS:   capacity(e.opts, e.failure.factor()),
 		LoadRPS:       load,
 		OutputTokens:  s.lastOut,
+		PromptTokens:  float64(e.opts.PromptTokens), // the mix its capacity is computed for
+		PrefillWeight: e.opts.cost().PrefillWeight(e.opts.effectiveBatch(), e.opts.PromptTokens, e.opts.OutputTokens),
 		Replicas:      1,
 		Health:        e.failure.health(),
 		BaseLatencyMs: idleLatencyMs(e.opts, e.failure.factor()),

@@ -20,6 +20,7 @@ import (
 type built struct {
 	model   string
 	problem *optimizer.Problem
+	plan    *plan.Built // problem and what reads its solution back in requests
 }
 
 // buildProblems turns the current state into one problem per model, in model
@@ -97,8 +98,7 @@ func (s *Service) buildProblems() []built {
 				health = 0
 			}
 			health *= math.Min(pen, s.slowStart(key, st, st.CapacityRPS*health, now))
-			in.Engines = append(in.Engines, plan.Engine{Name: st.Engine, CapacityRPS: st.CapacityRPS, Health: health,
-				BaseMs: plan.BaseMs(s.fits[key], st, s.opts.PriorBaseMs)})
+			in.Engines = append(in.Engines, plan.EngineOf(st, health, plan.BaseMs(s.fits[key], st, s.opts.PriorBaseMs)))
 		}
 		refused += modelRefused
 		if modelRefused == len(engines[model]) {
@@ -119,7 +119,8 @@ func (s *Service) buildProblems() []built {
 		for _, c := range sortedKeys(names) {
 			in.Clusters = append(in.Clusters, plan.Cluster{Name: c, Demand: names[c]})
 		}
-		out = append(out, built{model: model, problem: plan.Problem(in)})
+		b := plan.Build(in)
+		out = append(out, built{model: model, problem: b.Problem, plan: b})
 	}
 	return out
 }
@@ -231,7 +232,7 @@ func (s *Service) solveAll(ctx context.Context, weights, enginesKV jetstream.Key
 
 // snapshot renders cluster i of sol as a weight snapshot (without generation).
 func (s *Service) snapshot(b built, sol *optimizer.Solution, i int, now time.Time) *messages.WeightSnapshot {
-	snap := plan.Snapshot(b.model, b.problem, sol, i, s.opts.targets())
+	snap := b.plan.Snapshot(b.model, sol, i, s.opts.targets())
 	snap.Time, snap.Writer = now.UnixMilli(), s.opts.Instance
 	return snap
 }
