@@ -1,0 +1,389 @@
+package tokenize
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/ardanlabs/jinja"
+)
+
+// tokenizerConfig is what this package reads of tokenizer_config.json.
+type tokenizerConfig struct {
+	template string
+	// specials are the special tokens' names the template sees (bos_token,
+	// eos_token, unk_token, pad_token), as transformers passes its
+	// special_tokens_map.
+	specials map[string]string
+}
+
+// parseConfig reads a tokenizer_config.json.
+func parseConfig(name string, data []byte) (tokenizerConfig, error) {
+	var raw struct {
+		ChatTemplate json.RawMessage `json:"chat_template"`
+		BOS          json.RawMessage `json:"bos_token"`
+		EOS          json.RawMessage `json:"eos_token"`
+		Unk          json.RawMessage `json:"unk_token"`
+		Pad          json.RawMessage `json:"pad_token"`
+	}
+	cfg := tokenizerConfig{specials: map[string]string{}}
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return cfg, fmt.Errorf("%w: %s: %v", ErrFormat, name, err)
+	}
+	for field, v := range map[string]json.RawMessage{"bos_token": raw.BOS, "eos_token": raw.EOS, "unk_token": raw.Unk, "pad_token": raw.Pad} {
+		s, err := tokenContent(v)
+		if err != nil {
+			return cfg, fmt.Errorf("%w: %s: %s: %v", ErrFormat, name, field, err)
+		}
+		if s != "" {
+			cfg.specials[field] = s
+		}
+	}
+	if isNull(raw.ChatTemplate) {
+		return cfg, nil
+	}
+	if err := json.Unmarshal(raw.ChatTemplate, &cfg.template); err == nil {
+		return cfg, nil
+	}
+	// A list of named templates: the chat path uses "default".
+	var named []struct {
+		Name     string `json:"name"`
+		Template string `json:"template"`
+	}
+	if err := json.Unmarshal(raw.ChatTemplate, &named); err != nil {
+		return cfg, fmt.Errorf("%w: %s: chat_template: neither a string nor a list of {name, template}: %v", ErrFormat, name, err)
+	}
+	for _, n := range named {
+		if n.Name == "default" {
+			cfg.template = n.Template
+			return cfg, nil
+		}
+	}
+	return cfg, fmt.Errorf("%w: %s: chat_template: a list of %d templates without one named \"default\"", ErrFormat, name, len(named))
+}
+
+// tokenContent reads a special token given as a string, an AddedToken
+// object ({"content": ...}) or null.
+func tokenContent(raw json.RawMessage) (string, error) {
+	if isNull(raw) {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, nil
+	}
+	var obj struct {
+		Content *string `json:"content"`
+	}
+	if err := json.Unmarshal(raw, &obj); err != nil || obj.Content == nil {
+		return "", fmt.Errorf("%s is neither a string nor an object with content", truncate(raw))
+	}
+	return *obj.Content, nil
+}
+
+// chatTemplate is a compiled chat template and what it is rendered with.
+type chatTemplate struct {
+	tmpl *jinja.Template
+	// parts is set when the template reads a message's content as a list
+	// of parts (vLLM's "openai" content format); otherwise text parts are
+	// joined with newlines into one string ("string" format).
+	parts    bool
+	specials map[string]string
+}
+
+// contentLoop is how vLLM's content-format detection recognises a template
+// that iterates over a message's content parts.
+var contentLoop = regexp.MustCompile(`for\s+\w+\s+in\s+\w+(\s*\[\s*['"]content['"]\s*\]|\.content)`)
+
+func compileChat(name, src string, specials map[string]string) (*chatTemplate, error) {
+	tmpl, err := jinja.Compile(hfBlocks(src))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrFormat, name, err)
+	}
+	return &chatTemplate{tmpl: tmpl, parts: contentLoop.MatchString(src), specials: specials}, nil
+}
+
+// hfBlocks rewrites a template so that a Jinja engine without options
+// renders it as transformers' environment does (trim_blocks and
+// lstrip_blocks): the first newline after a block or comment tag is
+// dropped, and the spaces and tabs before one that starts a line; "+"
+// after an opener or before a closer keeps them.
+func hfBlocks(src string) string {
+	var out strings.Builder
+	out.Grow(len(src))
+	i := 0
+	for i < len(src) {
+		j := strings.IndexByte(src[i:], '{')
+		if j < 0 {
+			out.WriteString(src[i:])
+			break
+		}
+		j += i
+		if j+1 >= len(src) || (src[j+1] != '%' && src[j+1] != '{' && src[j+1] != '#') {
+			out.WriteString(src[i : j+1])
+			i = j + 1
+			continue
+		}
+		kind := src[j+1]
+		text := src[i:j]
+		end := tagEnd(src, j)
+		tag := src[j:end]
+		if kind != '{' {
+			plus := len(tag) > 2 && tag[2] == '+'
+			minus := len(tag) > 2 && tag[2] == '-'
+			if plus {
+				tag = tag[:2] + tag[3:]
+			} else if !minus {
+				// lstrip_blocks: blanks from the start of the tag's line,
+				// if nothing else (no other tag) is on it.
+				k := strings.LastIndexByte(src[:j], '\n') + 1
+				if k >= i && strings.Trim(src[k:j], " \t") == "" {
+					text = src[i:k]
+				}
+			}
+		}
+		out.WriteString(text)
+		i = end
+		if kind != '{' && strings.HasSuffix(tag, "}") && len(tag) >= 4 {
+			closerMod := tag[len(tag)-3]
+			switch {
+			case closerMod == '+':
+				tag = tag[:len(tag)-3] + tag[len(tag)-2:]
+			case closerMod != '-' && i < len(src) && src[i] == '\n':
+				i++
+			}
+		}
+		out.WriteString(tag)
+	}
+	return out.String()
+}
+
+// tagEnd returns the end of the tag that opens at j: past its closer, with
+// string literals in expressions skipped; the end of src if it is not
+// closed (the template engine then reports it).
+func tagEnd(src string, j int) int {
+	kind := src[j+1]
+	closer := map[byte]string{'%': "%}", '{': "}}", '#': "#}"}[kind]
+	if kind == '#' {
+		if k := strings.Index(src[j+2:], closer); k >= 0 {
+			return j + 2 + k + 2
+		}
+		return len(src)
+	}
+	for k := j + 2; k < len(src); k++ {
+		switch c := src[k]; {
+		case c == '\'' || c == '"':
+			for k++; k < len(src) && src[k] != c; k++ {
+				if src[k] == '\\' {
+					k++
+				}
+			}
+		case strings.HasPrefix(src[k:], closer):
+			return k + 2
+		}
+	}
+	return len(src)
+}
+
+// chatRequest is what this package reads of a chat completions body.
+type chatRequest struct {
+	Messages             json.RawMessage `json:"messages"`
+	Tools                json.RawMessage `json:"tools"`
+	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
+	ContinueFinalMessage bool            `json:"continue_final_message"`
+	AddSpecialTokens     bool            `json:"add_special_tokens"`
+	ChatTemplateKwargs   map[string]any  `json:"chat_template_kwargs"`
+}
+
+// EncodeChat returns the token ids of a chat request's messages (the JSON
+// array of its "messages" field) as vLLM's chat endpoint computes them by
+// default: rendered with the chat template, add_generation_prompt true, no
+// tools, then encoded without adding special tokens.
+func (t *Tokenizer) EncodeChat(messages []byte) ([]uint32, error) {
+	text, err := t.render(chatRequest{Messages: messages})
+	if err != nil {
+		return nil, err
+	}
+	return t.AppendEncode(nil, text, false)
+}
+
+// EncodeChatRequest is EncodeChat for a whole chat completions body: it
+// reads messages, tools, add_generation_prompt, continue_final_message,
+// add_special_tokens and chat_template_kwargs as vLLM does.
+func (t *Tokenizer) EncodeChatRequest(body []byte) ([]uint32, error) {
+	if len(body) > t.maxInput {
+		return nil, fmt.Errorf("%w: a body of %d bytes is longer than %d (MaxInputBytes)", ErrInput, len(body), t.maxInput)
+	}
+	var req chatRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		return nil, fmt.Errorf("%w: chat request: %v", ErrInput, err)
+	}
+	text, err := t.render(req)
+	if err != nil {
+		return nil, err
+	}
+	return t.AppendEncode(nil, text, req.AddSpecialTokens)
+}
+
+// RenderChat returns the text a chat request's messages render to, the
+// prompt EncodeChat encodes.
+func (t *Tokenizer) RenderChat(messages []byte) (string, error) {
+	return t.render(chatRequest{Messages: messages})
+}
+
+func (t *Tokenizer) render(req chatRequest) (string, error) {
+	if t.chat == nil {
+		return "", ErrNoTemplate
+	}
+	if len(req.Messages) > t.maxInput {
+		return "", fmt.Errorf("%w: messages of %d bytes are longer than %d (MaxInputBytes)", ErrInput, len(req.Messages), t.maxInput)
+	}
+	msgs, final, err := t.chat.messages(req.Messages)
+	if err != nil {
+		return "", err
+	}
+	genPrompt := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
+	if req.ContinueFinalMessage && genPrompt {
+		if req.AddGenerationPrompt != nil {
+			return "", fmt.Errorf("%w: chat request: continue_final_message and add_generation_prompt are both true", ErrInput)
+		}
+		genPrompt = false
+	}
+	var tools any
+	if !isNull(req.Tools) {
+		if tools, err = decodeJSON(req.Tools); err != nil {
+			return "", fmt.Errorf("%w: chat request: tools: %v", ErrInput, err)
+		}
+	}
+	data := make(map[string]any, 8+len(req.ChatTemplateKwargs))
+	for k, v := range req.ChatTemplateKwargs {
+		data[k] = v
+	}
+	for k, v := range t.chat.specials {
+		data[k] = v
+	}
+	data["messages"] = msgs
+	data["tools"] = tools
+	data["documents"] = nil
+	data["add_generation_prompt"] = genPrompt
+	out, err := t.chat.tmpl.Render(data)
+	if err != nil {
+		return "", fmt.Errorf("%w: rendering the chat template: %v", ErrInput, err)
+	}
+	if req.ContinueFinalMessage {
+		// As transformers does: the prompt ends where the final message's
+		// content does, without the template's end-of-turn tokens.
+		final = strings.TrimSpace(final)
+		k := strings.LastIndex(out, final)
+		if final == "" || k < 0 {
+			return "", fmt.Errorf("%w: chat request: continue_final_message: the final message's content is not in the rendered prompt", ErrInput)
+		}
+		out = out[:k+len(final)]
+	}
+	return out, nil
+}
+
+// decodeJSON decodes one JSON value with numbers kept as json.Number, so
+// that integers stay integers in the template (tojson).
+func decodeJSON(raw []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("more than one JSON value")
+	}
+	return v, nil
+}
+
+// messages decodes a messages array into the values the template sees, as
+// vLLM prepares them: text parts joined (string format) or kept as parts,
+// tool calls' arguments decoded from their JSON string. It returns the
+// final message's text too.
+func (c *chatTemplate) messages(raw json.RawMessage) ([]any, string, error) {
+	if isNull(raw) {
+		return nil, "", fmt.Errorf("%w: chat request: messages missing", ErrInput)
+	}
+	v, err := decodeJSON(raw)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: chat request: messages: %v", ErrInput, err)
+	}
+	list, ok := v.([]any)
+	if !ok || len(list) == 0 {
+		return nil, "", fmt.Errorf("%w: chat request: messages is not a non-empty array", ErrInput)
+	}
+	final := ""
+	for i, m := range list {
+		msg, ok := m.(map[string]any)
+		if !ok {
+			return nil, "", fmt.Errorf("%w: chat request: messages[%d] is not an object", ErrInput, i)
+		}
+		if _, ok := msg["role"].(string); !ok {
+			return nil, "", fmt.Errorf("%w: chat request: messages[%d].role is not a string", ErrInput, i)
+		}
+		text, err := c.content(msg, i)
+		if err != nil {
+			return nil, "", err
+		}
+		final = text
+		if err := toolArguments(msg, i); err != nil {
+			return nil, "", err
+		}
+	}
+	return list, final, nil
+}
+
+// content normalises msg's content and returns its text.
+func (c *chatTemplate) content(msg map[string]any, i int) (string, error) {
+	switch v := msg["content"].(type) {
+	case nil:
+		return "", nil
+	case string:
+		return v, nil
+	case []any:
+		texts := make([]string, 0, len(v))
+		parts := make([]any, 0, len(v))
+		for j, p := range v {
+			part, ok := p.(map[string]any)
+			typ, _ := part["type"].(string)
+			text, isText := part["text"].(string)
+			if !ok || !isText || (typ != "text" && typ != "input_text" && typ != "output_text") {
+				return "", fmt.Errorf("%w: chat request: messages[%d].content[%d]: only text parts are tokenized (type %q)", ErrInput, i, j, typ)
+			}
+			texts = append(texts, text)
+			parts = append(parts, map[string]any{"type": "text", "text": text})
+		}
+		joined := strings.Join(texts, "\n")
+		if c.parts {
+			msg["content"] = parts
+		} else {
+			msg["content"] = joined
+		}
+		return joined, nil
+	}
+	return "", fmt.Errorf("%w: chat request: messages[%d].content is neither a string, an array of parts nor null", ErrInput, i)
+}
+
+// toolArguments decodes the arguments of msg's tool calls from JSON strings
+// to objects, as vLLM hands them to the template.
+func toolArguments(msg map[string]any, i int) error {
+	calls, _ := msg["tool_calls"].([]any)
+	for j, call := range calls {
+		cm, _ := call.(map[string]any)
+		fn, _ := cm["function"].(map[string]any)
+		args, ok := fn["arguments"].(string)
+		if !ok {
+			continue
+		}
+		v, err := decodeJSON([]byte(args))
+		if err != nil {
+			return fmt.Errorf("%w: chat request: messages[%d].tool_calls[%d].function.arguments: %v", ErrInput, i, j, err)
+		}
+		fn["arguments"] = v
+	}
+	return nil
+}

@@ -1,0 +1,369 @@
+package tokenize
+
+import (
+	"encoding/json"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func loadFixture(t testing.TB) *Tokenizer {
+	t.Helper()
+	tok, err := New(Options{Dir: fixtureDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+func toInts(ids []uint32) []int {
+	out := make([]int, len(ids))
+	for i, id := range ids {
+		out[i] = int(id)
+	}
+	return out
+}
+
+// encodeCases cover each alternative of the Llama-3 pattern, added tokens
+// and their stripping, and bytes outside the trained merges.
+var encodeCases = []string{
+	"",
+	"Hello there!",
+	"hello world",
+	"You are a helpful assistant.",
+	"I'm fine; they've gone, we'll see, I'D SAY it's 'quoted' 'Sup",
+	"ſ's and 'ſ", // (?i) folds ſ to s
+	"Numbers: 1, 22, 333, 4444, 55555, 1234567",
+	"a  b   c    d\t\te",
+	"trailing spaces   ",
+	"   leading spaces",
+	"line\nbreaks\r\n\r\nand  \n  indents\n\n\n",
+	"tabs\tand\u00a0nbsp\u3000ideographic space",
+	"func main() { fmt.Println(\"hello, world\") } // prints",
+	"if err != nil {\n\treturn nil, err\n}\n",
+	"Café, naïve — déjà vu. 東京は大きい都市です。 Привет, мир! 🙂🚀",
+	"<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>",
+	"<|eot_id|><|eot_id|>x<|end_of_text|>",
+	"broken <|eot_id tag and <| bars |>",
+	"fill the   <mask> here",
+	"before [SEP]   after",
+	"\xff\xfeinvalid utf-8 \xc3",
+	"...!!!???,,,;;;",
+	" ?! .\n",
+	"x²³ ½ Ⅻ ٣٤٥ numbers of other kinds",
+	"ǅemo ǈ titlecase and ʰ modifier letters",
+	strings.Repeat("a", 300),
+	strings.Repeat("ab ", 100),
+}
+
+func TestEncodeMatchesReference(t *testing.T) {
+	tok := loadFixture(t)
+	ref := loadRef(t, fixtureDir)
+	for _, text := range encodeCases {
+		for _, special := range []bool{false, true} {
+			got, err := tok.AppendEncode(nil, text, special)
+			if err != nil {
+				t.Fatalf("%q: %v", text, err)
+			}
+			if want := ref.encode(text, special); !slices.Equal(toInts(got), want) {
+				t.Errorf("%q (special %v):\n got %v\nwant %v", text, special, got, want)
+			}
+		}
+	}
+}
+
+// TestEncodeRandom compares random texts over an alphabet of the classes
+// the pattern tells apart.
+func TestEncodeRandom(t *testing.T) {
+	tok := loadFixture(t)
+	ref := loadRef(t, fixtureDir)
+	alphabet := []string{"a", "e", "t", "h", "T", " ", " ", "  ", "\n", "\r", "\t", "'", "s", "re", "1", "23", ".", ",", "!", "é", "東", "🙂", "\u00a0", "<|eot_id|>", "<mask>", "[SEP]", "ll", "the", " the", "\xff"}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for n := 0; n < 3000; n++ {
+		var sb strings.Builder
+		for k := rng.IntN(30); k >= 0; k-- {
+			sb.WriteString(alphabet[rng.IntN(len(alphabet))])
+		}
+		text := sb.String()
+		got, _ := tok.AppendEncode(nil, text, false)
+		if want := ref.encode(text, false); !slices.Equal(toInts(got), want) {
+			t.Fatalf("%q:\n got %v\nwant %v", text, got, want)
+		}
+	}
+}
+
+// TestEncodeKnownAnswers are derived by hand from the fixture: the bytes'
+// ids are their byte values (a printable ASCII character stands for
+// itself), and the added tokens count from 1000.
+func TestEncodeKnownAnswers(t *testing.T) {
+	tok := loadFixture(t)
+	vocab := loadRef(t, fixtureDir).vocab
+	id := func(s string) uint32 {
+		v, ok := vocab[s]
+		if !ok {
+			t.Fatalf("%q not in the fixture's vocabulary", s)
+		}
+		return uint32(v)
+	}
+	got, _ := tok.Encode("<|eot_id|>")
+	if !slices.Equal(got, []uint32{1000, 1004}) {
+		t.Errorf("<|eot_id|>: %v, want [1000 1004]", got)
+	}
+	// "~" (0x7e) is printable: its token is byte 0x7e's, id 126.
+	if got, _ := tok.AppendEncode(nil, "~", false); !slices.Equal(got, []uint32{126}) {
+		t.Errorf("~: %v, want [126]", got)
+	}
+	// A space stands for U+0120 ("Ġ"), whose id is byte 0x20's: 32.
+	if got, _ := tok.AppendEncode(nil, "\x00", false); !slices.Equal(got, []uint32{0}) {
+		t.Errorf("NUL: %v, want [0]", got)
+	}
+	// " the" is a word of the corpus: one token, by ignore_merges if not
+	// by the merges.
+	if got, _ := tok.AppendEncode(nil, " the", false); !slices.Equal(got, []uint32{id("Ġthe")}) {
+		t.Errorf("' the': %v, want [%d]", got, id("Ġthe"))
+	}
+	// Four digits are two words (at most three digits a word).
+	if got, _ := tok.AppendEncode(nil, "4444", false); len(got) < 2 {
+		t.Errorf("4444: %v, want at least two tokens", got)
+	}
+	// The lstrip token takes the spaces before it, the rstrip one those
+	// after it.
+	a, _ := tok.AppendEncode(nil, "x   <mask>", false)
+	b, _ := tok.AppendEncode(nil, "x<mask>", false)
+	if !slices.Equal(a, b) {
+		t.Errorf("lstrip: %v and %v differ", a, b)
+	}
+	a, _ = tok.AppendEncode(nil, "[SEP]   x", false)
+	b, _ = tok.AppendEncode(nil, "[SEP]x", false)
+	if !slices.Equal(a, b) {
+		t.Errorf("rstrip: %v and %v differ", a, b)
+	}
+}
+
+func TestChatTemplate(t *testing.T) {
+	tok := loadFixture(t)
+	cases := []struct {
+		name, messages, want string
+	}{
+		{
+			"system and user",
+			`[{"role":"system","content":"You are terse."},{"role":"user","content":"Hi!"}]`,
+			"<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>" +
+				"<|start_header_id|>user<|end_header_id|>\n\nHi!<|eot_id|>" +
+				"<|start_header_id|>assistant<|end_header_id|>\n\n",
+		},
+		{
+			"content parts joined with newlines, trimmed",
+			`[{"role":"user","content":[{"type":"text","text":"  one"},{"type":"text","text":"two  "}]},{"role":"assistant","content":"ok"},{"role":"user","content":"more"}]`,
+			"<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\none\ntwo<|eot_id|>" +
+				"<|start_header_id|>assistant<|end_header_id|>\n\nok<|eot_id|>" +
+				"<|start_header_id|>user<|end_header_id|>\n\nmore<|eot_id|>" +
+				"<|start_header_id|>assistant<|end_header_id|>\n\n",
+		},
+	}
+	for _, c := range cases {
+		got, err := tok.RenderChat([]byte(c.messages))
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got != c.want {
+			t.Errorf("%s:\n got %q\nwant %q", c.name, got, c.want)
+		}
+		ids, err := tok.EncodeChat([]byte(c.messages))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Chat adds no special tokens: the template's BOS is the only one.
+		want := toInts(mustEncode(t, tok, c.want, false))
+		if !slices.Equal(toInts(ids), want) || ids[0] != 1000 || ids[1] == 1000 {
+			t.Errorf("%s: ids %v, want %v", c.name, ids, want)
+		}
+	}
+
+	// The whole body: template kwargs, add_generation_prompt false,
+	// continue_final_message, add_special_tokens.
+	body := `{"model":"m","messages":[{"role":"user","content":"Hi"},{"role":"assistant","content":"Hel"}],` +
+		`"add_generation_prompt":false,"continue_final_message":true,"chat_template_kwargs":{"default_system":"Be kind."}}`
+	ids, err := tok.EncodeChatRequest([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantText := "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe kind.<|eot_id|>" +
+		"<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nHel"
+	if want := mustEncode(t, tok, wantText, false); !slices.Equal(ids, want) {
+		t.Errorf("chat request: %v, want %v", ids, want)
+	}
+
+	// Errors name what is wrong.
+	for _, bad := range []struct{ messages, want string }{
+		{`{"role":"user"}`, "not a non-empty array"},
+		{`[]`, "not a non-empty array"},
+		{`[{"content":"x"}]`, "messages[0].role"},
+		{`[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]`, "messages[0].content[0]: only text parts"},
+		{`[{"role":"tool","content":"x"}]`, "tool messages are not supported"},
+		{`[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"f","arguments":"{bad"}}]}]`, "tool_calls[0].function.arguments"},
+		{`[1,`, "messages"},
+	} {
+		_, err := tok.EncodeChat([]byte(bad.messages))
+		if !errors.Is(err, ErrInput) || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%s: error %v, want ErrInput mentioning %q", bad.messages, err, bad.want)
+		}
+	}
+}
+
+func mustEncode(t testing.TB, tok *Tokenizer, text string, special bool) []uint32 {
+	t.Helper()
+	ids, err := tok.AppendEncode(nil, text, special)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+func TestHFBlocks(t *testing.T) {
+	cases := []struct{ src, want string }{
+		{"{% if x %}\nA\n{% endif %}\nB", "{% if x %}A\n{% endif %}B"},
+		{"  {% if x %}A{% endif %}", "{% if x %}A{% endif %}"},
+		{"x\n    {% if x %}A{% endif %}", "x\n{% if x %}A{% endif %}"},
+		{"x    {% if x %}A{% endif %}", "x    {% if x %}A{% endif %}"},
+		{"  {%+ if x +%}\nA", "  {% if x %}\nA"},
+		{"{{ x }}\nA", "{{ x }}\nA"},
+		{"{# c #}\nA", "{# c #}A"},
+		{"{% set s = '%}' %}\nA", "{% set s = '%}' %}A"},
+		{"{%- if x -%}\n  A", "{%- if x -%}\n  A"},
+		{"a { b } {", "a { b } {"},
+	}
+	for _, c := range cases {
+		if got := hfBlocks(c.src); got != c.want {
+			t.Errorf("%q: got %q, want %q", c.src, got, c.want)
+		}
+	}
+}
+
+// writeModel writes a model directory whose tokenizer.json is the
+// fixture's with edit applied to its text.
+func writeModel(t *testing.T, edit func(string) string) string {
+	t.Helper()
+	dir := t.TempDir()
+	data, err := os.ReadFile(filepath.Join(fixtureDir, TokenizerFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, TokenizerFile), []byte(edit(string(data))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func TestLoadErrors(t *testing.T) {
+	if _, err := New(Options{}); !errors.Is(err, ErrOptions) || !strings.Contains(err.Error(), "Dir") {
+		t.Errorf("no Dir: %v", err)
+	}
+	if _, err := New(Options{Dir: t.TempDir()}); err == nil || !strings.Contains(err.Error(), TokenizerFile) {
+		t.Errorf("empty dir: %v", err)
+	}
+	if _, err := New(Options{Dir: fixtureDir, MaxFileBytes: 100}); !errors.Is(err, ErrFormat) || !strings.Contains(err.Error(), "MaxFileBytes") {
+		t.Errorf("file limit: %v", err)
+	}
+	cases := []struct {
+		old, new string
+		is       error
+		want     string
+	}{
+		{`"type": "BPE"`, `"type": "WordPiece"`, ErrUnsupported, "model.type"},
+		{`"byte_fallback": false`, `"byte_fallback": true`, ErrUnsupported, "model.byte_fallback"},
+		{`"merges": [`, `"merges": ["nospace",`, ErrFormat, "model.merges[0]"},
+		{`"merges": [`, `"merges": ["Ġ zzzz",`, ErrFormat, "model.merges[0]"},
+		{`"Regex": "(?i:`, `"Regex": "(?x:`, ErrUnsupported, "pre_tokenizer.pretokenizers[0].pattern.Regex"},
+		{`"behavior": "Isolated"`, `"behavior": "Removed"`, ErrUnsupported, "pre_tokenizer.pretokenizers[0].behavior"},
+		{`"normalizer": null`, `"normalizer": {"type": "Lowercase"}`, ErrUnsupported, "normalizer.type"},
+		{`"type": "TemplateProcessing"`, `"type": "RobertaProcessing"`, ErrUnsupported, "post_processor.processors[1].type"},
+		{`"content": "<|begin_of_text|>"`, `"content": ""`, ErrFormat, "added_tokens[0].content"},
+		{`"id": 1000,`, `"id": 99999999,`, ErrFormat, "added_tokens[0].id"},
+		{`"ignore_merges": true`, `"ignore_merges": "yes"`, ErrFormat, TokenizerFile},
+		{`{`, `[`, ErrFormat, TokenizerFile},
+	}
+	for _, c := range cases {
+		if !strings.Contains(mustRead(t), c.old) {
+			t.Fatalf("fixture lacks %q", c.old)
+		}
+		dir := writeModel(t, func(s string) string { return strings.Replace(s, c.old, c.new, 1) })
+		_, err := New(Options{Dir: dir})
+		if !errors.Is(err, c.is) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), filepath.Join(dir, TokenizerFile)) {
+			t.Errorf("%s -> %s: error %v, want %v naming the file and %q", c.old, c.new, err, c.is, c.want)
+		}
+	}
+	// Merges as pairs, as newer files write them, load the same model.
+	dir := writeModel(t, func(s string) string {
+		var f map[string]any
+		if err := json.Unmarshal([]byte(s), &f); err != nil {
+			t.Fatal(err)
+		}
+		model := f["model"].(map[string]any)
+		var pairs [][2]string
+		for _, m := range model["merges"].([]any) {
+			l, r, _ := strings.Cut(m.(string), " ")
+			pairs = append(pairs, [2]string{l, r})
+		}
+		model["merges"] = pairs
+		out, err := json.Marshal(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(out)
+	})
+	pairTok, err := New(Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := mustEncode(t, pairTok, encodeCases[14], true), mustEncode(t, loadFixture(t), encodeCases[14], true); !slices.Equal(got, want) {
+		t.Errorf("pair merges: %v, want %v", got, want)
+	}
+	if pairTok.HasChatTemplate() {
+		t.Error("a directory without tokenizer_config.json has a chat template")
+	}
+	if _, err := pairTok.EncodeChat([]byte(`[{"role":"user","content":"x"}]`)); !errors.Is(err, ErrNoTemplate) {
+		t.Errorf("chat without a template: %v", err)
+	}
+}
+
+func mustRead(t *testing.T) string {
+	data, err := os.ReadFile(filepath.Join(fixtureDir, TokenizerFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
+}
+
+// TestPreTokenizeRules compares each pattern's scanner with the regex
+// alternatives on random texts.
+func TestPreTokenizeRules(t *testing.T) {
+	alphabet := []string{"a", "Z", "ſ", " ", "  ", "\n", "\r", "\t", "\u00a0", "\u2003", "'", "s", "S", "re", "VE", "ll", "d", "1", "234", "²", "٣", ".", "!", "-", "é", "東", "🙂", "\xff", "_"}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, pattern := range []string{patternLlama3, patternQwen2, patternGPT2} {
+		rule, ok := ruleFor(pattern)
+		if !ok {
+			t.Fatalf("%q is not known", pattern)
+		}
+		for n := 0; n < 3000; n++ {
+			var sb strings.Builder
+			for k := rng.IntN(20); k >= 0; k-- {
+				sb.WriteString(alphabet[rng.IntN(len(alphabet))])
+			}
+			text := strings.ToValidUTF8(sb.String(), "\uFFFD")
+			var got []string
+			for i := 0; i < len(text); {
+				e := rule.scanWord(text, i)
+				got = append(got, text[i:e])
+				i = e
+			}
+			if want := refSplit(pattern, text); !slices.Equal(got, want) {
+				t.Fatalf("%q on %q:\n got %q\nwant %q", pattern, text, got, want)
+			}
+		}
+	}
+}
