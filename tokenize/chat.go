@@ -106,11 +106,16 @@ func compileChat(name, src string, specials map[string]string) (*chatTemplate, e
 }
 
 // hfBlocks rewrites a template so that a Jinja engine without options
-// renders it as transformers' environment does (trim_blocks and
-// lstrip_blocks): the first newline after a block or comment tag is
-// dropped, and the spaces and tabs before one that starts a line; "+"
-// after an opener or before a closer keeps them.
+// renders it as transformers' environment does: line breaks read as "\n"
+// and the template's last one dropped (Jinja2's lexer, without
+// keep_trailing_newline), then trim_blocks and lstrip_blocks: the first
+// newline after a block or comment tag dropped, and the spaces and tabs
+// before one that starts a line; "+" after an opener or before a closer
+// keeps them.
 func hfBlocks(src string) string {
+	src = strings.ReplaceAll(src, "\r\n", "\n")
+	src = strings.ReplaceAll(src, "\r", "\n")
+	src = strings.TrimSuffix(src, "\n")
 	var out strings.Builder
 	out.Grow(len(src))
 	i := 0
@@ -337,12 +342,23 @@ func (c *chatTemplate) messages(raw json.RawMessage) ([]any, string, error) {
 	return list, final, nil
 }
 
-// content normalises msg's content and returns its text.
+// content normalises msg's content as vLLM does (a string, or in parts
+// form a list of text parts, a string being one part) and returns its
+// text.
 func (c *chatTemplate) content(msg map[string]any, i int) (string, error) {
 	switch v := msg["content"].(type) {
 	case nil:
+		// vLLM reads no content as no parts.
+		if c.parts {
+			msg["content"] = []any{}
+		} else {
+			msg["content"] = ""
+		}
 		return "", nil
 	case string:
+		if c.parts {
+			msg["content"] = []any{map[string]any{"type": "text", "text": v}}
+		}
 		return v, nil
 	case []any:
 		texts := make([]string, 0, len(v))
@@ -386,4 +402,38 @@ func toolArguments(msg map[string]any, i int) error {
 		fn["arguments"] = v
 	}
 	return nil
+}
+
+// EncodeCompletionRequest returns the token ids of a completions body's
+// prompt as vLLM computes them: a string (or an array of one string)
+// encoded with the post-processor's special tokens unless
+// add_special_tokens is false; an array of token ids as it is.
+func (t *Tokenizer) EncodeCompletionRequest(body []byte) ([]uint32, error) {
+	if len(body) > t.maxInput {
+		return nil, fmt.Errorf("%w: a body of %d bytes is longer than %d (MaxInputBytes)", ErrInput, len(body), t.maxInput)
+	}
+	var req struct {
+		Prompt           json.RawMessage `json:"prompt"`
+		AddSpecialTokens *bool           `json:"add_special_tokens"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		return nil, fmt.Errorf("%w: completions request: %v", ErrInput, err)
+	}
+	special := req.AddSpecialTokens == nil || *req.AddSpecialTokens
+	var s string
+	if err := json.Unmarshal(req.Prompt, &s); err == nil {
+		return t.AppendEncode(nil, s, special)
+	}
+	var one []string
+	if err := json.Unmarshal(req.Prompt, &one); err == nil {
+		if len(one) != 1 {
+			return nil, fmt.Errorf("%w: completions request: prompt is %d strings, want one", ErrInput, len(one))
+		}
+		return t.AppendEncode(nil, one[0], special)
+	}
+	var ids []uint32
+	if err := json.Unmarshal(req.Prompt, &ids); err == nil && len(ids) > 0 {
+		return ids, nil
+	}
+	return nil, fmt.Errorf("%w: completions request: prompt is neither a string, one string in an array nor token ids", ErrInput)
 }

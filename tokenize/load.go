@@ -41,7 +41,7 @@ type modelJSON struct {
 	ByteFallback            bool              `json:"byte_fallback"`
 	IgnoreMerges            bool              `json:"ignore_merges"`
 	Vocab                   map[string]uint32 `json:"vocab"`
-	Merges                  []json.RawMessage `json:"merges"`
+	Merges                  json.RawMessage   `json:"merges"`
 }
 
 // componentJSON is a normalizer, pre-tokenizer or post-processor: a type
@@ -148,7 +148,7 @@ func parseModel(name string, data []byte) (*model, error) {
 			m.vocabSize = id + 1
 		}
 	}
-	b := &bpe{merges: make(map[uint64]merge, len(mj.Merges))}
+	b := &bpe{}
 	runes := byteRunes()
 	unbyte := make(map[rune]byte, 256)
 	for i, r := range runes {
@@ -159,11 +159,13 @@ func parseModel(name string, data []byte) (*model, error) {
 		}
 		b.byteID[i] = id
 	}
-	for i, raw := range mj.Merges {
-		l, r, err := mergePair(raw)
-		if err != nil {
-			return nil, bad(fmt.Sprintf("model.merges[%d]", i), "%v", err)
-		}
+	merges, err := parseMerges(mj.Merges, bad)
+	if err != nil {
+		return nil, err
+	}
+	b.merges = make(map[uint64]merge, len(merges))
+	for i, mg := range merges {
+		l, r := mg[0], mg[1]
 		lid, ok1 := mj.Vocab[l]
 		rid, ok2 := mj.Vocab[r]
 		id, ok3 := mj.Vocab[l+r]
@@ -215,7 +217,6 @@ func parseModel(name string, data []byte) (*model, error) {
 	m.rawTokens, m.normTokens = newMatcher(raws), newMatcher(norms)
 
 	// Normalizer, pre-tokenizer, post-processor.
-	var err error
 	if m.normalize, err = parseNormalizer(f.Normalizer, "normalizer", unsupported, bad); err != nil {
 		return nil, err
 	}
@@ -381,22 +382,36 @@ func parsePostProcessor(raw json.RawMessage, field string, unsupported, bad erro
 	return nil, nil, unsupported(field+".type", "%q (ByteLevel, TemplateProcessing and Sequence are implemented)", c.Type)
 }
 
-// mergePair reads one merge: "left right" (older files) or ["left",
-// "right"] (newer ones).
-func mergePair(raw json.RawMessage) (string, string, error) {
-	var s string
-	if err := json.Unmarshal(raw, &s); err == nil {
-		l, r, ok := strings.Cut(s, " ")
-		if !ok || l == "" || r == "" || strings.Contains(r, " ") {
-			return "", "", fmt.Errorf("%q is not two tokens separated by one space", s)
+// parseMerges reads the merges: "left right" strings (older files) or
+// ["left", "right"] pairs (newer ones).
+func parseMerges(raw json.RawMessage, bad errorf) ([][2]string, error) {
+	if isNull(raw) {
+		return nil, nil
+	}
+	var strs []string
+	if err := json.Unmarshal(raw, &strs); err == nil {
+		out := make([][2]string, len(strs))
+		for i, s := range strs {
+			l, r, ok := strings.Cut(s, " ")
+			if !ok || l == "" || r == "" || strings.Contains(r, " ") {
+				return nil, bad(fmt.Sprintf("model.merges[%d]", i), "%q is not two tokens separated by one space", s)
+			}
+			out[i] = [2]string{l, r}
 		}
-		return l, r, nil
+		return out, nil
 	}
-	var pair []string
-	if err := json.Unmarshal(raw, &pair); err != nil || len(pair) != 2 || pair[0] == "" || pair[1] == "" {
-		return "", "", fmt.Errorf("%s is neither \"left right\" nor a pair of tokens", truncate(raw))
+	var pairs [][]string
+	if err := json.Unmarshal(raw, &pairs); err != nil {
+		return nil, bad("model.merges", "neither a list of \"left right\" strings nor of [left, right] pairs: %v", err)
 	}
-	return pair[0], pair[1], nil
+	out := make([][2]string, len(pairs))
+	for i, p := range pairs {
+		if len(p) != 2 || p[0] == "" || p[1] == "" {
+			return nil, bad(fmt.Sprintf("model.merges[%d]", i), "%d tokens, want two non-empty ones", len(p))
+		}
+		out[i] = [2]string{p[0], p[1]}
+	}
+	return out, nil
 }
 
 // decodeByteLevel turns a byte-level token into the bytes it stands for.

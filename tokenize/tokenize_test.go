@@ -3,6 +3,7 @@ package tokenize
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -236,6 +237,8 @@ func TestHFBlocks(t *testing.T) {
 		{"{% set s = '%}' %}\nA", "{% set s = '%}' %}A"},
 		{"{%- if x -%}\n  A", "{%- if x -%}\n  A"},
 		{"a { b } {", "a { b } {"},
+		{"A\r\nB\rC\n", "A\nB\nC"},
+		{"A\n\n", "A\n"},
 	}
 	for _, c := range cases {
 		if got := hfBlocks(c.src); got != c.want {
@@ -365,5 +368,115 @@ func TestPreTokenizeRules(t *testing.T) {
 				t.Fatalf("%q on %q:\n got %q\nwant %q", pattern, text, got, want)
 			}
 		}
+	}
+}
+
+func TestEncodeCompletionRequest(t *testing.T) {
+	tok := loadFixture(t)
+	hello := mustEncode(t, tok, "Hello there!", true)
+	cases := []struct {
+		body string
+		want []uint32
+		err  string
+	}{
+		{`{"model":"m","prompt":"Hello there!"}`, hello, ""},
+		{`{"prompt":["Hello there!"]}`, hello, ""},
+		{`{"prompt":"Hello there!","add_special_tokens":false}`, hello[1:], ""},
+		{`{"prompt":[1,2,3]}`, []uint32{1, 2, 3}, ""},
+		{`{"prompt":["a","b"]}`, nil, "2 strings"},
+		{`{"prompt":{}}`, nil, "neither"},
+		{`{"prompt":[-1]}`, nil, "neither"},
+		{`{`, nil, "completions request"},
+	}
+	for _, c := range cases {
+		got, err := tok.EncodeCompletionRequest([]byte(c.body))
+		if c.err != "" {
+			if !errors.Is(err, ErrInput) || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%s: error %v, want ErrInput mentioning %q", c.body, err, c.err)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("%s: %v %v, want %v", c.body, got, err, c.want)
+		}
+	}
+	if _, err := (&Tokenizer{m: tok.m, maxInput: 8}).EncodeCompletionRequest([]byte(`{"prompt":"long enough"}`)); !errors.Is(err, ErrInput) {
+		t.Errorf("over MaxInputBytes: %v", err)
+	}
+}
+
+// TestCache checks that the segment cache answers what encoding does and
+// stays within its bytes.
+func TestCache(t *testing.T) {
+	cached, err := New(Options{Dir: fixtureDir, CacheBytes: 4 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := New(Options{Dir: fixtureDir, NoCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 200; i++ {
+		text := fmt.Sprintf("<|start_header_id|>system<|end_header_id|>\n\n%s number %d<|eot_id|>", strings.Repeat("You are a helpful assistant. ", 3), i%50)
+		a := mustEncode(t, cached, text, true)
+		b := mustEncode(t, plain, text, true)
+		if !slices.Equal(a, b) {
+			t.Fatalf("%q: cached %v, plain %v", text, a, b)
+		}
+		if c := cached.m.cache; c.bytes > c.max {
+			t.Fatalf("cache holds %d bytes, over its %d", c.bytes, c.max)
+		}
+	}
+	if n := len(cached.m.cache.m); n == 0 || n >= 50 {
+		t.Errorf("cache holds %d entries; want some, fewer than the 50 texts (4 KiB)", n)
+	}
+	if err := (Options{Dir: "x", CacheBytes: 10}).Validate(); !errors.Is(err, ErrOptions) || !strings.Contains(err.Error(), "CacheBytes") {
+		t.Errorf("tiny cache: %v", err)
+	}
+}
+
+// TestChatParts checks a template that loops over content parts (vLLM's
+// "openai" content format), given as Options.ChatTemplate.
+func TestChatParts(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "parts.jinja")
+	tmpl := "{%- for m in messages %}{{ m['role'] }}:{% for p in m['content'] %}[{{ p['text'] }}]{% endfor %}\n{% endfor %}\n"
+	if err := os.WriteFile(path, []byte(tmpl), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := New(Options{Dir: fixtureDir, ChatTemplate: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := tok.RenderChat([]byte(`[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},{"role":"assistant","content":"c"},{"role":"user","content":null}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// trim_blocks drops the newline after each endfor.
+	if want := "user:[a][b]assistant:[c]user:"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if _, err := New(Options{Dir: fixtureDir, ChatTemplate: path + ".missing"}); err == nil || !strings.Contains(err.Error(), "parts.jinja.missing") {
+		t.Errorf("missing template file: %v", err)
+	}
+	// A chat_template.jinja in the model directory wins over the config's.
+	dir := t.TempDir()
+	for _, name := range []string{TokenizerFile, TokenizerConfigFile} {
+		data, err := os.ReadFile(filepath.Join(fixtureDir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, ChatTemplateFile), []byte("{{ messages[0]['content'] }}!\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tok, err = New(Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := tok.RenderChat([]byte(`[{"role":"user","content":"hi"}]`)); err != nil || got != "hi!" {
+		t.Errorf("chat_template.jinja: %q %v, want \"hi!\"", got, err)
 	}
 }
