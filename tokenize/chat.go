@@ -1,7 +1,6 @@
 package tokenize
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"regexp"
@@ -199,7 +198,7 @@ type chatRequest struct {
 	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
 	ContinueFinalMessage bool            `json:"continue_final_message"`
 	AddSpecialTokens     bool            `json:"add_special_tokens"`
-	ChatTemplateKwargs   map[string]any  `json:"chat_template_kwargs"`
+	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
 }
 
 // EncodeChat returns the token ids of a chat request's messages (the JSON
@@ -256,24 +255,32 @@ func (t *Tokenizer) render(req chatRequest) (string, error) {
 		}
 		genPrompt = false
 	}
-	var tools any
-	if !isNull(req.Tools) {
-		if tools, err = decodeJSON(req.Tools); err != nil {
-			return "", fmt.Errorf("%w: chat request: tools: %v", ErrInput, err)
+	data := make(map[string]jinja.Value, 8)
+	if !isNull(req.ChatTemplateKwargs) {
+		kw, err := decodeOrdered(req.ChatTemplateKwargs)
+		o, ok := kw.(*object)
+		if err != nil || !ok {
+			return "", fmt.Errorf("%w: chat request: chat_template_kwargs is not an object", ErrInput)
+		}
+		for _, k := range o.keys {
+			data[k] = toValue(o.m[k])
 		}
 	}
-	data := make(map[string]any, 8+len(req.ChatTemplateKwargs))
-	for k, v := range req.ChatTemplateKwargs {
-		data[k] = v
-	}
 	for k, v := range t.chat.specials {
-		data[k] = v
+		data[k] = jinja.NewString(v)
 	}
-	data["messages"] = msgs
-	data["tools"] = tools
-	data["documents"] = nil
-	data["add_generation_prompt"] = genPrompt
-	out, err := t.chat.tmpl.Render(data)
+	data["tools"] = jinja.None()
+	if !isNull(req.Tools) {
+		tools, err := decodeOrdered(req.Tools)
+		if err != nil {
+			return "", fmt.Errorf("%w: chat request: tools: %v", ErrInput, err)
+		}
+		data["tools"] = toValue(tools)
+	}
+	data["messages"] = toValue(msgs)
+	data["documents"] = jinja.None()
+	data["add_generation_prompt"] = jinja.NewBool(genPrompt)
+	out, err := t.chat.tmpl.RenderValues(data)
 	if err != nil {
 		return "", fmt.Errorf("%w: rendering the chat template: %v", ErrInput, err)
 	}
@@ -290,21 +297,6 @@ func (t *Tokenizer) render(req chatRequest) (string, error) {
 	return out, nil
 }
 
-// decodeJSON decodes one JSON value with numbers kept as json.Number, so
-// that integers stay integers in the template (tojson).
-func decodeJSON(raw []byte) (any, error) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	var v any
-	if err := dec.Decode(&v); err != nil {
-		return nil, err
-	}
-	if dec.More() {
-		return nil, fmt.Errorf("more than one JSON value")
-	}
-	return v, nil
-}
-
 // messages decodes a messages array into the values the template sees, as
 // vLLM prepares them: text parts joined (string format) or kept as parts,
 // tool calls' arguments decoded from their JSON string. It returns the
@@ -313,7 +305,7 @@ func (c *chatTemplate) messages(raw json.RawMessage) ([]any, string, error) {
 	if isNull(raw) {
 		return nil, "", fmt.Errorf("%w: chat request: messages missing", ErrInput)
 	}
-	v, err := decodeJSON(raw)
+	v, err := decodeOrdered(raw)
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: chat request: messages: %v", ErrInput, err)
 	}
@@ -323,11 +315,11 @@ func (c *chatTemplate) messages(raw json.RawMessage) ([]any, string, error) {
 	}
 	final := ""
 	for i, m := range list {
-		msg, ok := m.(map[string]any)
+		msg, ok := m.(*object)
 		if !ok {
 			return nil, "", fmt.Errorf("%w: chat request: messages[%d] is not an object", ErrInput, i)
 		}
-		if _, ok := msg["role"].(string); !ok {
+		if _, ok := msg.get("role").(string); !ok {
 			return nil, "", fmt.Errorf("%w: chat request: messages[%d].role is not a string", ErrInput, i)
 		}
 		text, err := c.content(msg, i)
@@ -345,39 +337,42 @@ func (c *chatTemplate) messages(raw json.RawMessage) ([]any, string, error) {
 // content normalises msg's content as vLLM does (a string, or in parts
 // form a list of text parts, a string being one part) and returns its
 // text.
-func (c *chatTemplate) content(msg map[string]any, i int) (string, error) {
-	switch v := msg["content"].(type) {
+func (c *chatTemplate) content(msg *object, i int) (string, error) {
+	switch v := msg.get("content").(type) {
 	case nil:
 		// vLLM reads no content as no parts.
 		if c.parts {
-			msg["content"] = []any{}
+			msg.set("content", []any{})
 		} else {
-			msg["content"] = ""
+			msg.set("content", "")
 		}
 		return "", nil
 	case string:
 		if c.parts {
-			msg["content"] = []any{map[string]any{"type": "text", "text": v}}
+			msg.set("content", []any{textPart(v)})
 		}
 		return v, nil
 	case []any:
 		texts := make([]string, 0, len(v))
 		parts := make([]any, 0, len(v))
 		for j, p := range v {
-			part, ok := p.(map[string]any)
-			typ, _ := part["type"].(string)
-			text, isText := part["text"].(string)
-			if !ok || !isText || (typ != "text" && typ != "input_text" && typ != "output_text") {
+			part, ok := p.(*object)
+			if !ok {
+				return "", fmt.Errorf("%w: chat request: messages[%d].content[%d] is not an object", ErrInput, i, j)
+			}
+			typ, _ := part.get("type").(string)
+			text, isText := part.get("text").(string)
+			if !isText || (typ != "text" && typ != "input_text" && typ != "output_text") {
 				return "", fmt.Errorf("%w: chat request: messages[%d].content[%d]: only text parts are tokenized (type %q)", ErrInput, i, j, typ)
 			}
 			texts = append(texts, text)
-			parts = append(parts, map[string]any{"type": "text", "text": text})
+			parts = append(parts, textPart(text))
 		}
 		joined := strings.Join(texts, "\n")
 		if c.parts {
-			msg["content"] = parts
+			msg.set("content", parts)
 		} else {
-			msg["content"] = joined
+			msg.set("content", joined)
 		}
 		return joined, nil
 	}
@@ -386,22 +381,33 @@ func (c *chatTemplate) content(msg map[string]any, i int) (string, error) {
 
 // toolArguments decodes the arguments of msg's tool calls from JSON strings
 // to objects, as vLLM hands them to the template.
-func toolArguments(msg map[string]any, i int) error {
-	calls, _ := msg["tool_calls"].([]any)
+func toolArguments(msg *object, i int) error {
+	calls, _ := msg.get("tool_calls").([]any)
 	for j, call := range calls {
-		cm, _ := call.(map[string]any)
-		fn, _ := cm["function"].(map[string]any)
-		args, ok := fn["arguments"].(string)
+		cm, ok := call.(*object)
 		if !ok {
 			continue
 		}
-		v, err := decodeJSON([]byte(args))
+		fn, ok := cm.get("function").(*object)
+		if !ok {
+			continue
+		}
+		args, ok := fn.get("arguments").(string)
+		if !ok {
+			continue
+		}
+		v, err := decodeOrdered([]byte(args))
 		if err != nil {
 			return fmt.Errorf("%w: chat request: messages[%d].tool_calls[%d].function.arguments: %v", ErrInput, i, j, err)
 		}
-		fn["arguments"] = v
+		fn.set("arguments", v)
 	}
 	return nil
+}
+
+// textPart is a text content part as vLLM hands it to a template.
+func textPart(text string) *object {
+	return &object{keys: []string{"type", "text"}, m: map[string]any{"type": "text", "text": text}}
 }
 
 // EncodeCompletionRequest returns the token ids of a completions body's

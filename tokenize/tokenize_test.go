@@ -480,3 +480,32 @@ func TestChatParts(t *testing.T) {
 		t.Errorf("chat_template.jinja: %q %v, want \"hi!\"", got, err)
 	}
 }
+
+// TestChatToolsOrder checks that tools and tool-call arguments reach the
+// template in the request's key order, printed as Python's json.dumps
+// prints them (transformers' tojson).
+func TestChatToolsOrder(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tools.jinja")
+	tmpl := "{{ tools | tojson }}|{% for m in messages %}{% for c in m['tool_calls'] %}{{ c['function']['arguments'] | tojson }}{% endfor %}{% endfor %}"
+	if err := os.WriteFile(path, []byte(tmpl), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := New(Options{Dir: fixtureDir, ChatTemplate: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"zeta\": 1, \"alpha\": \"é\", \"n\": 2.5}"}}]}],` +
+		`"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"string"}}}}}]}`
+	var req chatRequest
+	if err := json.Unmarshal([]byte(body), &req); err != nil {
+		t.Fatal(err)
+	}
+	got, err := tok.render(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"zeta": {"type": "integer"}, "alpha": {"type": "string"}}}}}]|{"zeta": 1, "alpha": "é", "n": 2.5}`
+	if got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+}
