@@ -167,18 +167,10 @@ func trainBPE(corpus string, maxMerges int) (map[string]uint32, [][2]string) {
 // fixtureFiles renders the fixture model directory's files.
 func fixtureFiles(t *testing.T) map[string][]byte {
 	vocab, merges := trainFixture()
-	type added struct {
-		ID         uint32 `json:"id"`
-		Content    string `json:"content"`
-		SingleWord bool   `json:"single_word"`
-		LStrip     bool   `json:"lstrip"`
-		RStrip     bool   `json:"rstrip"`
-		Normalized bool   `json:"normalized"`
-		Special    bool   `json:"special"`
-	}
-	var addedTokens []added
+	var addedTokens []addedTokenJSON
 	for i, s := range fixtureSpecials {
-		addedTokens = append(addedTokens, added{ID: uint32(1000 + i), Content: s.content, LStrip: s.lstrip, RStrip: s.rstrip, Special: s.special})
+		id := uint32(1000 + i)
+		addedTokens = append(addedTokens, addedTokenJSON{ID: &id, Content: s.content, LStrip: s.lstrip, RStrip: s.rstrip, Special: s.special})
 	}
 	mergeStrings := make([]string, len(merges))
 	for i, m := range merges {

@@ -245,20 +245,35 @@ func isNull(raw json.RawMessage) bool {
 	return len(t) == 0 || string(t) == "null"
 }
 
-func parseComponent(raw json.RawMessage, field string, bad errorf) (componentJSON, error) {
-	var c componentJSON
-	if err := json.Unmarshal(raw, &c); err != nil {
-		return c, bad(field, "%v", err)
+// parseComponent reads a component; ok is false when it is absent or null.
+func parseComponent(raw json.RawMessage, field string, bad errorf) (c componentJSON, ok bool, err error) {
+	if isNull(raw) {
+		return c, false, nil
 	}
-	return c, nil
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return c, false, bad(field, "%v", err)
+	}
+	return c, true, nil
+}
+
+// parseSequence parses each member of a Sequence component with parse and
+// chains what they make.
+func parseSequence[T any](items []json.RawMessage, field string, unsupported, bad errorf,
+	parse func(json.RawMessage, string, errorf, errorf) ([]T, error)) ([]T, error) {
+	var out []T
+	for i, raw := range items {
+		v, err := parse(raw, fmt.Sprintf("%s[%d]", field, i), unsupported, bad)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v...)
+	}
+	return out, nil
 }
 
 func parseNormalizer(raw json.RawMessage, field string, unsupported, bad errorf) ([]norm.Form, error) {
-	if isNull(raw) {
-		return nil, nil
-	}
-	c, err := parseComponent(raw, field, bad)
-	if err != nil {
+	c, ok, err := parseComponent(raw, field, bad)
+	if err != nil || !ok {
 		return nil, err
 	}
 	switch c.Type {
@@ -271,38 +286,19 @@ func parseNormalizer(raw json.RawMessage, field string, unsupported, bad errorf)
 	case "NFKD":
 		return []norm.Form{norm.NFKD}, nil
 	case "Sequence":
-		var out []norm.Form
-		for i, n := range c.Normalizers {
-			f, err := parseNormalizer(n, fmt.Sprintf("%s.normalizers[%d]", field, i), unsupported, bad)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, f...)
-		}
-		return out, nil
+		return parseSequence(c.Normalizers, field+".normalizers", unsupported, bad, parseNormalizer)
 	}
 	return nil, unsupported(field+".type", "%q (NFC, NFD, NFKC, NFKD and Sequence are implemented)", c.Type)
 }
 
 func parsePreTokenizer(raw json.RawMessage, field string, unsupported, bad errorf) ([]preStep, error) {
-	if isNull(raw) {
-		return nil, nil
-	}
-	c, err := parseComponent(raw, field, bad)
-	if err != nil {
+	c, ok, err := parseComponent(raw, field, bad)
+	if err != nil || !ok {
 		return nil, err
 	}
 	switch c.Type {
 	case "Sequence":
-		var out []preStep
-		for i, p := range c.PreTokenizers {
-			s, err := parsePreTokenizer(p, fmt.Sprintf("%s.pretokenizers[%d]", field, i), unsupported, bad)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, s...)
-		}
-		return out, nil
+		return parseSequence(c.PreTokenizers, field+".pretokenizers", unsupported, bad, parsePreTokenizer)
 	case "Split":
 		switch {
 		case c.Pattern == nil || c.Pattern.Regex == nil:
@@ -329,11 +325,8 @@ func parsePreTokenizer(raw json.RawMessage, field string, unsupported, bad error
 }
 
 func parsePostProcessor(raw json.RawMessage, field string, unsupported, bad errorf) (prefix, suffix []uint32, err error) {
-	if isNull(raw) {
-		return nil, nil, nil
-	}
-	c, err := parseComponent(raw, field, bad)
-	if err != nil {
+	c, ok, err := parseComponent(raw, field, bad)
+	if err != nil || !ok {
 		return nil, nil, err
 	}
 	switch c.Type {

@@ -438,15 +438,7 @@ func TestCache(t *testing.T) {
 // TestChatParts checks a template that loops over content parts (vLLM's
 // "openai" content format), given as Options.ChatTemplate.
 func TestChatParts(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "parts.jinja")
-	tmpl := "{%- for m in messages %}{{ m['role'] }}:{% for p in m['content'] %}[{{ p['text'] }}]{% endfor %}\n{% endfor %}\n"
-	if err := os.WriteFile(path, []byte(tmpl), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	tok, err := New(Options{Dir: fixtureDir, ChatTemplate: path})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tok, path := withTemplate(t, "parts.jinja", "{%- for m in messages %}{{ m['role'] }}:{% for p in m['content'] %}[{{ p['text'] }}]{% endfor %}\n{% endfor %}\n")
 	got, err := tok.RenderChat([]byte(`[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},{"role":"assistant","content":"c"},{"role":"user","content":null}]`))
 	if err != nil {
 		t.Fatal(err)
@@ -485,15 +477,7 @@ func TestChatParts(t *testing.T) {
 // template in the request's key order, printed as Python's json.dumps
 // prints them (transformers' tojson).
 func TestChatToolsOrder(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "tools.jinja")
-	tmpl := "{{ tools | tojson }}|{% for m in messages %}{% for c in m['tool_calls'] %}{{ c['function']['arguments'] | tojson }}{% endfor %}{% endfor %}"
-	if err := os.WriteFile(path, []byte(tmpl), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	tok, err := New(Options{Dir: fixtureDir, ChatTemplate: path})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tok, _ := withTemplate(t, "tools.jinja", "{{ tools | tojson }}|{% for m in messages %}{% for c in m['tool_calls'] %}{{ c['function']['arguments'] | tojson }}{% endfor %}{% endfor %}")
 	body := `{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"zeta\": 1, \"alpha\": \"é\", \"n\": 2.5}"}}]}],` +
 		`"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"string"}}}}}]}`
 	var req chatRequest
@@ -508,4 +492,19 @@ func TestChatToolsOrder(t *testing.T) {
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
+}
+
+// withTemplate loads the fixture with the template src, written to a file
+// name, as Options.ChatTemplate; it returns the file's path too.
+func withTemplate(t *testing.T, name, src string) (*Tokenizer, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := New(Options{Dir: fixtureDir, ChatTemplate: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok, path
 }
