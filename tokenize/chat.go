@@ -217,18 +217,24 @@ func (t *Tokenizer) EncodeChat(messages []byte) ([]uint32, error) {
 // reads messages, tools, add_generation_prompt, continue_final_message,
 // add_special_tokens and chat_template_kwargs as vLLM does.
 func (t *Tokenizer) EncodeChatRequest(body []byte) ([]uint32, error) {
+	return t.AppendChatRequest(nil, body)
+}
+
+// AppendChatRequest appends the token ids EncodeChatRequest returns to dst
+// and returns the extended slice (dst unchanged on an error).
+func (t *Tokenizer) AppendChatRequest(dst []uint32, body []byte) ([]uint32, error) {
 	if len(body) > t.maxInput {
-		return nil, fmt.Errorf("%w: a body of %d bytes is longer than %d (MaxInputBytes)", ErrInput, len(body), t.maxInput)
+		return dst, fmt.Errorf("%w: a body of %d bytes is longer than %d (MaxInputBytes)", ErrInput, len(body), t.maxInput)
 	}
 	var req chatRequest
 	if err := json.Unmarshal(body, &req); err != nil {
-		return nil, fmt.Errorf("%w: chat request: %v", ErrInput, err)
+		return dst, fmt.Errorf("%w: chat request: %v", ErrInput, err)
 	}
 	text, err := t.render(req)
 	if err != nil {
-		return nil, err
+		return dst, err
 	}
-	return t.AppendEncode(nil, text, req.AddSpecialTokens)
+	return t.AppendEncode(dst, text, req.AddSpecialTokens)
 }
 
 // RenderChat returns the text a chat request's messages render to, the
@@ -415,31 +421,41 @@ func textPart(text string) *object {
 // encoded with the post-processor's special tokens unless
 // add_special_tokens is false; an array of token ids as it is.
 func (t *Tokenizer) EncodeCompletionRequest(body []byte) ([]uint32, error) {
+	return t.AppendCompletionRequest(nil, body)
+}
+
+// AppendCompletionRequest appends the token ids EncodeCompletionRequest
+// returns to dst and returns the extended slice (dst unchanged on an
+// error).
+func (t *Tokenizer) AppendCompletionRequest(dst []uint32, body []byte) ([]uint32, error) {
 	if len(body) > t.maxInput {
-		return nil, fmt.Errorf("%w: a body of %d bytes is longer than %d (MaxInputBytes)", ErrInput, len(body), t.maxInput)
+		return dst, fmt.Errorf("%w: a body of %d bytes is longer than %d (MaxInputBytes)", ErrInput, len(body), t.maxInput)
 	}
 	var req struct {
 		Prompt           json.RawMessage `json:"prompt"`
 		AddSpecialTokens *bool           `json:"add_special_tokens"`
 	}
 	if err := json.Unmarshal(body, &req); err != nil {
-		return nil, fmt.Errorf("%w: completions request: %v", ErrInput, err)
+		return dst, fmt.Errorf("%w: completions request: %v", ErrInput, err)
 	}
 	special := req.AddSpecialTokens == nil || *req.AddSpecialTokens
 	var s string
 	if err := json.Unmarshal(req.Prompt, &s); err == nil {
-		return t.AppendEncode(nil, s, special)
+		return t.AppendEncode(dst, s, special)
 	}
 	var one []string
 	if err := json.Unmarshal(req.Prompt, &one); err == nil {
 		if len(one) != 1 {
-			return nil, fmt.Errorf("%w: completions request: prompt is %d strings, want one", ErrInput, len(one))
+			return dst, fmt.Errorf("%w: completions request: prompt is %d strings, want one", ErrInput, len(one))
 		}
-		return t.AppendEncode(nil, one[0], special)
+		return t.AppendEncode(dst, one[0], special)
 	}
 	var ids []uint32
 	if err := json.Unmarshal(req.Prompt, &ids); err == nil && len(ids) > 0 {
-		return ids, nil
+		if t.maxTokens > 0 && len(ids) > t.maxTokens {
+			ids = ids[:t.maxTokens]
+		}
+		return append(dst, ids...), nil
 	}
-	return nil, fmt.Errorf("%w: completions request: prompt is neither a string, one string in an array nor token ids", ErrInput)
+	return dst, fmt.Errorf("%w: completions request: prompt is neither a string, one string in an array nor token ids", ErrInput)
 }

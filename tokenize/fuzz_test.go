@@ -33,7 +33,7 @@ func FuzzLoad(f *testing.F) {
 			}
 			return
 		}
-		ids := m.encode(nil, "Hello <|eot_id|> world, 12345 \n\n  é🙂")
+		ids := m.encode(nil, "Hello <|eot_id|> world, 12345 \n\n  é🙂", -1)
 		for _, id := range ids {
 			if id >= m.vocabSize {
 				t.Fatalf("id %d is not below the vocabulary size %d", id, m.vocabSize)

@@ -81,6 +81,10 @@ type Options struct {
 	CacheBytes int
 	// NoCache turns the segment cache off.
 	NoCache bool
+	// MaxTokens, if set, makes every method return at most the first
+	// MaxTokens ids of a text or request, and stop encoding there: a
+	// router keys only a prompt's first blocks (0: all of them).
+	MaxTokens int
 }
 
 // WithDefaults returns a copy with every zero field set to its default.
@@ -107,6 +111,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("%w: MaxInputBytes is %d, want 1..%d", ErrOptions, o.MaxInputBytes, 1<<30)
 	case o.MaxFileBytes < 1 || o.MaxFileBytes > 1<<32:
 		return fmt.Errorf("%w: MaxFileBytes is %d, want 1..%d", ErrOptions, o.MaxFileBytes, int64(1)<<32)
+	case o.MaxTokens < 0:
+		return fmt.Errorf("%w: MaxTokens is %d, want 0 (all) or more", ErrOptions, o.MaxTokens)
 	case o.CacheBytes < 1<<10 || o.CacheBytes > 1<<32:
 		return fmt.Errorf("%w: CacheBytes is %d, want %d..%d", ErrOptions, o.CacheBytes, 1<<10, int64(1)<<32)
 	}
@@ -116,9 +122,10 @@ func (o Options) Validate() error {
 // Tokenizer encodes texts and chat requests as one model's engine does. It
 // is safe for concurrent use.
 type Tokenizer struct {
-	m        *model
-	chat     *chatTemplate // nil without a template
-	maxInput int
+	m         *model
+	chat      *chatTemplate // nil without a template
+	maxInput  int
+	maxTokens int
 }
 
 // New loads the model directory of opts.
@@ -162,6 +169,7 @@ func New(opts Options) (*Tokenizer, error) {
 	if !opts.NoCache {
 		t.m.cache = newSegmentCache(opts.CacheBytes)
 	}
+	t.maxTokens = opts.MaxTokens
 	return t, nil
 }
 
@@ -227,23 +235,35 @@ func (t *Tokenizer) Encode(prompt string) ([]uint32, error) {
 
 // AppendEncode appends the token ids of text to dst, with the
 // post-processor's special tokens when addSpecial is set, and returns the
-// extended slice.
+// extended slice: at most Options.MaxTokens ids when that is set, the
+// first ones.
 func (t *Tokenizer) AppendEncode(dst []uint32, text string, addSpecial bool) ([]uint32, error) {
 	if len(text) > t.maxInput {
 		return dst, fmt.Errorf("%w: a text of %d bytes is longer than %d (MaxInputBytes)", ErrInput, len(text), t.maxInput)
 	}
+	stop := -1
+	if t.maxTokens > 0 {
+		stop = len(dst) + t.maxTokens
+	}
 	if addSpecial {
 		dst = append(dst, t.m.prefix...)
 	}
-	dst = t.m.encode(dst, text)
+	dst = t.m.encode(dst, text, stop)
 	if addSpecial {
 		dst = append(dst, t.m.suffix...)
+	}
+	if stop >= 0 && len(dst) > stop {
+		dst = dst[:stop]
 	}
 	return dst, nil
 }
 
-// encode appends the ids of text, special tokens in it parsed, none added.
-func (m *model) encode(dst []uint32, text string) []uint32 {
+// full reports whether dst reached stop (-1: no limit).
+func full(dst []uint32, stop int) bool { return stop >= 0 && len(dst) >= stop }
+
+// encode appends the ids of text, special tokens in it parsed, none added;
+// it may stop once dst has stop ids (-1: no limit), a word past it.
+func (m *model) encode(dst []uint32, text string, stop int) []uint32 {
 	if !utf8.ValidString(text) {
 		// As the engine sees it: Python decoded the request's bytes with
 		// replacement characters.
@@ -251,6 +271,9 @@ func (m *model) encode(dst []uint32, text string) []uint32 {
 	}
 	var buf [16]segment
 	for _, seg := range m.rawTokens.split(buf[:0], text) {
+		if full(dst, stop) {
+			break
+		}
 		if seg.isToken {
 			dst = append(dst, seg.id)
 			continue
@@ -261,34 +284,39 @@ func (m *model) encode(dst []uint32, text string) []uint32 {
 				continue
 			}
 			n := len(dst)
-			dst = m.encodeSegment(dst, seg.text)
-			m.cache.put(seg.text, dst[n:])
+			dst = m.encodeSegment(dst, seg.text, stop)
+			if !full(dst, stop) { // a segment cut short is not cached
+				m.cache.put(seg.text, dst[n:])
+			}
 			continue
 		}
-		dst = m.encodeSegment(dst, seg.text)
+		dst = m.encodeSegment(dst, seg.text, stop)
 	}
 	return dst
 }
 
 // encodeSegment appends the ids of text between added tokens.
-func (m *model) encodeSegment(dst []uint32, s string) []uint32 {
+func (m *model) encodeSegment(dst []uint32, s string, stop int) []uint32 {
 	for _, f := range m.normalize {
 		s = f.String(s)
 	}
 	var buf [16]segment
 	for _, seg := range m.normTokens.split(buf[:0], s) {
+		if full(dst, stop) {
+			break
+		}
 		if seg.isToken {
 			dst = append(dst, seg.id)
 			continue
 		}
-		dst = m.preTokenize(dst, seg.text, 0)
+		dst = m.preTokenize(dst, seg.text, 0, stop)
 	}
 	return dst
 }
 
-// preTokenize runs the pre-tokenizer's steps from k on over piece and encodes the words
-// they make.
-func (m *model) preTokenize(dst []uint32, piece string, k int) []uint32 {
+// preTokenize runs the pre-tokenizer's steps from k on over piece and
+// encodes the words they make, until dst has stop ids.
+func (m *model) preTokenize(dst []uint32, piece string, k, stop int) []uint32 {
 	if piece == "" {
 		return dst
 	}
@@ -300,18 +328,12 @@ func (m *model) preTokenize(dst []uint32, piece string, k int) []uint32 {
 		piece = " " + piece
 	}
 	if !s.split {
-		return m.preTokenize(dst, piece, k+1)
+		return m.preTokenize(dst, piece, k+1, stop)
 	}
-	for i := 0; i < len(piece); {
+	for i := 0; i < len(piece) && !full(dst, stop); {
 		e := s.rule.scanWord(piece, i)
-		dst = m.preTokenize(dst, piece[i:e], k+1)
+		dst = m.preTokenize(dst, piece[i:e], k+1, stop)
 		i = e
 	}
 	return dst
-}
-
-// TokenID returns the id of an added (special) token by its content.
-func (t *Tokenizer) TokenID(content string) (uint32, bool) {
-	id, ok := t.m.specials[content]
-	return id, ok
 }

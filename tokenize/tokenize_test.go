@@ -508,3 +508,27 @@ func withTemplate(t *testing.T, name, src string) (*Tokenizer, string) {
 	}
 	return tok, path
 }
+
+// TestMaxTokens checks that a limit gives the first ids of the whole
+// encoding, whatever the cache holds.
+func TestMaxTokens(t *testing.T) {
+	all := loadFixture(t)
+	for _, limit := range []int{1, 2, 5, 17, 64} {
+		tok, err := New(Options{Dir: fixtureDir, MaxTokens: limit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for round := 0; round < 2; round++ { // the second from the cache
+			for _, text := range encodeCases {
+				want := mustEncode(t, all, text, true)
+				want = want[:min(len(want), limit)]
+				if got := mustEncode(t, tok, text, true); !slices.Equal(got, want) {
+					t.Fatalf("limit %d, %q: %v, want %v", limit, text, got, want)
+				}
+			}
+		}
+	}
+	if err := (Options{Dir: "x", MaxTokens: -1}).Validate(); !errors.Is(err, ErrOptions) || !strings.Contains(err.Error(), "MaxTokens") {
+		t.Errorf("negative MaxTokens: %v", err)
+	}
+}
