@@ -24,6 +24,10 @@ type refTokenizer struct {
 	ignore  bool
 	prefix  []int
 	byteMap map[byte]string
+	// pattern is the pre-tokenizer's pattern (Llama-3's unless set);
+	// prefixSpace is ByteLevel's add_prefix_space.
+	pattern     string
+	prefixSpace bool
 }
 
 type refAdded struct {
@@ -128,9 +132,15 @@ func loadRef(t testing.TB, dir string) *refTokenizer {
 	return r
 }
 
-// preTokenize splits text as the fixture's (Llama-3) pattern does.
+// preTokenize splits text as the pre-tokenizer does.
 func (r *refTokenizer) preTokenize(text string) []string {
-	return refSplit(patternLlama3, text)
+	if r.prefixSpace && text != "" && text[0] != ' ' {
+		text = " " + text
+	}
+	if r.pattern == "" {
+		return refSplit(patternLlama3, text)
+	}
+	return refSplit(r.pattern, text)
 }
 
 // refSplit splits text as pattern does.

@@ -532,3 +532,66 @@ func TestMaxTokens(t *testing.T) {
 		t.Errorf("negative MaxTokens: %v", err)
 	}
 }
+
+// writeModelJSON writes a model directory whose tokenizer.json is the
+// fixture's with edit applied to its decoded JSON.
+func writeModelJSON(t *testing.T, edit func(f map[string]any)) string {
+	t.Helper()
+	return writeModel(t, func(s string) string {
+		var f map[string]any
+		if err := json.Unmarshal([]byte(s), &f); err != nil {
+			t.Fatal(err)
+		}
+		edit(f)
+		out, err := json.Marshal(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(out)
+	})
+}
+
+// TestModelVariants loads the fixture with the other pieces a tokenizer.json
+// may have: GPT-2's ByteLevel pre-tokenizer with a prefix space, an NFC
+// normalizer and an added token matched after normalization.
+func TestModelVariants(t *testing.T) {
+	gpt2 := writeModelJSON(t, func(f map[string]any) {
+		f["pre_tokenizer"] = map[string]any{"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true}
+	})
+	tok, err := New(Options{Dir: gpt2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := mustEncode(t, tok, "hello there", false), mustEncode(t, tok, " hello there", false); !slices.Equal(a, b) {
+		t.Errorf("add_prefix_space: %v and %v differ", a, b)
+	}
+	ref := loadRef(t, gpt2)
+	ref.pattern, ref.prefixSpace = patternGPT2, true
+	for _, text := range encodeCases {
+		if got, want := mustEncode(t, tok, text, false), ref.encode(text, false); !slices.Equal(toInts(got), want) {
+			t.Errorf("GPT-2 ByteLevel, %q:\n got %v\nwant %v", text, got, want)
+		}
+	}
+
+	// An NFC normalizer, and an added token (rstrip) matched after it.
+	normTok := writeModelJSON(t, func(f map[string]any) {
+		f["normalizer"] = map[string]any{"type": "Sequence", "normalizers": []any{map[string]any{"type": "NFC"}}}
+		for _, a := range f["added_tokens"].([]any) {
+			if at := a.(map[string]any); at["content"] == "[SEP]" {
+				at["content"], at["normalized"] = "café", true
+			}
+		}
+	})
+	tok, err = New(Options{Dir: normTok})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := mustEncode(t, tok, "Cafe\u0301 naïve", false), mustEncode(t, tok, "Café naïve", false); !slices.Equal(a, b) {
+		t.Errorf("NFC: %v and %v differ", a, b)
+	}
+	// The decomposed spelling normalizes to the token's, then matches it
+	// (and its rstrip takes the spaces after it).
+	if got := mustEncode(t, tok, "cafe\u0301   x", false); len(got) != 2 || got[0] != 1007 {
+		t.Errorf("normalized added token: %v, want [1007 x]", got)
+	}
+}
