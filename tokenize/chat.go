@@ -245,7 +245,7 @@ func (t *Tokenizer) RenderChat(messages []byte) (string, error) {
 
 func (t *Tokenizer) render(req chatRequest) (string, error) {
 	if t.chat == nil {
-		return "", ErrNoTemplate
+		return "", fmt.Errorf("%w: %s has no %s with a chat_template, no %s, and Options.ChatTemplate is not set", ErrNoTemplate, t.dir, TokenizerConfigFile, ChatTemplateFile)
 	}
 	if len(req.Messages) > t.maxInput {
 		return "", fmt.Errorf("%w: messages of %d bytes are longer than %d (MaxInputBytes)", ErrInput, len(req.Messages), t.maxInput)

@@ -126,6 +126,8 @@ type Tokenizer struct {
 	chat      *chatTemplate // nil without a template
 	maxInput  int
 	maxTokens int
+	// dir is the model directory, for errors.
+	dir string
 }
 
 // New loads the model directory of opts.
@@ -180,7 +182,7 @@ func build(tokPath string, tj []byte, cfgPath string, cj []byte, tmplPath string
 	if err != nil {
 		return nil, err
 	}
-	t := &Tokenizer{m: m, maxInput: maxInput}
+	t := &Tokenizer{m: m, maxInput: maxInput, dir: filepath.Dir(tokPath)}
 	var cfg tokenizerConfig
 	if cj != nil {
 		if cfg, err = parseConfig(cfgPath, cj); err != nil {

@@ -595,3 +595,48 @@ func TestModelVariants(t *testing.T) {
 		t.Errorf("normalized added token: %v, want [1007 x]", got)
 	}
 }
+
+// TestConcurrent encodes from several goroutines at once through one
+// tokenizer (shared scratch pool and cache): every result is the one a
+// lone call gives (run with -race).
+func TestConcurrent(t *testing.T) {
+	tok, err := New(Options{Dir: fixtureDir, CacheBytes: 8 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := make([][]byte, 16)
+	want := make([][]uint32, len(msgs))
+	for i := range msgs {
+		if msgs[i], err = json.Marshal([]map[string]string{
+			{"role": "system", "content": strings.Repeat("You are a helpful assistant. ", 4)},
+			{"role": "user", "content": fmt.Sprintf("question %d: %s", i, encodeCases[i%len(encodeCases)])},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if want[i], err = loadFixture(t).EncodeChat(msgs[i]); err != nil {
+			t.Fatalf("%s: %v", msgs[i], err)
+		}
+	}
+	errs := make(chan error, 4)
+	for g := 0; g < 4; g++ {
+		go func() {
+			for n := 0; n < 200; n++ {
+				i := (n*7 + g) % len(msgs)
+				got, err := tok.EncodeChat(msgs[i])
+				if err == nil && !slices.Equal(got, want[i]) {
+					err = fmt.Errorf("message %d: %v, want %v", i, got, want[i])
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for g := 0; g < 4; g++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
