@@ -90,6 +90,8 @@ type chatTemplate struct {
 	// joined with newlines into one string ("string" format).
 	parts    bool
 	specials map[string]string
+	// marked says the compiled source has jinjaSource's markers.
+	marked bool
 }
 
 // contentLoop is how vLLM's content-format detection recognises a template
@@ -97,81 +99,77 @@ type chatTemplate struct {
 var contentLoop = regexp.MustCompile(`for\s+\w+\s+in\s+\w+(\s*\[\s*['"]content['"]\s*\]|\.content)`)
 
 func compileChat(name, src string, specials map[string]string) (*chatTemplate, error) {
-	tmpl, err := jinja.Compile(hfBlocks(src))
+	source, marked := jinjaSource(src)
+	tmpl, err := jinja.Compile(source)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrFormat, name, err)
 	}
-	return &chatTemplate{tmpl: tmpl, parts: contentLoop.MatchString(src), specials: specials}, nil
+	return &chatTemplate{tmpl: tmpl, parts: contentLoop.MatchString(src), specials: specials, marked: marked}, nil
 }
 
-// hfBlocks rewrites a template so that a Jinja engine without options
-// renders it as transformers' environment does: line breaks read as "\n"
-// and the template's last one dropped (Jinja2's lexer, without
-// keep_trailing_newline), then trim_blocks and lstrip_blocks: the first
-// newline after a block or comment tag dropped, and the spaces and tabs
-// before one that starts a line; "+" after an opener or before a closer
-// keeps them.
-func hfBlocks(src string) string {
+// jinjaSource reads a template's source as Jinja2's lexer does: line
+// breaks as "\n", and the last one dropped (keep_trailing_newline is off
+// in transformers' environment). The template engine applies
+// transformers' trim_blocks and lstrip_blocks itself, but its whitespace
+// control looks for the nearest text past any tag: "a {{ x }}{%- if %}"
+// would lose the space before the expression, which Jinja2 keeps (only
+// the empty text between the two tags is trimmed). So a marker is put
+// between every two adjacent tags, a text the trimming stops at, and taken
+// out of the output (marked reports whether there is one).
+func jinjaSource(src string) (out string, marked bool) {
 	src = strings.ReplaceAll(src, "\r\n", "\n")
 	src = strings.ReplaceAll(src, "\r", "\n")
 	src = strings.TrimSuffix(src, "\n")
-	var out strings.Builder
-	out.Grow(len(src))
-	i := 0
-	for i < len(src) {
+	var sb strings.Builder
+	sb.Grow(len(src))
+	prevEnd := -1 // the end of the last tag
+	for i := 0; i < len(src); {
 		j := strings.IndexByte(src[i:], '{')
 		if j < 0 {
-			out.WriteString(src[i:])
+			sb.WriteString(src[i:])
 			break
 		}
 		j += i
 		if j+1 >= len(src) || (src[j+1] != '%' && src[j+1] != '{' && src[j+1] != '#') {
-			out.WriteString(src[i : j+1])
+			sb.WriteString(src[i : j+1])
 			i = j + 1
 			continue
 		}
-		kind := src[j+1]
-		text := src[i:j]
+		sb.WriteString(src[i:j])
+		if j == prevEnd {
+			sb.WriteString(marker)
+			marked = true
+		}
 		end := tagEnd(src, j)
-		tag := src[j:end]
-		if kind != '{' {
-			plus := len(tag) > 2 && tag[2] == '+'
-			minus := len(tag) > 2 && tag[2] == '-'
-			if plus {
-				tag = tag[:2] + tag[3:]
-			} else if !minus {
-				// lstrip_blocks: blanks from the start of the tag's line,
-				// if nothing else (no other tag) is on it.
-				k := strings.LastIndexByte(src[:j], '\n') + 1
-				if k >= i && strings.Trim(src[k:j], " \t") == "" {
-					text = src[i:k]
-				}
-			}
-		}
-		out.WriteString(text)
-		i = end
-		if kind != '{' && strings.HasSuffix(tag, "}") && len(tag) >= 4 {
-			closerMod := tag[len(tag)-3]
-			switch {
-			case closerMod == '+':
-				tag = tag[:len(tag)-3] + tag[len(tag)-2:]
-			case closerMod != '-' && i < len(src) && src[i] == '\n':
-				i++
-			}
-		}
-		out.WriteString(tag)
+		sb.WriteString(src[j:end])
+		i, prevEnd = end, end
 	}
-	return out.String()
+	return sb.String(), marked
+}
+
+// marker is the text jinjaSource puts between adjacent tags: U+FDD0, a
+// Unicode noncharacter, which no request may contain (ErrInput).
+const marker = "\uFDD0"
+
+// hasMarker reports whether raw JSON holds the marker, as UTF-8 or as an
+// escape.
+func hasMarker(raw []byte) bool {
+	s := string(raw)
+	return strings.Contains(s, marker) || strings.Contains(strings.ToLower(s), `\ufdd0`)
 }
 
 // tagEnd returns the end of the tag that opens at j: past its closer, with
-// string literals in expressions skipped; the end of src if it is not
-// closed (the template engine then reports it).
+// string literals in expressions and statements skipped as the template
+// engine skips them; the end of src if it is not closed (the engine then
+// reports it).
 func tagEnd(src string, j int) int {
 	kind := src[j+1]
-	closer := map[byte]string{'%': "%}", '{': "}}", '#': "#}"}[kind]
-	if kind == '#' {
-		if k := strings.Index(src[j+2:], closer); k >= 0 {
+	closer := "}}"
+	switch kind {
+	case '%':
+		closer = "%}"
+	case '#':
+		if k := strings.Index(src[j+2:], "#}"); k >= 0 {
 			return j + 2 + k + 2
 		}
 		return len(src)
@@ -243,21 +241,38 @@ func (t *Tokenizer) RenderChat(messages []byte) (string, error) {
 	return t.render(chatRequest{Messages: messages})
 }
 
-func (t *Tokenizer) render(req chatRequest) (string, error) {
+// execute renders the template with data, jinjaSource's markers taken out.
+func (c *chatTemplate) execute(data map[string]jinja.Value) (string, error) {
+	out, err := c.tmpl.RenderValues(data)
+	if err != nil {
+		return "", fmt.Errorf("%w: rendering the chat template: %v", ErrInput, err)
+	}
+	if c.marked {
+		out = strings.ReplaceAll(out, marker, "")
+	}
+	return out, nil
+}
+
+// context returns the variables the template is rendered with, as
+// transformers passes them, and the final message's text.
+func (t *Tokenizer) context(req chatRequest) (map[string]jinja.Value, string, error) {
 	if t.chat == nil {
-		return "", fmt.Errorf("%w: %s has no %s with a chat_template, no %s, and Options.ChatTemplate is not set", ErrNoTemplate, t.dir, TokenizerConfigFile, ChatTemplateFile)
+		return nil, "", fmt.Errorf("%w: %s has no %s with a chat_template, no %s, and Options.ChatTemplate is not set", ErrNoTemplate, t.dir, TokenizerConfigFile, ChatTemplateFile)
 	}
 	if len(req.Messages) > t.maxInput {
-		return "", fmt.Errorf("%w: messages of %d bytes are longer than %d (MaxInputBytes)", ErrInput, len(req.Messages), t.maxInput)
+		return nil, "", fmt.Errorf("%w: messages of %d bytes are longer than %d (MaxInputBytes)", ErrInput, len(req.Messages), t.maxInput)
+	}
+	if t.chat.marked && (hasMarker(req.Messages) || hasMarker(req.Tools) || hasMarker(req.ChatTemplateKwargs)) {
+		return nil, "", fmt.Errorf("%w: chat request: holds U+FDD0, a Unicode noncharacter this package reserves", ErrInput)
 	}
 	msgs, final, err := t.chat.messages(req.Messages)
 	if err != nil {
-		return "", err
+		return nil, "", err
 	}
 	genPrompt := req.AddGenerationPrompt == nil || *req.AddGenerationPrompt
 	if req.ContinueFinalMessage && genPrompt {
 		if req.AddGenerationPrompt != nil {
-			return "", fmt.Errorf("%w: chat request: continue_final_message and add_generation_prompt are both true", ErrInput)
+			return nil, "", fmt.Errorf("%w: chat request: continue_final_message and add_generation_prompt are both true", ErrInput)
 		}
 		genPrompt = false
 	}
@@ -266,7 +281,7 @@ func (t *Tokenizer) render(req chatRequest) (string, error) {
 		kw, err := decodeOrdered(req.ChatTemplateKwargs)
 		o, ok := kw.(*object)
 		if err != nil || !ok {
-			return "", fmt.Errorf("%w: chat request: chat_template_kwargs is not an object", ErrInput)
+			return nil, "", fmt.Errorf("%w: chat request: chat_template_kwargs is not an object", ErrInput)
 		}
 		for _, k := range o.keys {
 			data[k] = toValue(o.m[k])
@@ -279,16 +294,24 @@ func (t *Tokenizer) render(req chatRequest) (string, error) {
 	if !isNull(req.Tools) {
 		tools, err := decodeOrdered(req.Tools)
 		if err != nil {
-			return "", fmt.Errorf("%w: chat request: tools: %v", ErrInput, err)
+			return nil, "", fmt.Errorf("%w: chat request: tools: %v", ErrInput, err)
 		}
 		data["tools"] = toValue(tools)
 	}
 	data["messages"] = toValue(msgs)
 	data["documents"] = jinja.None()
 	data["add_generation_prompt"] = jinja.NewBool(genPrompt)
-	out, err := t.chat.tmpl.RenderValues(data)
+	return data, final, nil
+}
+
+func (t *Tokenizer) render(req chatRequest) (string, error) {
+	data, final, err := t.context(req)
 	if err != nil {
-		return "", fmt.Errorf("%w: rendering the chat template: %v", ErrInput, err)
+		return "", err
+	}
+	out, err := t.chat.execute(data)
+	if err != nil {
+		return "", err
 	}
 	if req.ContinueFinalMessage {
 		// As transformers does: the prompt ends where the final message's

@@ -225,23 +225,39 @@ func mustEncode(t testing.TB, tok *Tokenizer, text string, special bool) []uint3
 	return ids
 }
 
-func TestHFBlocks(t *testing.T) {
+// TestTemplateWhitespace checks that templates render with transformers'
+// Jinja2 settings: trim_blocks, lstrip_blocks, line breaks read as "\n" and
+// the last one dropped.
+func TestTemplateWhitespace(t *testing.T) {
 	cases := []struct{ src, want string }{
-		{"{% if x %}\nA\n{% endif %}\nB", "{% if x %}A\n{% endif %}B"},
-		{"  {% if x %}A{% endif %}", "{% if x %}A{% endif %}"},
-		{"x\n    {% if x %}A{% endif %}", "x\n{% if x %}A{% endif %}"},
-		{"x    {% if x %}A{% endif %}", "x    {% if x %}A{% endif %}"},
-		{"  {%+ if x +%}\nA", "  {% if x %}\nA"},
-		{"{{ x }}\nA", "{{ x }}\nA"},
-		{"{# c #}\nA", "{# c #}A"},
-		{"{% set s = '%}' %}\nA", "{% set s = '%}' %}A"},
-		{"{%- if x -%}\n  A", "{%- if x -%}\n  A"},
+		{"{% if true %}\nA\n{% endif %}\nB", "A\nB"},
+		{"{% if true %}\n\nA{% endif %}", "\nA"},
+		{"  {% if true %}A{% endif %}", "A"},
+		{"x\n    {% if true %}A{% endif %}", "x\nA"},
+		{"x    {% if true %}A{% endif %}", "x    A"},
+		{"{{ 'v' }}\nA", "v\nA"},
+		{"{# c #}\nA", "A"},
+		{"{% set s = '%}' %}\n{{ s }}", "%}"},
+		{"{%- if true -%}\n  A{% endif %}", "A"},
 		{"a { b } {", "a { b } {"},
 		{"A\r\nB\rC\n", "A\nB\nC"},
 		{"A\n\n", "A\n"},
+		// Trimming stops at the next tag, as in Jinja2.
+		{"a {{ 'x' }}{%- if true %} b{% endif %}", "a x b"},
+		{"{% if true -%}{{ 'x' }} c{% endif %}", "x c"},
+		{"{{ 'a' }}{# c #}{{ 'b' }}", "ab"},
 	}
 	for _, c := range cases {
-		if got := hfBlocks(c.src); got != c.want {
+		ct, err := compileChat("case", c.src, nil)
+		if err != nil {
+			t.Fatalf("%q: %v", c.src, err)
+		}
+		tok := &Tokenizer{m: loadFixture(t).m, chat: ct, maxInput: DefaultMaxInputBytes}
+		got, err := tok.render(chatRequest{Messages: []byte(`[{"role":"user","content":"x"}]`)})
+		if err != nil {
+			t.Fatalf("%q: %v", c.src, err)
+		}
+		if got != c.want {
 			t.Errorf("%q: got %q, want %q", c.src, got, c.want)
 		}
 	}
