@@ -429,69 +429,104 @@ func (x *Index) Deepest(dst []Match, keys []uint64, limit int) []Match {
 	if len(keys) == 0 {
 		return dst
 	}
+	// found holds the engines reported so far: a router asks for a few,
+	// and zeroing room for MaxMatches would be a good part of its lookup.
+	if limit <= fewMatches {
+		var found [fewMatches]uint16
+		return x.deepest(dst, keys, limit, found[:0])
+	}
+	var found [MaxMatches]uint16
+	return x.deepest(dst, keys, limit, found[:0])
+}
+
+// fewMatches is the limit up to which Deepest keeps its found engines in a
+// small array.
+const fewMatches = 16
+
+// deepest is Deepest for 1..MaxKeys keys and limit 1..cap(found), found
+// empty.
+func (x *Index) deepest(dst []Match, keys []uint64, limit int, found []uint16) []Match {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	var found [MaxMatches]uint16
-	n := 0
-	// fresh reports whether keys[j] has a holder not found yet.
-	fresh := func(j int) bool {
-		v, ok := x.blocks[keys[j]]
-		if !ok {
-			return false
-		}
-		if !in(found[:n], uint16(v)) {
-			return true
-		}
-		if v&moreBit == 0 {
-			return false
-		}
-		for _, h := range x.more[keys[j]] {
-			if !in(found[:n], h.engine) {
-				return true
-			}
-		}
-		return false
-	}
 	// Each round finds the deepest key held by an engine not found yet:
 	// all its holders not found have that depth, and the engines left hold
-	// less, so the next round bisects the keys before it.
-	v0, ok := x.blocks[keys[0]]
-	if !ok {
+	// less, so the next round bisects the keys before it. The entries of
+	// keys[0] and of each round's deepest key are read once.
+	e0 := x.entry(keys[0])
+	if !e0.held {
 		return dst
 	}
-	root := step{first: v0 &^ moreBit}
-	if v0&moreBit != 0 {
-		root.more = x.more[keys[0]]
-	}
-	for hi := len(keys); hi > 0 && n < limit && fresh(0); {
-		lo := 0 // fresh(lo) holds; find the last j < hi where fresh(j) does
+	root := step{first: e0.v &^ moreBit, more: x.others(keys[0], &e0)}
+	for hi := len(keys); hi > 0 && len(found) < limit && x.fresh(keys[0], &e0, found); {
+		lo, at := 0, e0 // x.fresh(keys[lo], &at, found) holds; find the last such lo < hi
 		for r := hi - 1; lo < r; {
 			mid := (lo + r + 1) / 2
-			if fresh(mid) {
-				lo = mid
+			if e := x.entry(keys[mid]); x.fresh(keys[mid], &e, found) {
+				lo, at = mid, e
 			} else {
 				r = mid - 1
 			}
 		}
-		v := x.blocks[keys[lo]]
-		add := func(id uint16) {
-			if n < limit && !in(found[:n], id) {
-				found[n] = id
-				n++
-				if root.holds(id) { // else it holds none of the request's prefix
-					dst = append(dst, Match{Engine: x.engines[id].name, Blocks: lo + 1})
-				}
+		ids := x.others(keys[lo], &at)
+		for k := -1; k < len(ids) && len(found) < limit; k++ {
+			id := uint16(at.v)
+			if k >= 0 {
+				id = ids[k].engine
 			}
-		}
-		add(uint16(v))
-		if v&moreBit != 0 {
-			for _, h := range x.more[keys[lo]] {
-				add(h.engine)
+			if in(found, id) {
+				continue
+			}
+			found = append(found, id)
+			if root.holds(id) { // else it holds none of the request's prefix
+				dst = append(dst, Match{Engine: x.engines[id].name, Blocks: lo + 1})
 			}
 		}
 		hi = lo
 	}
 	return dst
+}
+
+// entry is a block's entry as a lookup read it: held, its packed first
+// holding v, and (once moreRead) its other holdings.
+type entry struct {
+	v        uint64
+	held     bool
+	moreRead bool
+	more     []holding
+}
+
+// entry reads key's entry.
+func (x *Index) entry(key uint64) entry {
+	v, ok := x.blocks[key]
+	return entry{v: v, held: ok}
+}
+
+// others returns the other holdings of key, whose entry e is, reading them
+// at most once.
+func (x *Index) others(key uint64, e *entry) []holding {
+	if !e.moreRead {
+		e.moreRead = true
+		if e.v&moreBit != 0 {
+			e.more = x.more[key]
+		}
+	}
+	return e.more
+}
+
+// fresh reports whether key, whose entry e is, has a holder not in found.
+func (x *Index) fresh(key uint64, e *entry, found []uint16) bool {
+	if !e.held {
+		return false
+	}
+	if !in(found, uint16(e.v)) {
+		return true
+	}
+	for _, h := range x.others(key, e) {
+		if !in(found, h.engine) {
+			return true
+		}
+	}
+	return false
 }
 
 // step is a key's holdings as a lookup read them.
@@ -505,8 +540,18 @@ func (s *step) holds(id uint16) bool {
 	if uint16(s.first) == id {
 		return true
 	}
-	_, found := slices.BinarySearchFunc(s.more, id, func(h holding, id uint16) int { return int(h.engine) - int(id) })
-	return found
+	// s.more is sorted by engine; a plain bisection, since a generic one
+	// with a comparison function was a tenth of a router's pick.
+	lo, hi := 0, len(s.more)
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if s.more[mid].engine < id {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	return lo < len(s.more) && s.more[lo].engine == id
 }
 
 // in reports whether ids holds id.

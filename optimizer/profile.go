@@ -90,9 +90,9 @@ func (q *queueCurve) InverseMarginal(m float64) (float64, float64) {
 	if q.c <= 0 || m <= q.b {
 		return 0, 0
 	}
-	s := math.Sqrt(q.b / m)
-	x := q.c * (1 - s)
 	if q.a <= 0 {
+		s := math.Sqrt(q.b / m)
+		x := q.c * (1 - s)
 		if x >= q.cap {
 			return q.cap, 0
 		}
@@ -103,26 +103,28 @@ func (q *queueCurve) InverseMarginal(m float64) (float64, float64) {
 	}
 	// With the congestion term the root of b/r² + a·x = m, r = 1 − x/c, is in w = x/(c − x)
 	// the root of the cubic H(w) = b·w³ + 3b·w² + (3b + A − m)·w + (b − m), A = a·c, which is
-	// convex on w > −1 and increasing right of its root. Two upper bounds start Newton: the
-	// root without the term, w = √(m/b) − 1, and H's tangent at 0 (when it rises); from the
-	// lower of them Newton falls monotonically onto the root with one division a step.
-	// Newton's convergence is quadratic: once a step is below 1e-7 of w, the error after it
-	// is of the order of 1e-14.
+	// convex on w > −1 and increasing right of its root. From an upper bound of the root
+	// Newton falls monotonically onto it with one division a step. Newton's convergence is
+	// quadratic: once a step is below 1e-7 of w, the error after it is of the order of 1e-14.
 	b := q.b
 	k1, k0 := 3*b+q.a*q.c-m, b-m
-	w := 1/s - 1
-	if k1 > 0 {
-		w = math.Min(w, -k0/k1)
-	}
-	// The solver asks for nearby marginals in turn, so the previous root starts Newton closer:
-	// above the new root it is a tighter upper bound, below it one Newton step from it is one
-	// (H is convex, so its tangent's root lies right of H's).
-	if pw := q.prevW; pw > 0 && pw < w {
-		h := ((b*pw+3*b)*pw+k1)*pw + k0
-		if h >= 0 {
+	// The solver asks for nearby marginals in turn, so the previous root gives the bound:
+	// above the new root it is one, below it one Newton step from it is one (H is convex, so
+	// its tangent's root lies right of H's). Without it (or where H falls there), two upper
+	// bounds do: the root without the term, w = √(m/b) − 1, and H's tangent at 0 (when it
+	// rises), the lower of them. The previous root spares the square root and two divisions.
+	w := 0.0
+	if pw := q.prevW; pw > 0 {
+		if h := ((b*pw+3*b)*pw+k1)*pw + k0; h >= 0 {
 			w = pw
 		} else if d := (3*b*pw+6*b)*pw + k1; d > 0 {
-			w = math.Min(w, pw-h/d)
+			w = pw - h/d
+		}
+	}
+	if !(w > 0) {
+		w = math.Sqrt(m/b) - 1
+		if k1 > 0 {
+			w = math.Min(w, -k0/k1)
 		}
 	}
 	var d float64

@@ -49,6 +49,7 @@ type newtonState struct {
 	eps        []float64 // per engine regularisation
 	m0         []float64 // marginal cost at zero load per engine (+Inf: no capacity)
 	p, sl      []float64 // per engine price and supply slope X'(p)
+	px         []float64 // per engine supply X(p) at p, when the last evaluation read it; else NaN
 	astart     []int     // engine j's bidders above its price: alink/ax[astart[j]:astart[j+1]]
 	alink      []int32   // engine-major link index of each bidder
 	ax         []float64 // its flow
@@ -138,6 +139,7 @@ func (s *Solver) newtonRun(shed bool) (ok, sheds bool) {
 	n.m0 = flow.Grow(n.m0, ne)
 	n.p = flow.Grow(n.p, ne)
 	n.sl = flow.Grow(n.sl, ne)
+	n.px = flow.Grow(n.px, ne)
 	n.astart = flow.Grow(n.astart, ne+1)
 	n.steps, n.evals = 0, 0
 	warm := true
@@ -178,7 +180,7 @@ func (s *Solver) newtonRun(shed bool) (ok, sheds bool) {
 		if s.Cap[j] > 0 {
 			n.m0[j] = s.Curves[j].Marginal(0)
 		}
-		n.p[j] = math.NaN()
+		n.p[j], n.px[j] = math.NaN(), math.NaN()
 	}
 	var M float64
 	if warm {
@@ -272,9 +274,11 @@ func (s *Solver) newtonRun(shed bool) (ok, sheds bool) {
 				continue
 			}
 			if math.IsNaN(settled) && !warm && theta < 0.1 {
-				// The first stage did not settle: start again from a coarser split.
+				// The first stage did not settle: start again from a coarser split, and
+				// fall from it by less, as after any stage that did not settle.
 				copy(n.mu, n.saved)
 				theta = 0.1
+				fall = math.Sqrt(fall)
 				continue
 			}
 			if math.IsNaN(settled) || fall < 1.1 {
@@ -384,7 +388,13 @@ func (s *Solver) newtonStage(maxSteps int, tol float64) bool {
 			}
 			qt := s.newtonEval(n.trial)
 			n.evals++
-			if qt >= q+1e-4*t*slope || s.newtonResidual() < 0.9*res {
+			// Accept a sufficient ascent of the dual (Armijo), or a fall of the largest
+			// unmet demand by a tenth where the dual is flat to its rounding (there the
+			// Armijo test reads noise). A step that lowers the dual by more than rounding is
+			// never accepted: on 1000×10,000 such steps made a stage swing between two
+			// points (the residual falling one way, the dual rising the other) until its
+			// step budget ran out.
+			if qt >= q+1e-4*t*slope || s.newtonResidual() < 0.9*res && qt >= q-1e-10*math.Abs(q) {
 				q = qt
 				tLast = t
 				accepted = true
@@ -565,7 +575,7 @@ func (s *Solver) newtonEval(mu []float64) float64 {
 			n.ax = append(n.ax, b)
 		}
 		if !(bmax > n.m0[j]) {
-			n.p[j] = bmax
+			n.p[j], n.px[j] = bmax, math.NaN()
 			n.alink, n.ax = n.alink[:cs], n.ax[:cs]
 			continue
 		}
@@ -581,11 +591,15 @@ func (s *Solver) newtonEval(mu []float64) float64 {
 		bids := n.ax[cs:]
 		// G(p) = Σ (b − p)+/ε − X(p), decreasing; G(lo) ≥ 0 > G(bmax).
 		a, b := lo, bmax
-		pr := n.p[j]
+		// Start from the last price: its supply, read at the end of the last evaluation
+		// (px), is known.
+		pr, px := n.p[j], n.px[j]
+		known := !math.IsNaN(px)
 		if !(pr > a && pr < b) {
-			pr = b - 0.5*math.Min(b-a, eps*c)
+			pr, known = b-0.5*math.Min(b-a, eps*c), false
 		}
 		var sl float64
+		n.px[j] = math.NaN() // until the loop ends at a price it read the supply at
 		for it := 0; it < 100; it++ {
 			sum, cnt := 0.0, 0
 			for _, v := range bids {
@@ -594,11 +608,17 @@ func (s *Solver) newtonEval(mu []float64) float64 {
 					cnt++
 				}
 			}
-			x, dx := s.Curves[j].InverseMarginal(pr)
+			var x, dx float64
+			if known {
+				x, dx, known = px, n.sl[j], false
+			} else {
+				x, dx = s.Curves[j].InverseMarginal(pr)
+			}
 			sl = dx
 			g := sum/eps - x
 			// The bids are exact only to their rounding: stop at a residual of that order.
 			if math.Abs(g) <= 1e-13*(c+x)+4e-16*float64(cnt+1)*math.Abs(pr)/eps {
+				n.px[j] = x
 				break
 			}
 			if g > 0 {
@@ -607,6 +627,7 @@ func (s *Solver) newtonEval(mu []float64) float64 {
 				b = pr
 			}
 			if b-a <= 1e-15*(math.Abs(a)+math.Abs(b)) {
+				n.px[j] = x
 				break
 			}
 			next := pr - g/(-float64(cnt)/eps-dx)
