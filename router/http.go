@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 
+	"github.com/switchyard-dev/switchyard/kvindex"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/guard"
@@ -93,6 +94,17 @@ type Options struct {
 	// tenants' priority ceilings and rate limits (nil: open, every request
 	// at the priority it asks for, its Authorization forwarded).
 	Tenants *tenant.Gate
+	// KV, when set, gives each model's engine-exact prefix index, kept from
+	// the engines' KV events: a request with token keys (a token-id
+	// prompt, or a prompt Tokenizer tokenized) goes by the engines that
+	// report holding its prefix, and by what this router routed when none
+	// does (prefix.Index.PickExact). Nil: by what this router routed only.
+	KV KVIndexes
+	// Tokenizer, when set, gives requests' token ids as the engines compute
+	// them, so that chat, responses and text completions get token keys
+	// too (for both indexes); a request it cannot tokenize gets text keys.
+	// Nil: only token-id prompts have token keys.
+	Tokenizer protocol.Tokenizer
 	// NoMetrics leaves /metrics off the handler (404 there): the Service
 	// serves it on its own address (ServiceOptions.MetricsAddr).
 	NoMetrics bool
@@ -113,13 +125,15 @@ type Handler struct {
 	prot     live.ProtectionOptions
 	budget   *guard.RetryBudget
 	amp      *guard.AmpWindow
+	tokens   tokenPool // Tokenizer's buffers
 }
 
 // modelState is the router's live state for one model.
 type modelState struct {
 	live   *live.LiveSet
-	recent *selection.RecentKeys // where this router sent each affinity key lately
-	prefix *prefix.Index         // which engine holds which blocks of the prompts this router routed
+	recent *selection.RecentKeys         // where this router sent each affinity key lately
+	prefix *prefix.Index                 // which engine holds which blocks of the prompts this router routed
+	kv     atomic.Pointer[kvindex.Index] // the engines' KV events' index of the model (Options.KV), once it has one
 	bound  atomic.Pointer[live.Bound]
 	adm    *live.Admission
 	// met holds the model's metric children, made on first use.
@@ -365,8 +379,9 @@ func (h *Handler) route(ctx context.Context, req *protocol.Request, session stri
 	case protocol.KeyNone:
 		idx, ok = table.PickTwo(key, bound)
 	case protocol.KeyPrefix:
-		keys, _ = protocol.PrefixKeys(kbuf[:0], req)
-		idx, ok = ms.prefix.Pick(table, bound, key, keys)
+		var tokens bool
+		keys, tokens = h.prefixKeys(kbuf[:0], req.Model, req)
+		idx, ok = h.pickPrefix(req.Model, ms, table, bound, key, keys, tokens)
 		if ok {
 			ms.recent.RememberName(key, table.Engine(idx).Name) // for admission's ongoing conversations
 		}

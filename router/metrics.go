@@ -27,6 +27,9 @@ type metrics struct {
 	shed            *prometheus.CounterVec
 	startWaits      prometheus.Counter
 	unaddressed     *prometheus.CounterVec
+	// prefixFromKV and prefixFromRouted count prefix picks whose holders
+	// came from the engines' KV events or from what the router routed.
+	prefixFromKV, prefixFromRouted prometheus.Counter
 }
 
 // latencyBuckets span 1 ms to about 2 minutes.
@@ -89,6 +92,11 @@ func newMetrics(reg prometheus.Registerer, tables control.Tables, now func() tim
 			Help: "Times a request passed over an engine the router has no address for (no signal from it yet, or none advertised), by model and engine; never counted against the engine.",
 		}, []string{"model", "engine"}),
 	}
+	picks := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "switchyard_router_prefix_picks_total",
+		Help: "Requests placed by the engine-exact prefix index (ServiceOptions.KVEvents), by where their prefix's holders came from: kv_events (the engines' own KV events) or routed (what this router routed: no engine reported holding any of the prefix).",
+	}, []string{"source"})
+	m.prefixFromKV, m.prefixFromRouted = picks.WithLabelValues("kv_events"), picks.WithLabelValues("routed")
 	budget := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "switchyard_router_retry_budget_tokens",
 		Help: "Tokens in the router-wide retry budget; a retry costs one.",
@@ -98,7 +106,7 @@ func newMetrics(reg prometheus.Registerer, tables control.Tables, now func() tim
 		Help: "Upstream attempts per client request over the last 10 s (1 when idle).",
 	}, amplification)
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.engineRequests, m.inFlight,
-		m.ejected, m.retries, m.retrySuppressed, m.clientErrors, m.attempts, m.shed, m.startWaits, m.unaddressed, budget, amp,
+		m.ejected, m.retries, m.retrySuppressed, m.clientErrors, m.attempts, m.shed, m.startWaits, m.unaddressed, picks, budget, amp,
 		&snapshotCollector{tables: tables, now: now}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -13,14 +13,17 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"github.com/switchyard-dev/switchyard/kvindex/kvfeed"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/router/natsfront"
+	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/router/tenant"
 	"github.com/switchyard-dev/switchyard/router/upstream"
@@ -108,6 +111,16 @@ type ServiceOptions struct {
 	// required otherwise): with several routers in one process, the
 	// process's registry holding all of their series.
 	Metrics prometheus.Gatherer
+	// KVEvents makes the router read the engines' KV events (the SY_KV
+	// stream, which engine agents fill) into an engine-exact prefix index
+	// per model (kvindex/kvfeed) and place requests with token keys by it
+	// first (see Options.KV). Off: requests are placed by what this router
+	// routed only.
+	KVEvents bool
+	// Tokenizer, when set, gives requests' token ids (see
+	// Options.Tokenizer); without one only token-id prompts meet the
+	// engines' KV events.
+	Tokenizer protocol.Tokenizer
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 }
@@ -129,6 +142,7 @@ type Service struct {
 	metLn    net.Listener
 	metSrv   *http.Server
 	keys     *tenant.Watcher
+	kv       *kvfeed.Feed  // with KVEvents
 	settled  chan struct{} // closed by settle: the handler routes from then on
 
 	mu      sync.Mutex
@@ -288,6 +302,17 @@ func NewService(opts ServiceOptions) (*Service, error) {
 			return nil, err
 		}
 	}
+	var kv KVIndexes
+	if opts.KVEvents {
+		js, err := jetstream.New(opts.Conn)
+		if err != nil {
+			return nil, fmt.Errorf("router: new service: KV events: %w", err)
+		}
+		if s.kv, err = kvfeed.New(kvfeed.Options{JS: js, Names: opts.Names, Logger: logger}); err != nil {
+			return nil, fmt.Errorf("router: new service: KV events: %w", err)
+		}
+		kv = s.kv
+	}
 	s.handler, err = NewHandler(Options{
 		Tables:       s.store,
 		Transport:    transport,
@@ -306,6 +331,8 @@ func NewService(opts ServiceOptions) (*Service, error) {
 		Tenants:      gate,
 		NoMetrics:    opts.MetricsAddr != "" || opts.NoMetrics,
 		Aliases:      opts.Aliases,
+		KV:           kv,
+		Tokenizer:    opts.Tokenizer,
 	})
 	if err != nil {
 		return nil, err
@@ -444,6 +471,40 @@ func (s *Service) Store() *control.SnapshotStore { return s.store }
 // Signals returns the live engine signals.
 func (s *Service) Signals() *control.Signals { return s.signals }
 
+// KV returns the engine-exact prefix indexes kept from the engines' KV
+// events, nil without ServiceOptions.KVEvents.
+func (s *Service) KV() *kvfeed.Feed { return s.kv }
+
+// kvRetry is how long the router waits to subscribe to SY_KV again after
+// a failed attempt (a stream not provisioned yet, a lost server): the
+// requests meanwhile go by what the router routed.
+const kvRetry = 5 * time.Second
+
+// runKV keeps the KV event feed running until ctx ends: a failure to
+// subscribe is logged (at warning level once) and retried, never the
+// router's end, since requests can be placed without it.
+func (s *Service) runKV(ctx context.Context) error {
+	warned := false
+	for {
+		err := s.kv.Run(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		ev := s.log.Debug()
+		if !warned {
+			ev, warned = s.log.Warn(), true
+		}
+		ev.Err(err).Dur("retry_in", kvRetry).Msg("KV events unavailable: placing requests by what this router routed until they are")
+		t := time.NewTimer(kvRetry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
 // Close releases the listener of a Service whose Run was never called.
 func (s *Service) Close() error {
 	s.mu.Lock()
@@ -502,6 +563,9 @@ func (s *Service) Run(ctx context.Context) error {
 	if s.keys != nil {
 		start("keys file", s.keys.Run)
 	}
+	if s.kv != nil {
+		start("KV events", s.runKV)
+	}
 	if s.metSrv != nil {
 		wg.Add(1)
 		go func() {
@@ -523,7 +587,7 @@ func (s *Service) Run(ctx context.Context) error {
 		}()
 	}
 	s.log.Info().Str("http", s.Addr()).Str("http_server", string(s.opts.Server.WithDefaults().Kind)).
-		Bool("nats_front", s.front != nil).Str("metrics", s.MetricsAddr()).Str("keys_file", s.opts.KeysFile).Msg("router started")
+		Bool("nats_front", s.front != nil).Bool("kv_events", s.kv != nil).Str("metrics", s.MetricsAddr()).Str("keys_file", s.opts.KeysFile).Msg("router started")
 	<-ctx.Done()
 	if s.metSrv != nil {
 		_ = s.metSrv.Close() // scrapes are short: nothing to drain

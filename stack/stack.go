@@ -17,6 +17,7 @@ import (
 	"github.com/switchyard-dev/switchyard/internal/netem"
 	"github.com/switchyard-dev/switchyard/plan"
 	"github.com/switchyard-dev/switchyard/router"
+	"github.com/switchyard-dev/switchyard/router/protocol"
 	"github.com/switchyard-dev/switchyard/router/tenant"
 	"github.com/switchyard-dev/switchyard/services/agent"
 	"github.com/switchyard-dev/switchyard/services/aggregator"
@@ -62,6 +63,14 @@ type Options struct {
 	// answer (internal/netem), so that cross-region requests take
 	// longer, as they would.
 	EmulateNetwork bool
+	// NoKVRouting keeps the routers off the engines' KV events: without it,
+	// when an engine by URL has kv_events, every router reads them
+	// (router.ServiceOptions.KVEvents) and places requests with token
+	// keys on the engines that report holding their prefix.
+	NoKVRouting bool
+	// Tokenizer is the routers' (router.ServiceOptions.Tokenizer): what
+	// gives chat and text requests token keys. Nil: token-id prompts only.
+	Tokenizer protocol.Tokenizer
 	// Logger receives every component's log.
 	Logger zerolog.Logger
 	// Registerer receives every component's metrics; nil means none.
@@ -277,6 +286,10 @@ func (o Options) Plan() (Plan, error) {
 		}
 		p.Agent = &ao
 	}
+	kvEvents := false
+	for _, e := range f.Engines {
+		kvEvents = kvEvents || e.KVEvents != ""
+	}
 	if !o.NoRouters {
 		for i, c := range f.Clusters {
 			addr := c.Router
@@ -285,7 +298,8 @@ func (o Options) Plan() (Plan, error) {
 			}
 			// The stack serves one /metrics for all of its components
 			// (Gatherer): a router's inference port serves none.
-			ro := router.ServiceOptions{Cluster: c.Name, Router: routerName(c.Name), HTTPAddr: addr, NoMetrics: true, Aliases: f.AliasMap()}
+			ro := router.ServiceOptions{Cluster: c.Name, Router: routerName(c.Name), HTTPAddr: addr, NoMetrics: true, Aliases: f.AliasMap(),
+				KVEvents: kvEvents && !o.NoKVRouting, Tokenizer: o.Tokenizer}
 			field := fmt.Sprintf("clusters[%d].keys_file", i)
 			if ro.KeysFile = c.KeysFile; o.KeysFile != "" {
 				ro.KeysFile, field = o.KeysFile, "KeysFile"

@@ -41,6 +41,7 @@ func routerCommand() command {
 			fs.StringVar(&o.KeysFile, "keys", "", "API keys `file` of the front door (docs/deployment.md, \"The front door\"): requests need a key of it, run within its tenant's priority ceiling and rate, and the key is not forwarded to engines; re-read every 2 s. Empty: open")
 			fs.BoolVar(&o.NoNATSFront, "no-nats-front", false, "do not take requests on sy.req.<cluster>.<model>")
 			fs.BoolVar(&o.PreferNATS, "prefer-nats", false, "forward over NATS to engines that offer both HTTP and NATS")
+			fs.BoolVar(&o.KVEvents, "kv-events", false, "read the engines' KV events (SY_KV, relayed by `switchyard agent --engine ...,kv_events=...`) and place requests with token ids (completions with a prompt of token ids) on the engines that report holding their prefix (docs/kv-events.md)")
 			fs.DurationVar(&o.StaleAfter, "stale-after", control.DefaultStaleAfter, "snapshot age past which the local policy takes over")
 			fs.DurationVar(&o.ReportInterval, "report-interval", time.Second, "how often to publish reports")
 			fs.StringVar(&o.RTTProbe, "rtt-probe", control.DefaultRTTProbe, "how to measure the RTT to HTTP engines: tcp (time a TCP connect: the network round trip alone, for any engine) or http:/path (time a GET of that path, e.g. http:/health; also times the engine's request handling; a 404 or 405 there measures nothing)")

@@ -37,6 +37,7 @@ func upCommand() command {
 			signalEvery := fs.Duration("signal-interval", 200*time.Millisecond, "how often each simulated engine publishes a signal, and the agent scrapes each engine by URL")
 			metricsAddr := fs.String("metrics-addr", "127.0.0.1:9090", "serve the dashboard (/) and /metrics on this `address` (empty: off)")
 			emulate := fs.Bool("emulate-network", true, "routers add the stack file's network latency to each request (one machine has no real network)")
+			noKV := fs.Bool("no-kv-routing", false, "routers ignore the engines' KV events (read by default when an engine of the stack file has kv_events) and place requests by what they routed only")
 			load := fs.Bool("load", false, "send each cluster's demand through its router, and print a summary every 10 s")
 			routerAddr := fs.String("router-addr", "", "listen `address` for every router, overriding the stack file (127.0.0.1:0 picks free ports)")
 			mutual := fs.Bool("mutual-tls", false, "require client certificates (the material's tls/client.pem) on the NATS client port too")
@@ -61,7 +62,7 @@ func upCommand() command {
 					return usagef("--load: no cluster of the stack file has a demand_rps to send")
 				}
 				so := stack.Options{File: f, DataDir: *dataDir, NATSHost: *host, NATSPort: *port,
-					SignalInterval: *signalEvery, RouterAddr: *routerAddr, KeysFile: *keys, EmulateNetwork: *emulate, Logger: log, MutualTLS: *mutual}
+					SignalInterval: *signalEvery, RouterAddr: *routerAddr, KeysFile: *keys, EmulateNetwork: *emulate, NoKVRouting: *noKV, Logger: log, MutualTLS: *mutual}
 				useTLS, err := tlsWanted(*tlsOn, *host)
 				if err != nil {
 					return usageError{err}

@@ -98,7 +98,8 @@ func (f *Feed) Stats() Stats {
 	return Stats{Applied: f.applied.Load(), Bad: f.bad.Load(), Gaps: f.gaps.Load()}
 }
 
-// Index returns the index of model, nil before any event of it arrived.
+// Index returns the index of model, nil before any event of it arrived;
+// once there, it is the same index for the feed's life.
 func (f *Feed) Index(model string) *kvindex.Index {
 	f.mu.Lock()
 	defer f.mu.Unlock()

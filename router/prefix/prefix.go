@@ -117,7 +117,36 @@ func (x *Index) Pick(t *selection.Table, g selection.LoadGuard, key uint64, keys
 		return t.PickRecent(key, g, nil)
 	}
 	var mbuf [2 * MatchLimit]kvindex.Match
-	matches := x.learned.Deepest(mbuf[:0], keys, MatchLimit)
+	return pickHeld(t, g, key, x.learned.Deepest(mbuf[:0], keys, MatchLimit))
+}
+
+// PickExact picks as Pick does, with the holders of keys (token keys, as
+// protocol.PrefixKeys gives for token ids) taken from exact, an
+// engine-exact index fed by the engines' KV events, when it names an
+// engine of t holding any of them; else from what this router routed (a
+// prefix stored since the engines last reported, or engines that report
+// none). It reports whether exact gave the holders. A nil exact is Pick.
+// It does not allocate.
+func (x *Index) PickExact(exact *kvindex.Index, t *selection.Table, g selection.LoadGuard, key uint64, keys []uint64) (idx int, ok, fromExact bool) {
+	if exact == nil || len(keys) == 0 {
+		idx, ok = x.Pick(t, g, key, keys)
+		return idx, ok, false
+	}
+	var mbuf [2 * MatchLimit]kvindex.Match
+	matches := exact.Deepest(mbuf[:0], keys, MatchLimit)
+	for _, m := range matches {
+		if _, in := t.Index(m.Engine); in {
+			idx, ok = pickHeld(t, g, key, matches)
+			return idx, ok, true
+		}
+	}
+	idx, ok = x.Pick(t, g, key, keys)
+	return idx, ok, false
+}
+
+// pickHeld is Table.PickPrefix over matches, the deepest holders of a
+// request's keys (at most MatchLimit).
+func pickHeld(t *selection.Table, g selection.LoadGuard, key uint64, matches []kvindex.Match) (int, bool) {
 	shared := 0
 	if len(matches) >= 2 {
 		// Deepest returns the engines deepest first.

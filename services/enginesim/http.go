@@ -150,7 +150,13 @@ func (e *Engine) parse(ep endpoint, body []byte) *job {
 	}
 	j.prompt = estimateTokens(size)
 	if e.kv != nil {
-		j.tokens = Tokenize(promptText(&req, ep))
+		var ids []uint32
+		if ep == completionEndpoint && json.Unmarshal(req.Prompt, &ids) == nil {
+			// A prompt of token ids is cached as given, as vLLM does.
+			j.tokens = ids
+		} else {
+			j.tokens = Tokenize(promptText(&req, ep))
+		}
 	}
 	limit := req.MaxTokens
 	if req.MaxCompletionTokens != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -106,5 +107,49 @@ func TestPrefixCacheHits(t *testing.T) {
 	// 173 prefilled tokens take 86 ms at 0.5 ms a token, 13 take 7 ms.
 	if took[1] >= took[0] {
 		t.Errorf("the second request took %s, the first %s: the cached prefix was prefilled again", took[1], took[0])
+	}
+}
+
+// TestTokenPromptCachedAsGiven: a completion's prompt of token ids is
+// cached as those ids, as vLLM caches it (not as the text of its JSON):
+// two prompts sharing their first 32 ids share two blocks, and the second
+// hits exactly those.
+func TestTokenPromptCachedAsGiven(t *testing.T) {
+	o := fastOpts("v1")
+	o.MetricsFormat, o.KVEvents, o.KVTokens = enginesim.MetricsVLLM, "tcp://127.0.0.1:0", 16*1024
+	e := startEngine(t, o)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	ids := func(tail int) string {
+		var b strings.Builder
+		for i := range 40 {
+			v := 100 + i
+			if i >= 32 {
+				v = tail + i
+			}
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(strconv.Itoa(v))
+		}
+		return b.String()
+	}
+	for _, tail := range []int{5000, 9000} {
+		resp, err := post(ctx, http.DefaultClient, e.URL()+"/v1/completions", []byte(`{"model":"llama","max_tokens":1,"prompt":[`+ids(tail)+`]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, e.URL()+"/metrics", nil)
+	r, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(r.Body)
+	r.Body.Close()
+	if want := `vllm:prefix_cache_hits_total{engine="0",model_name="llama"} 32`; !strings.Contains(string(b), want) {
+		t.Errorf("/metrics lacks %q:\n%s", want, b)
 	}
 }
