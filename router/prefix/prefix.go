@@ -117,7 +117,7 @@ func (x *Index) Pick(t *selection.Table, g selection.LoadGuard, key uint64, keys
 		return t.PickRecent(key, g, nil)
 	}
 	var mbuf [2 * MatchLimit]kvindex.Match
-	return pickHeld(t, g, key, x.learned.Deepest(mbuf[:0], keys, MatchLimit))
+	return pickHeld(t, g, key, keys, x.learned.Deepest(mbuf[:0], keys, MatchLimit))
 }
 
 // PickExact picks as Pick does, with the holders of keys (token keys, as
@@ -136,7 +136,7 @@ func (x *Index) PickExact(exact *kvindex.Index, t *selection.Table, g selection.
 	matches := exact.Deepest(mbuf[:0], keys, MatchLimit)
 	for _, m := range matches {
 		if _, in := t.Index(m.Engine); in {
-			idx, ok = pickHeld(t, g, key, matches)
+			idx, ok = pickHeld(t, g, key, keys, matches)
 			return idx, ok, true
 		}
 	}
@@ -145,8 +145,9 @@ func (x *Index) PickExact(exact *kvindex.Index, t *selection.Table, g selection.
 }
 
 // pickHeld is Table.PickPrefix over matches, the deepest holders of a
-// request's keys (at most MatchLimit).
-func pickHeld(t *selection.Table, g selection.LoadGuard, key uint64, matches []kvindex.Match) (int, bool) {
+// request's keys (at most MatchLimit; keys is not empty), placed by key
+// mixed with the deepest key (see Pick).
+func pickHeld(t *selection.Table, g selection.LoadGuard, key uint64, keys []uint64, matches []kvindex.Match) (int, bool) {
 	shared := 0
 	if len(matches) >= 2 {
 		// Deepest returns the engines deepest first.
