@@ -32,8 +32,7 @@ const (
 	// goes on refreshes its blocks with every turn.
 	DefaultTTL = 5 * time.Minute
 	// MatchLimit is how many engines a pick compares by prefix: the
-	// deepest holders of the request's blocks. A prefix held by more
-	// engines than that is a shared one, placed by the weights.
+	// deepest holders of the request's blocks.
 	MatchLimit = 4
 )
 
@@ -99,12 +98,26 @@ func (x *Index) SetCapacity(engine string, blocks int) error {
 // Pick picks the engine of t for a request with block keys (its
 // protocol.PrefixKeys) and affinity key, under g: Table.PickPrefix over
 // the deepest holders of its keys. It does not allocate.
+//
+// The prefix is shared (PickPrefix's shared depth) as deep as a second
+// engine holds it: a prefix cached on two engines was sent by more than
+// one request stream (or its conversation moved once), so it may be a
+// hot one, and only the part beyond that, which one engine alone holds,
+// is treated as the request's own history.
+//
+// The request is placed among weighted candidates by a key of its own
+// (key mixed with its deepest block's), not by key alone: key names the
+// request's leading content (protocol.AffinityKey's first 2 KiB), the
+// same for every request behind one system prompt, and the same key draws
+// the same few candidates, so every new conversation would be placed on
+// the same handful of engines. Where a conversation goes on is the
+// index's to say, not the key's.
 func (x *Index) Pick(t *selection.Table, g selection.LoadGuard, key uint64, keys []uint64) (int, bool) {
 	if len(keys) == 0 {
 		return t.PickRecent(key, g, nil)
 	}
 	var mbuf [2 * MatchLimit]kvindex.Match
-	return pickHeld(t, g, key, x.learned.Deepest(mbuf[:0], keys, MatchLimit))
+	return pickHeld(t, g, key, keys, x.learned.Deepest(mbuf[:0], keys, MatchLimit))
 }
 
 // PickExact picks as Pick does, with the holders of keys (token keys, as
@@ -123,7 +136,7 @@ func (x *Index) PickExact(exact *kvindex.Index, t *selection.Table, g selection.
 	matches := exact.Deepest(mbuf[:0], keys, MatchLimit)
 	for _, m := range matches {
 		if _, in := t.Index(m.Engine); in {
-			idx, ok = pickHeld(t, g, key, matches)
+			idx, ok = pickHeld(t, g, key, keys, matches)
 			return idx, ok, true
 		}
 	}
@@ -132,13 +145,13 @@ func (x *Index) PickExact(exact *kvindex.Index, t *selection.Table, g selection.
 }
 
 // pickHeld is Table.PickPrefix over matches, the deepest holders of a
-// request's keys (at most MatchLimit).
-func pickHeld(t *selection.Table, g selection.LoadGuard, key uint64, matches []kvindex.Match) (int, bool) {
+// request's keys (at most MatchLimit; keys is not empty), placed by key
+// mixed with the deepest key (see Pick).
+func pickHeld(t *selection.Table, g selection.LoadGuard, key uint64, keys []uint64, matches []kvindex.Match) (int, bool) {
 	shared := 0
-	if len(matches) >= MatchLimit && matches[MatchLimit-1].Blocks == matches[0].Blocks {
-		// As many engines as are compared hold the deepest prefix: it is a
-		// shared one, and the weights place the request.
-		shared = max(shared, matches[0].Blocks)
+	if len(matches) >= 2 {
+		// Deepest returns the engines deepest first.
+		shared = matches[1].Blocks
 	}
 	var hbuf [2 * MatchLimit]selection.Held
 	held := hbuf[:0]
@@ -147,7 +160,7 @@ func pickHeld(t *selection.Table, g selection.LoadGuard, key uint64, matches []k
 			held = append(held, selection.Held{Index: i, Blocks: m.Blocks})
 		}
 	}
-	return t.PickPrefix(key, g, held, shared)
+	return t.PickPrefix(selection.Mix64(key^keys[len(keys)-1]), g, held, shared)
 }
 
 // Routed records that the request with block keys was sent to engine at

@@ -26,11 +26,12 @@ func newGuard(n int) *sliceGuard {
 func keysOf(conv, turns int) (keys []uint64) { return append(keys, prefixKeys(conv, turns)...) }
 
 // prefixKeys are a conversation's block keys: six of a shared system
-// prompt, then one a turn.
+// prompt, then one a turn (chained keys name their whole prefix, so no
+// conversation's block has a system block's key).
 func prefixKeys(conv, turns int) []uint64 {
 	k := []uint64{1, 2, 3, 4, 5, 6}
 	for t := range turns {
-		k = append(k, uint64(conv)<<32|uint64(t+1))
+		k = append(k, uint64(conv+1)<<32|uint64(t+1))
 	}
 	return k
 }

@@ -19,19 +19,26 @@ type Held struct {
 // It first places the request as PickRecent places a key it has not seen
 // (the lowest load relative to plan among NewKeyChoices weighted
 // candidates), then moves it to the engine holding the longest prefix
-// deeper than the placed engine's, if that engine has positive weight, is
-// live and within its bounded load, and:
+// deeper than the placed engine's, if that engine has positive weight and
+// is live, and:
 //
 //   - for a prefix of its own, unless the engine's batch is full while the
 //     placed one has a free slot: a conversation stays where its previous
-//     turns are cached, whatever the slots say, and only the weights and
-//     the bounded load limit how far it may load its engine;
+//     turns are cached, whatever the slots say. The bounded load does not
+//     apply: it keeps many keys from piling onto one engine, while this is
+//     one conversation's next request, and moving it would add its whole
+//     history's prefill to the fleet's work — on agent loops, whose context
+//     grows by thousands of tokens a step, that extra prefill is what
+//     overloads the fleet (the workload suite's agentic scenarios). The
+//     weights still bound it: an engine of zero weight is never chosen, and
+//     a full batch sends the request on;
 //   - for a shared prefix only, if the engine's load relative to its plan
-//     is not above the placed engine's by TwoChoiceMargin (PickTwo's test)
-//     and its batch has a free slot: a hot prefix draws requests to its
-//     holders only while they are not busier than the weights would make
-//     them, so it spreads to other engines (each prefilling it once)
-//     instead of piling onto the one that cached it first.
+//     is not above the placed engine's by TwoChoiceMargin (PickTwo's test),
+//     its batch has a free slot and it is within its bounded load: a hot
+//     prefix draws requests to its holders only while they are not busier
+//     than the weights would make them, so it spreads to other engines
+//     (each prefilling it once) instead of piling onto the one that cached
+//     it first.
 //
 // With a nil guard it is Primary(key). It does not allocate.
 func (t *Table) PickPrefix(key uint64, g LoadGuard, held []Held, shared int) (int, bool) {
@@ -58,7 +65,7 @@ func (t *Table) PickPrefix(key uint64, g LoadGuard, held []Held, shared int) (in
 		if h.Blocks <= depth || j < 0 || j >= len(t.engines) || t.engines[j].Weight <= 0 {
 			continue
 		}
-		if g.Down(j) || !t.within(j, g.InFlight(j), total) {
+		if g.Down(j) {
 			continue
 		}
 		lj := g.Load(j)
@@ -66,7 +73,7 @@ func (t *Table) PickPrefix(key uint64, g LoadGuard, held []Held, shared int) (in
 			if !baseFull && lj >= 1 {
 				continue
 			}
-		} else if !(lj < 1 && lj*t.perPlan[j] < rb+TwoChoiceMargin) {
+		} else if !(lj < 1 && lj*t.perPlan[j] < rb+TwoChoiceMargin) || !t.within(j, g.InFlight(j), total) {
 			continue
 		}
 		best, depth = j, h.Blocks

@@ -3,9 +3,10 @@ package selection
 import "testing"
 
 // TestPickPrefix: the deepest own prefix wins while its engine can take
-// the request; a full batch, a down engine, zero weight or the bounded
-// load send it where the weights place it; a shared prefix draws only an
-// engine no busier than the placed one.
+// the request, beyond the bounded load too; a full batch, a down engine or
+// zero weight send it where the weights place it; a shared prefix draws
+// only an engine no busier than the placed one and within its bounded
+// load.
 func TestPickPrefix(t *testing.T) {
 	tbl := mustTable(t, engineSet([]float64{0.25, 0.25, 0.25, 0.25}), TableOptions{})
 	newGuard := func() *fakeLoadGuard {
@@ -40,8 +41,11 @@ func TestPickPrefix(t *testing.T) {
 	}
 	g = newGuard()
 	g.inflight[other], g.total = 10, 10
-	if i, _ := tbl.PickPrefix(key, g, held, 0); i != base {
-		t.Fatalf("own prefix beyond the bounded load: picked %d, want %d", i, base)
+	if i, _ := tbl.PickPrefix(key, g, held, 0); i != other {
+		t.Fatalf("own prefix beyond the bounded load with a free slot: picked %d, want its holder %d", i, other)
+	}
+	if i, _ := tbl.PickPrefix(key, g, held, 7); i != base {
+		t.Fatalf("shared prefix beyond the bounded load: picked %d, want %d", i, base)
 	}
 	g = newGuard()
 	if i, _ := tbl.PickPrefix(key, g, []Held{{Index: -1, Blocks: 9}, {Index: 99, Blocks: 9}}, 0); i != base {
