@@ -42,6 +42,9 @@ func routerCommand() command {
 			fs.BoolVar(&o.NoNATSFront, "no-nats-front", false, "do not take requests on sy.req.<cluster>.<model>")
 			fs.BoolVar(&o.PreferNATS, "prefer-nats", false, "forward over NATS to engines that offer both HTTP and NATS")
 			fs.BoolVar(&o.KVEvents, "kv-events", false, "read the engines' KV events (SY_KV, relayed by `switchyard agent --engine ...,kv_events=...`) and place requests with token ids (completions with a prompt of token ids) on the engines that report holding their prefix (docs/kv-events.md)")
+			var tokSpecs []string
+			fs.Func("tokenizer", "with --kv-events: load the engines' tokenizer from a model `[MODEL=]DIR` (tokenizer.json, tokenizer_config.json or chat_template.jinja, as the engine loads them; repeat per model; without MODEL= for every model) so that chat and text completions are placed by the engines' KV events too (docs/kv-events.md)",
+				func(s string) error { tokSpecs = append(tokSpecs, s); return nil })
 			fs.DurationVar(&o.StaleAfter, "stale-after", control.DefaultStaleAfter, "snapshot age past which the local policy takes over")
 			fs.DurationVar(&o.ReportInterval, "report-interval", time.Second, "how often to publish reports")
 			fs.StringVar(&o.RTTProbe, "rtt-probe", control.DefaultRTTProbe, "how to measure the RTT to HTTP engines: tcp (time a TCP connect: the network round trip alone, for any engine) or http:/path (time a GET of that path, e.g. http:/health; also times the engine's request handling; a 404 or 405 there measures nothing)")
@@ -77,6 +80,16 @@ func routerCommand() command {
 				}
 				if err := o.Validate(); err != nil {
 					return usageError{err}
+				}
+				if len(tokSpecs) > 0 {
+					if !o.KVEvents {
+						return usagef("--tokenizer needs --kv-events: the token ids only meet the engines' KV events")
+					}
+					tk, err := router.LoadTokenizers(tokSpecs)
+					if err != nil {
+						return usageError{err}
+					}
+					o.Tokenizer = tk
 				}
 				if o.KeysFile != "" { // before a connection that may wait for NATS
 					if _, _, err := tenant.LoadFile(o.KeysFile); err != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/switchyard-dev/switchyard/auth"
 	"github.com/switchyard-dev/switchyard/dashboard"
+	"github.com/switchyard-dev/switchyard/router"
 	"github.com/switchyard-dev/switchyard/services/loadgen"
 	"github.com/switchyard-dev/switchyard/stack"
 	"github.com/switchyard-dev/switchyard/workload"
@@ -38,6 +39,9 @@ func upCommand() command {
 			metricsAddr := fs.String("metrics-addr", "127.0.0.1:9090", "serve the dashboard (/) and /metrics on this `address` (empty: off)")
 			emulate := fs.Bool("emulate-network", true, "routers add the stack file's network latency to each request (one machine has no real network)")
 			noKV := fs.Bool("no-kv-routing", false, "routers ignore the engines' KV events (read by default when an engine of the stack file has kv_events) and place requests by what they routed only")
+			var tokSpecs []string
+			fs.Func("tokenizer", "routers load the engines' tokenizer from a model `[MODEL=]DIR` (tokenizer.json, tokenizer_config.json or chat_template.jinja; repeat per model) so that chat and text completions are placed by the engines' KV events too (docs/kv-events.md)",
+				func(s string) error { tokSpecs = append(tokSpecs, s); return nil })
 			load := fs.Bool("load", false, "send each cluster's demand through its router, and print a summary every 10 s")
 			routerAddr := fs.String("router-addr", "", "listen `address` for every router, overriding the stack file (127.0.0.1:0 picks free ports)")
 			mutual := fs.Bool("mutual-tls", false, "require client certificates (the material's tls/client.pem) on the NATS client port too")
@@ -64,6 +68,13 @@ func upCommand() command {
 				}
 				so := stack.Options{File: f, DataDir: *dataDir, NATSHost: *host, NATSPort: *port,
 					SignalInterval: *signalEvery, RouterAddr: *routerAddr, KeysFile: *keys, EmulateNetwork: *emulate, NoKVRouting: *noKV, Logger: log, MutualTLS: *mutual}
+				if len(tokSpecs) > 0 {
+					tk, err := router.LoadTokenizers(tokSpecs)
+					if err != nil {
+						return usageError{err}
+					}
+					so.Tokenizer = tk
+				}
 				if so.Endpoints, err = ef.rules(); err != nil {
 					return err
 				}
