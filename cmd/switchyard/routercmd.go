@@ -176,7 +176,7 @@ func routerCommand() command {
 					}
 				}
 				defer nc.Close()
-				o.Conn, o.Logger = nc, log.With().Str("cluster", o.Cluster).Logger()
+				o.Conn, o.Logger = nc, log // the service adds component, cluster and router
 				svc, err := router.NewService(o)
 				if err != nil {
 					return usageError{err}

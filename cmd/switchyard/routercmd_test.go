@@ -24,13 +24,14 @@ import (
 )
 
 // routerCmd runs `switchyard router args...` until the test ends and
-// checks that it then stops cleanly.
-func routerCmd(t *testing.T, args ...string) {
+// checks that it then stops cleanly; it returns the command's stderr.
+func routerCmd(t *testing.T, args ...string) *syncBuffer {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	var stdout, stderr syncBuffer
+	var stdout syncBuffer
+	stderr := &syncBuffer{}
 	done := make(chan int, 1)
-	go func() { done <- run(ctx, append([]string{"router"}, args...), strings.NewReader(""), &stdout, &stderr) }()
+	go func() { done <- run(ctx, append([]string{"router"}, args...), strings.NewReader(""), &stdout, stderr) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -52,6 +53,7 @@ func routerCmd(t *testing.T, args ...string) {
 		t.Fatalf("router exited %d at start:\n%s", code, stderr.String())
 	case <-time.After(50 * time.Millisecond):
 	}
+	return stderr
 }
 
 // simEngine starts a simulated engine of model on nc (NATS inference and
@@ -367,4 +369,54 @@ func TestRouterFlagValidation(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRouterLogFieldsOnce: the standalone router's log lines carry each
+// field once (cluster, component, router): zerolog appends a field given
+// twice twice, and a JSON reader keeps only one of them.
+func TestRouterLogFieldsOnce(t *testing.T) {
+	stderr := routerCmd(t, "--cluster", "A", "--name", "A-1", "--embed-nats", "--embed-nats-listen", "",
+		"--embed-nats-data-dir", t.TempDir(), "--listen", "127.0.0.1:0", "--metrics-addr", "", "--log-format", "json")
+	testenv.WaitFor(t, 10*time.Second, "a log line of the router service", func() bool {
+		return strings.Contains(stderr.String(), `"component":"router"`)
+	})
+	for _, line := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
+		if !strings.Contains(line, `"component":"router"`) {
+			continue
+		}
+		if !strings.Contains(line, `"cluster":"A"`) {
+			t.Errorf("a router line without its cluster: %s", line)
+		}
+		if dup := duplicateKeys(t, line); len(dup) > 0 {
+			t.Errorf("fields %v appear more than once in %s", dup, line)
+		}
+	}
+}
+
+// duplicateKeys returns the top-level keys of the JSON object line that
+// appear more than once.
+func duplicateKeys(t *testing.T, line string) []string {
+	t.Helper()
+	dec := json.NewDecoder(strings.NewReader(line))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		t.Fatalf("log line %q is not a JSON object", line)
+	}
+	seen := map[string]bool{}
+	var dup []string
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		k, _ := tok.(string)
+		if seen[k] {
+			dup = append(dup, k)
+		}
+		seen[k] = true
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+	}
+	return dup
 }
