@@ -420,3 +420,30 @@ func duplicateKeys(t *testing.T, line string) []string {
 	}
 	return dup
 }
+
+// TestParseAlias: --alias splits at the first "=" not escaped, so that a
+// model id with "=" needs no quoting and an alias with one is written \=.
+func TestParseAlias(t *testing.T) {
+	for _, c := range []struct{ in, alias, model string }{
+		{"llama=meta-llama/Llama-3.1-8B-Instruct", "llama", "meta-llama/Llama-3.1-8B-Instruct"},
+		{"llama=org/model=v2", "llama", "org/model=v2"},
+		{`a\=b=org/model=v2`, "a=b", "org/model=v2"},
+		{`a\\=m`, `a\`, "m"},
+		{`a\b=m`, `a\b`, "m"},
+		{`x\\\==m`, `x\=`, "m"},
+	} {
+		alias, model, err := parseAlias(c.in)
+		if err != nil || alias != c.alias || model != c.model {
+			t.Errorf("parseAlias(%q) = %q, %q, %v; want %q, %q", c.in, alias, model, err, c.alias, c.model)
+		}
+	}
+	for _, in := range []string{"llama", `a\=b`, "=m", "a=", ""} {
+		if alias, model, err := parseAlias(in); err == nil {
+			t.Errorf("parseAlias(%q) = %q, %q, want an error", in, alias, model)
+		}
+	}
+	// Through the flag: the alias with "=" reaches the router's options.
+	if out, errOut, code := runBounded(t, "router", "--print-config", "--cluster", "A", `--alias=a\=b=org/m=v2`); code != exitOK || !strings.Contains(out, `"a=b": "org/m=v2"`) {
+		t.Errorf("router --print-config --alias 'a\\=b=org/m=v2' exited %d:\n%s%s", code, out, errOut)
+	}
+}
