@@ -368,6 +368,7 @@ func TestPreTokenizeRules(t *testing.T) {
 		if !ok {
 			t.Fatalf("%q is not known", pattern)
 		}
+		ref := newRefSplitter(pattern)
 		for n := 0; n < 3000; n++ {
 			var sb strings.Builder
 			for k := rng.IntN(20); k >= 0; k-- {
@@ -380,7 +381,7 @@ func TestPreTokenizeRules(t *testing.T) {
 				got = append(got, text[i:e])
 				i = e
 			}
-			if want := refSplit(pattern, text); !slices.Equal(got, want) {
+			if want := ref.split(text); !slices.Equal(got, want) {
 				t.Fatalf("%q on %q:\n got %q\nwant %q", pattern, text, got, want)
 			}
 		}

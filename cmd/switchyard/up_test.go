@@ -84,9 +84,11 @@ func TestUp(t *testing.T) {
 		return strings.Join(keys, ",") == "llama.engine-a,llama.engine-b,llama.engine-c"
 	})
 	t.Logf("engines listed %s after start", time.Since(started).Round(time.Millisecond))
-	if !strings.Contains(stdout.String(), "kv get sy_engines llama.engine-b --raw") {
-		t.Errorf("up did not print the nats commands:\n%s", stdout.String())
-	}
+	// up prints its summary once the stack started, which may be after
+	// the engines' states are stored.
+	testenv.WaitFor(t, 10*time.Second, "up prints the nats commands", func() bool {
+		return strings.Contains(stdout.String(), "kv get sy_engines llama.engine-b --raw")
+	})
 	entry, err := kv.Get(ctx, "llama.engine-b")
 	if err != nil {
 		t.Fatal(err)
