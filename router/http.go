@@ -382,7 +382,10 @@ func (h *Handler) route(ctx context.Context, req *protocol.Request, session stri
 	switch src {
 	case protocol.KeyNone:
 		if idx, ok = table.PickTwo(key, bound); ok {
-			idx, _ = bound.Overflow(idx, info.Figures)
+			var over bool
+			if idx, over = bound.Overflow(idx, info.Figures); over {
+				h.metrics.overflows.WithLabelValues(req.Model).Inc()
+			}
 		}
 	case protocol.KeyPrefix:
 		var tokens bool
