@@ -335,7 +335,8 @@ func (a *answer) Relay(ctx context.Context, w http.ResponseWriter) {
 // (Options.Settled); the model's table, the affinity key (session id, then
 // user, then prompt prefix; spread by weight without one), the snapshot's
 // shed fraction for the request's priority and the local admission control
-// (429 when shed), and the pick (keyed: PickRecent, keyless: PickTwo) under
+// (429 when shed), and the pick (keyed: PickRecent, keyless: PickTwo, then
+// Bound.Overflow to a spare engine past a full batch) under
 // the bounded-load guard, which skips engines marked
 // down, without an address or ejected (all ejected: the snapshot's spare engines of weight zero,
 // nearest first, then ejections are ignored). It counts the
@@ -380,7 +381,12 @@ func (h *Handler) route(ctx context.Context, req *protocol.Request, session stri
 	var keys []uint64
 	switch src {
 	case protocol.KeyNone:
-		idx, ok = table.PickTwo(key, bound)
+		if idx, ok = table.PickTwo(key, bound); ok {
+			var over bool
+			if idx, over = bound.Overflow(idx, info.Figures); over {
+				h.metrics.overflows.WithLabelValues(req.Model).Inc()
+			}
+		}
 	case protocol.KeyPrefix:
 		var tokens bool
 		keys, tokens = h.prefixKeys(kbuf[:0], req.Model, req)

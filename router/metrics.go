@@ -30,6 +30,9 @@ type metrics struct {
 	// prefixFromKV and prefixFromRouted count prefix picks whose holders
 	// came from the engines' KV events or from what the router routed.
 	prefixFromKV, prefixFromRouted prometheus.Counter
+	// overflows counts keyless requests sent past a full batch to a
+	// spare engine (live.Bound.Overflow), by model.
+	overflows *prometheus.CounterVec
 }
 
 // latencyBuckets span 1 ms to about 2 minutes.
@@ -91,6 +94,10 @@ func newMetrics(reg prometheus.Registerer, tables control.Tables, now func() tim
 			Name: "switchyard_router_unaddressed_skips_total",
 			Help: "Times a request passed over an engine the router has no address for (no signal from it yet, or none advertised), by model and engine; never counted against the engine.",
 		}, []string{"model", "engine"}),
+		overflows: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_router_overflow_picks_total",
+			Help: "Requests without affinity whose planned engine's batch was full, sent instead to an engine the snapshot gives this cluster weight zero (nearest first) with a free slot, because its extra predicted latency was below the wait for a slot; by model.",
+		}, []string{"model"}),
 	}
 	picks := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "switchyard_router_prefix_picks_total",
@@ -106,7 +113,7 @@ func newMetrics(reg prometheus.Registerer, tables control.Tables, now func() tim
 		Help: "Upstream attempts per client request over the last 10 s (1 when idle).",
 	}, amplification)
 	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.engineRequests, m.inFlight,
-		m.ejected, m.retries, m.retrySuppressed, m.clientErrors, m.attempts, m.shed, m.startWaits, m.unaddressed, picks, budget, amp,
+		m.ejected, m.retries, m.retrySuppressed, m.clientErrors, m.attempts, m.shed, m.startWaits, m.unaddressed, m.overflows, picks, budget, amp,
 		&snapshotCollector{tables: tables, now: now}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -59,5 +59,5 @@
 // allotments), the retry budget and the retry's next engine; a request is
 // picked with Table.PickRecent and the router's RecentKeys when it has an
 // affinity key (session, else the hash of its first prompt blocks), else
-// with Table.PickTwo on a spread key.
+// with Table.PickTwo on a spread key and Bound.Overflow past a full batch.
 package sim

@@ -129,7 +129,8 @@ func (gs *guards) signalled(r *run) {
 // admitAndPick routes request q of cluster c as the router does: the
 // snapshot's shed fraction and the admission control, then Table.PickRecent
 // with the router's RecentKeys when it has an affinity key, else
-// Table.PickTwo on a spread key, under the router's bound-load guard, and
+// Table.PickTwo on a spread key (then Bound.Overflow, past a full batch),
+// under the router's bound-load guard, and
 // Bound.PickFallback when every weighted engine is skipped. It returns the
 // engine index, or -1 when the request is shed (or no engine is up).
 func (gs *guards) admitAndPick(r *run, c int, q int32, a *scenario.Arrival) int {
@@ -155,7 +156,9 @@ func (gs *guards) admitAndPick(r *run, c int, q int32, a *scenario.Arrival) int 
 	var keys []uint64 // a prefix key's blocks, as the router keys only those
 	switch src {
 	case protocol.KeyNone:
-		i, ok = t.PickTwo(key, g.bound)
+		if i, ok = t.PickTwo(key, g.bound); ok {
+			i, _ = g.bound.Overflow(i, g.figures)
+		}
 	case protocol.KeyPrefix:
 		// The trace's block ids are chained (an id names its whole
 		// prefix), as the router's PrefixKeys are.

@@ -135,3 +135,21 @@ func TestAdmissionFactor(t *testing.T) {
 		}
 	}
 }
+
+// TestFiguresEngineLatency checks that an engine's predicted latency is the
+// snapshot's where it is finite and not negative, and unknown otherwise.
+func TestFiguresEngineLatency(t *testing.T) {
+	f := FiguresOf(&messages.WeightSnapshot{Model: "m", Cluster: "c", Weights: map[string]float64{"a": 1, "b": 0},
+		LatencyMs: map[string]float64{"a": 1500, "b": 0, "c": -1, "d": math.Inf(1), "e": math.NaN()}})
+	for _, tc := range []struct {
+		engine string
+		want   time.Duration
+		ok     bool
+	}{
+		{"a", 1500 * time.Millisecond, true}, {"b", 0, true}, {"c", 0, false}, {"d", 0, false}, {"e", 0, false}, {"missing", 0, false},
+	} {
+		if got, ok := f.EngineLatency(tc.engine); got != tc.want || ok != tc.ok {
+			t.Errorf("EngineLatency(%s) = %v, %v; want %v, %v", tc.engine, got, ok, tc.want, tc.ok)
+		}
+	}
+}

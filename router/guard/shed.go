@@ -38,6 +38,10 @@ type Figures struct {
 	// without one last, ties by name. Retries and requests whose planned
 	// engines are all skipped may go to them (see Handler).
 	Spare []string
+	// LatencyMs is the snapshot's predicted latency (network plus
+	// engine-side) of each engine it names, ms, where finite and not
+	// negative; the snapshot's map, not to be modified.
+	LatencyMs map[string]float64
 	// Unplanned says the snapshot names no engine at all for the cluster
 	// (it then sheds everything): no engine of the model is up, or none
 	// has a network latency the optimizer knows from this cluster. Such a
@@ -57,6 +61,7 @@ func FiguresOf(snap *messages.WeightSnapshot) *Figures {
 		}
 	}
 	f.Unplanned = len(snap.Weights) == 0 && f.ShedFraction >= 1
+	f.LatencyMs = snap.LatencyMs
 	var wsum, usum, lsum, lw float64
 	for name, w := range snap.Weights {
 		if !(w > 0) {
@@ -94,6 +99,16 @@ func FiguresOf(snap *messages.WeightSnapshot) *Figures {
 		return f.Spare[a] < f.Spare[b]
 	})
 	return f
+}
+
+// EngineLatency returns the snapshot's predicted latency of the named
+// engine (network plus engine-side) and whether it predicts a usable one.
+func (f *Figures) EngineLatency(engine string) (time.Duration, bool) {
+	l, ok := f.LatencyMs[engine]
+	if !ok || !(l >= 0) || math.IsInf(l, 0) {
+		return 0, false
+	}
+	return time.Duration(l * float64(time.Millisecond)), true
 }
 
 // minShed is the smallest shed fraction taken as shedding: a solver's

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
+	"github.com/switchyard-dev/switchyard/router/guard"
 )
 
 // engineLoad is what a router knows of one engine's load: the requests
@@ -138,4 +139,70 @@ func (b *Bound) SlotTimes() (slot, step float64, ok bool) {
 	}
 	b.times.Store(c)
 	return c.slot, c.step, c.slot > 0
+}
+
+// slotWait returns how long a request sent to engine i now waits for a
+// batch slot, seconds, as this router sees the engine: 0 while its batch
+// has a free slot, else the requests queued ahead of it plus itself over
+// the engine's completion rate at capacity (one request every slot time
+// over batch slots), and false while the load or slot time is unknown.
+func (b *Bound) slotWait(i int) (float64, bool) {
+	l := &b.engines[i].load
+	slots := math.Float64frombits(l.slots.Load())
+	slot := math.Float64frombits(l.slotSec.Load())
+	load := b.Load(i)
+	if !(slots > 0) || !(slot > 0) || math.IsNaN(load) {
+		return 0, false
+	}
+	if load < 1 {
+		return 0, true
+	}
+	queued := math.Max(0, load*slots-slots)
+	return (math.Floor(queued) + 1) * slot / slots, true
+}
+
+// Overflow returns where a request without affinity that PickTwo placed
+// on engine i goes instead when i's batch is full: the first of the
+// snapshot's spare engines (f.Spare, weight zero, nearest first) that is
+// not skipped, has a free batch slot, and whose predicted latency
+// (f.EngineLatency, network plus engine-side) exceeds engine i's by less
+// than the wait for a slot on i (slotWait). ok is false — keep i — while
+// i has a free slot, its load is unknown, or no spare engine qualifies.
+//
+// The plan sends a cluster's traffic to the engines it weights and keeps
+// them below capacity on average, but a burst above the planned demand
+// fills their batches until the next snapshot follows it (or for its
+// whole length, when the plan holds its demand against noise); PickTwo
+// then compares full engines among themselves, and every request queues.
+// An engine the plan does not weight for this cluster but that has a free
+// slot serves the request at once, at its extra network and engine-side
+// latency; the request goes there when that is less than its wait. A
+// request with affinity stays with its cache.
+func (b *Bound) Overflow(i int, f *guard.Figures) (int, bool) {
+	if f == nil || len(f.Spare) == 0 {
+		return i, false
+	}
+	wait, ok := b.slotWait(i)
+	if !ok || wait == 0 {
+		return i, false
+	}
+	base, ok := f.EngineLatency(b.table.Engine(i).Name)
+	if !ok {
+		return i, false
+	}
+	for _, name := range f.Spare {
+		j, in := b.table.Index(name)
+		if !in || j == i {
+			continue
+		}
+		lat, ok := f.EngineLatency(name)
+		if !ok || (lat-base).Seconds() >= wait {
+			// Spare is ordered by predicted latency: the later ones cost more still.
+			return i, false
+		}
+		if w, ok := b.slotWait(j); ok && w == 0 && !b.Down(j) {
+			return j, true
+		}
+	}
+	return i, false
 }

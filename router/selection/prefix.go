@@ -94,8 +94,13 @@ func (t *Table) PickPrefix(key uint64, g LoadGuard, held []Held, shared, blocks 
 			}
 			// Held by no other engine, the prefix may be a shared one
 			// that every request behind it went to: the blocks each engine
-			// would prefill weigh its load.
-			if n := max(blocks, h.Blocks); shared == 0 && !baseFull && lj*t.perPlan[j]*float64(n-h.Blocks) >= (rb+TwoChoiceMargin)*float64(n-depth) {
+			// would prefill weigh its load. The margin is a share of a
+			// batch, counted relative to the placed engine's plan as its
+			// load is: a bare TwoChoiceMargin against loads relative to a
+			// plan of a few percent (a fleet at 1% of its capacity) would
+			// let one running request on the holder move a conversation
+			// whose cache is all there to an idle engine.
+			if n := max(blocks, h.Blocks); shared == 0 && !baseFull && lj*t.perPlan[j]*float64(n-h.Blocks) >= (lb+TwoChoiceMargin)*t.perPlan[base]*float64(n-depth) {
 				continue
 			}
 		} else if !(lj < 1 && lj*t.perPlan[j] < rb+TwoChoiceMargin) || !t.within(j, g.InFlight(j), total) {

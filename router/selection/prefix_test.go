@@ -109,6 +109,32 @@ func TestPickPrefixWeighsOwnPrefixAgainstLoad(t *testing.T) {
 	}
 }
 
+// TestPickPrefixOwnPrefixAtLowPlan: with the fleet planned at 1% of its
+// capacity, loads relative to plan are a hundred times the batch share; a
+// conversation whose cache is on an engine running one request in four
+// slots stays there rather than move to an idle engine and prefill it
+// all again, and a new request holding a quarter of its blocks still
+// spreads to the idle one once the holder is half full.
+func TestPickPrefixOwnPrefixAtLowPlan(t *testing.T) {
+	es := engineSet([]float64{0.3, 0.3, 0.4})
+	for i := range es {
+		es[i].Utilisation = 0.01
+	}
+	tbl := mustTable(t, es, TableOptions{})
+	g := newGuardFor(tbl)
+	key := SpreadKey(7)
+	base, _ := tbl.PickPrefix(key, g, nil, 0, 8)
+	holder := (base + 1) % tbl.Len()
+	g.load[holder] = 0.25
+	if i, _ := tbl.PickPrefix(key, g, []Held{{Index: holder, Blocks: 7}}, 0, 8); i != holder {
+		t.Fatalf("continuation holding 7 of 8 blocks on a holder at 0.25 of its batch (placed idle, planned at 1%%): picked %d, want the holder %d", i, holder)
+	}
+	g.load[holder] = 0.5
+	if i, _ := tbl.PickPrefix(key, g, []Held{{Index: holder, Blocks: 2}}, 0, 8); i != base {
+		t.Fatalf("new request holding 2 of 8 blocks on a holder at 0.5 of its batch (placed idle): picked %d, want the placed %d", i, base)
+	}
+}
+
 func newGuardFor(t *Table) *fakeLoadGuard {
 	return &fakeLoadGuard{fakeGuard: newFakeGuard(t.Len()), load: make([]float64, t.Len())}
 }
