@@ -87,6 +87,8 @@ type BaseFit struct {
 	samples   []float64 // ring of the last Window implied bases, ms
 	next      int
 	lastTime  int64
+	lastLat   float64 // the latency of the last valid sample, ms
+	lastLoad  float64 // and its load, req/s
 	base      float64 // fitted base, ms; 0 until the first sample
 	ttftShare float64 // smoothed TTFT / latency
 }
@@ -100,7 +102,8 @@ func NewBaseFit(o FitOptions) *BaseFit {
 // is the base latency assumed before any sample (the engine's own idle-latency
 // estimate when it reports one). Samples that are not newer than the last, or
 // without a positive finite latency and capacity, or above MaxUtilisation,
-// are skipped.
+// are skipped. A sample whose latency equals the previous valid sample's
+// at another load (no request completed since) is taken as the prior.
 func (f *BaseFit) Add(s Sample, prior float64) bool {
 	if !f.ready {
 		f.opts, f.ready = f.opts.withDefaults(), true
@@ -115,11 +118,25 @@ func (f *BaseFit) Add(s Sample, prior float64) bool {
 	if !(lat > 0) || math.IsInf(lat, 0) || !(s.CapacityRPS > 0) || math.IsInf(s.CapacityRPS, 0) || !(s.LoadRPS >= 0) {
 		return false
 	}
+	// A latency equal to the last sample's while the load moved is no
+	// measurement: an engine's latency windows move only when requests
+	// complete, while its load window decays, so an engine the plan stopped
+	// feeding would read its last latency at ever lower loads and its fit
+	// would climb to that latency, keeping it out of the plan. Such a
+	// sample counts as the prior, so that the fit of an engine nothing
+	// measures returns to what the engine states and the plan gives it
+	// traffic that measures it. (A steady state, the same latency at the
+	// same load, is a measurement.)
+	stale := lat == f.lastLat && s.LoadRPS != f.lastLoad
+	f.lastLat, f.lastLoad = lat, s.LoadRPS
 	u := s.LoadRPS / s.CapacityRPS
 	if u > f.opts.MaxUtilisation {
 		return false
 	}
 	b := lat * (1 - u)
+	if stale {
+		b = prior
+	}
 	if len(f.samples) < f.opts.Window {
 		f.samples = append(f.samples, b)
 	} else {

@@ -134,3 +134,39 @@ func TestMedian(t *testing.T) {
 		}
 	}
 }
+
+// TestBaseFitStaleLatency: an engine the plan stopped feeding completes
+// nothing, so its latency windows keep their last value while its load
+// window decays. Those samples are no measurement: its fit returns to the
+// prior instead of climbing to the last latency (which would keep it out of
+// the plan), while fresh latencies at the same loads are fitted as before.
+func TestBaseFitStaleLatency(t *testing.T) {
+	const prior, capacity, last = 2500.0, 2.7, 13000.0
+	for _, tc := range []struct {
+		name   string
+		jitter float64 // added to the latency per sample: 0 repeats it
+		lo, hi float64 // the fitted base after the decay
+	}{
+		{"frozen latency, decaying load: back to the prior", 0, prior, 1.05 * prior},
+		{"fresh latency, decaying load: fitted", 1e-3, 0.9 * last, last},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var f BaseFit
+			// Measured at 40% load: base 7800.
+			for i := range 64 {
+				f.Add(sample(last, 0, 0, 0.4*capacity, capacity, int64(1000+i)), prior)
+			}
+			if b := f.BaseMs(prior, prior); math.Abs(b-(2*prior+32*0.6*last)/34) > 1 {
+				t.Fatalf("steady samples at 40%% load: base %v, want them fitted", b)
+			}
+			load := 0.4 * capacity
+			for i := range 300 {
+				load *= math.Pow(0.5, 1.0/30) // the slow window's 30 s half-life
+				f.Add(sample(last+tc.jitter*float64(i+1), 0, 0, load, capacity, int64(2000+i)), prior)
+			}
+			if b := f.BaseMs(prior, prior); b < tc.lo || b > tc.hi {
+				t.Errorf("base %v after the load decayed, want in [%v, %v]", b, tc.lo, tc.hi)
+			}
+		})
+	}
+}
