@@ -160,7 +160,7 @@ func pickHeld(t *selection.Table, g selection.LoadGuard, key uint64, keys []uint
 			held = append(held, selection.Held{Index: i, Blocks: m.Blocks})
 		}
 	}
-	return t.PickPrefix(selection.Mix64(key^keys[len(keys)-1]), g, held, shared)
+	return t.PickPrefix(selection.Mix64(key^keys[len(keys)-1]), g, held, shared, len(keys))
 }
 
 // Routed records that the request with block keys was sent to engine at

@@ -89,6 +89,62 @@ func TestPickKeepsConversations(t *testing.T) {
 	}
 }
 
+// TestPickSpreadsPrefixOneEngineHolds: new requests behind a prefix that
+// only one engine holds — a repository's two-block context before each
+// completion's own six-block file, whose first request went to one engine
+// — spread over the engines as their load grows instead of all following
+// the first (which the index cannot tell from a conversation's own
+// history: one holder, nothing shared deeper), while each one's next
+// request stays where its file is cached.
+func TestPickSpreadsPrefixOneEngineHolds(t *testing.T) {
+	x, err := New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const engines, slots = 4, 64
+	tbl, g := table(t, engines), newGuard(engines)
+	now := time.Unix(1000, 0)
+	file := func(s, turns int) []uint64 {
+		k := []uint64{1, 2}
+		for b := range 6 + turns {
+			k = append(k, uint64(s+1)<<32|uint64(b+1))
+		}
+		return k
+	}
+	send := func(i int) {
+		g.inflight[i]++
+		g.total++
+		g.load[i] = float64(g.inflight[i]) / slots
+	}
+	where := make([]int, 40)
+	per := make([]int, engines)
+	for s := range where {
+		keys := file(s, 0)
+		i, ok := x.Pick(tbl, g, selection.SpreadKey(uint64(s)), keys)
+		if !ok {
+			t.Fatal("no pick")
+		}
+		where[s] = i
+		per[i]++
+		send(i)
+		x.Routed(tbl.Engine(i).Name, keys, now)
+	}
+	for _, n := range per {
+		if n > len(where)/2 {
+			t.Fatalf("%d new requests behind one prefix: %v an engine, want none over half", len(where), per)
+		}
+	}
+	for s, w := range where {
+		keys := file(s, 1)
+		i, _ := x.Pick(tbl, g, selection.SpreadKey(uint64(1000+s)), keys)
+		if i != w {
+			t.Fatalf("request %d's next went to %d, its file is cached on %d (loads %v)", s, i, w, g.load)
+		}
+		send(i)
+		x.Routed(tbl.Engine(i).Name, keys, now)
+	}
+}
+
 // BenchmarkPick is a pick with the index at 10,000 engines: a third turn
 // whose conversation is on one engine, after a system prompt eight hold.
 // It fails over 500 ns a pick or on an allocation.
