@@ -1,17 +1,13 @@
 package router
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
 	"net/url"
 	"testing"
-	"time"
 
-	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/httpfront"
-	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 )
 
@@ -23,24 +19,12 @@ const hfID = "meta-llama/Llama-3.1-8B-Instruct"
 // started with --served-model-name llama), which its table entry says.
 func serveAliased(t *testing.T, kind httpfront.ServerKind) string {
 	t.Helper()
-	var engines []selection.Engine
+	var engines []enginesim.Options
 	for _, e := range []struct{ name, served string }{{"plain", ""}, {"renamed", "llama"}} {
-		eng, err := enginesim.New(enginesim.Options{Name: e.name, Model: hfID, ServedModel: e.served, MaxBatch: 8, BaseTBTMs: 1,
+		engines = append(engines, enginesim.Options{Name: e.name, ServedModel: e.served, MaxBatch: 8, BaseTBTMs: 1,
 			OutputTokens: 4, PromptTokens: 8, Seed: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err = eng.Start(ctx)
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = eng.Close() })
-		engines = append(engines, selection.Engine{Name: e.name, URL: eng.URL(), ServedModel: e.served, Weight: 0.5})
 	}
-	tables := NewStaticTables()
-	tables.Set(hfID, mustTable(t, engines, selection.TableOptions{}), control.Info{Mode: control.ModeSnapshot})
+	tables := simTables(t, hfID, engines...)
 	h, err := NewHandler(Options{Tables: tables, Aliases: map[string]string{"llama-8b": hfID}})
 	if err != nil {
 		t.Fatal(err)

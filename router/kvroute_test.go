@@ -1,21 +1,17 @@
 package router
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-dev/switchyard/kvindex"
-	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/httpfront"
 	"github.com/switchyard-dev/switchyard/router/protocol"
-	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 )
 
@@ -53,23 +49,11 @@ func (f *fixedTokens) Tokens(dst []uint32, _ string, req *protocol.Request) ([]u
 // are counted as kv_events picks; a text request keeps text keys and the
 // router's own index.
 func TestKVIndexPlacesTokenRequests(t *testing.T) {
-	var engines []selection.Engine
+	var engines []enginesim.Options
 	for _, name := range []string{"a", "b", "c"} {
-		eng, err := enginesim.New(enginesim.Options{Name: name, Model: "llama", MaxBatch: 8, BaseTBTMs: 1, OutputTokens: 2, PromptTokens: 8, Seed: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err = eng.Start(ctx)
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = eng.Close() })
-		engines = append(engines, selection.Engine{Name: name, URL: eng.URL(), Weight: 1.0 / 3})
+		engines = append(engines, enginesim.Options{Name: name, MaxBatch: 8, BaseTBTMs: 1, OutputTokens: 2, PromptTokens: 8, Seed: 1})
 	}
-	tables := NewStaticTables()
-	tables.Set("llama", mustTable(t, engines, selection.TableOptions{}), control.Info{Mode: control.ModeSnapshot})
+	tables := simTables(t, "llama", engines...)
 	x, err := kvindex.New(kvindex.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -72,18 +72,8 @@ func natsTry(t *testing.T, nc *nats.Conn, subject, body string, hdr map[string]s
 // publishing its signals.
 func startSimEngine(t *testing.T, env *testenv.NATS, name string) *enginesim.Engine {
 	t.Helper()
-	e, err := enginesim.New(enginesim.Options{Name: name, Model: "llama", MaxBatch: 8, BaseTBTMs: 5, TBTGrowthMs: 0.1,
+	return testenv.StartEngine(t, enginesim.Options{Name: name, Model: "llama", MaxBatch: 8, BaseTBTMs: 5, TBTGrowthMs: 0.1,
 		OutputTokens: 8, PromptTokens: 16, Seed: 1, Conn: env.Dial(t, name), SignalInterval: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := e.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.Close() })
-	return e
 }
 
 func TestNATSFrontAndTransportWithEngineSim(t *testing.T) {

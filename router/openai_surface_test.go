@@ -2,7 +2,6 @@ package router
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,9 +12,7 @@ import (
 	"time"
 
 	"github.com/switchyard-dev/switchyard/messages"
-	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/httpfront"
-	"github.com/switchyard-dev/switchyard/router/selection"
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 )
 
@@ -26,24 +23,11 @@ const surfaceModel = "m1"
 // enginesim engines, "a" and "b", on loopback sockets.
 func serveSimEngines(t *testing.T, kind httpfront.ServerKind) string {
 	t.Helper()
-	var engines []selection.Engine
+	var engines []enginesim.Options
 	for _, name := range []string{"a", "b"} {
-		e, err := enginesim.New(enginesim.Options{Name: name, Model: surfaceModel, MaxBatch: 8, BaseTBTMs: 1,
-			OutputTokens: 4, PromptTokens: 8, Seed: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err = e.Start(ctx)
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = e.Close() })
-		engines = append(engines, selection.Engine{Name: name, URL: e.URL(), Weight: 0.5})
+		engines = append(engines, enginesim.Options{Name: name, MaxBatch: 8, BaseTBTMs: 1, OutputTokens: 4, PromptTokens: 8, Seed: 1})
 	}
-	tables := NewStaticTables()
-	tables.Set(surfaceModel, mustTable(t, engines, selection.TableOptions{}), control.Info{Mode: control.ModeSnapshot})
+	tables := simTables(t, surfaceModel, engines...)
 	h, err := NewHandler(Options{Tables: tables})
 	if err != nil {
 		t.Fatal(err)

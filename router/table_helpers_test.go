@@ -5,8 +5,11 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/switchyard-dev/switchyard/router/control"
 	"github.com/switchyard-dev/switchyard/router/live"
 	"github.com/switchyard-dev/switchyard/router/selection"
+	"github.com/switchyard-dev/switchyard/services/enginesim"
+	"github.com/switchyard-dev/switchyard/testenv"
 )
 
 func mustTable(t testing.TB, engines []selection.Engine, opts selection.TableOptions) *selection.Table {
@@ -16,6 +19,22 @@ func mustTable(t testing.TB, engines []selection.Engine, opts selection.TableOpt
 		t.Fatalf("NewTable(%d engines): %v", len(engines), err)
 	}
 	return tbl
+}
+
+// simTables starts a simulated engine per opts and returns static tables
+// (in snapshot mode) that serve model on them, with equal weights and each
+// engine's served name.
+func simTables(t testing.TB, model string, opts ...enginesim.Options) *StaticTables {
+	t.Helper()
+	engines := make([]selection.Engine, 0, len(opts))
+	for _, o := range opts {
+		o.Model = model
+		e := testenv.StartEngine(t, o)
+		engines = append(engines, selection.Engine{Name: o.Name, URL: e.URL(), ServedModel: o.ServedModel, Weight: 1 / float64(len(opts))})
+	}
+	tables := NewStaticTables()
+	tables.Set(model, mustTable(t, engines, selection.TableOptions{}), control.Info{Mode: control.ModeSnapshot})
+	return tables
 }
 
 // engineSet builds engines e0..e(n-1) with the given weights.

@@ -50,7 +50,8 @@ func LoadTokenizers(specs []string) (*Tokenizers, error) {
 
 // Tokens implements protocol.Tokenizer: chat requests through the model's
 // chat template, completions as their prompt; false for a model without a
-// tokenizer, another endpoint, or a body the tokenizer refuses.
+// tokenizer, another endpoint, or a request the tokenizer refuses. It reads
+// what ParseRequest parsed (req.Context, req.Template), not the body.
 func (t *Tokenizers) Tokens(dst []uint32, model string, req *protocol.Request) ([]uint32, bool) {
 	if t == nil {
 		return dst, false
@@ -62,6 +63,9 @@ func (t *Tokenizers) Tokens(dst []uint32, model string, req *protocol.Request) (
 	if tk == nil {
 		return dst, false
 	}
+	// What the router parsed (the prompt, the template's fields) is what
+	// the tokenizer reads: the body is not parsed again.
+	tf := &req.Template
 	var err error
 	n := len(dst)
 	switch req.Endpoint {
@@ -69,9 +73,25 @@ func (t *Tokenizers) Tokens(dst []uint32, model string, req *protocol.Request) (
 		if !tk.HasChatTemplate() {
 			return dst, false
 		}
-		dst, err = tk.AppendChatRequest(dst, req.Body)
+		// Defaults as vLLM's: a generation prompt, no special tokens.
+		genPrompt, genOK := tf.AddGenerationPrompt.Bool(true)
+		cont, contOK := tf.ContinueFinalMessage.Bool(false)
+		special, specialOK := tf.AddSpecialTokens.Bool(false)
+		if !genOK || !contOK || !specialOK {
+			return dst, false
+		}
+		cr := tokenize.ChatRequest{Messages: req.Context, Tools: tf.Tools, ChatTemplateKwargs: tf.ChatTemplateKwargs,
+			ContinueFinalMessage: cont, AddSpecialTokens: special}
+		if tf.AddGenerationPrompt != protocol.FlagAbsent {
+			cr.AddGenerationPrompt = &genPrompt // given: continue_final_message may not be true beside it
+		}
+		dst, err = tk.AppendChat(dst, cr)
 	case protocol.EndpointCompletions:
-		dst, err = tk.AppendCompletionRequest(dst, req.Body)
+		special, ok := tf.AddSpecialTokens.Bool(true)
+		if !ok {
+			return dst, false
+		}
+		dst, err = tk.AppendCompletion(dst, req.Context, special)
 	default:
 		return dst, false
 	}

@@ -247,3 +247,23 @@ func waitSnapshots(t *testing.T, s *stack.Stack, model string) {
 		return true
 	})
 }
+
+// waitWeighted waits until every router's snapshot of model gives each of
+// engines a positive weight.
+func waitWeighted(t *testing.T, s *stack.Stack, model string, engines ...string) {
+	t.Helper()
+	testenv.WaitFor(t, 15*time.Second, fmt.Sprintf("every router's snapshot weights %v", engines), func() bool {
+		for _, r := range s.Routers() {
+			snap, ok := r.Store().Snapshot(model)
+			if !ok {
+				return false
+			}
+			for _, e := range engines {
+				if !(snap.Weights[e] > 0) {
+					return false
+				}
+			}
+		}
+		return true
+	})
+}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/switchyard-dev/switchyard/auth"
+	"github.com/switchyard-dev/switchyard/auth/endpoints"
 	"github.com/switchyard-dev/switchyard/dashboard"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/router"
@@ -367,6 +369,41 @@ func (h *hostileEnv) engineState(engine string) *messages.EngineState {
 		return nil
 	}
 	return &st
+}
+
+// watchURLs watches engine's state in sy_engines from now on, and returns
+// a function that gives the HTTP URL (endpoints.Of) of every value written
+// since, in order.
+func (h *hostileEnv) watchURLs(engine string) func() []string {
+	h.t.Helper()
+	kv, err := h.js.KeyValue(h.ctx, "sy_engines")
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	w, err := kv.Watch(h.ctx, hostileModel+"."+engine, jetstream.UpdatesOnly())
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { _ = w.Stop() })
+	var mu sync.Mutex
+	var urls []string
+	go func() {
+		for e := range w.Updates() {
+			var st messages.EngineState
+			if e == nil || e.Operation() != jetstream.KeyValuePut || messages.DecodeInto(e.Value(), &st) != nil {
+				continue
+			}
+			u, _ := endpoints.Of(st.Transports)
+			mu.Lock()
+			urls = append(urls, u)
+			mu.Unlock()
+		}
+	}()
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(urls)
+	}
 }
 
 // readState decodes the value of key in bucket into m, and reports whether

@@ -50,7 +50,13 @@ func TestPrefixConversationsStayAndSpread(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
-	waitSnapshots(t, s, f.Model)
+	// The optimizer's first snapshot plans the engines whose states it
+	// has, on a loaded machine one of the three: the nine conversations
+	// sent first would all start on that engine, whose batch runs four, and
+	// the five queued behind its full batch move at their next turn, by
+	// design (a full batch sends a conversation on). The workload starts
+	// on a plan of all three.
+	waitWeighted(t, s, f.Model, "e1", "e2", "e3")
 	url := "http://" + s.Routers()[0].Addr() + "/v1/chat/completions"
 	system := strings.Repeat("You are Switchyard's support assistant; answer briefly and cite the docs. ", 42)[:3072]
 	client := &http.Client{Timeout: 10 * time.Second}

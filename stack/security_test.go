@@ -128,8 +128,10 @@ func TestSecureStack(t *testing.T) {
 	// engine-b's own identity, on its own subject, advertises an address
 	// that is not its own: an attacker's, and engine-a's loopback port.
 	// The stack's policy pins every engine to the address it listens on:
-	// every router ignores those signals and counts them, no request
-	// reaches the attacker, and router B's traffic still reaches engine-b.
+	// every router and the aggregator ignore those signals and count them,
+	// sy_engines (what the dashboard shows) never holds another address for
+	// engine-b, no request reaches the attacker, and router B's traffic
+	// still reaches engine-b.
 	t.Run("engine-b advertises another endpoint", func(t *testing.T) {
 		attacker, hits := attackerServer(t)
 		var engA, engBURL string
@@ -154,6 +156,9 @@ func TestSecureStack(t *testing.T) {
 		h.capture("sy.signal.llama.engine-b", &sig)
 		refused := []metricRef{{"switchyard_router_endpoints_refused_total", map[string]string{"reason": "url"}}}
 		before := h.sum(refused)
+		aggRefused := []metricRef{{"switchyard_aggregator_endpoints_refused_total", map[string]string{"reason": "url"}}}
+		aggBefore := h.sum(aggRefused)
+		stored := h.watchURLs("engine-b")
 		const rounds = 5
 		for i := range rounds {
 			for j, u := range []string{attacker.URL, engA} {
@@ -175,6 +180,16 @@ func TestSecureStack(t *testing.T) {
 			}
 		}
 		h.requireRise("engine-b advertising other addresses", refused, before, float64(2*rounds*len(h.s.Routers())), 5*time.Second)
+		h.requireRise("engine-b advertising other addresses", aggRefused, aggBefore, 2*rounds, 5*time.Second)
+		written := len(stored())
+		h.checkFor(5*time.Second, "engine-b's state rewritten in sy_engines after the forgeries", func() (bool, string) {
+			return len(stored()) > written, fmt.Sprintf("%d writes seen", len(stored()))
+		})
+		for i, u := range stored() {
+			if u != engBURL {
+				t.Errorf("write %d of engine-b's state in sy_engines advertises %q, want its own %q", i, u, engBURL)
+			}
+		}
 		for _, r := range h.s.Routers() {
 			if ep, _ := r.Signals().Endpoints(hostileModel, "engine-b"); ep.URL != engBURL {
 				t.Errorf("router %s has engine-b at %q, want its own %q", r.Name(), ep.URL, engBURL)
@@ -194,8 +209,9 @@ func TestSecureStack(t *testing.T) {
 	})
 	// An engine no one configured, announced by an identity that may
 	// publish anything (a leaked admin's, a leaf's): its signals advertise
-	// the attacker's URL. Routers ignore them, the optimizer leaves it out
-	// of the plan once its grace has passed, and no request reaches it.
+	// the attacker's URL. Routers and the aggregator ignore them (so
+	// sy_engines, which the optimizer plans from, never lists it), no
+	// snapshot weighs it, and no request reaches it.
 	t.Run("an engine no one configured", func(t *testing.T) {
 		attacker, hits := attackerServer(t)
 		var sig messages.EngineSignal
@@ -204,7 +220,8 @@ func TestSecureStack(t *testing.T) {
 		sig.Transports = []messages.Transport{{Kind: messages.TransportHTTP, Address: attacker.URL}}
 		refused := []metricRef{{"switchyard_router_endpoints_refused_total", map[string]string{"reason": "url"}}}
 		before := h.sum(refused)
-		left := false
+		aggRefused := []metricRef{{"switchyard_aggregator_endpoints_refused_total", map[string]string{"reason": "url"}}}
+		aggBefore := h.sum(aggRefused)
 		for i := range 20 { // 4 s at 200 ms, past the optimizer's grace
 			sig.Seq++
 			sig.Time = time.Now().UnixMilli()
@@ -212,13 +229,13 @@ func TestSecureStack(t *testing.T) {
 			if code := h.chat(h.s.Routers()[i%len(h.s.Routers())], 3000+i); code != http.StatusOK {
 				t.Errorf("a router answered %d while a rogue engine signalled", code)
 			}
-			left = left || h.metric("switchyard_optimizer_engines_refused", nil) >= 1
 			time.Sleep(200 * time.Millisecond)
 		}
 		h.flush()
 		h.requireRise("a rogue engine's signals", refused, before, float64(20*len(h.s.Routers())), 5*time.Second)
-		if !left {
-			t.Error("the optimizer never counted the rogue engine refused")
+		h.requireRise("a rogue engine's signals", aggRefused, aggBefore, 20, 5*time.Second)
+		if st := h.engineState("rogue"); st != nil {
+			t.Errorf("sy_engines holds the rogue engine, advertising %v", st.Transports)
 		}
 		for _, c := range h.s.File().Clusters {
 			key, _ := streams.WeightsKey(hostileModel, c.Name)

@@ -39,7 +39,8 @@ type Options struct {
 	// natsembed.Options.Port (nats-server's convention).
 	NATSHost string
 	NATSPort int
-	// Aggregator holds aggregator options; Conn, Logger and Registerer are set by the stack.
+	// Aggregator holds aggregator options; Conn, Logger, Registerer and
+	// Endpoints (the stack's policy) are set by the stack.
 	Aggregator aggregator.Options
 	// Optimizer holds optimizer service options; Conn, NetworkMs, Clusters,
 	// Logger and Registerer are set by the stack.
@@ -419,17 +420,6 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		}
 	}
 
-	ao := plan.Aggregator
-	if ao.Conn, err = own(AggregatorIdentity); err != nil {
-		return nil, err
-	}
-	ao.Logger, ao.Registerer = log, opts.Registerer
-	agg, err := aggregator.New(ao)
-	if err != nil {
-		return nil, err
-	}
-	s.goRun("aggregator", func() error { return agg.Run(runCtx) })
-
 	for _, eo := range plan.Engines {
 		if eo.Conn, err = own(eo.Name); err != nil {
 			return nil, err
@@ -456,11 +446,22 @@ func Start(ctx context.Context, opts Options) (_ *Stack, err error) {
 		}
 	}
 	// The policy pins the engines to the addresses they listen on, known
-	// once they have started: the optimizer and the routers start after.
+	// once they have started: the aggregator, the optimizer and the
+	// routers start after (the signals sent meanwhile wait in their stream).
 	pol, err := endpoints.New(s.EndpointRules(), endpoints.Options{OwnSubject: ownSubject(streams.DefaultNames())})
 	if err != nil {
 		return nil, fmt.Errorf("stack: engine endpoint policy: %w", err)
 	}
+	ao := plan.Aggregator
+	if ao.Conn, err = own(AggregatorIdentity); err != nil {
+		return nil, err
+	}
+	ao.Logger, ao.Registerer, ao.Endpoints = log, opts.Registerer, pol
+	agg, err := aggregator.New(ao)
+	if err != nil {
+		return nil, err
+	}
+	s.goRun("aggregator", func() error { return agg.Run(runCtx) })
 	if plan.Optimizer != nil {
 		oo := *plan.Optimizer
 		if oo.Conn, err = own(OptimizerIdentity); err != nil {

@@ -3,6 +3,7 @@ package streams
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"strings"
@@ -151,6 +152,23 @@ func redactURL(s string) string {
 	return s
 }
 
+// connectedURL names the server c is connected to, for the log. An
+// in-process connection has no URL of its own (nats.go reports its default,
+// nats://127.0.0.1:4222, whatever the server listens on): it is named
+// "in-process", with the server's client URL when it listens on one.
+func (o ConnectOptions) connectedURL(c *nats.Conn) string {
+	if o.InProcess == nil {
+		return c.ConnectedUrlRedacted()
+	}
+	if s, ok := o.InProcess.(interface {
+		Addr() net.Addr
+		ClientURL() string
+	}); ok && s.Addr() != nil {
+		return "in-process " + s.ClientURL()
+	}
+	return "in-process"
+}
+
 // Connect dials NATS with reconnect-forever and logs connection events.
 func Connect(ctx context.Context, opts ConnectOptions) (*nats.Conn, error) {
 	opts = opts.WithDefaults()
@@ -175,10 +193,10 @@ func Connect(ctx context.Context, opts ConnectOptions) (*nats.Conn, error) {
 			log.Warn().Err(err).Msg("nats disconnected")
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {
-			log.Info().Str("url", c.ConnectedUrlRedacted()).Msg("nats reconnected")
+			log.Info().Str("url", opts.connectedURL(c)).Msg("nats reconnected")
 		}),
 		nats.ConnectHandler(func(c *nats.Conn) {
-			log.Info().Str("url", c.ConnectedUrlRedacted()).Msg("nats connected")
+			log.Info().Str("url", opts.connectedURL(c)).Msg("nats connected")
 		}),
 		nats.ClosedHandler(func(*nats.Conn) {
 			log.Debug().Msg("nats connection closed")

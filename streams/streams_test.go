@@ -3,10 +3,12 @@ package streams_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/streams"
 	"github.com/switchyard-dev/switchyard/testenv"
@@ -204,5 +206,25 @@ func TestConnectFailsFastWithoutServer(t *testing.T) {
 	}
 	if _, err := streams.Connect(ctx, streams.ConnectOptions{}); !errors.Is(err, streams.ErrNoURL) {
 		t.Fatalf("got %v, want ErrNoURL", err)
+	}
+}
+
+// TestConnectLogsTheServersURL: an in-process connection's log names the
+// server it reached (its client URL on a random port), not nats.go's
+// default URL, nats://127.0.0.1:4222, which it never dialled.
+func TestConnectLogsTheServersURL(t *testing.T) {
+	env := testenv.StartNATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var buf testenv.Buffer
+	nc, err := streams.Connect(ctx, streams.ConnectOptions{InProcess: env.Server.Server(), Name: "in-process-test", Logger: zerolog.New(&buf)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	testenv.WaitFor(t, 5*time.Second, "the connection logged", func() bool { return strings.Contains(buf.String(), "nats connected") })
+	line := buf.String()
+	if want := "in-process " + env.Server.ClientURL(); !strings.Contains(line, want) || strings.Contains(line, ":4222") {
+		t.Errorf("the connection logged %q, want the url %q and no :4222", line, want)
 	}
 }

@@ -10,6 +10,23 @@ import (
 	"github.com/switchyard-dev/switchyard/services/enginesim"
 )
 
+// StartEngine starts a simulated engine with o (on a free 127.0.0.1 port
+// unless o says otherwise) and closes it when the test ends.
+func StartEngine(tb testing.TB, o enginesim.Options) *enginesim.Engine {
+	tb.Helper()
+	e, err := enginesim.New(o)
+	if err != nil {
+		tb.Fatalf("testenv: engine %s: %v", o.Name, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := e.Start(ctx); err != nil {
+		tb.Fatalf("testenv: start engine %s: %v", o.Name, err)
+	}
+	tb.Cleanup(func() { _ = e.Close() })
+	return e
+}
+
 // StartVLLMEngines starts n simulated engines in vLLM mode with no NATS of
 // their own — vLLM's metrics names, its /health — each on a free 127.0.0.1
 // port, as an operator's engines a stack reaches by URL. Each runs base
@@ -21,18 +38,7 @@ func StartVLLMEngines(tb testing.TB, n int, base enginesim.Options) []*enginesim
 	for i := range n {
 		o := base
 		o.Name, o.Seed, o.MetricsFormat = fmt.Sprintf("v%d", i+1), uint64(i+1), enginesim.MetricsVLLM
-		e, err := enginesim.New(o)
-		if err != nil {
-			tb.Fatalf("testenv: engine %s: %v", o.Name, err)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err = e.Start(ctx)
-		cancel()
-		if err != nil {
-			tb.Fatalf("testenv: start engine %s: %v", o.Name, err)
-		}
-		tb.Cleanup(func() { _ = e.Close() })
-		out = append(out, e)
+		out = append(out, StartEngine(tb, o))
 	}
 	return out
 }

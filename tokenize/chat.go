@@ -189,8 +189,11 @@ func tagEnd(src string, j int) int {
 	return len(src)
 }
 
-// chatRequest is what this package reads of a chat completions body.
-type chatRequest struct {
+// ChatRequest is what this package reads of a chat completions body: the
+// raw JSON of its messages, tools and chat_template_kwargs, and its
+// template flags, as vLLM reads them. A caller that has parsed the body
+// already (a router) hands it to AppendChat, with no second parse.
+type ChatRequest struct {
 	Messages             json.RawMessage `json:"messages"`
 	Tools                json.RawMessage `json:"tools"`
 	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
@@ -204,7 +207,7 @@ type chatRequest struct {
 // default: rendered with the chat template, add_generation_prompt true, no
 // tools, then encoded without adding special tokens.
 func (t *Tokenizer) EncodeChat(messages []byte) ([]uint32, error) {
-	text, err := t.render(chatRequest{Messages: messages})
+	text, err := t.render(ChatRequest{Messages: messages})
 	if err != nil {
 		return nil, err
 	}
@@ -224,9 +227,19 @@ func (t *Tokenizer) AppendChatRequest(dst []uint32, body []byte) ([]uint32, erro
 	if len(body) > t.maxInput {
 		return dst, fmt.Errorf("%w: a body of %d bytes is longer than %d (MaxInputBytes)", ErrInput, len(body), t.maxInput)
 	}
-	var req chatRequest
+	var req ChatRequest
 	if err := json.Unmarshal(body, &req); err != nil {
 		return dst, fmt.Errorf("%w: chat request: %v", ErrInput, err)
+	}
+	return t.AppendChat(dst, req)
+}
+
+// AppendChat is AppendChatRequest for a body its caller has parsed: it
+// appends the token ids of req to dst and returns the extended slice (dst
+// unchanged on an error).
+func (t *Tokenizer) AppendChat(dst []uint32, req ChatRequest) ([]uint32, error) {
+	if n := len(req.Messages) + len(req.Tools) + len(req.ChatTemplateKwargs); n > t.maxInput {
+		return dst, fmt.Errorf("%w: messages, tools and chat_template_kwargs of %d bytes are longer than %d (MaxInputBytes)", ErrInput, n, t.maxInput)
 	}
 	text, err := t.render(req)
 	if err != nil {
@@ -238,7 +251,7 @@ func (t *Tokenizer) AppendChatRequest(dst []uint32, body []byte) ([]uint32, erro
 // RenderChat returns the text a chat request's messages render to, the
 // prompt EncodeChat encodes.
 func (t *Tokenizer) RenderChat(messages []byte) (string, error) {
-	return t.render(chatRequest{Messages: messages})
+	return t.render(ChatRequest{Messages: messages})
 }
 
 // execute renders the template with data, jinjaSource's markers taken out.
@@ -255,7 +268,7 @@ func (c *chatTemplate) execute(data map[string]jinja.Value) (string, error) {
 
 // context returns the variables the template is rendered with, as
 // transformers passes them, and the final message's text.
-func (t *Tokenizer) context(req chatRequest) (map[string]jinja.Value, string, error) {
+func (t *Tokenizer) context(req ChatRequest) (map[string]jinja.Value, string, error) {
 	if t.chat == nil {
 		return nil, "", fmt.Errorf("%w: %s has no %s with a chat_template, no %s, and Options.ChatTemplate is not set", ErrNoTemplate, t.dir, TokenizerConfigFile, ChatTemplateFile)
 	}
@@ -304,7 +317,7 @@ func (t *Tokenizer) context(req chatRequest) (map[string]jinja.Value, string, er
 	return data, final, nil
 }
 
-func (t *Tokenizer) render(req chatRequest) (string, error) {
+func (t *Tokenizer) render(req ChatRequest) (string, error) {
 	data, final, err := t.context(req)
 	if err != nil {
 		return "", err
@@ -461,20 +474,30 @@ func (t *Tokenizer) AppendCompletionRequest(dst []uint32, body []byte) ([]uint32
 	if err := json.Unmarshal(body, &req); err != nil {
 		return dst, fmt.Errorf("%w: completions request: %v", ErrInput, err)
 	}
-	special := req.AddSpecialTokens == nil || *req.AddSpecialTokens
+	return t.AppendCompletion(dst, req.Prompt, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
+}
+
+// AppendCompletion is AppendCompletionRequest for a body its caller has
+// parsed: prompt is the raw JSON of its prompt field, special whether to
+// add the post-processor's special tokens (add_special_tokens, true when
+// absent).
+func (t *Tokenizer) AppendCompletion(dst []uint32, prompt json.RawMessage, special bool) ([]uint32, error) {
+	if len(prompt) > t.maxInput {
+		return dst, fmt.Errorf("%w: a prompt of %d bytes is longer than %d (MaxInputBytes)", ErrInput, len(prompt), t.maxInput)
+	}
 	var s string
-	if err := json.Unmarshal(req.Prompt, &s); err == nil {
+	if err := json.Unmarshal(prompt, &s); err == nil {
 		return t.AppendEncode(dst, s, special)
 	}
 	var one []string
-	if err := json.Unmarshal(req.Prompt, &one); err == nil {
+	if err := json.Unmarshal(prompt, &one); err == nil {
 		if len(one) != 1 {
 			return dst, fmt.Errorf("%w: completions request: prompt is %d strings, want one", ErrInput, len(one))
 		}
 		return t.AppendEncode(dst, one[0], special)
 	}
 	var ids []uint32
-	if err := json.Unmarshal(req.Prompt, &ids); err == nil && len(ids) > 0 {
+	if err := json.Unmarshal(prompt, &ids); err == nil && len(ids) > 0 {
 		if t.maxTokens > 0 && len(ids) > t.maxTokens {
 			ids = ids[:t.maxTokens]
 		}

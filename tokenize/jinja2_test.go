@@ -86,7 +86,7 @@ func TestTemplatesAgainstJinja2(t *testing.T) {
 		}
 		tok := &Tokenizer{m: loadFixture(t).m, chat: ct, maxInput: DefaultMaxInputBytes}
 		for i, body := range requests {
-			var req chatRequest
+			var req ChatRequest
 			if err := json.Unmarshal([]byte(body), &req); err != nil {
 				t.Fatal(err)
 			}

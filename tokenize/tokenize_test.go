@@ -253,7 +253,7 @@ func TestTemplateWhitespace(t *testing.T) {
 			t.Fatalf("%q: %v", c.src, err)
 		}
 		tok := &Tokenizer{m: loadFixture(t).m, chat: ct, maxInput: DefaultMaxInputBytes}
-		got, err := tok.render(chatRequest{Messages: []byte(`[{"role":"user","content":"x"}]`)})
+		got, err := tok.render(ChatRequest{Messages: []byte(`[{"role":"user","content":"x"}]`)})
 		if err != nil {
 			t.Fatalf("%q: %v", c.src, err)
 		}
@@ -368,6 +368,7 @@ func TestPreTokenizeRules(t *testing.T) {
 		if !ok {
 			t.Fatalf("%q is not known", pattern)
 		}
+		ref := newRefSplitter(pattern)
 		for n := 0; n < 3000; n++ {
 			var sb strings.Builder
 			for k := rng.IntN(20); k >= 0; k-- {
@@ -380,7 +381,7 @@ func TestPreTokenizeRules(t *testing.T) {
 				got = append(got, text[i:e])
 				i = e
 			}
-			if want := refSplit(pattern, text); !slices.Equal(got, want) {
+			if want := ref.split(text); !slices.Equal(got, want) {
 				t.Fatalf("%q on %q:\n got %q\nwant %q", pattern, text, got, want)
 			}
 		}
@@ -496,7 +497,7 @@ func TestChatToolsOrder(t *testing.T) {
 	tok, _ := withTemplate(t, "tools.jinja", "{{ tools | tojson }}|{% for m in messages %}{% for c in m['tool_calls'] %}{{ c['function']['arguments'] | tojson }}{% endfor %}{% endfor %}")
 	body := `{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"zeta\": 1, \"alpha\": \"é\", \"n\": 2.5}"}}]}],` +
 		`"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"zeta":{"type":"integer"},"alpha":{"type":"string"}}}}}]}`
-	var req chatRequest
+	var req ChatRequest
 	if err := json.Unmarshal([]byte(body), &req); err != nil {
 		t.Fatal(err)
 	}

@@ -35,6 +35,7 @@ func aggregatorCommand() command {
 			fs.DurationVar(&o.ForgetAfter, "forget-after", aggregator.DefaultForgetAfter, "drop the state of engines, clusters and RTT pairs silent this long (also the TTL of every value written)")
 			metricsAddr := fs.String("metrics-addr", "127.0.0.1:9090", "serve /metrics on this `address` (empty: off)")
 			replicas := fs.Int("replicas", 1, "provision streams and buckets with this replica count before starting (0: do not provision)")
+			ef := addEndpointFlags(fs)
 			mkLog := logFlags(fs, e)
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
@@ -45,6 +46,12 @@ func aggregatorCommand() command {
 					return err
 				}
 				o.Provision = streams.ProvisionOptions{Replicas: *replicas} // what a deleted stream or bucket comes back with
+				if o.Endpoints, err = ef.policy(o.Names); err != nil {
+					return err
+				}
+				if o.Endpoints == nil && !e.printOnly {
+					log.Warn().Msg("no engine endpoint policy: the aggregator stores whatever URL or subject an engine's signal advertises, and the dashboard shows it; give one (--engine-endpoints, docs/security.md)")
+				}
 				if o, err = effective(o); err != nil {
 					return err
 				}

@@ -61,11 +61,11 @@ func routerCommand() command {
 			fs.StringVar(&em.listen, "embed-nats-listen", "127.0.0.1:4222", "with --embed-nats: the embedded server's client listen `address` (empty: in-process only)")
 			fs.StringVar(&em.leaf, "embed-nats-leaf", "", "with --embed-nats: join the main NATS as a leaf node at these leaf-node `URLs`, comma-separated (nats-leaf://host:7422, see `switchyard nats --leaf-port`); the embedded server then has no JetStream and reads weights, and writes reports, through the main NATS; the leaf connection presents --creds (a leaf identity of switchyard auth) and checks the hub with --tls-ca (tls:// URLs or a hub with TLS), --tls-cert/--tls-key for mutual TLS. Empty: a standalone server with its own JetStream")
 			fs.StringVar(&em.dataDir, "embed-nats-data-dir", "", "with --embed-nats and no --embed-nats-leaf: the JetStream store `directory` (default: the user cache dir's switchyard/router-<cluster>)")
-			fs.Func("alias", "serve model `ALIAS=MODEL` also under the name ALIAS (repeat for several): requests for ALIAS route on MODEL and reach engines under the name they serve",
+			fs.Func("alias", "serve model `ALIAS=MODEL` also under the name ALIAS (repeat for several): requests for ALIAS route on MODEL and reach engines under the name they serve. The first = not escaped ends ALIAS (MODEL may hold = as it is); write = in ALIAS as \\= and a backslash before = as \\\\",
 				func(s string) error {
-					alias, model, ok := strings.Cut(s, "=")
-					if !ok {
-						return fmt.Errorf("%q is not ALIAS=MODEL", s)
+					alias, model, err := parseAlias(s)
+					if err != nil {
+						return err
 					}
 					if o.Aliases == nil {
 						o.Aliases = map[string]string{}
@@ -176,7 +176,7 @@ func routerCommand() command {
 					}
 				}
 				defer nc.Close()
-				o.Conn, o.Logger = nc, log.With().Str("cluster", o.Cluster).Logger()
+				o.Conn, o.Logger = nc, log // the service adds component, cluster and router
 				svc, err := router.NewService(o)
 				if err != nil {
 					return usageError{err}
@@ -285,4 +285,29 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 		}
 	})
 	return set
+}
+
+// parseAlias splits an --alias value, ALIAS=MODEL, at its first "=" not
+// escaped by a backslash: both may be model ids with "=" in them
+// (messages.ModelToken escapes it in subjects), and MODEL is taken as it is
+// after the separator, so only an "=" in ALIAS needs writing "\=" (and a
+// backslash that ends ALIAS "\\"); another backslash stands for itself.
+func parseAlias(s string) (alias, model string, err error) {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '\\' && i+1 < len(s) && (s[i+1] == '=' || s[i+1] == '\\'):
+			i++
+			b.WriteByte(s[i])
+		case c == '=':
+			alias, model = b.String(), s[i+1:]
+			if alias == "" || model == "" {
+				return "", "", fmt.Errorf("%q is not ALIAS=MODEL: alias %q, model %q (neither may be empty)", s, alias, model)
+			}
+			return alias, model, nil
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return "", "", fmt.Errorf("%q is not ALIAS=MODEL: no = outside an escape (write = in ALIAS as \\=)", s)
 }

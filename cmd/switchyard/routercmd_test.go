@@ -24,13 +24,14 @@ import (
 )
 
 // routerCmd runs `switchyard router args...` until the test ends and
-// checks that it then stops cleanly.
-func routerCmd(t *testing.T, args ...string) {
+// checks that it then stops cleanly; it returns the command's stderr.
+func routerCmd(t *testing.T, args ...string) *syncBuffer {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	var stdout, stderr syncBuffer
+	var stdout syncBuffer
+	stderr := &syncBuffer{}
 	done := make(chan int, 1)
-	go func() { done <- run(ctx, append([]string{"router"}, args...), strings.NewReader(""), &stdout, &stderr) }()
+	go func() { done <- run(ctx, append([]string{"router"}, args...), strings.NewReader(""), &stdout, stderr) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -52,6 +53,7 @@ func routerCmd(t *testing.T, args ...string) {
 		t.Fatalf("router exited %d at start:\n%s", code, stderr.String())
 	case <-time.After(50 * time.Millisecond):
 	}
+	return stderr
 }
 
 // simEngine starts a simulated engine of model on nc (NATS inference and
@@ -366,5 +368,82 @@ func TestRouterFlagValidation(t *testing.T) {
 				t.Fatalf("stderr does not say %q:\n%s", tc.want, stderr.String())
 			}
 		})
+	}
+}
+
+// TestRouterLogFieldsOnce: the standalone router's log lines carry each
+// field once (cluster, component, router): zerolog appends a field given
+// twice twice, and a JSON reader keeps only one of them.
+func TestRouterLogFieldsOnce(t *testing.T) {
+	stderr := routerCmd(t, "--cluster", "A", "--name", "A-1", "--embed-nats", "--embed-nats-listen", "",
+		"--embed-nats-data-dir", t.TempDir(), "--listen", "127.0.0.1:0", "--metrics-addr", "", "--log-format", "json")
+	testenv.WaitFor(t, 10*time.Second, "a log line of the router service", func() bool {
+		return strings.Contains(stderr.String(), `"component":"router"`)
+	})
+	for _, line := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
+		if !strings.Contains(line, `"component":"router"`) {
+			continue
+		}
+		if !strings.Contains(line, `"cluster":"A"`) {
+			t.Errorf("a router line without its cluster: %s", line)
+		}
+		if dup := duplicateKeys(t, line); len(dup) > 0 {
+			t.Errorf("fields %v appear more than once in %s", dup, line)
+		}
+	}
+}
+
+// duplicateKeys returns the top-level keys of the JSON object line that
+// appear more than once.
+func duplicateKeys(t *testing.T, line string) []string {
+	t.Helper()
+	dec := json.NewDecoder(strings.NewReader(line))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		t.Fatalf("log line %q is not a JSON object", line)
+	}
+	seen := map[string]bool{}
+	var dup []string
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		k, _ := tok.(string)
+		if seen[k] {
+			dup = append(dup, k)
+		}
+		seen[k] = true
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+	}
+	return dup
+}
+
+// TestParseAlias: --alias splits at the first "=" not escaped, so that a
+// model id with "=" needs no quoting and an alias with one is written \=.
+func TestParseAlias(t *testing.T) {
+	for _, c := range []struct{ in, alias, model string }{
+		{"llama=meta-llama/Llama-3.1-8B-Instruct", "llama", "meta-llama/Llama-3.1-8B-Instruct"},
+		{"llama=org/model=v2", "llama", "org/model=v2"},
+		{`a\=b=org/model=v2`, "a=b", "org/model=v2"},
+		{`a\\=m`, `a\`, "m"},
+		{`a\b=m`, `a\b`, "m"},
+		{`x\\\==m`, `x\=`, "m"},
+	} {
+		alias, model, err := parseAlias(c.in)
+		if err != nil || alias != c.alias || model != c.model {
+			t.Errorf("parseAlias(%q) = %q, %q, %v; want %q, %q", c.in, alias, model, err, c.alias, c.model)
+		}
+	}
+	for _, in := range []string{"llama", `a\=b`, "=m", "a=", ""} {
+		if alias, model, err := parseAlias(in); err == nil {
+			t.Errorf("parseAlias(%q) = %q, %q, want an error", in, alias, model)
+		}
+	}
+	// Through the flag: the alias with "=" reaches the router's options.
+	if out, errOut, code := runBounded(t, "router", "--print-config", "--cluster", "A", `--alias=a\=b=org/m=v2`); code != exitOK || !strings.Contains(out, `"a=b": "org/m=v2"`) {
+		t.Errorf("router --print-config --alias 'a\\=b=org/m=v2' exited %d:\n%s%s", code, out, errOut)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -33,22 +32,7 @@ func freePort(t *testing.T) int {
 }
 
 // syncBuffer is a bytes.Buffer safe for concurrent writes and reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type syncBuffer = testenv.Buffer
 
 // TestUp runs `switchyard up` as a new user would and checks, with a NATS
 // client, that within 10 seconds sy_engines lists the three engines and that
@@ -100,9 +84,11 @@ func TestUp(t *testing.T) {
 		return strings.Join(keys, ",") == "llama.engine-a,llama.engine-b,llama.engine-c"
 	})
 	t.Logf("engines listed %s after start", time.Since(started).Round(time.Millisecond))
-	if !strings.Contains(stdout.String(), "kv get sy_engines llama.engine-b --raw") {
-		t.Errorf("up did not print the nats commands:\n%s", stdout.String())
-	}
+	// up prints its summary once the stack started, which may be after
+	// the engines' states are stored.
+	testenv.WaitFor(t, 10*time.Second, "up prints the nats commands", func() bool {
+		return strings.Contains(stdout.String(), "kv get sy_engines llama.engine-b --raw")
+	})
 	entry, err := kv.Get(ctx, "llama.engine-b")
 	if err != nil {
 		t.Fatal(err)

@@ -118,8 +118,61 @@ type Request struct {
 	// array); Instructions is the responses instructions string. Both alias
 	// Body.
 	Context, Instructions json.RawMessage
+	// Template holds the raw JSON of the fields vLLM's chat template and
+	// tokenizer read beside the prompt, for a Tokenizer to use without
+	// parsing Body again. They alias Body and are not checked.
+	Template TemplateFields
 
 	kept [2]Message // Messages' backing array: no allocation of its own
+}
+
+// TemplateFields are what a request says beside its prompt to vLLM's chat
+// template and tokenizer: the raw JSON of its tools and
+// chat_template_kwargs (nil when absent; aliases of Body, not checked) and
+// its add_generation_prompt, continue_final_message and add_special_tokens
+// flags.
+type TemplateFields struct {
+	Tools, ChatTemplateKwargs                                   json.RawMessage
+	AddGenerationPrompt, ContinueFinalMessage, AddSpecialTokens Flag
+}
+
+// Flag is an optional JSON boolean as a request gives it.
+type Flag uint8
+
+// Flag values: absent (or null), true, false, or another JSON value (which
+// engines refuse; the router leaves that to them).
+const (
+	FlagAbsent Flag = iota
+	FlagTrue
+	FlagFalse
+	FlagInvalid
+)
+
+// Bool returns the flag's value, def when absent, and false for an
+// invalid flag.
+func (f Flag) Bool(def bool) (v, ok bool) {
+	switch f {
+	case FlagAbsent:
+		return def, true
+	case FlagTrue:
+		return true, true
+	case FlagFalse:
+		return false, true
+	}
+	return false, false
+}
+
+// flagOf reads a raw JSON value as a Flag.
+func flagOf(raw []byte) Flag {
+	switch string(raw) {
+	case "", "null":
+		return FlagAbsent
+	case "true":
+		return FlagTrue
+	case "false":
+		return FlagFalse
+	}
+	return FlagInvalid
 }
 
 // Message is one chat message: its role and the text of its content (a
@@ -154,6 +207,8 @@ type rawRequest struct {
 	MaxOutput    json.RawMessage
 	Dimensions   json.RawMessage
 	CacheKey     json.RawMessage
+	// The chat template's fields, kept for Request.Template.
+	Template TemplateFields
 }
 
 // ParseRequest parses body as a request to endpoint, strictly enough to
@@ -227,9 +282,19 @@ func ParseRequest(endpoint Endpoint, body []byte) (*Request, error) {
 			raw.Dimensions = val
 		case keyIs(key, "prompt_cache_key"):
 			raw.CacheKey = val
+		case keyIs(key, "tools"):
+			raw.Template.Tools = val
+		case keyIs(key, "chat_template_kwargs"):
+			raw.Template.ChatTemplateKwargs = val
+		case keyIs(key, "add_generation_prompt"):
+			raw.Template.AddGenerationPrompt = flagOf(val)
+		case keyIs(key, "continue_final_message"):
+			raw.Template.ContinueFinalMessage = flagOf(val)
+		case keyIs(key, "add_special_tokens"):
+			raw.Template.AddSpecialTokens = flagOf(val)
 		}
 	}
-	req := &Request{Endpoint: endpoint, Body: body}
+	req := &Request{Endpoint: endpoint, Body: body, Template: raw.Template}
 	if isAbsent(raw.Model) {
 		return nil, InvalidRequest("model", "missing required parameter: 'model'")
 	}

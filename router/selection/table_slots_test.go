@@ -163,6 +163,7 @@ func TestSlotAffinity(t *testing.T) {
 	keys := keyHashes(affinityKeys)
 	for _, n := range []int{3, 10, 50, 300, 2000} {
 		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
+			t.Parallel() // its own engines and tables; the keys are only read
 			r := rand.New(rand.NewPCG(uint64(n), 61))
 			es := engineSet(randomWeights(r, n, 0.95))
 			s := assign(t, slotState{}, es)

@@ -30,6 +30,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"github.com/switchyard-dev/switchyard/auth/endpoints"
 	"github.com/switchyard-dev/switchyard/internal/poison"
 	"github.com/switchyard-dev/switchyard/messages"
 	"github.com/switchyard-dev/switchyard/streams"
@@ -60,6 +61,14 @@ type Options struct {
 	// entry silent for that long is dropped and its key purged. Default
 	// DefaultForgetAfter; it must exceed DownAfter and be at least 1 s.
 	ForgetAfter time.Duration
+	// Endpoints is the operator's engine endpoint policy (auth/endpoints),
+	// the one routers and the optimizer apply: a signal advertising a URL
+	// or subject it refuses is not folded in, so that sy_engines, and the
+	// dashboard and the tools that read it, hold only the endpoints an
+	// engine was allowed last (refusals are counted in
+	// switchyard_aggregator_endpoints_refused_total and logged at a bounded
+	// rate). Nil stores whatever engines advertise.
+	Endpoints *endpoints.Policy
 	// Provision is what the aggregator's layout keeper re-creates a deleted
 	// stream or bucket with (see streams.Repair).
 	Provision streams.ProvisionOptions
@@ -668,12 +677,44 @@ func (a *Aggregator) handleSignal(msg jetstream.Msg) {
 		a.bad(msg, "signals", fmt.Errorf("%w: signal for %s.%s published on subject %s", errSubject, sig.Model, sig.Engine, msg.Subject()))
 		return
 	}
+	if !a.allowed(msg, &sig) {
+		// Not folded in, acknowledged all the same: a refused signal is
+		// no reason to have it delivered again.
+		a.mu.Lock()
+		a.pending["signals"] = msg
+		a.mu.Unlock()
+		return
+	}
 	a.metrics.signals.Inc()
 	a.metrics.lag.Set(now.Sub(time.UnixMilli(sig.Time)).Seconds())
 	a.mu.Lock()
 	defer a.mu.Unlock() // deferred: a panic while folding must not leave it locked
 	a.foldSignal(&sig, now)
 	a.pending["signals"] = msg
+}
+
+// allowed asks the endpoint policy about the endpoints sig advertises (the
+// ones routers would use, endpoints.Of), and counts and logs a refusal. A
+// URL whose host name is still being resolved is refused uncounted, as
+// routers do: the engine's next signal finds the answer.
+func (a *Aggregator) allowed(msg jetstream.Msg, sig *messages.EngineSignal) bool {
+	if a.opts.Endpoints == nil {
+		return true
+	}
+	u, subject := endpoints.Of(sig.Transports)
+	err := a.opts.Endpoints.Check(sig.Model, sig.Engine, u, subject)
+	if err == nil {
+		return true
+	}
+	if errors.Is(err, endpoints.ErrResolving) {
+		return false
+	}
+	reason := endpoints.Reason(err)
+	a.metrics.refused.WithLabelValues(reason).Inc()
+	a.guard.Log("endpoint/"+msg.Subject()).Err(err).Str("subject", msg.Subject()).Str("reason", reason).
+		Str("model", sig.Model).Str("engine", sig.Engine).
+		Msg("ignored an engine signal: the operator's endpoint policy refuses the endpoint it advertises; the engine keeps the endpoints it was allowed last (logged at a bounded rate)")
+	return false
 }
 
 // foldSignal folds one valid signal into the engine's state. Callers hold a.mu.

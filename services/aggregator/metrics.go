@@ -16,6 +16,9 @@ type metrics struct {
 	repairs   prometheus.Counter
 	recreated prometheus.Counter
 	forgotten *prometheus.CounterVec
+	// refused counts signals not folded in because the endpoint policy
+	// refuses what they advertise, by auth/endpoints reason.
+	refused *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -45,9 +48,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		forgotten: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_aggregator_forgotten_total", Help: "State entries dropped after ForgetAfter of silence, by kind (engine, demand, rtt)."},
 			[]string{"kind"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_aggregator_endpoints_refused_total",
+			Help: "Engine signals not folded in because the operator's endpoint policy refuses the URL or subject they advertise, by reason (model, url, subject, dns)."},
+			[]string{"reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.signals, m.reports, m.duplicates, m.bad, m.writes, m.lag, m.engines, m.repairs, m.recreated, m.forgotten, m.dropped)
+		reg.MustRegister(m.signals, m.reports, m.duplicates, m.bad, m.writes, m.lag, m.engines, m.repairs, m.recreated, m.forgotten, m.dropped, m.refused)
 	}
 	return m
 }

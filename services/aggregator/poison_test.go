@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -209,24 +208,6 @@ func TestPoisonStateAtStart(t *testing.T) {
 	alive()
 }
 
-// syncBuffer is a log sink safe for the handlers' goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) count(substr string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Count(b.buf.String(), substr)
-}
-
 // TestPoisonFloodOfSubjects is the shape that flooded the log: thousands
 // of one-byte messages on distinct subjects. The aggregator counts each,
 // writes at most the global cap of log lines, and settles them all (more
@@ -234,7 +215,7 @@ func (b *syncBuffer) count(substr string) int {
 func TestPoisonFloodOfSubjects(t *testing.T) {
 	env := testenv.StartNATS(t)
 	reg := prometheus.NewRegistry()
-	var logs syncBuffer
+	var logs testenv.Buffer
 	agg, err := aggregator.New(aggregator.Options{
 		Conn: env.Dial(t, "aggregator"), WriteInterval: 200 * time.Millisecond, Logger: zerolog.New(&logs), Registerer: reg,
 	})
@@ -268,7 +249,7 @@ func TestPoisonFloodOfSubjects(t *testing.T) {
 		info, err := cons.Info(ctx)
 		return err == nil && info.NumAckPending == 0 && info.NumRedelivered == 0 && info.AckFloor.Stream == flood
 	})
-	if n := logs.count("bad message skipped"); n == 0 || n > 20 {
+	if n := strings.Count(logs.String(), "bad message skipped"); n == 0 || n > 20 {
 		t.Errorf("%d log lines for %d bad messages on distinct subjects, want 1..20", n, flood)
 	}
 	select {
