@@ -82,13 +82,17 @@ func (s Sample) LatencyMs() float64 { return s.TTFTMs + s.OutputTokens*s.TBTMs }
 // in the latency, for the TTFT profile. Fitting is deterministic. The zero
 // value is ready to use with the default options.
 type BaseFit struct {
-	opts      FitOptions
-	ready     bool
-	samples   []float64 // ring of the last Window implied bases, ms
-	next      int
-	lastTime  int64
-	base      float64 // fitted base, ms; 0 until the first sample
-	ttftShare float64 // smoothed TTFT / latency
+	opts     FitOptions
+	ready    bool
+	samples  []float64 // ring of the last Window implied bases, ms
+	next     int
+	lastTime int64
+	lastLat  float64 // the latency of the last valid sample, ms
+	lastLoad float64 // and its load, req/s
+	// unmeasured counts the samples since the latency last moved (see Add).
+	unmeasured int
+	base       float64 // fitted base, ms; 0 until the first sample
+	ttftShare  float64 // smoothed TTFT / latency
 }
 
 // NewBaseFit returns an empty fit with the given options.
@@ -100,7 +104,9 @@ func NewBaseFit(o FitOptions) *BaseFit {
 // is the base latency assumed before any sample (the engine's own idle-latency
 // estimate when it reports one). Samples that are not newer than the last, or
 // without a positive finite latency and capacity, or above MaxUtilisation,
-// are skipped.
+// are skipped. A sample whose latency equals the previous valid sample's
+// at another load (no request completed since) is skipped, or taken as the
+// prior once a whole Window of samples has passed without a measurement.
 func (f *BaseFit) Add(s Sample, prior float64) bool {
 	if !f.ready {
 		f.opts, f.ready = f.opts.withDefaults(), true
@@ -115,11 +121,35 @@ func (f *BaseFit) Add(s Sample, prior float64) bool {
 	if !(lat > 0) || math.IsInf(lat, 0) || !(s.CapacityRPS > 0) || math.IsInf(s.CapacityRPS, 0) || !(s.LoadRPS >= 0) {
 		return false
 	}
+	// A latency equal to the last sample's while the load moved is no
+	// measurement: an engine's latency windows move only when requests
+	// complete, while its load window decays, so an engine the plan stopped
+	// feeding would read its last latency at ever lower loads and its fit
+	// would climb to that latency, keeping it out of the plan. Such a
+	// sample is skipped; once the fit has gone a whole window of samples
+	// without a measurement, each further one counts as the prior, so that
+	// the fit of an engine nothing measures returns to what the engine
+	// states and the plan gives it traffic that measures it. (A steady
+	// state, the same latency at the same load, is a measurement; an
+	// engine idle for a few signals between requests keeps its fit.)
+	stale := lat == f.lastLat && s.LoadRPS != f.lastLoad
+	f.lastLat, f.lastLoad = lat, s.LoadRPS
+	if stale {
+		f.unmeasured++
+	} else {
+		f.unmeasured = 0
+	}
 	u := s.LoadRPS / s.CapacityRPS
 	if u > f.opts.MaxUtilisation {
 		return false
 	}
 	b := lat * (1 - u)
+	if stale {
+		if f.unmeasured <= f.opts.Window {
+			return false
+		}
+		b = prior
+	}
 	if len(f.samples) < f.opts.Window {
 		f.samples = append(f.samples, b)
 	} else {

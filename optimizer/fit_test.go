@@ -134,3 +134,43 @@ func TestMedian(t *testing.T) {
 		}
 	}
 }
+
+// TestBaseFitStaleLatency: an engine the plan stopped feeding completes
+// nothing, so its latency windows keep their last value while its load
+// window decays. Those samples are no measurement: its fit returns to the
+// prior instead of climbing to the last latency (which would keep it out of
+// the plan), but only after a whole window of them; fresh latencies at the
+// same loads are fitted as before.
+func TestBaseFitStaleLatency(t *testing.T) {
+	const prior, capacity, last = 2500.0, 2.7, 13000.0
+	steady := (2*prior + 32*0.6*last) / 34 // the fit of 13 s latencies at 40% load
+	for _, tc := range []struct {
+		name   string
+		idle   int     // samples of the decay
+		jitter float64 // added to the latency per sample: 0 repeats it
+		lo, hi float64 // the fitted base after the decay
+	}{
+		{"frozen latency, decaying load: back to the prior", 300, 0, prior, 1.05 * prior},
+		{"fresh latency, decaying load: fitted", 300, 1e-3, 0.9 * last, last},
+		{"frozen for less than a window: the fit is kept", DefaultFitWindow, 0, steady - 1, steady + 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var f BaseFit
+			// Measured at 40% load: base 7800.
+			for i := range 64 {
+				f.Add(sample(last, 0, 0, 0.4*capacity, capacity, int64(1000+i)), prior)
+			}
+			if b := f.BaseMs(prior, prior); math.Abs(b-steady) > 1 {
+				t.Fatalf("steady samples at 40%% load: base %v, want them fitted", b)
+			}
+			load := 0.4 * capacity
+			for i := range tc.idle {
+				load *= math.Pow(0.5, 1.0/30) // the slow window's 30 s half-life
+				f.Add(sample(last+tc.jitter*float64(i+1), 0, 0, load, capacity, int64(2000+i)), prior)
+			}
+			if b := f.BaseMs(prior, prior); b < tc.lo || b > tc.hi {
+				t.Errorf("base %v after the load decayed, want in [%v, %v]", b, tc.lo, tc.hi)
+			}
+		})
+	}
+}

@@ -168,6 +168,7 @@ type switchyard struct {
 	fits    []*optimizer.BaseFit       // by engine: the optimizer service's latency fit
 	last    []*messages.WeightSnapshot // by cluster: the installed snapshot
 	targets plan.Targets
+	hold    plan.DemandHold // the demand each cluster is planned for, as the optimizer service holds it
 	network func(cluster, engine string) (float64, bool)
 }
 
@@ -260,9 +261,11 @@ func (p *switchyard) solve(r *run, fit bool) {
 		if dm := &r.demand[c]; dm.init {
 			d = &messages.DemandState{Model: simModel, Cluster: f.clusters[c].name, RPS: dm.RPS, RPSVar: dm.RPSVar,
 				PromptTPS: dm.PromptTPS, DoneRPS: dm.DoneRPS, OutputTPS: dm.OutputTPS}
+			d = p.hold.Hold(f.clusters[c].name, d, int64(r.now))
 		}
 		in.Clusters = append(in.Clusters, plan.Cluster{Name: f.clusters[c].name, Demand: d})
 	}
+	p.hold.Sweep()
 	if len(idx) == 0 {
 		for c := range f.clusters {
 			if ct := p.cur[c]; ct == nil || ct.shed < 1 {

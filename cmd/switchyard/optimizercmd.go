@@ -63,6 +63,7 @@ func optimizerCommand() command {
 				})
 			fs.Float64Var(&o.Regions.SameRegionMs, "same-region-ms", plan.DefaultSameRegionMs, "one-way network latency, ms, assumed between a cluster and an engine of its region until one is measured or configured")
 			fs.Float64Var(&o.Regions.OtherRegionMs, "other-region-ms", plan.DefaultOtherRegionMs, "one-way network latency, ms, assumed between a cluster and an engine of another (or no) region until one is measured or configured")
+			fs.Float64Var(&o.DemandBandSD, "demand-band-sd", plan.DefaultDemandBandSD, "plan a cluster's demand at a held rate while its fast window stays within this many of the window's standard deviations of it (negative: plan the fast window as it is)")
 			fs.BoolVar(&o.NoRegionDefault, "no-region-default", false, "plan an engine for a cluster only with a measured or configured latency (no region default)")
 			fs.BoolVar(&o.PreferConfiguredNetwork, "prefer-configured-network", false, "use the configured network latency even where RTTs are measured (for emulated networks on one host)")
 			ef := addEndpointFlags(fs)

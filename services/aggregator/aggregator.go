@@ -214,6 +214,11 @@ type engineEntry struct {
 	lastSeen time.Time
 	dirty    bool
 	outcomes outcomeAcc
+	// lastTTFT and lastTBT are the newest signal's latency figures, to
+	// tell a signal that repeats them (see foldSignal); valid when
+	// haveLast.
+	lastTTFT, lastTBT float64
+	haveLast          bool
 }
 
 type demandEntry struct {
@@ -732,14 +737,27 @@ func (a *Aggregator) foldSignal(sig *messages.EngineSignal, now time.Time) {
 	}
 	dt := float64(sig.Time-st.LastSignal) / 1000
 	s := a.smooth
-	s.Update(&st.TTFTMs, sig.TTFTMs, dt, first)
-	s.Update(&st.TBTMs, sig.TBTMs, dt, first)
+	// An engine that completed no request in a signal's interval repeats
+	// its last interval's means (the agent and the engine simulator both
+	// do): folding the repeat would weight an old measurement as new, and
+	// the latency windows would converge on it while the load window
+	// decays, so the optimizer's fit (optimizer.BaseFit) would read an idle
+	// engine's last latency at ever lower loads. A repeat leaves the
+	// latency windows as they were.
+	repeat := !first && e.haveLast && sig.TTFTMs == e.lastTTFT && sig.TBTMs == e.lastTBT
+	e.lastTTFT, e.lastTBT, e.haveLast = sig.TTFTMs, sig.TBTMs, true
+	if !repeat {
+		s.Update(&st.TTFTMs, sig.TTFTMs, dt, first)
+		s.Update(&st.TBTMs, sig.TBTMs, dt, first)
+	}
 	s.Update(&st.Queue, float64(sig.Queue), dt, first)
 	s.Update(&st.Running, float64(sig.Running), dt, first)
 	st.InFlight = int64(sig.Queue) + int64(sig.Running)
 	s.Update(&st.KVUse, sig.KVUse, dt, first)
 	s.Update(&st.LoadRPS, sig.LoadRPS, dt, first)
-	s.Update(&st.OutputTokens, sig.OutputTokens, dt, first)
+	if !repeat {
+		s.Update(&st.OutputTokens, sig.OutputTokens, dt, first)
+	}
 	if sig.PromptTokens > 0 {
 		// An engine that does not state its mix (0) leaves the window as it
 		// was rather than pulling it to 0.

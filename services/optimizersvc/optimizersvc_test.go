@@ -387,7 +387,11 @@ func TestTakeover(t *testing.T) {
 	}
 	caseStudy(t, env)
 	r := record(t, env)
-	opts := optimizersvc.Options{LeaseTTL: ttl, MinInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond, Heartbeat: 400 * time.Millisecond}
+	// Without the demand hold, which would plan B's 120 → 130 req/s (within
+	// its fast window's noise) at the held 120: the demand marks the new
+	// leader's snapshot.
+	opts := optimizersvc.Options{LeaseTTL: ttl, MinInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond, Heartbeat: 400 * time.Millisecond,
+		DemandBandSD: -1}
 	opts.Instance = "opt-1"
 	one := start(t, env, opts)
 	opts.Instance = "opt-2"
@@ -442,8 +446,10 @@ func TestDeadBand(t *testing.T) {
 	caseStudy(t, env)
 	r := record(t, env)
 	const heartbeat = 1500 * time.Millisecond
+	// Without the demand hold, which would keep the 0.1% change out of the
+	// problem before the dead band could keep it out of the snapshots.
 	in := start(t, env, optimizersvc.Options{Instance: "opt-1", MinInterval: 20 * time.Millisecond,
-		MaxInterval: 100 * time.Millisecond, Heartbeat: heartbeat})
+		MaxInterval: 100 * time.Millisecond, Heartbeat: heartbeat, DemandBandSD: -1})
 	waitSnapshots(t, r, "A", "B", "C")
 	first, _ := r.latest(model + ".A")
 	putDemand(t, kv(t, env.JS, env.Names.DemandBucket), "A", 90*1.001)
@@ -477,7 +483,8 @@ func TestConflict(t *testing.T) {
 	env := testenv.StartNATS(t)
 	caseStudy(t, env)
 	r := record(t, env)
-	start(t, env, optimizersvc.Options{Instance: "opt-1", MinInterval: 20 * time.Millisecond})
+	// Without the demand hold: B's 120 → 125 req/s marks the service's rewrite.
+	start(t, env, optimizersvc.Options{Instance: "opt-1", MinInterval: 20 * time.Millisecond, DemandBandSD: -1})
 	waitSnapshots(t, r, "A", "B", "C")
 	cur, _ := r.latest(model + ".B")
 	intruder := &messages.WeightSnapshot{Model: model, Cluster: "B", Generation: cur.snap.Generation + 100, Time: time.Now().UnixMilli(),
@@ -531,4 +538,33 @@ func TestServerRestart(t *testing.T) {
 		return ok && u.snap.Utilisation["engine-b"] > 0 && u.snap.Weights["engine-b"] < 0.45
 	})
 	t.Logf("new snapshot %s after the server stopped", time.Since(t0))
+}
+
+// TestDemandHoldService: a change of a cluster's fast demand within its
+// window's noise (A 90 → 95 req/s, the window's standard deviation at 90
+// being 5.6) is planned at the held rate and leaves A's snapshot as it
+// was, while a step (A 90 → 180) is planned at once.
+func TestDemandHoldService(t *testing.T) {
+	env := testenv.StartNATS(t)
+	caseStudy(t, env)
+	r := record(t, env)
+	in := start(t, env, optimizersvc.Options{Instance: "opt-1", MinInterval: 20 * time.Millisecond, MaxInterval: 100 * time.Millisecond})
+	waitSnapshots(t, r, "A", "B", "C")
+	first, _ := r.latest(model + ".A")
+	before := in.svc.LastSolution(model)
+	st := &messages.DemandState{Model: model, Cluster: "A", Time: time.Now().UnixMilli(), RPS: messages.Window{Fast: 95, Slow: 90}, Reports: 2}
+	put(t, kv(t, env.JS, env.Names.DemandBucket), model+".A", st)
+	testenv.WaitFor(t, 2*time.Second, "a solve after the change", func() bool { return in.svc.LastSolution(model) != before })
+	if sol := in.svc.LastSolution(model); sol.Clusters[0].DemandRPS > 90.5 {
+		t.Errorf("A planned at %.2f req/s after a fast reading of 95 within the noise of 90, want the held 90", sol.Clusters[0].DemandRPS)
+	}
+	if u, _ := r.latest(model + ".A"); u.snap.Generation != first.snap.Generation {
+		t.Errorf("A rewritten (generation %d → %d) after a change within its demand's noise", first.snap.Generation, u.snap.Generation)
+	}
+	st = &messages.DemandState{Model: model, Cluster: "A", Time: time.Now().UnixMilli(), RPS: messages.Window{Fast: 180, Slow: 92}, Reports: 3}
+	put(t, kv(t, env.JS, env.Names.DemandBucket), model+".A", st)
+	testenv.WaitFor(t, 2*time.Second, "A planned at 180 req/s and rewritten", func() bool {
+		u, _ := r.latest(model + ".A")
+		return u.snap.DemandRPS == 180
+	})
 }

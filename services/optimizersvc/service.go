@@ -222,6 +222,12 @@ type Options struct {
 	// MinDemandRPS is the least demand a cluster is planned for (see the
 	// package comment). Zero means 1 req/s.
 	MinDemandRPS float64
+	// DemandBandSD is the demand hold's band (plan.DemandHold.BandSD): a
+	// cluster's demand is planned at a held rate while its fast window
+	// stays within this many of the window's standard deviations of it.
+	// Zero means plan.DefaultDemandBandSD; negative plans the fast window
+	// as it is.
+	DemandBandSD float64
 	// PriorBaseMs is the prior base latency of an engine's queue profile, used
 	// until samples arrive and blended with them. Zero means 500 ms.
 	PriorBaseMs float64
@@ -445,6 +451,7 @@ type Service struct {
 	demand    map[string]*messages.DemandState // by <model>.<cluster>
 	rtt       map[string]float64               // one-way ms by <cluster>.<engine>
 	fits      map[string]*optimizer.BaseFit    // by <model>.<engine>
+	hold      plan.DemandHold                  // the demand planned, by <model>.<cluster>
 	solutions map[string]*optimizer.Solution   // by model
 	pens      map[string]*penalty              // by <model>.<engine>
 	ramps     map[string]*ramp                 // slow starts, by <model>.<engine>
@@ -520,6 +527,7 @@ func New(opts Options) (*Service, error) {
 		demand:    make(map[string]*messages.DemandState),
 		rtt:       make(map[string]float64),
 		fits:      make(map[string]*optimizer.BaseFit),
+		hold:      plan.DemandHold{BandSD: opts.DemandBandSD},
 		solutions: make(map[string]*optimizer.Solution),
 		changed:   make(chan struct{}, 1),
 		gained:    make(chan struct{}, 1),

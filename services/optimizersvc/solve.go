@@ -117,11 +117,13 @@ func (s *Service) buildProblems() []built {
 			}
 		}
 		for _, c := range sortedKeys(names) {
-			in.Clusters = append(in.Clusters, plan.Cluster{Name: c, Demand: names[c]})
+			d := s.hold.Hold(streams.JoinKey(model, c), names[c], now.UnixMilli())
+			in.Clusters = append(in.Clusters, plan.Cluster{Name: c, Demand: d})
 		}
 		b := plan.Build(in)
 		out = append(out, built{model: model, problem: b.Problem, plan: b})
 	}
+	s.hold.Sweep()
 	return out
 }
 
