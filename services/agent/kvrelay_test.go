@@ -348,6 +348,9 @@ func TestKVRelayCatchUp(t *testing.T) {
 				stored(0, false, prompt, 41, 42)}}, false); err != nil {
 				t.Fatal(err)
 			}
+			// Publish queues the batch; it is lost to subscribers only once
+			// the socket has sent it with none connected.
+			testenv.WaitFor(t, 10*time.Second, "the early batch sent before the relay subscribes", func() bool { return vllm.Sent() == 1 })
 			opts := KVRelayOptions{Conn: n.Conn, Names: n.Names, Model: "llama", Engine: "v1", Endpoint: vllm.Endpoint(), Topic: "kv"}
 			if tc.replay {
 				opts.Replay = vllm.ReplayEndpoint()

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -76,6 +77,7 @@ type KVPublisher struct {
 	replay net.Listener
 	queue  chan [2][]byte
 	wg     sync.WaitGroup
+	sent   atomic.Uint64 // live batches taken from queue and written to the subscribers of the time
 
 	mu    sync.Mutex
 	subs  map[*kvSubscriber]struct{}
@@ -263,8 +265,15 @@ func (p *KVPublisher) send() {
 				_ = s.raw.Close()
 			}
 		}
+		p.sent.Add(1)
 	}
 }
+
+// Sent returns how many live batches the PUB socket has sent so far, each
+// to the subscribers connected when it was sent (none, for a batch
+// published before any subscribed: as on a ZMQ PUB socket, it is lost to
+// later ones but for the replay buffer). Publish only queues a batch.
+func (p *KVPublisher) Sent() uint64 { return p.sent.Load() }
 
 // replayEnd is the sequence frame of the replay's end marker: -1 as 8 bytes.
 var replayEnd = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
