@@ -63,6 +63,7 @@ type DemandHold struct {
 
 type heldDemand struct {
 	rps   float64 // the held total rate, req/s
+	span  float64 // seconds of readings averaged into rps since it was last set to a reading
 	ms    int64   // time of the last update, Unix ms
 	moved int64   // when the window last left the band, Unix ms
 	round uint64  // the last round the key was planned in
@@ -89,7 +90,7 @@ func (h *DemandHold) Hold(key string, d *messages.DemandState, nowMs int64) *mes
 	}
 	s := h.held[key]
 	if s == nil {
-		h.held[key] = &heldDemand{rps: x, ms: nowMs, moved: math.MinInt64 / 2, round: h.round}
+		h.held[key] = &heldDemand{rps: x, span: seconds(h.FastHalfLife, messages.DefaultFastHalfLife), ms: nowMs, moved: math.MinInt64 / 2, round: h.round}
 		return d
 	}
 	s.round = h.round
@@ -99,12 +100,22 @@ func (h *DemandHold) Hold(key string, d *messages.DemandState, nowMs int64) *mes
 		// The window is still settling after a change: follow it, so that
 		// a step is followed to its end rather than held where it first
 		// left the band.
-		s.rps = x
+		s.rps, s.span = x, fastHL
 	case math.Abs(dev) > band*h.fastSD(d, x):
-		s.rps, s.moved = x, nowMs
+		s.rps, s.span, s.moved = x, fastHL, nowMs
 	default:
 		if dt := float64(nowMs-s.ms) / 1000; dt > 0 {
-			s.rps += (1 - messages.Retained(dt, seconds(h.TrackHalfLife, messages.DefaultSlowHalfLife))) * dev
+			// The mean of the readings since the held rate was last set
+			// to one (that reading standing for a fast half-life of
+			// arrivals), until the tracking window weighs a reading more:
+			// an average started then, bias-corrected, so that a rate set
+			// from one noisy reading (or a settling window's last, 94% of
+			// the way) is corrected within seconds instead of over the
+			// tracking half-life — a plan held a few percent under a steady
+			// demand loads its engines beyond what the plan says.
+			s.span += dt
+			w := max(1-messages.Retained(dt, seconds(h.TrackHalfLife, messages.DefaultSlowHalfLife)), dt/s.span)
+			s.rps += w * dev
 		}
 	}
 	s.ms = max(s.ms, nowMs)
