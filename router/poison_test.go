@@ -1,12 +1,10 @@
 package router_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,23 +22,10 @@ import (
 	"github.com/switchyard-dev/switchyard/testenv"
 )
 
-// lockedBuffer is a log sink safe for the handlers' goroutines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) lines(substr string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+// linesWith counts the lines of log output that contain substr.
+func linesWith(log, substr string) int {
 	n := 0
-	for _, l := range strings.Split(b.buf.String(), "\n") {
+	for _, l := range strings.Split(log, "\n") {
 		if strings.Contains(l, substr) {
 			n++
 		}
@@ -64,7 +49,7 @@ func publishOnce(nc *nats.Conn, names streams.Names, engines ...fakeSignal) {
 func TestSignalsPoison(t *testing.T) {
 	env := testenv.StartNATS(t)
 	reg := prometheus.NewRegistry()
-	var logs lockedBuffer
+	var logs testenv.Buffer
 	sigs, err := control.NewSignals(control.SignalOptions{
 		Conn: env.Dial(t, "router"), Names: env.Names, Registry: reg, Logger: zerolog.New(&logs),
 		// A callback that panics on one engine: a bug reached by one input.
@@ -113,13 +98,13 @@ func TestSignalsPoison(t *testing.T) {
 	if n := testenv.MetricSum(t, reg, "switchyard_router_handler_panics_total", map[string]string{"handler": "signals"}); n != 1 {
 		t.Errorf("%v panics counted, want 1", n)
 	}
-	if n := logs.lines("rejected an engine signal"); n == 0 || n > 20 {
+	if n := linesWith(logs.String(), "rejected an engine signal"); n == 0 || n > 20 {
 		t.Errorf("%d log lines for %d bad signals on distinct subjects, want 1..20", n, flood)
 	}
-	if n := logs.lines("handler panicked"); n != 1 {
+	if n := linesWith(logs.String(), "handler panicked"); n != 1 {
 		t.Errorf("%d panic log lines, want 1", n)
 	}
-	if logs.lines("sy.signal.m.boom") == 0 {
+	if linesWith(logs.String(), "sy.signal.m.boom") == 0 {
 		t.Error("the panic's log line does not name its subject")
 	}
 	select {
