@@ -96,48 +96,9 @@ func ShareShed(p *Problem, sol *Solution) {
 	if !moved {
 		return
 	}
-	var latSum, served float64
-	for i := range nc {
-		cr := &sol.Clusters[i]
-		cr.ShedRPS = 0
-		for q := range NumPriorities {
-			cr.ShedByPriority[q] = math.Max(0, cr.ShedByPriority[q])
-			cr.ShedRPS += cr.ShedByPriority[q]
-		}
-		var l, x float64
-		for k, j := range cr.Engines {
-			cr.FlowsRPS[k] = math.Max(0, cr.FlowsRPS[k])
-			if cr.DemandRPS > 0 {
-				cr.Weights[k] = cr.FlowsRPS[k] / cr.DemandRPS
-			}
-			l += cr.FlowsRPS[k] * (p.Network[i][k].Ms + sol.Engines[j].LatencyMs)
-			x += cr.FlowsRPS[k]
-		}
-		if cr.DemandRPS > 0 {
-			cr.ShedFraction = cr.ShedRPS / cr.DemandRPS
-		}
-		cr.MeanLatencyMs = 0
-		if x > 0 {
-			cr.MeanLatencyMs = l / x
-		}
-		latSum += l
-		served += x
-	}
-	if served > 0 && !math.IsInf(sol.MeanLatencyMs, 0) {
-		sol.MeanLatencyMs = latSum / served
-	}
+	summarise(p, sol)
 	d := &sol.Diagnostics
-	d.Objective += delta
-	if d.Gap >= 0 && !math.IsInf(d.Gap, 0) && d.RelGap > 0 {
-		// RelGap = Gap / latency part: the latency part grows by delta too.
-		lat := d.Gap / d.RelGap
-		d.Gap += delta
-		if lat+delta > 0 {
-			d.RelGap = d.Gap / (lat + delta)
-		}
-	} else if d.Gap >= 0 {
-		d.Gap += delta
-	}
+	updateGap(d, delta)
 	d.Notes = append(d.Notes, "shed shared in proportion to demand within each class (ShareShed)")
 }
 

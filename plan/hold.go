@@ -39,7 +39,12 @@ const settleHalfLives = 4
 // (messages.DemandState.RPSVar, slow window) and at least Poisson's λ:
 // the measured window starts at 0 and rises with the slow half-life, so it
 // reads low for the first minutes, and requests from many independent
-// clients arrive at least as irregularly as a Poisson process.
+// clients arrive at least as irregularly as a Poisson process. That counts
+// the seconds of one burst as independent; demand that comes in bursts
+// lasting several seconds spreads the window wider, so the band's standard
+// deviation is the larger of that and the measured spread of the fast
+// readings about H (over TrackHalfLife, a reading past the band counted at
+// its edge, the settling readings not at all).
 //
 // Keys are the caller's (a model's cluster); Hold is called once per key
 // and solve with the solve's time, and Sweep after each round forgets the
@@ -63,6 +68,8 @@ type DemandHold struct {
 
 type heldDemand struct {
 	rps   float64 // the held total rate, req/s
+	dev2  float64 // weighted sum of the squared distances of the fast readings from the held rate
+	norm  float64 // the weights summed into dev2, so that dev2/norm is their bias-corrected mean
 	span  float64 // seconds of readings averaged into rps since it was last set to a reading
 	ms    int64   // time of the last update, Unix ms
 	moved int64   // when the window last left the band, Unix ms
@@ -95,16 +102,20 @@ func (h *DemandHold) Hold(key string, d *messages.DemandState, nowMs int64) *mes
 	}
 	s.round = h.round
 	fastHL := seconds(h.FastHalfLife, messages.DefaultFastHalfLife)
-	switch dev := x - s.rps; {
+	dev, edge := x-s.rps, band*h.fastSD(d, x, s)
+	dt := float64(nowMs-s.ms) / 1000
+	switch {
 	case float64(nowMs-s.moved)/1000 < settleHalfLives*fastHL:
 		// The window is still settling after a change: follow it, so that
 		// a step is followed to its end rather than held where it first
-		// left the band.
+		// left the band. Its readings say nothing of the noise.
 		s.rps, s.span = x, fastHL
-	case math.Abs(dev) > band*h.fastSD(d, x):
+	case math.Abs(dev) > edge:
+		s.observe(edge, dt, h.TrackHalfLife)
 		s.rps, s.span, s.moved = x, fastHL, nowMs
 	default:
-		if dt := float64(nowMs-s.ms) / 1000; dt > 0 {
+		s.observe(dev, dt, h.TrackHalfLife)
+		if dt > 0 {
 			// The mean of the readings since the held rate was last set
 			// to one (that reading standing for a fast half-life of
 			// arrivals), until the tracking window weighs a reading more:
@@ -140,13 +151,37 @@ func (h *DemandHold) Held(key string) (float64, bool) {
 	return 0, false
 }
 
-// fastSD is the standard deviation of d's fast window at rate x.
-func (h *DemandHold) fastSD(d *messages.DemandState, x float64) float64 {
+// fastSD is the standard deviation of d's fast window at rate x: the
+// larger of what the variance over one second implies for independent
+// seconds and the spread of the fast readings about the held rate measured
+// in s (readings before this one), which is larger when arrivals come in
+// bursts that span several seconds.
+func (h *DemandHold) fastSD(d *messages.DemandState, x float64, s *heldDemand) float64 {
 	v := x
 	if d.RPSVar.Slow > v && !math.IsInf(d.RPSVar.Slow, 0) {
 		v = d.RPSVar.Slow
 	}
-	return math.Sqrt(v * math.Ln2 / (2 * seconds(h.FastHalfLife, messages.DefaultFastHalfLife)))
+	v *= math.Ln2 / (2 * seconds(h.FastHalfLife, messages.DefaultFastHalfLife))
+	if s.norm > 0 {
+		v = max(v, s.dev2/s.norm)
+	}
+	return math.Sqrt(v)
+}
+
+// observe folds one reading's distance dev from the held rate into the
+// measured spread of the fast window, dt seconds after the previous
+// reading, weighted over the tracking half-life hl. A reading that left the
+// band counts as at its edge (winsorised): a burst widens the band it is
+// measured by only as far as the band's edge, and a real change of the
+// rate, which the band is there to detect, counts as no more than one such
+// burst.
+func (s *heldDemand) observe(dev, dt float64, hl time.Duration) {
+	if !(dt > 0) {
+		return
+	}
+	r := messages.Retained(dt, seconds(hl, messages.DefaultSlowHalfLife))
+	s.dev2 = r*s.dev2 + (1-r)*dev*dev
+	s.norm = r*s.norm + (1 - r)
 }
 
 // fastTotal is the fast total rate Demand plans d for (before the least

@@ -3,6 +3,7 @@ package plan
 import (
 	"math"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 
 	"github.com/switchyard-dev/switchyard/messages"
@@ -179,5 +180,52 @@ func TestDemandHoldClasses(t *testing.T) {
 	h.Sweep() // a round in which m.c was not held
 	if _, ok := h.Held("m.c"); ok {
 		t.Error("a key not held in a round is still held after Sweep")
+	}
+}
+
+// TestDemandHoldBursts: arrivals that come in bursts of several seconds
+// (the rate switching between 0.7 and 1.3 of its mean, each level lasting
+// 4 s on average, as in the Azure trace replayed at 85% load, whose fast
+// window spreads about 1.8 times as wide as independent seconds would
+// make it) move the held demand by a small share of what the fast window
+// moves: the band is measured on the window's own spread, not only on the
+// variance of one second, which counts the seconds of one burst as
+// independent. A doubling of the rate after such a stretch is still
+// followed within a few seconds.
+func TestDemandHoldBursts(t *testing.T) {
+	for _, mean := range []float64{20, 50, 200} {
+		t.Run(strconv.FormatFloat(mean, 'f', -1, 64)+" req/s", func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(11, 2))
+			const stepAt = 300
+			level, until := 1.3, 0.0
+			states := fastWindow(5, stepAt+20, func(s float64) float64 {
+				if s >= stepAt {
+					return 2 * mean
+				}
+				if s >= until {
+					level = 2 - level
+					until = s + rng.ExpFloat64()*4
+				}
+				return level * mean
+			})
+			h := &DemandHold{}
+			var moved, movedFast, prev, prevFast float64
+			for k, d := range states {
+				got := Demand(h.Hold("m.c", d, d.Time), 0)[1]
+				h.Sweep()
+				if k >= 60 && k < stepAt {
+					moved += math.Abs(got - prev)
+					movedFast += math.Abs(d.RPS.Fast - prevFast)
+				}
+				prev, prevFast = got, d.RPS.Fast
+				if after := k + 1 - stepAt; after >= 5 && math.Abs(got-2*mean) > 0.25*mean {
+					t.Errorf("%d s after the rate doubled to %v req/s: planned %.1f (fast window %.1f)", after, 2*mean, got, d.RPS.Fast)
+				}
+			}
+			t.Logf("planned demand moved %.1f req/s in total, the fast window %.1f", moved, movedFast)
+			if moved > 0.15*movedFast {
+				t.Errorf("planned demand moved %.1f req/s, %.0f%% of the fast window's %.1f (limit 15%%)", moved, 100*moved/movedFast, movedFast)
+			}
+		})
 	}
 }

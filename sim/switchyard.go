@@ -280,7 +280,8 @@ func (p *switchyard) solve(r *run, fit bool) {
 	if err != nil {
 		return // keep the installed tables, as the service does
 	}
-	optimizer.ShareShed(prob, sol) // as the service does by default
+	optimizer.ShareShed(prob, sol)                               // as the service does by default
+	optimizer.SplitTies(prob, sol, p.solver.Options().Tolerance) // as the service does
 	p.prev = sol
 	if r.now >= f.measureFrom && r.now < f.measureTo {
 		for k, j := range idx {

@@ -192,6 +192,10 @@ func (s *Service) solveAll(ctx context.Context, weights, enginesKV jetstream.Key
 		if !s.opts.ShedByLatency {
 			optimizer.ShareShed(b.problem, sol)
 		}
+		// Of the splits the objective leaves open between alike clusters
+		// and engines, the one the loads fix, so that weights do not trade
+		// keys between them from one solve to the next.
+		optimizer.SplitTies(b.problem, sol, ms.solver.Options().Tolerance)
 		ms.prev = sol
 		s.metrics.solveDuration.WithLabelValues(sol.Diagnostics.Path).Observe(sol.Diagnostics.Duration.Seconds())
 		s.metrics.gap.WithLabelValues(b.model).Set(sol.Diagnostics.SolveRelGap)
