@@ -54,11 +54,7 @@ func SplitTies(p *Problem, sol *Solution, tol float64) {
 			cols[l.Engine] = append(cols[l.Engine], Link{Engine: i, Ms: l.Ms})
 		}
 	}
-	rows := make([][]Link, nc)
-	for i := range nc {
-		rows[i] = p.Network[i]
-	}
-	cg, ng := groupAlike(rows, tolMs)
+	cg, ng := groupAlike(p.Network, tolMs)
 	ec, nec := groupAlike(cols, tolMs)
 
 	served := make([]float64, nc)
@@ -117,10 +113,10 @@ func SplitTies(p *Problem, sol *Solution, tol float64) {
 }
 
 // groupAlike numbers the lines (rows or columns of the network table, each
-// sorted by index) so that lines listing the same indices, each latency
-// within tolMs of the group's first line, share a number: each line joins
-// the first group, in order of their first lines, it fits. It returns the
-// numbers and how many there are.
+// sorted by index) so that lines alike (see alike) with a group's first
+// line share its number: each line joins the first group, in order of
+// their first lines, it fits. It returns the numbers and how many there
+// are.
 func groupAlike(lines [][]Link, tolMs float64) ([]int, int) {
 	seed := maphash.MakeSeed()
 	type group struct{ first, id int }
